@@ -1,0 +1,141 @@
+"""The messages that cross service boundaries, as plain dataclasses.
+
+These mirror the `pagedserve.v1` protocol. The gateway, memsvc and the executor exchange
+only these (in process) or their protobuf twins (across processes), never each other's
+internal objects.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens for one request. `validate` names the field that is wrong."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: no logprobs; 0: the chosen token's; k: plus the top k
+    n: int = 1
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    def validate(self, max_model_len: int | None = None) -> None:
+        """Raise ValueError naming the first invalid field."""
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if max_model_len is not None and self.max_tokens > max_model_len:
+            raise ValueError(
+                f"max_tokens={self.max_tokens} exceeds the model's maximum length {max_model_len}"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not -2 <= self.presence_penalty <= 2:
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if not -2 <= self.frequency_penalty <= 2:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}")
+
+
+@dataclass
+class KVGeometry:
+    """Shape of the KV pool: block-major [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size]."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    dtype: str = "float32"  # a torch dtype name
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_kv_heads", "head_size", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def element_size(self) -> int:
+        return {"float32": 4, "bfloat16": 2, "float16": 2}[self.dtype]
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.num_layers * 2 * self.num_kv_heads * self.head_size * self.element_size
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.block_size * self.bytes_per_token
+
+    def pool_shape(self, num_blocks: int) -> tuple[int, ...]:
+        return (num_blocks, self.num_layers, 2, self.block_size, self.num_kv_heads, self.head_size)
+
+
+@dataclass
+class ModelInfo:
+    """What the gateway needs to know about the executor's model."""
+
+    name: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    chat_template: str | None
+    tokenizer_dir: str
+    kv: KVGeometry
+
+
+@dataclass
+class SeqStep:
+    """One sequence's share of a step: compute `token_ids` at positions start_pos.., maybe sample."""
+
+    seq_id: str
+    token_ids: list[int]
+    start_pos: int
+    slot_mapping: list[int]
+    block_table: list[int]
+    sample: bool  # False for a prefill chunk that does not reach the end of the prompt
+    sampling: SamplingParams
+    seed: int  # resolved per request; randomness derives from (seed, position)
+    prompt_token_ids: list[int] = field(default_factory=list)  # only when penalties are used
+    output_token_ids: list[int] = field(default_factory=list)  # only when penalties are used
+
+
+@dataclass
+class StepBatch:
+    seqs: list[SeqStep]
+
+
+@dataclass
+class SampleOutput:
+    seq_id: str
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
