@@ -1,0 +1,112 @@
+"""KVAllocator: what the scheduler sees of the KV pool, whatever the allocation policy.
+
+Check/act pairs: `admit` / `add_sequence`, `can_append` / `append`. An act that lacks
+space raises NoFreeBlocks and changes nothing, so a scheduler may also try and catch.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from memsvc.accounting import PoolSnapshot
+from memsvc.admission import Admission
+from memsvc.block_pool import NoFreeBlocks
+
+__all__ = ["POLICIES", "AppendResult", "KVAllocator", "NoFreeBlocks"]
+
+POLICIES: tuple[str, ...] = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
+
+
+@dataclass
+class AppendResult:
+    """slot_mapping: one slot per appended token, in order (slot = block * block_size +
+    offset). copies: (src_block, dst_block) pairs the caller must copy BEFORE writing the
+    new tokens (copy-on-write of a shared partial last block)."""
+
+    slot_mapping: list[int] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if any(s < 0 for s in self.slot_mapping):
+            raise ValueError("slots must be >= 0")
+        for src, dst in self.copies:
+            if src == dst:
+                raise ValueError(f"a copy from block {src} onto itself")
+
+
+class KVAllocator(ABC):
+    """Block tables over a pool of `num_blocks` blocks of `block_size` token slots."""
+
+    block_size: int
+    num_blocks: int
+
+    @abstractmethod
+    def admit(
+        self,
+        prompt_token_ids: list[int],
+        max_len: int,
+        salt: str | None = None,
+        *,
+        final_len: int | None = None,
+    ) -> Admission:
+        """yes / wait / never for a new request; `max_len` = prompt + max_tokens, already
+        capped at the model maximum. `final_len` (optional) sizes the contiguous-oracle
+        reservation; other policies ignore it. Pure: changes nothing, counts no queries."""
+
+    @abstractmethod
+    def add_sequence(
+        self,
+        seq_id: str,
+        prompt_token_ids: list[int],
+        *,
+        max_len: int,
+        final_len: int | None = None,
+        salt: str | None = None,
+    ) -> int:
+        """Register a sequence; return how many prompt tokens are already cached (the first
+        `append` starts right after them). `final_len` is for measurement only (and sizes
+        the contiguous-oracle reservation). ValueError if `seq_id` is already registered."""
+
+    @abstractmethod
+    def num_new_blocks(self, seq_id: str, num_new_tokens: int) -> int:
+        """Blocks `append` of `num_new_tokens` would take from the free pool (COW included)."""
+
+    def can_append(self, seq_id: str, num_new_tokens: int) -> bool:
+        return self.num_new_blocks(seq_id, num_new_tokens) <= self.num_free_blocks()
+
+    @abstractmethod
+    def append(self, seq_id: str, new_token_ids: list[int]) -> AppendResult:
+        """Give slots to the sequence's next len(new_token_ids) tokens (their ids key blocks
+        that become full, for prefix caching). NoFreeBlocks if space is missing."""
+
+    @abstractmethod
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """`child_id` shares every block of `parent_id`; nothing is allocated."""
+
+    @abstractmethod
+    def free(self, seq_id: str) -> None:
+        """Release every block of the sequence; KeyError for an unknown id."""
+
+    @abstractmethod
+    def has_sequence(self, seq_id: str) -> bool: ...
+
+    @abstractmethod
+    def block_table(self, seq_id: str) -> list[int]:
+        """Block ids holding the sequence's tokens, in position order."""
+
+    @abstractmethod
+    def num_tokens(self, seq_id: str) -> int:
+        """Tokens that have slots (a cached prefix included)."""
+
+    @abstractmethod
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation could take now (free plus evictable cached)."""
+
+    @abstractmethod
+    def snapshot(self, next_request_blocks: int | None = None) -> PoolSnapshot:
+        """Where the pool's slots go now; see memsvc.accounting."""
+
+    @abstractmethod
+    def check_integrity(self) -> None:
+        """Raise IntegrityError naming the first broken invariant."""
+

@@ -1,0 +1,92 @@
+"""One sequence's paged state: its block table, token count, and prefix-cache key chain."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memsvc.block_pool import Block, IntegrityError
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """ceil(num_tokens / block_size): blocks that hold `num_tokens` tokens."""
+    return -(-num_tokens // block_size)
+
+
+@dataclass
+class BlockTable:
+    """A sequence's blocks in position order: token at position p lives in
+    blocks[p // block_size] at offset p % block_size.
+
+    `block_keys[i]` is the chained prefix-cache key of full block i (kept only with prefix
+    caching); `tail_tokens` are the tokens after the last keyed block, waiting for their
+    block to fill. While swapped out, `blocks` is empty and `host_blocks` holds the copies.
+    """
+
+    seq_id: str
+    block_size: int
+    max_len: int
+    final_len: int | None = None
+    salt: str | None = None
+    blocks: list[Block] = field(default_factory=list)
+    num_tokens: int = 0
+    block_keys: list[bytes] = field(default_factory=list)
+    tail_tokens: list[int] = field(default_factory=list)
+    host_blocks: list[int] = field(default_factory=list)
+    swapped: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.max_len < 1:
+            raise ValueError(f"max_len must be positive, got {self.max_len}")
+        if self.final_len is not None and not 1 <= self.final_len <= self.max_len:
+            raise ValueError(
+                f"final_len must be in [1, max_len={self.max_len}], got {self.final_len}"
+            )
+
+    @property
+    def block_ids(self) -> list[int]:
+        return [b.block_id for b in self.blocks]
+
+    @property
+    def num_held_blocks(self) -> int:
+        return len(self.host_blocks) if self.swapped else len(self.blocks)
+
+    def last_block_partial(self) -> bool:
+        return self.num_tokens % self.block_size != 0
+
+    def slots(self, start: int, n: int) -> list[int]:
+        """Slot ids (block_id * block_size + offset) of positions start .. start+n-1."""
+        bs = self.block_size
+        return [self.blocks[p // bs].block_id * bs + p % bs for p in range(start, start + n)]
+
+    def check(self, *, keyed: bool) -> None:
+        """Blocks match the token count; with prefix caching, keys match the full blocks."""
+        need = blocks_for(self.num_tokens, self.block_size)
+        held = self.host_blocks if self.swapped else self.blocks
+        if len(held) != need or (self.swapped and self.blocks):
+            raise IntegrityError(
+                f"sequence {self.seq_id!r}: {self.num_tokens} tokens need {need} blocks but it"
+                f" holds {len(held)} {'host' if self.swapped else 'device'} blocks"
+            )
+        full, rest = divmod(self.num_tokens, self.block_size)
+        if keyed and (len(self.block_keys) != full or len(self.tail_tokens) != rest):
+            raise IntegrityError(
+                f"sequence {self.seq_id!r}: {len(self.block_keys)} block keys and"
+                f" {len(self.tail_tokens)} tail tokens for {self.num_tokens} tokens"
+            )
+
+    def fork(self, child_id: str) -> BlockTable:
+        """A copy for `child_id` holding the same blocks (the caller takes the references)."""
+        if self.swapped:
+            raise ValueError(f"cannot fork {self.seq_id!r}: it is swapped out")
+        return BlockTable(
+            seq_id=child_id,
+            block_size=self.block_size,
+            max_len=self.max_len,
+            final_len=self.final_len,
+            salt=self.salt,
+            blocks=list(self.blocks),
+            num_tokens=self.num_tokens,
+            block_keys=list(self.block_keys),
+            tail_tokens=list(self.tail_tokens),
+        )

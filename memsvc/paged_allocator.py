@@ -1,0 +1,262 @@
+"""Paged allocation: per-sequence block tables over a shared BlockPool.
+
+A sequence holds ceil(num_tokens / block_size) blocks and takes a new one only when its
+last block is full. Forks share blocks (ref count + 1); a write into a shared partial last
+block copies it first (copy-on-write). Full blocks are keyed for the prefix cache as they
+fill; a new sequence attaches the longest cached run of its prompt's full blocks, always
+leaving at least the last prompt token to compute. Sequences can be swapped out to a
+host SwapSpace and back; every copy is returned as (src, dst) pairs for the caller to do.
+"""
+from __future__ import annotations
+
+from memsvc.accounting import PoolSnapshot, paged_snapshot
+from memsvc.admission import Admission, check_request, paged_admission
+from memsvc.allocator import AppendResult, KVAllocator
+from memsvc.block_pool import Block, BlockPool, IntegrityError, NoFreeBlocks
+from memsvc.block_table import BlockTable, blocks_for
+from memsvc.prefix_cache import PrefixCacheStats, block_key, cacheable_blocks
+from memsvc.swap_space import SwapSpace
+
+
+class PagedAllocator(KVAllocator):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        num_host_blocks: int = 0,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self.swap_space = SwapSpace(num_host_blocks)
+        self.prefix_stats = PrefixCacheStats()
+        self._seqs: dict[str, BlockTable] = {}
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache (every prompt token of every add)."""
+        return self.prefix_stats.queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Prompt tokens found cached (what add_sequence returned, summed)."""
+        return self.prefix_stats.hits
+
+    # -- lookups -------------------------------------------------------------------------
+
+    def _get(self, seq_id: str, *, on_device: bool = True) -> BlockTable:
+        table = self._seqs.get(seq_id)
+        if table is None:
+            raise KeyError(f"unknown sequence {seq_id!r}")
+        if on_device and table.swapped:
+            raise ValueError(f"sequence {seq_id!r} is swapped out; swap it in first")
+        return table
+
+    def _cached_prefix(self, prompt: list[int], salt: str | None) -> tuple[list[Block], list[bytes]]:
+        """The longest run of cached full prompt blocks (never the block of the last token)."""
+        blocks: list[Block] = []
+        keys: list[bytes] = []
+        if not self.enable_prefix_caching:
+            return blocks, keys
+        bs, parent = self.block_size, None
+        for i in range(cacheable_blocks(len(prompt), bs)):
+            parent = block_key(parent, prompt[i * bs : (i + 1) * bs], salt)
+            block = self.pool.lookup(parent)
+            if block is None:
+                break
+            blocks.append(block)
+            keys.append(parent)
+        return blocks, keys
+
+    def has_sequence(self, seq_id: str) -> bool:
+        return seq_id in self._seqs
+
+    def sequence_ids(self) -> list[str]:
+        return list(self._seqs)
+
+    def block_table(self, seq_id: str) -> list[int]:
+        return self._get(seq_id).block_ids
+
+    def num_tokens(self, seq_id: str) -> int:
+        return self._get(seq_id, on_device=False).num_tokens
+
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    def is_swapped(self, seq_id: str) -> bool:
+        return self._get(seq_id, on_device=False).swapped
+
+    # -- admission and growth ------------------------------------------------------------
+
+    def admit(
+        self,
+        prompt_token_ids: list[int],
+        max_len: int,
+        salt: str | None = None,
+        *,
+        final_len: int | None = None,
+    ) -> Admission:
+        cached, _ = self._cached_prefix(prompt_token_ids, salt)
+        revived = sum(1 for b in cached if b.ref_cnt == 0)  # leave the free queue on attach
+        return paged_admission(
+            prompt_len=len(prompt_token_ids),
+            max_len=max_len,
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            cached_blocks=len(cached),
+            free_blocks=self.pool.num_free - revived,
+        )
+
+    def add_sequence(
+        self,
+        seq_id: str,
+        prompt_token_ids: list[int],
+        *,
+        max_len: int,
+        final_len: int | None = None,
+        salt: str | None = None,
+    ) -> int:
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id!r} is already registered")
+        check_request(len(prompt_token_ids), max_len)
+        table = BlockTable(seq_id, self.block_size, max_len, final_len, salt)
+        cached, keys = self._cached_prefix(prompt_token_ids, salt)
+        self.pool.incref(cached)  # a hit takes the block out of the free queue: it is in use
+        table.blocks, table.block_keys = cached, keys
+        table.num_tokens = len(cached) * self.block_size
+        if self.enable_prefix_caching:
+            self.prefix_stats.record(len(prompt_token_ids), table.num_tokens)
+        self._seqs[seq_id] = table
+        return table.num_tokens
+
+    def _needs_cow(self, table: BlockTable, n: int) -> bool:
+        return n > 0 and table.last_block_partial() and table.blocks[-1].ref_cnt > 1
+
+    def num_new_blocks(self, seq_id: str, num_new_tokens: int) -> int:
+        if num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        table = self._get(seq_id)
+        grow = blocks_for(table.num_tokens + num_new_tokens, self.block_size) - len(table.blocks)
+        return grow + int(self._needs_cow(table, num_new_tokens))
+
+    def append(self, seq_id: str, new_token_ids: list[int]) -> AppendResult:
+        table = self._get(seq_id)
+        n = len(new_token_ids)
+        needed = self.num_new_blocks(seq_id, n)
+        if needed > self.pool.num_free:
+            raise NoFreeBlocks(
+                f"sequence {seq_id!r} needs {needed} blocks for {n} more tokens,"
+                f" {self.pool.num_free} free"
+            )
+        copies: list[tuple[int, int]] = []
+        if self._needs_cow(table, n):
+            src = table.blocks[-1]
+            (dst,) = self.pool.allocate(1)
+            self.pool.free([src])  # still held by the other sharers
+            table.blocks[-1] = dst
+            copies.append((src.block_id, dst.block_id))
+        table.blocks.extend(self.pool.allocate(needed - len(copies)))
+        start = table.num_tokens
+        table.num_tokens += n
+        if self.enable_prefix_caching:
+            self._key_full_blocks(table, new_token_ids)
+        return AppendResult(table.slots(start, n), copies)
+
+    def _key_full_blocks(self, table: BlockTable, new_token_ids: list[int]) -> None:
+        bs = self.block_size
+        table.tail_tokens.extend(new_token_ids)
+        while len(table.tail_tokens) >= bs:
+            parent = table.block_keys[-1] if table.block_keys else None
+            key = block_key(parent, table.tail_tokens[:bs], table.salt)
+            self.pool.cache(table.blocks[len(table.block_keys)], key)
+            table.block_keys.append(key)
+            del table.tail_tokens[:bs]
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        parent = self._get(parent_id)
+        if child_id in self._seqs:
+            raise ValueError(f"sequence {child_id!r} is already registered")
+        child = parent.fork(child_id)
+        self.pool.incref(child.blocks)
+        self._seqs[child_id] = child
+
+    def free(self, seq_id: str) -> None:
+        table = self._get(seq_id, on_device=False)
+        if table.swapped:
+            self.swap_space.free(table.host_blocks)
+        else:
+            self.pool.free(reversed(table.blocks))  # tail blocks become evictable first
+        del self._seqs[seq_id]
+
+    # -- swapping ------------------------------------------------------------------------
+
+    def can_swap_out(self, seq_id: str) -> bool:
+        table = self._get(seq_id, on_device=False)
+        return not table.swapped and len(table.blocks) <= self.swap_space.num_free
+
+    def swap_out(self, seq_id: str) -> list[tuple[int, int]]:
+        """Move the sequence to host blocks; returns (device_block, host_block) pairs to copy
+        before any later allocation reuses the device blocks. Shared blocks are copied too
+        (and stay with their other holders)."""
+        table = self._get(seq_id)
+        host = self.swap_space.allocate(len(table.blocks))
+        pairs = [(b.block_id, h) for b, h in zip(table.blocks, host)]
+        self.pool.free(reversed(table.blocks))
+        table.blocks, table.host_blocks, table.swapped = [], host, True
+        return pairs
+
+    def can_swap_in(self, seq_id: str) -> bool:
+        table = self._get(seq_id, on_device=False)
+        return table.swapped and len(table.host_blocks) <= self.pool.num_free
+
+    def swap_in(self, seq_id: str) -> list[tuple[int, int]]:
+        """Move the sequence back into fresh device blocks; returns (host_block,
+        device_block) pairs to copy before the sequence's next step."""
+        table = self._get(seq_id, on_device=False)
+        if not table.swapped:
+            raise ValueError(f"sequence {seq_id!r} is not swapped out")
+        device = self.pool.allocate(len(table.host_blocks))
+        pairs = [(h, b.block_id) for h, b in zip(table.host_blocks, device)]
+        self.swap_space.free(table.host_blocks)
+        table.blocks, table.host_blocks, table.swapped = device, [], False
+        for block, key in zip(device, table.block_keys):
+            self.pool.cache(block, key)  # no-op where the key is still cached elsewhere
+        return pairs
+
+    # -- measurement and checks ----------------------------------------------------------
+
+    def snapshot(self, next_request_blocks: int | None = None) -> PoolSnapshot:
+        """Paged has no external fragmentation, so `next_request_blocks` is ignored."""
+        free, cached, _ = self.pool.counts()
+        return paged_snapshot(
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            holders=[(t.block_ids, t.num_tokens, t.final_len) for t in self._seqs.values() if not t.swapped],
+            blocks_free=free,
+            blocks_cached=cached,
+        )
+
+    def check_integrity(self) -> None:
+        self.pool.check()
+        holders: dict[int, list[str]] = {}
+        host_held: list[int] = []
+        for t in self._seqs.values():
+            t.check(keyed=self.enable_prefix_caching)
+            host_held.extend(t.host_blocks)
+            for b in t.blocks:
+                if self.pool.blocks[b.block_id] is not b:
+                    raise IntegrityError(f"sequence {t.seq_id!r} holds a foreign block {b.block_id}")
+                holders.setdefault(b.block_id, []).append(t.seq_id)
+        for block in self.pool.blocks:
+            names = holders.get(block.block_id, [])
+            if block.ref_cnt != len(names):
+                raise IntegrityError(
+                    f"block {block.block_id} has ref count {block.ref_cnt} but"
+                    f" {len(names)} block tables hold it {names}"
+                )
+        self.swap_space.check(host_held)
