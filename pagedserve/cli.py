@@ -12,11 +12,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
+    from pagedserve import generate_cmd
+
+    generate_cmd.add_parser(sub)
+
     bench = sub.add_parser("bench", help="benchmarks that print numbers and write them to a file")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    from pagedserve import bench_kernels
+    from pagedserve import bench_kernels, bench_throughput
 
     bench_kernels.add_parser(bench_sub)
+    bench_throughput.add_parser(bench_sub)
     return parser
 
 

@@ -139,3 +139,57 @@ class SampleOutput:
     token_id: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class PlanEntry:
+    """One sequence asking memsvc for slots this step, in priority order.
+
+    A new sequence (`new=True`) sends its whole prompt in `token_ids`; memsvc matches it
+    against the prefix cache and grants up to `max_new_tokens` of the rest. A running
+    sequence sends exactly the tokens it will compute (a decode token or a prompt chunk).
+    """
+
+    seq_id: str
+    token_ids: list[int]
+    new: bool
+    max_len: int  # prompt + max_tokens, capped at the model maximum
+    max_new_tokens: int = 0  # new sequences only: cap on the tokens granted this step
+    final_len: int | None = None  # known final length, for measurement only
+    salt: str | None = None
+
+
+@dataclass
+class Plan:
+    entries: list[PlanEntry]
+    free: list[str] = field(default_factory=list)  # finished or cancelled: release their blocks first
+
+
+@dataclass
+class Grant:
+    seq_id: str
+    start_pos: int  # position of the first granted token
+    num_tokens: int
+    slot_mapping: list[int]
+    block_table: list[int]
+    num_cached_tokens: int = 0  # new sequences: prompt tokens found in the prefix cache
+
+
+@dataclass
+class Preemption:
+    seq_id: str
+    mode: str  # "recompute" (blocks freed) or "swap" (blocks moved to host)
+
+
+@dataclass
+class Rejection:
+    seq_id: str
+    reason: str  # says which limit the request exceeds
+
+
+@dataclass
+class ReserveResult:
+    grants: list[Grant]
+    preempted: list[Preemption] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)  # new sequences that fit later, not now

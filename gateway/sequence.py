@@ -1,0 +1,56 @@
+"""A sequence as the gateway tracks it: tokens, progress through the cache, and why it ended."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from pagedserve.protocol import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    seq_id: str
+    request_id: str
+    index: int  # which of the request's n completions
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    seed: int
+    max_len: int  # prompt + max_tokens, capped at the model maximum
+    arrival: float
+    priority: int = 0  # lower runs first
+    final_len: int | None = None  # measurement hint only
+    salt: str | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError("a sequence needs at least one prompt token")
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def sort_key(self) -> tuple[int, float, int]:
+        return (self.priority, self.arrival, self.index)
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        self.status = SeqStatus.FINISHED
+        self.finish_reason = reason
+        self.error = error

@@ -1,0 +1,140 @@
+"""`pagedserve bench throughput`: offline engine vs transformers' static batching, same workload."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+
+from pagedserve.workloads import WORKLOADS, BenchRequest, random_prompt_ids, sample_lengths
+
+
+def add_parser(sub) -> None:
+    from pagedserve.generate_cmd import add_engine_args
+
+    p = sub.add_parser(
+        "throughput",
+        help="offline generation throughput, engine vs transformers",
+        description="Run N requests through the in-process engine (continuous batching on the "
+                    "paged cache) and through transformers' generate in static batches, on the "
+                    "same lengths, and print tokens/s, the ratio, and the machine's ceiling.",
+    )
+    p.add_argument("--workload", default="random", choices=WORKLOADS)
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=128, help="random workload: prompt tokens")
+    p.add_argument("--output-len", type=int, default=128, help="random workload: output tokens")
+    p.add_argument("--min-len", type=int, default=16, help="uniform workload: shortest length")
+    p.add_argument("--max-len", type=int, default=512, help="uniform workload: longest length")
+    p.add_argument("--hf-batch-size", type=int, default=64, help="transformers' static batch size")
+    p.add_argument("--skip-hf", action="store_true", help="run the engine only")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench_results/throughput.json", help="JSON results file")
+    add_engine_args(p)
+    p.set_defaults(run=run)
+
+
+def matmul_ceiling(hidden: int, intermediate: int, flops_per_token: float) -> dict:
+    """Measured fp32 matmul rate at a serving-like shape, and the tokens/s it allows."""
+    import torch
+
+    a = torch.randn(512, hidden)
+    b = torch.randn(hidden, 2 * intermediate)
+    for _ in range(3):
+        a @ b
+    reps, t = 20, time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    rate = reps * 2 * a.shape[0] * hidden * 2 * intermediate / (time.perf_counter() - t)
+    return {"matmul_flops_per_s": rate, "flops_per_token": flops_per_token,
+            "ceiling_tokens_per_s": rate / flops_per_token}
+
+
+def run_engine(engine, reqs: list[BenchRequest], vocab: int, seed: int) -> dict:
+    from pagedserve.protocol import SamplingParams
+
+    rng = random.Random(seed)
+    for i, r in enumerate(reqs):
+        sp = SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True)
+        engine.add_request(random_prompt_ids(rng, r.prompt_len, vocab), sp, request_id=str(i))
+    loop, running, tokens = engine.loop, [], 0
+    t0 = time.perf_counter()
+    while loop.has_work():
+        deltas = loop.step()
+        tokens += sum(len(d.token_ids) for d in deltas)
+        running.append(len(loop.scheduler.running))
+    elapsed = time.perf_counter() - t0
+    return {"output_tokens": tokens, "seconds": elapsed, "output_tokens_per_s": tokens / elapsed,
+            "steps": len(running), "mean_running": sum(running) / max(len(running), 1),
+            "max_running": max(running, default=0), "running_over_steps": running}
+
+
+def run_hf(model_dir: str, reqs: list[BenchRequest], vocab: int, seed: int, batch_size: int,
+           dtype: str) -> dict:
+    """Static batches in arrival order, left-padded, each run until its longest member ends."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    rng = random.Random(seed)
+    prompts = [random_prompt_ids(rng, r.prompt_len, vocab) for r in reqs]
+    useful, t0 = 0, time.perf_counter()
+    for start in range(0, len(reqs), batch_size):
+        batch = prompts[start : start + batch_size]
+        outs = [r.output_len for r in reqs[start : start + batch_size]]
+        width = max(len(p) for p in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for i, p in enumerate(batch):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        n = max(outs)
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=0)
+        useful += sum(outs)
+    elapsed = time.perf_counter() - t0
+    return {"output_tokens": useful, "seconds": elapsed, "output_tokens_per_s": useful / elapsed}
+
+
+def run(args) -> int:
+    from pagedserve.engine import LLMEngine
+    from pagedserve.generate_cmd import engine_config
+
+    reqs = sample_lengths(args.workload, args.num_requests, seed=args.seed,
+                          input_len=args.input_len, output_len=args.output_len,
+                          min_len=args.min_len, max_len=args.max_len)
+    engine = LLMEngine(engine_config(args))
+    info = engine.info
+    vocab = info.vocab_size
+    cfg = engine.executor.config
+    params = engine.executor.num_parameters()
+    result = {
+        "workload": args.workload, "num_requests": len(reqs), "model": info.name,
+        "mean_prompt_len": sum(r.prompt_len for r in reqs) / len(reqs),
+        "mean_output_len": sum(r.output_len for r in reqs) / len(reqs),
+        "machine": f"{os.cpu_count()} CPUs",
+        "ceiling": matmul_ceiling(cfg.hidden_size, cfg.intermediate_size, 2.0 * params),
+    }
+    print(f"workload {args.workload}: {len(reqs)} requests, mean {result['mean_prompt_len']:.0f} in"
+          f" / {result['mean_output_len']:.0f} out")
+    result["engine"] = run_engine(engine, reqs, vocab, args.seed)
+    e = result["engine"]
+    print(f"pagedserve   {e['output_tokens_per_s']:8.1f} output tok/s  ({e['output_tokens']} tokens, "
+          f"{e['seconds']:.1f} s, mean batch {e['mean_running']:.1f}, max {e['max_running']})")
+    c = result["ceiling"]
+    print(f"ceiling      {c['ceiling_tokens_per_s']:8.1f} tok/s  (matmul {c['matmul_flops_per_s']/1e9:.1f}"
+          f" GFLOP/s / {c['flops_per_token']/1e9:.2f} GFLOP per token); engine at "
+          f"{e['output_tokens_per_s'] / c['ceiling_tokens_per_s']:.0%} of it")
+    if not args.skip_hf:
+        del engine
+        result["transformers"] = run_hf(info.tokenizer_dir, reqs, vocab, args.seed,
+                                        args.hf_batch_size, args.dtype)
+        h = result["transformers"]
+        result["ratio"] = e["output_tokens_per_s"] / h["output_tokens_per_s"]
+        print(f"transformers {h['output_tokens_per_s']:8.1f} output tok/s  ({h['seconds']:.1f} s)")
+        print(f"ratio        {result['ratio']:8.2f}x")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0

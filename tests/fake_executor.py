@@ -1,0 +1,51 @@
+"""An executor without a model, for testing the memory and scheduling paths exactly.
+
+It stores each token id in its KV slot and "samples" a hash of the whole context read
+back through the block table, so any wrong slot, block table, copy or prefix hit changes
+the output. `reference_next` computes the same from the plain token list.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from pagedserve.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
+
+VOCAB = 1000
+EOS = 999
+
+
+def reference_next(context: list[int], seed: int = 0) -> int:
+    digest = hashlib.blake2b(repr((context, seed)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (VOCAB - 1)  # never EOS, so lengths are exact
+
+
+class FakeExecutor:
+    def __init__(self, block_size: int, max_model_len: int = 4096):
+        self.info = ModelInfo("fake", max_model_len, VOCAB, [EOS], None, "",
+                              KVGeometry(1, 1, 1, block_size))
+        self.pool: torch.Tensor | None = None
+        self.num_executed_tokens = 0
+
+    def attach_pool(self, pool: torch.Tensor) -> None:
+        self.pool = pool
+
+    def model_info(self) -> ModelInfo:
+        return self.info
+
+    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+        bs = self.info.kv.block_size
+        for s in batch.seqs:
+            for tok, slot in zip(s.token_ids, s.slot_mapping):
+                self.pool[slot // bs, 0, 0, slot % bs, 0, 0] = float(tok)
+            self.num_executed_tokens += len(s.token_ids)
+        outs = []
+        for s in batch.seqs:
+            if not s.sample:
+                continue
+            n = s.start_pos + len(s.token_ids)
+            pool_k = self.pool[:, 0, 0, :, 0, 0]
+            context = [int(pool_k[s.block_table[p // bs], p % bs]) for p in range(n)]
+            outs.append(SampleOutput(s.seq_id, reference_next(context, s.seed)))
+        return outs
