@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of pagedserve.v1 (python proto/generate.py)."""
