@@ -58,7 +58,7 @@ class StepPlanner:
     def _admit(self, entry: PlanEntry, out: Reservation) -> bool:
         """Try to start a new sequence; False means it (and everything after it) waits."""
         alloc = self.allocator
-        admission = alloc.admit(entry.token_ids, entry.max_len, entry.salt)
+        admission = alloc.admit(entry.token_ids, entry.max_len, entry.salt, final_len=entry.final_len)
         if admission.kind == "never":
             out.result.rejected.append(Rejection(entry.seq_id, admission.reason))
             return True
