@@ -1,0 +1,70 @@
+"""Per-step tensors built once from a StepBatch and shared by every layer."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedserve.protocol import StepBatch
+
+
+@dataclass
+class AttentionMetadata:
+    """All sequences of a step packed into one token dimension of length T.
+
+    input_ids, positions, slot_mapping: int64 [T]; block_tables: int32 [B, max_blocks]
+    (padded with 0, past each sequence's blocks); seq_lens: int32 [B], the context length
+    including this step's tokens; query_start_loc: int32 [B+1]; sample_indices: int64, the
+    packed index of the last token of each sequence that samples, in batch order.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    sample_indices: torch.Tensor
+    max_seq_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.numel()
+
+    @classmethod
+    def from_batch(cls, batch: StepBatch, device: torch.device | str = "cpu") -> "AttentionMetadata":
+        if not batch.seqs:
+            raise ValueError("empty StepBatch")
+        input_ids, positions, slots, seq_lens, starts, sample = [], [], [], [], [0], []
+        width = max(len(s.block_table) for s in batch.seqs)
+        tables = []
+        for s in batch.seqs:
+            n = len(s.token_ids)
+            if n == 0:
+                raise ValueError(f"sequence {s.seq_id}: no tokens to compute")
+            if len(s.slot_mapping) != n:
+                raise ValueError(
+                    f"sequence {s.seq_id}: {n} tokens but {len(s.slot_mapping)} slots"
+                )
+            input_ids.extend(s.token_ids)
+            positions.extend(range(s.start_pos, s.start_pos + n))
+            slots.extend(s.slot_mapping)
+            seq_lens.append(s.start_pos + n)
+            starts.append(starts[-1] + n)
+            if s.sample:
+                sample.append(starts[-1] - 1)
+            tables.append(s.block_table + [0] * (width - len(s.block_table)))
+
+        def t(x, dtype):
+            return torch.tensor(x, dtype=dtype, device=device)
+
+        return cls(
+            input_ids=t(input_ids, torch.int64),
+            positions=t(positions, torch.int64),
+            slot_mapping=t(slots, torch.int64),
+            block_tables=t(tables, torch.int32),
+            seq_lens=t(seq_lens, torch.int32),
+            query_start_loc=t(starts, torch.int32),
+            sample_indices=t(sample, torch.int64),
+            max_seq_len=max(seq_lens),
+        )

@@ -1,0 +1,111 @@
+"""Reading and checking a Hugging Face checkpoint's safetensors."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from executor.errors import ModelLoadError
+from executor.model_config import ModelConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"unsupported dtype {dtype}; supported: {', '.join(DTYPES)}")
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def expected_weights(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the checkpoint must hold, by Hugging Face name, with its shape."""
+    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, h),
+        "model.norm.weight": (h,),
+    }
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, h)
+    for n in range(config.num_layers):
+        p = f"model.layers.{n}."
+        shapes[p + "input_layernorm.weight"] = (h,)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+        for proj, rows in (("q", config.q_size), ("k", config.kv_size), ("v", config.kv_size)):
+            shapes[f"{p}self_attn.{proj}_proj.weight"] = (rows, h)
+            if config.qkv_bias:
+                shapes[f"{p}self_attn.{proj}_proj.bias"] = (rows,)
+        shapes[p + "self_attn.o_proj.weight"] = (h, config.q_size)
+        if config.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+        if config.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (d,)
+            shapes[p + "self_attn.k_norm.weight"] = (d,)
+        shapes[p + "mlp.gate_proj.weight"] = (i, h)
+        shapes[p + "mlp.up_proj.weight"] = (i, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, i)
+    return shapes
+
+
+def safetensors_files(model_dir: str) -> list[str]:
+    """The checkpoint's files: those of model.safetensors.index.json, else every *.safetensors."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        try:
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise ModelLoadError(f"{index}: not a readable index with a weight_map ({e!r})") from e
+        files = [os.path.join(model_dir, name) for name in sorted(set(weight_map.values()))]
+        for path in files:
+            if not os.path.exists(path):
+                raise ModelLoadError(f"{path}: not found; it is listed in {index}")
+        return files
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if not files:
+        raise ModelLoadError(
+            f"{model_dir}: no safetensors weights; expected model.safetensors "
+            "or model.safetensors.index.json with its shards"
+        )
+    return files
+
+
+def load_weights(model_dir: str, config: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Read every expected tensor, cast to `dtype`, after checking its shape.
+
+    Tensors the model does not use (e.g. a tied lm_head, rotary buffers) are skipped.
+    Raises ModelLoadError naming the file and the tensor for a corrupt file, a missing
+    tensor or a wrong shape.
+    """
+    expected = expected_weights(config)
+    found: dict[str, torch.Tensor] = {}
+    files = safetensors_files(model_dir)
+    for path in files:
+        try:
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():
+                    if name not in expected:
+                        continue
+                    shape = tuple(f.get_slice(name).get_shape())
+                    if shape != expected[name]:
+                        raise ModelLoadError(
+                            f"{path}: tensor {name} has shape {list(shape)}, expected "
+                            f"{list(expected[name])} for this config.json"
+                        )
+                    found[name] = f.get_tensor(name).to(dtype)
+        except (SafetensorError, OSError) as e:
+            raise ModelLoadError(f"{path}: not a readable safetensors file ({e})") from e
+    missing = [name for name in expected if name not in found]
+    if missing:
+        where = files[0] if len(files) == 1 else f"{len(files)} files in {model_dir}"
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ModelLoadError(
+            f"{where}: missing tensor {missing[0]} (expected shape {list(expected[missing[0]])}){more}"
+        )
+    return found
