@@ -1,0 +1,95 @@
+"""Every protocol dataclass survives a trip through its protobuf twin and the wire."""
+import pytest
+
+from memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve import convert
+from pagedserve.protocol import (
+    Grant, KVGeometry, ModelInfo, Plan, PlanEntry, Preemption, Rejection, ReserveResult,
+    SampleOutput, SamplingParams, SeqStep, StepBatch,
+)
+from pagedserve.v1 import executor_pb2, generation_pb2, memory_pb2
+
+
+def wire(msg):
+    return type(msg).FromString(msg.SerializeToString())
+
+
+SAMPLINGS = [
+    SamplingParams(),
+    SamplingParams(max_tokens=7, temperature=0.0, seed=0, logprobs=0, n=3, ignore_eos=True),
+    SamplingParams(temperature=0.5, top_p=0.25, top_k=40, min_p=0.125, repetition_penalty=1.5,
+                   presence_penalty=-0.5, frequency_penalty=2.0, seed=2**63 - 1,
+                   stop=["\n\n", "é"], stop_token_ids=[1, 2], logprobs=5),
+]
+
+
+@pytest.mark.parametrize("sp", SAMPLINGS)
+def test_sampling_params(sp):
+    assert convert.sampling_from_proto(wire(convert.sampling_to_proto(sp))) == sp
+
+
+def test_sampling_defaults_of_an_empty_message():
+    assert convert.sampling_from_proto(generation_pb2.SamplingParams()) == SamplingParams()
+
+
+def test_model_info_with_tokenizer_files():
+    info = ModelInfo("m", 2048, 49152, [0, 2], "{{ x }}", "/tmp/x", KVGeometry(30, 3, 64, 16, "bfloat16"))
+    files = {"tokenizer.json": b"{}", "tokenizer_config.json": b'{"a": 1}'}
+    msg = wire(convert.model_info_to_proto(info, files))
+    assert {f.name: f.content for f in msg.tokenizer_files} == files
+    assert convert.model_info_from_proto(msg, "/tmp/x") == info
+    info.chat_template = None
+    assert convert.model_info_from_proto(wire(convert.model_info_to_proto(info)), "/tmp/x") == info
+
+
+def test_plan():
+    plan = Plan([
+        PlanEntry("a/0", [1, 2, 3], True, 100, max_new_tokens=2, final_len=0, salt=""),
+        PlanEntry("b/0", [9], False, 50, final_len=42, salt="s"),
+        PlanEntry("c/0", [], False, 10),
+    ], free=["x/0", "y/1"])
+    msg = wire(convert.plan_to_proto(plan, "session-1"))
+    assert msg.session_id == "session-1"
+    assert convert.plan_from_proto(msg) == plan
+
+
+def test_reserve_result():
+    r = ReserveResult(
+        grants=[Grant("a/0", 16, 3, [2**40, 5, 6], [1, 7], 16), Grant("b/0", 0, 1, [0], [0])],
+        preempted=[Preemption("c/0", "recompute"), Preemption("d/0", "swap")],
+        rejected=[Rejection("e/0", "too long")], waiting=["f/0", "g/0"],
+    )
+    assert convert.reserve_result_from_proto(wire(convert.reserve_result_to_proto(r))) == r
+    assert convert.reserve_result_from_proto(memory_pb2.ReserveResponse()) == ReserveResult([])
+
+
+def test_step_batch_shares_sampling():
+    a, b = SAMPLINGS[1], SAMPLINGS[2]
+    batch = StepBatch([
+        SeqStep("a/0", [5, 6], 0, [0, 1], [0], False, a, 7),
+        SeqStep("b/0", [8], 3, [40], [2, 9], True, a, 2**63 - 1),
+        SeqStep("c/0", [9], 1, [41], [3], True, b, 0, prompt_token_ids=[1, 2], output_token_ids=[3]),
+    ])
+    back = convert.batch_from_proto(wire(convert.batch_to_proto(batch)))
+    assert back == batch
+    assert back.seqs[0].sampling is back.seqs[1].sampling
+
+
+def test_sample_outputs():
+    outs = [SampleOutput("a/0", 5), SampleOutput("b/0", 0, -0.5, [(0, -0.5), (3, -1.25)])]
+    assert convert.outputs_from_proto(wire(convert.outputs_to_proto(outs))) == outs
+    assert convert.outputs_from_proto(executor_pb2.ExecuteResponse()) == []
+
+
+def test_stats_from_a_memory_manager():
+    mem = MemoryManager(MemoryConfig(num_blocks=8))
+    mem.register_executor(KVGeometry(1, 1, 1, 4))
+    mem.reserve(Plan([PlanEntry("a/0", [1, 2, 3, 4, 5], True, 10)]))
+    stats = mem.stats()
+    back = convert.stats_from_proto(wire(convert.stats_to_proto(stats, 4, num_sequences=1, num_sessions=2)))
+    for key in ("num_blocks", "blocks_free", "blocks_cached", "blocks_referenced", "token_state",
+                "reserved", "free", "total_slots", "token_state_fraction"):
+        assert back.snapshot[key] == pytest.approx(stats.snapshot[key]), key
+    assert back.snapshot["blocks_referenced"] == 2
+    assert (back.num_sequences, back.num_sessions) == (1, 2)
+    assert back.num_preemptions == stats.num_preemptions
