@@ -1,0 +1,60 @@
+"""One step of the model over the shared KV pool: forward, then sampling."""
+from __future__ import annotations
+
+import torch
+
+from executor.attention_metadata import AttentionMetadata
+from executor.model_config import ModelConfig
+from executor.sampler import Sampler
+from pagedserve.protocol import SampleOutput, StepBatch
+
+
+class ModelRunner:
+    """Runs StepBatches on `model` with its KV in `kv_pool`.
+
+    kv_pool: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size] in the model's
+    dtype, allocated by memsvc. Each sequence's tokens are computed at positions
+    start_pos.., their K/V written to `slot_mapping` (slot = block * block_size + offset),
+    and attention reads the context through `block_table`.
+    """
+
+    def __init__(self, model: torch.nn.Module, config: ModelConfig, kv_pool: torch.Tensor):
+        self.model = model
+        self.config = config
+        self.sampler = Sampler()
+        self.kv_pool = None
+        self.attach_pool(kv_pool)
+
+    def attach_pool(self, kv_pool: torch.Tensor) -> None:
+        c = self.config
+        expected = (c.num_layers, 2, None, c.num_kv_heads, c.head_dim)
+        shape = tuple(kv_pool.shape)
+        if len(shape) != 6 or any(e is not None and e != s for e, s in zip(expected, shape[1:])):
+            raise ValueError(
+                f"KV pool shape {list(shape)} does not fit the model: expected "
+                f"[num_blocks, {c.num_layers}, 2, block_size, {c.num_kv_heads}, {c.head_dim}]"
+            )
+        if kv_pool.dtype != self.model.dtype:
+            raise ValueError(f"KV pool dtype {kv_pool.dtype} differs from the model's {self.model.dtype}")
+        self.kv_pool = kv_pool
+
+    @torch.inference_mode()
+    def _hidden(self, batch: StepBatch) -> tuple[torch.Tensor, AttentionMetadata]:
+        meta = AttentionMetadata.from_batch(batch, device=self.kv_pool.device)
+        hidden = self.model(meta.input_ids, meta.positions, meta, self.kv_pool)
+        return hidden, meta
+
+    @torch.inference_mode()
+    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+        """One SampleOutput per sequence with sample=True, in batch order."""
+        hidden, meta = self._hidden(batch)
+        if meta.sample_indices.numel() == 0:
+            return []
+        logits = self.model.compute_logits(hidden[meta.sample_indices])
+        return self.sampler(logits, [s for s in batch.seqs if s.sample])
+
+    @torch.inference_mode()
+    def logits(self, batch: StepBatch) -> torch.Tensor:
+        """float32 logits [T, vocab] of every token of the step, packed in batch order."""
+        hidden, _ = self._hidden(batch)
+        return self.model.compute_logits(hidden)

@@ -1,0 +1,117 @@
+"""Batched token sampling for one step.
+
+For each sampled sequence, in this order:
+1. penalties: repetition (Hugging Face semantics, over prompt + output tokens: a positive
+   logit is divided by the penalty, a negative one multiplied), then frequency and presence
+   (OpenAI semantics, over output tokens: logit -= frequency * count + presence * [count > 0]);
+2. temperature (greedy rows use 1);
+3. truncation: top-k, then top-p (the smallest set of most likely tokens whose mass reaches
+   top_p), then min-p (drop tokens less likely than min_p times the most likely one), each
+   on the distribution left by the previous one;
+4. choice: argmax for temperature 0; otherwise argmax(logits - log E) with E ~ Exp(1) per
+   token (the exponential race, equivalent to sampling from the softmax), where E comes from
+   a generator seeded with mix(seed, position of the new token) only, so the token does not
+   depend on the rest of the batch and is the same after recompute.
+
+Logprobs are the log-softmax of the processed distribution, the one the token was drawn
+from: after steps 1-3 (tokens removed by truncation have -inf and never appear among the top
+logprobs). Stopping (EOS, stop ids, ignore_eos) is the gateway's business: nothing is masked.
+"""
+from __future__ import annotations
+
+import torch
+
+from pagedserve.protocol import SampleOutput, SeqStep
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(seed: int, position: int) -> int:
+    """A 63-bit generator seed from (seed, position) (splitmix64 finalizer)."""
+    x = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> 1
+
+
+def apply_penalties(logits: torch.Tensor, seqs: list[SeqStep]) -> None:
+    """In place, for the rows whose sampling params use penalties."""
+    vocab = logits.shape[-1]
+    for i, s in enumerate(seqs):
+        sp = s.sampling
+        if not sp.uses_penalties:
+            continue
+        row = logits[i]
+        if sp.repetition_penalty != 1.0:
+            seen = torch.tensor(s.prompt_token_ids + s.output_token_ids, dtype=torch.int64).unique()
+            if seen.numel():
+                scores = row[seen]
+                p = sp.repetition_penalty
+                row[seen] = torch.where(scores > 0, scores / p, scores * p)
+        if (sp.frequency_penalty or sp.presence_penalty) and s.output_token_ids:
+            counts = torch.bincount(torch.tensor(s.output_token_ids, dtype=torch.int64), minlength=vocab)
+            counts = counts[:vocab].to(row.dtype)
+            row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(row.dtype)
+
+
+def apply_truncation(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                     min_p: torch.Tensor) -> torch.Tensor:
+    """Set removed tokens to -inf. top_k int64 [S] (<= 0: off), top_p / min_p float [S]."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device)[None, :]
+    if (top_k > 0).any():
+        k = torch.where(top_k > 0, top_k, vocab)
+        sorted_logits.masked_fill_(ranks >= k[:, None], float("-inf"))
+    if (top_p < 1).any():
+        probs = sorted_logits.softmax(-1)
+        before = probs.cumsum(-1) - probs
+        limit = torch.where(top_p < 1, top_p, float("inf"))
+        sorted_logits.masked_fill_(before >= limit[:, None], float("-inf"))
+    if (min_p > 0).any():
+        probs = sorted_logits.softmax(-1)
+        sorted_logits.masked_fill_(probs < min_p[:, None] * probs[:, :1], float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+class Sampler:
+    """__call__(logits [S, vocab], seqs) -> one SampleOutput per row, in order."""
+
+    def __call__(self, logits: torch.Tensor, seqs: list[SeqStep]) -> list[SampleOutput]:
+        assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
+        logits = logits.float().clone()
+        params = [s.sampling for s in seqs]
+        apply_penalties(logits, seqs)
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params])
+        if (temps != 1).any():
+            logits /= temps[:, None]
+        top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64)
+        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+        min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
+        if (top_k > 0).any() or (top_p < 1).any() or (min_p > 0).any():
+            logits = apply_truncation(logits, top_k, top_p, min_p)
+
+        tokens = logits.argmax(-1)
+        for i, s in enumerate(seqs):
+            if not params[i].greedy:
+                position = s.start_pos + len(s.token_ids)
+                g = torch.Generator().manual_seed(mix_seed(s.seed, position))
+                noise = torch.empty(logits.shape[-1]).exponential_(generator=g)
+                tokens[i] = (logits[i] - noise.log()).argmax()
+
+        want = [p.logprobs is not None for p in params]
+        logprobs = logits.log_softmax(-1) if any(want) else None
+        out = []
+        for i, s in enumerate(seqs):
+            token = int(tokens[i])
+            o = SampleOutput(seq_id=s.seq_id, token_id=token)
+            if want[i]:
+                o.logprob = float(logprobs[i, token])
+                k = params[i].logprobs
+                if k:
+                    values, ids = logprobs[i].topk(k)
+                    o.top_logprobs = [
+                        (int(t), float(v)) for t, v in zip(ids, values) if v != float("-inf")
+                    ]
+            out.append(o)
+        return out

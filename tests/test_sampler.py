@@ -1,0 +1,133 @@
+"""The sampler: greedy, truncation, penalties, seeded reproducibility, logprobs."""
+import math
+
+import pytest
+import torch
+
+from executor.sampler import Sampler, apply_penalties, apply_truncation, mix_seed
+from pagedserve.protocol import SamplingParams, SeqStep
+
+PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
+LOGITS = PROBS.log()
+
+
+def seq(params: SamplingParams, seed=0, pos=10, seq_id="s", prompt=(), output=()):
+    return SeqStep(seq_id=seq_id, token_ids=[1], start_pos=pos - 1, slot_mapping=[0], block_table=[0],
+                   sample=True, sampling=params, seed=seed, prompt_token_ids=list(prompt),
+                   output_token_ids=list(output))
+
+
+def draw(logits, params, n, seed=0):
+    """n samples, each from a different position so the randomness differs."""
+    sampler = Sampler()
+    return [sampler(logits[None], [seq(params, seed=seed, pos=p)])[0].token_id for p in range(n)]
+
+
+def test_greedy_is_argmax():
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    seqs = [seq(SamplingParams(temperature=0.0), seed=i, seq_id=str(i)) for i in range(6)]
+    out = Sampler()(logits, seqs)
+    assert [o.token_id for o in out] == logits.argmax(-1).tolist()
+    assert [o.seq_id for o in out] == [str(i) for i in range(6)]
+    assert all(o.logprob is None and o.top_logprobs == [] for o in out)
+
+
+def test_sampling_follows_the_softmax():
+    tokens = draw(LOGITS, SamplingParams(temperature=1.0), 4000)
+    freq = torch.bincount(torch.tensor(tokens), minlength=4).float() / len(tokens)
+    assert torch.allclose(freq, PROBS, atol=0.03), freq
+
+
+def test_low_temperature_sharpens():
+    tokens = draw(LOGITS, SamplingParams(temperature=0.2), 500)
+    assert tokens.count(0) > 0.9 * len(tokens)
+
+
+@pytest.mark.parametrize("params,support", [
+    (SamplingParams(top_k=2), {0, 1}),
+    (SamplingParams(top_p=0.75), {0, 1}),
+    (SamplingParams(top_p=0.9), {0, 1, 2}),
+    (SamplingParams(top_p=0.4), {0}),
+    (SamplingParams(min_p=0.2), {0, 1, 2}),
+    (SamplingParams(min_p=0.5), {0, 1}),
+    (SamplingParams(top_k=3, top_p=0.7), {0, 1}),
+])
+def test_truncation_support(params, support):
+    t = apply_truncation(LOGITS[None].clone(), torch.tensor([params.top_k]),
+                         torch.tensor([params.top_p]), torch.tensor([params.min_p]))
+    assert set(torch.isfinite(t[0]).nonzero().flatten().tolist()) == support
+    assert torch.equal(t[0][list(support)], LOGITS[list(support)])
+    assert set(draw(LOGITS, params, 300)) == support
+
+
+def test_truncation_is_per_row():
+    logits = LOGITS.repeat(3, 1)
+    t = apply_truncation(logits, torch.tensor([1, 0, 0]), torch.tensor([1.0, 0.75, 1.0]),
+                         torch.tensor([0.0, 0.0, 0.0]))
+    assert torch.isfinite(t).sum(-1).tolist() == [1, 2, 4]
+
+
+def test_repetition_penalty_hf_semantics():
+    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]])
+    apply_penalties(logits, [seq(SamplingParams(repetition_penalty=2.0), prompt=[0, 1], output=[1, 3])])
+    assert logits[0].tolist() == [1.0, -4.0, 1.0, -2.0, 0.5]
+
+
+def test_frequency_and_presence_penalties_openai_semantics():
+    logits = torch.zeros(1, 5)
+    params = SamplingParams(frequency_penalty=0.5, presence_penalty=1.0)
+    apply_penalties(logits, [seq(params, prompt=[4, 4], output=[1, 1, 1, 2])])
+    assert logits[0].tolist() == [0.0, -2.5, -1.5, 0.0, 0.0]  # prompt tokens are not penalised
+
+
+def test_penalties_apply_only_to_their_row():
+    logits = torch.ones(2, 5)
+    apply_penalties(logits, [seq(SamplingParams()), seq(SamplingParams(presence_penalty=1.0), output=[0])])
+    assert logits[0].tolist() == [1.0] * 5 and logits[1].tolist() == [0.0, 1, 1, 1, 1]
+
+
+def test_penalty_changes_the_greedy_choice():
+    logits = torch.tensor([[3.0, 2.9, 0.0]])
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.2)
+    assert Sampler()(logits, [seq(params, output=[0])])[0].token_id == 1
+
+
+def test_seeded_tokens_do_not_depend_on_the_batch():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(8, 1000, generator=g)
+    params = SamplingParams(temperature=1.0, top_p=0.95)
+    alone = [Sampler()(logits[i:i + 1], [seq(params, seed=100 + i, pos=7 + i)])[0].token_id for i in range(8)]
+    others = [seq(SamplingParams(temperature=0.7, top_k=5), seed=5, seq_id="x") for _ in range(3)]
+    mixed = Sampler()(torch.cat([torch.randn(3, 1000, generator=g), logits.flip(0)]),
+                      others + [seq(params, seed=100 + i, pos=7 + i) for i in reversed(range(8))])
+    assert [o.token_id for o in mixed[3:]] == alone[::-1]
+    again = Sampler()(logits, [seq(params, seed=100 + i, pos=7 + i) for i in range(8)])
+    assert [o.token_id for o in again] == alone
+
+
+def test_seed_and_position_both_matter():
+    logits = torch.zeros(1, 1000)
+    by_seed = {Sampler()(logits, [seq(SamplingParams(), seed=s, pos=3)])[0].token_id for s in range(20)}
+    by_pos = {Sampler()(logits, [seq(SamplingParams(), seed=3, pos=p)])[0].token_id for p in range(20)}
+    assert len(by_seed) > 15 and len(by_pos) > 15
+    assert mix_seed(1, 2) != mix_seed(2, 1) and 0 <= mix_seed(-5, 3) < 2**63
+
+
+def test_logprobs_are_log_softmax_of_the_processed_distribution():
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(2))
+    seqs = [seq(SamplingParams(temperature=0.0, logprobs=0)),
+            seq(SamplingParams(temperature=0.5, logprobs=5), seed=9),
+            seq(SamplingParams(temperature=1.0, top_k=3, logprobs=5), seed=4)]
+    out = Sampler()(logits, seqs)
+    expected0 = logits[0].log_softmax(-1)
+    assert out[0].logprob == pytest.approx(expected0.max().item(), abs=1e-6) and out[0].top_logprobs == []
+    expected1 = (logits[1] / 0.5).log_softmax(-1)
+    assert out[1].logprob == pytest.approx(expected1[out[1].token_id].item(), abs=1e-6)
+    values, ids = expected1.topk(5)
+    assert [t for t, _ in out[1].top_logprobs] == ids.tolist()
+    assert [v for _, v in out[1].top_logprobs] == pytest.approx(values.tolist(), abs=1e-6)
+    top3 = logits[2].topk(3)
+    expected2 = top3.values.log_softmax(-1)
+    assert [t for t, _ in out[2].top_logprobs] == top3.indices.tolist()  # only the 3 kept tokens
+    assert [v for _, v in out[2].top_logprobs] == pytest.approx(expected2.tolist(), abs=1e-6)
+    assert sum(math.exp(v) for _, v in out[2].top_logprobs) == pytest.approx(1.0, abs=1e-5)
