@@ -1,0 +1,125 @@
+"""Drives a synchronous BatchLoop on one worker thread for any number of concurrent callers.
+
+Every BatchLoop call (add_request, abort, step) happens on the worker thread. Callers post
+commands into a queue; the worker applies them between steps, so an abort takes effect
+before the next step and the sequence's blocks are freed by the next reserve. The worker
+steps while there is work and sleeps on an event when idle.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable
+
+from gateway.batch_loop import BatchLoop
+from gateway.output_stream import Delta
+from pagedserve.protocol import SamplingParams
+
+log = logging.getLogger("pagedserve.gateway")
+
+# What a request's sink receives: a list of deltas from one step, or an exception that ends it.
+Sink = Callable[[list[Delta] | BaseException], None]
+
+
+class BackendError(RuntimeError):
+    """A step failed (memsvc or the executor did not answer); the requests in flight end."""
+
+
+class StepRunner:
+    def __init__(self, loop: BatchLoop, on_step_error: Callable[[BaseException], None] | None = None,
+                 on_step_ok: Callable[[], None] | None = None):
+        self.loop = loop
+        self.on_step_error = on_step_error
+        self.on_step_ok = on_step_ok
+        self._commands: collections.deque = collections.deque()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._sinks: dict[str, Sink] = {}
+        self._healthy = True
+        self.num_steps = 0
+        self.step_seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name="pagedserve-steps", daemon=True)
+        self._thread.start()
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+               sink: Sink, priority: int = 0) -> Future:
+        """Queue a request. The future resolves once it is accepted, or raises RequestError."""
+        done: Future = Future()
+        self._post(("add", request_id, prompt_token_ids, sampling, sink, priority, done))
+        return done
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its sink gets nothing more. Safe to call for finished requests."""
+        self._post(("abort", request_id))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _post(self, command: tuple) -> None:
+        self._commands.append(command)
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._apply_commands()
+            if not self.loop.has_work():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            start = time.perf_counter()
+            try:
+                deltas = self.loop.step()
+            except Exception as e:  # memsvc or the executor failed: end what is in flight
+                self._fail_all(e)
+                time.sleep(0.5)
+                continue
+            self.num_steps += 1
+            self.step_seconds += time.perf_counter() - start
+            if not self._healthy and self.on_step_ok:
+                self.on_step_ok()
+            self._healthy = True
+            self._dispatch(deltas)
+
+    def _apply_commands(self) -> None:
+        while self._commands:
+            command = self._commands.popleft()
+            if command[0] == "abort":
+                self._sinks.pop(command[1], None)
+                self.loop.abort(command[1])
+                continue
+            _, request_id, prompt, sampling, sink, priority, done = command
+            try:
+                self.loop.add_request(request_id, prompt, sampling, priority=priority)
+            except Exception as e:
+                done.set_exception(e)
+                continue
+            self._sinks[request_id] = sink
+            done.set_result(None)
+
+    def _dispatch(self, deltas: list[Delta]) -> None:
+        by_request: dict[str, list[Delta]] = {}
+        for d in deltas:
+            by_request.setdefault(d.request_id, []).append(d)
+        for request_id, batch in by_request.items():
+            sink = self._sinks.get(request_id)
+            if request_id not in self.loop.requests:
+                self._sinks.pop(request_id, None)
+            if sink is not None:
+                sink(batch)
+
+    def _fail_all(self, error: Exception) -> None:
+        log.error("step failed, ending %d requests: %s", len(self._sinks), error)
+        self._healthy = False
+        if self.on_step_error:
+            self.on_step_error(error)
+        failure = BackendError(f"the model backend failed: {error}")
+        for request_id in list(self.loop.requests):
+            self.loop.abort(request_id)
+        sinks, self._sinks = self._sinks, {}
+        for sink in sinks.values():
+            sink(failure)
