@@ -1,9 +1,16 @@
 """MemoryManager: memsvc's service object. It owns the pool and makes every memory decision.
 
-Contract (the same across gRPC later): an executor registers its KV geometry and a budget
-and gets the pool; `reserve(plan)` grants slots in plan order, performs the block copies
-it decided (copy-on-write) on the pool before it returns, and reports preemptions;
+Contract (the same in process and across gRPC): an executor registers its KV geometry and
+a budget and gets the pool; `reserve(plan)` grants slots in plan order, performs the block
+copies it decided (copy-on-write) on the pool before it returns, and reports preemptions;
 `free`, `fork` and `stats` act on sequences by id.
+
+With `MemoryConfig.shared`, the pool lives where another process can map it: a POSIX
+shared-memory segment on the CPU (`shm_pool`), a CUDA IPC allocation on a GPU named by
+UUID (`cuda_ipc`). Calls that carry a `session_id` act in that session's namespace of
+sequence ids and renew its lease; `expire_sessions` frees what lapsed sessions owned.
+
+Not thread-safe: memsvc's server serializes every call with one lock.
 """
 from __future__ import annotations
 
@@ -14,8 +21,9 @@ import torch
 from kernels import copy_blocks
 from memsvc import make_allocator
 from memsvc.kv_pool import allocate_pool, num_blocks_for_budget
+from memsvc.sessions import Sessions
 from memsvc.step_planner import StepPlanner
-from pagedserve.protocol import KVGeometry, Plan, ReserveResult
+from pagedserve.protocol import KVGeometry, Plan, Preemption, ReserveResult
 
 
 @dataclass
@@ -25,13 +33,20 @@ class MemoryConfig:
     num_blocks: int | None = None  # wins over kv_budget_bytes when set
     kv_budget_bytes: int = 2 << 30
     max_model_len: int = 8192
-    device: str = "cpu"
+    device: str = "cpu"  # default when the executor names none: "cpu", "cuda:N" or a GPU UUID
+    shared: bool = False  # pool in shared memory (CPU) or exported by CUDA IPC (GPU)
+    shm_name: str | None = None  # shared CPU pool: the segment's name (default: generated)
+    session_lease_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+        if self.kv_budget_bytes < 1:
+            raise ValueError(f"kv_budget_bytes must be positive, got {self.kv_budget_bytes}")
+        if self.session_lease_s <= 0:
+            raise ValueError(f"session_lease_s must be positive, got {self.session_lease_s}")
 
 
 @dataclass
@@ -40,6 +55,8 @@ class MemoryStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    num_sequences: int = 0
+    num_sessions: int = 0
 
 
 class MemoryManager:
@@ -47,20 +64,32 @@ class MemoryManager:
         self.config = config
         self.geometry: KVGeometry | None = None
         self.pool: torch.Tensor | None = None
+        self.pool_device: str | None = None  # what the executor asked for
+        self.shm = None  # memsvc.shm_pool.ShmPool when the CPU pool is shared
+        self.cuda_handle = None  # memsvc.cuda_ipc.CudaIpcHandle when the GPU pool is shared
         self.allocator = None
         self.planner: StepPlanner | None = None
+        self.sessions = Sessions(config.session_lease_s)
         self.num_preemptions = 0
 
-    def register_executor(self, geometry: KVGeometry) -> torch.Tensor:
-        """Allocate the pool for this geometry (once) and return it."""
+    def register_executor(self, geometry: KVGeometry, budget_bytes: int = 0,
+                          device: str | None = None) -> torch.Tensor:
+        """Allocate the pool for this geometry (once) and return it.
+
+        A later executor (a restart, a replica) with the same geometry and device gets the
+        same pool; a different one is a ValueError. `budget_bytes` 0 means the configured
+        budget; `config.num_blocks` wins over both.
+        """
+        device = device or self.config.device
         if self.pool is not None:
-            if geometry != self.geometry:
-                raise ValueError(f"pool exists with geometry {self.geometry}, executor sent {geometry}")
+            if geometry != self.geometry or device != self.pool_device:
+                raise ValueError(f"the pool exists for {self.geometry} on {self.pool_device}; "
+                                 f"this executor sent {geometry} on {device}")
             return self.pool
         cfg = self.config
-        num_blocks = cfg.num_blocks or num_blocks_for_budget(geometry, cfg.kv_budget_bytes)
-        self.geometry = geometry
-        self.pool = allocate_pool(geometry, num_blocks, cfg.device)
+        num_blocks = cfg.num_blocks or num_blocks_for_budget(geometry, budget_bytes or cfg.kv_budget_bytes)
+        self.pool = self._allocate(geometry, num_blocks, device)
+        self.geometry, self.pool_device = geometry, device
         self.allocator = make_allocator(
             cfg.policy, num_blocks, geometry.block_size,
             max_model_len=cfg.max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
@@ -68,23 +97,76 @@ class MemoryManager:
         self.planner = StepPlanner(self.allocator)
         return self.pool
 
-    def reserve(self, plan: Plan) -> ReserveResult:
-        reservation = self._planner().reserve(plan)
+    def _allocate(self, geometry: KVGeometry, num_blocks: int, device: str) -> torch.Tensor:
+        from memsvc.cuda_ipc import allocate_cuda_pool, is_gpu_uuid
+
+        if not self.config.shared:
+            return allocate_pool(geometry, num_blocks, device)
+        if is_gpu_uuid(device):
+            pool, self.cuda_handle = allocate_cuda_pool(geometry, num_blocks, device)
+            return pool
+        if device != "cpu":
+            raise ValueError(f"a shared pool lives on 'cpu' or a GPU named by UUID, not {device!r}")
+        from memsvc.shm_pool import ShmPool
+
+        self.shm = ShmPool(geometry, num_blocks, self.config.shm_name)
+        return self.shm.tensor
+
+    def reserve(self, plan: Plan, session_id: str = "") -> ReserveResult:
+        """Grant slots for one step; see StepPlanner.
+
+        With a session, the plan's ids are rewritten in place, and a running entry that
+        memsvc no longer holds (its session lapsed, memsvc restarted) comes back preempted
+        for recompute instead of failing the step.
+        """
+        planner = self._planner()
+        lost = []
+        if session_id:
+            self.sessions.enter(session_id, plan)
+            entries = plan.entries
+            has = self.allocator.has_sequence
+            lost = [e for e in entries if not e.new and not has(e.seq_id)]
+            if lost:
+                plan = Plan([e for e in entries if e.new or has(e.seq_id)], plan.free)
+        reservation = planner.reserve(plan)
         if reservation.copies:
             src = torch.tensor([s for s, _ in reservation.copies], dtype=torch.long)
             dst = torch.tensor([d for _, d in reservation.copies], dtype=torch.long)
             copy_blocks(self.pool, self.pool, src, dst)
+        result = reservation.result
+        result.preempted[:0] = [Preemption(e.seq_id, "recompute") for e in lost]
         self.num_preemptions += len(reservation.result.preempted)
-        return reservation.result
+        if session_id:
+            plan.entries.extend(lost)
+            self.sessions.leave(session_id, plan, result, self.allocator.has_sequence)
+        return result
 
-    def free(self, seq_ids: list[str]) -> None:
+    def free(self, seq_ids: list[str], session_id: str = "") -> None:
         for seq_id in seq_ids:
-            if self.allocator.has_sequence(seq_id):
+            if session_id:
+                seq_id = self.sessions.internal(session_id, seq_id)
+                self.sessions.disown(session_id, seq_id)
+            if self.allocator is not None and self.allocator.has_sequence(seq_id):
                 self.allocator.free(seq_id)
 
-    def fork(self, parent_id: str, child_id: str) -> None:
+    def fork(self, parent_id: str, child_id: str, session_id: str = "") -> None:
         self._planner()
+        if session_id:
+            parent_id = self.sessions.internal(session_id, parent_id)
+            child_id = self.sessions.internal(session_id, child_id)
         self.allocator.fork(parent_id, child_id)
+        if session_id:
+            self.sessions.own(session_id, child_id)
+
+    def expire_sessions(self, now: float | None = None) -> dict[str, int]:
+        """Free the sequences of sessions not heard from for a lease: {session: freed}."""
+        freed = {}
+        for session in self.sessions.lapsed(now):
+            alive = [s for s in session.seqs if self.allocator is not None and self.allocator.has_sequence(s)]
+            for seq_id in alive:
+                self.allocator.free(seq_id)
+            freed[session.session_id] = len(alive)
+        return freed
 
     def stats(self) -> MemoryStats:
         self._planner()
@@ -94,11 +176,18 @@ class MemoryManager:
             prefix_cache_queries=getattr(alloc, "prefix_cache_queries", 0),
             prefix_cache_hits=getattr(alloc, "prefix_cache_hits", 0),
             num_preemptions=self.num_preemptions,
+            num_sequences=len(alloc.sequence_ids()) if hasattr(alloc, "sequence_ids") else 0,
+            num_sessions=len(self.sessions.by_id),
         )
 
     def check_integrity(self) -> None:
         self._planner()
         self.allocator.check_integrity()
+
+    def close(self) -> None:
+        """Give up the pool's name (shared memory is unlinked; mappings stay valid)."""
+        if self.shm is not None:
+            self.shm.unlink()
 
     def _planner(self) -> StepPlanner:
         if self.planner is None:

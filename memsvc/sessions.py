@@ -1,0 +1,83 @@
+"""Sessions: which gateway owns which sequences, and when a gateway has gone away.
+
+A session is any Reserve/Free/Fork that carries its id; each one renews its lease. A
+session's sequence ids live in their own namespace (two gateways may both use "0/0"):
+memsvc keys them internally as `<session>|<seq_id>`. When a session is not heard from for
+a lease, `lapsed` names it and the memory manager frees what it owned.
+
+Not thread-safe: the caller serializes access (memsvc's server holds one lock).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pagedserve.protocol import Plan, ReserveResult
+
+
+@dataclass
+class Session:
+    session_id: str
+    last_seen: float
+    seqs: set[str] = field(default_factory=set)  # internal ids
+
+
+class Sessions:
+    def __init__(self, lease_s: float = 10.0):
+        if lease_s <= 0:
+            raise ValueError(f"session lease must be positive, got {lease_s}")
+        self.lease_s = lease_s
+        self.by_id: dict[str, Session] = {}
+
+    def touch(self, session_id: str, now: float | None = None) -> Session:
+        now = time.monotonic() if now is None else now
+        session = self.by_id.get(session_id)
+        if session is None:
+            session = self.by_id[session_id] = Session(session_id, now)
+        session.last_seen = now
+        return session
+
+    @staticmethod
+    def internal(session_id: str, seq_id: str) -> str:
+        return f"{session_id}|{seq_id}"
+
+    def enter(self, session_id: str, plan: Plan) -> None:
+        """Rewrite the plan's sequence ids in place into the session's namespace."""
+        prefix = session_id + "|"
+        for entry in plan.entries:
+            entry.seq_id = prefix + entry.seq_id
+        plan.free = [prefix + s for s in plan.free]
+
+    def leave(self, session_id: str, plan: Plan, result: ReserveResult, alive) -> None:
+        """Record what the session owns after a reserve and map the result's ids back.
+
+        `alive(internal_id)` says whether memsvc still holds the sequence.
+        """
+        session = self.touch(session_id)
+        cut = len(session_id) + 1
+        session.seqs.difference_update(plan.free)
+        for entry in plan.entries:
+            if alive(entry.seq_id):
+                session.seqs.add(entry.seq_id)
+            else:
+                session.seqs.discard(entry.seq_id)
+        for item in (*result.grants, *result.preempted, *result.rejected):
+            item.seq_id = item.seq_id[cut:]
+        result.waiting = [s[cut:] for s in result.waiting]
+
+    def own(self, session_id: str, internal_id: str) -> None:
+        self.touch(session_id).seqs.add(internal_id)
+
+    def disown(self, session_id: str, internal_id: str) -> None:
+        self.touch(session_id).seqs.discard(internal_id)
+
+    def lapsed(self, now: float | None = None) -> list[Session]:
+        """Remove and return the sessions not heard from for longer than the lease."""
+        now = time.monotonic() if now is None else now
+        gone = [s for s in self.by_id.values() if now - s.last_seen > self.lease_s]
+        for s in gone:
+            del self.by_id[s.session_id]
+        return gone
+
+    def num_sequences(self) -> int:
+        return sum(len(s.seqs) for s in self.by_id.values())
