@@ -1,4 +1,4 @@
-"""`pagedserve generate`: one prompt in, completions out, in process (or from a server, later)."""
+"""`pagedserve generate`: one prompt in, completions out, in process or from a gateway (--server)."""
 from __future__ import annotations
 
 import argparse
@@ -55,6 +55,9 @@ def add_parser(sub) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object per completion instead of streaming text")
+    p.add_argument("--server", metavar="ADDR", default=None,
+                   help="generate on a running gateway (host:port) instead of in process; "
+                        "--model then names the served model and the engine flags are ignored")
     add_engine_args(p)
     p.set_defaults(run=run)
 
@@ -70,6 +73,8 @@ def run(args) -> int:
     except ValueError as e:
         print(f"pagedserve generate: {e}", file=sys.stderr)
         return 2
+    if args.server:
+        return _run_remote(args, sampling)
     from gateway.batch_loop import RequestError
     from pagedserve.engine import LLMEngine
 
@@ -79,8 +84,27 @@ def run(args) -> int:
     except RequestError as e:
         print(f"pagedserve generate: {e}", file=sys.stderr)
         return 2
+    return print_stream(engine.stream(), args)
+
+
+def _run_remote(args, sampling: SamplingParams) -> int:
+    import grpc
+
+    from pagedserve.client import GenerationClient
+
+    with GenerationClient(args.server) as client:
+        try:
+            return print_stream(client.generate(args.prompt, sampling, chat=args.chat,
+                                                model=args.model or ""), args)
+        except grpc.RpcError as e:
+            print(f"pagedserve generate: {e.details() or e.code().name}", file=sys.stderr)
+            return 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+
+
+def print_stream(deltas, args) -> int:
+    """Print deltas as they come (one completion) or at the end (--json, --n > 1)."""
     results: dict[int, dict] = {}
-    for delta in engine.stream():
+    for delta in deltas:
         r = results.setdefault(delta.index, {"index": delta.index, "text": "", "token_ids": []})
         r["text"] += delta.text
         r["token_ids"] += delta.token_ids

@@ -1,0 +1,110 @@
+"""`pagedserve serve` (memsvc, executor and gateway as three local processes) and `pagedserve gateway`."""
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+from gateway.main import add_gateway_args
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model: memsvc, executor and gateway on this host",
+                       description="Start memsvc, the executor and the gateway as three processes "
+                                   "on 127.0.0.1; restart any that crashes; stop all on Ctrl-C.")
+    p.add_argument("--model", default=None,
+                   help="a Hugging Face model directory or a .gguf file (default: the built-in "
+                        "SmolLM2-135M-Instruct)")
+    p.add_argument("--port", type=int, default=50051, help="the gateway's port (default: 50051)")
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--kv-tokens", type=int, default=None, help="size the KV pool by tokens")
+    kv.add_argument("--kv-memory", type=float, default=None, metavar="GiB",
+                    help="size the KV pool by memory (default: 2 GiB)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step (default: 64)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="tokens per step (default: 2048)")
+    p.set_defaults(run=run_serve)
+
+    g = sub.add_parser("gateway", help="the public gRPC API, in front of memsvc and an executor",
+                       description="Serve pagedserve.v1.Generation; batch requests onto a remote "
+                                   "memsvc and executor.")
+    add_gateway_args(g)
+    g.set_defaults(run=run_gateway)
+
+
+def run_gateway(args) -> int:
+    from gateway.main import run
+
+    return run(args)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def service_specs(args, host: str = "127.0.0.1"):
+    """The three services of `serve`, in start order."""
+    from pagedserve.supervisor import ServiceSpec
+
+    memsvc, executor = f"{host}:{free_port(host)}", f"{host}:{free_port(host)}"
+    gateway = f"{host}:{args.port}"
+    cli = [sys.executable, "-m", "pagedserve.serve_cmd"]
+    kv = (["--kv-tokens", str(args.kv_tokens)] if args.kv_tokens is not None
+          else ["--kv-memory", str(args.kv_memory)] if args.kv_memory is not None else [])
+    model = ["--model", args.model] if args.model else []
+    return [
+        ServiceSpec("memsvc", cli + ["memsvc", "--host", host, "--port", memsvc.split(":")[1], *kv],
+                    memsvc, restart_with=["executor"],
+                    shm_patterns=["/dev/shm/pagedserve-kv-{pid}-*"]),
+        ServiceSpec("executor", cli + ["executor", "--host", host, "--port", executor.split(":")[1],
+                                       "--memsvc", memsvc, "--block-size", str(args.block_size), *model],
+                    executor),
+        ServiceSpec("gateway", cli + ["gateway", "--host", host, "--port", str(args.port),
+                                      "--memsvc", memsvc, "--executor", executor,
+                                      "--max-num-seqs", str(args.max_num_seqs),
+                                      "--max-num-batched-tokens", str(args.max_num_batched_tokens)],
+                    gateway, health_service="pagedserve.v1.Generation"),
+    ]
+
+
+def run_serve(args) -> int:
+    from pagedserve.client import GenerationClient
+    from pagedserve.supervisor import ServiceFailed, Supervisor
+
+    sup = Supervisor(service_specs(args))
+    sup.install_signal_handlers()
+    try:
+        sup.start()
+        if not sup.stopping:
+            address = sup.by_name["gateway"].spec.address
+            with GenerationClient(address, timeout=10) as client:
+                name = client.list_models()[0][0]
+            print(f"pagedserve: serving {name} on {address}", flush=True)
+            sup.run()
+    except ServiceFailed as e:
+        sup.log(str(e))
+        return 1
+    finally:
+        sup.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pagedserve.serve_cmd SERVICE ...`: the services without going through cli.py."""
+    parser = argparse.ArgumentParser(prog="pagedserve")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parsers(sub)
+    try:
+        from pagedserve import service_cmds
+        service_cmds.add_parsers(sub)
+    except ImportError:
+        pass
+    args = parser.parse_args(argv)
+    return int(args.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
