@@ -35,6 +35,7 @@ def add_parser(sub) -> None:
                    help="layers in the benchmark pool, so a layer's K/V is a strided view as in serving")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="CPU dtype")
     p.add_argument("--repeats", type=int, default=30, help="timed calls per measurement")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--cuda-num-seqs", type=int, default=256, help="CUDA decode batch size")
     p.add_argument("--cuda-context", type=int, default=2048, help="CUDA decode context length")
     p.add_argument("--cuda-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
@@ -48,21 +49,21 @@ def paged_case(num_seqs, seq_len, q_len, block_size, args, dtype, device):
     """A pool with each sequence's blocks shuffled, its layer-1 views, and the same K/V dense."""
     import torch
 
-    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    gen = torch.Generator(device=device).manual_seed(args.seed)
     per_seq = -(-seq_len // block_size)
     num_blocks = num_seqs * per_seq
     shape = (num_blocks, args.num_layers, 2, block_size, args.num_kv_heads, args.head_size)
-    pool = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+    pool = torch.randn(shape, generator=gen, device=device, dtype=dtype)
     layer = min(1, args.num_layers - 1)
     k_cache, v_cache = pool[:, layer, 0], pool[:, layer, 1]
-    tables = torch.randperm(num_blocks, generator=gen).view(num_seqs, per_seq).to(device, torch.int32)
+    tables = torch.randperm(num_blocks, generator=gen, device=device).view(num_seqs, per_seq).to(torch.int32)
     ids = tables.long().flatten()
 
     def dense(cache):
         rows = cache[ids].view(num_seqs, per_seq * block_size, args.num_kv_heads, args.head_size)
         return rows[:, :seq_len].transpose(1, 2).contiguous()
 
-    q = torch.randn(num_seqs * q_len, args.num_heads, args.head_size, generator=gen).to(device=device, dtype=dtype)
+    q = torch.randn(num_seqs * q_len, args.num_heads, args.head_size, generator=gen, device=device, dtype=dtype)
     return dict(
         q=q, k_cache=k_cache, v_cache=v_cache, block_tables=tables,
         seq_lens=torch.full((num_seqs,), seq_len, dtype=torch.int32, device=device),
@@ -172,10 +173,13 @@ def run(args) -> int:
     import torch
 
     block_sizes = [int(b) for b in args.block_sizes.split(",")]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     machine = {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
                "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-               "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+               "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+               "load_average_before": os.getloadavg()}
     results = {"machine": machine, "args": {k: v for k, v in vars(args).items() if k != "run"}}
     results["cpu"] = run_cpu(args, block_sizes)
     print_rows(f"CPU, {args.dtype}, {torch.get_num_threads()} threads "
@@ -188,6 +192,7 @@ def run(args) -> int:
         for r in cuda["rows"]:
             print(f"  block {r['block_size']}: Triton decode reads KV at {r['paged_kv_gb_per_s']:.0f} GB/s, "
                   f"{r['fraction_of_copy_bandwidth']:.0%} of copy bandwidth")
+    machine["load_average_after"] = os.getloadavg()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
