@@ -91,6 +91,10 @@ class KVAllocator(ABC):
     def has_sequence(self, seq_id: str) -> bool: ...
 
     @abstractmethod
+    def sequence_ids(self) -> list[str]:
+        """Registered sequences (swapped-out ones included), in registration order."""
+
+    @abstractmethod
     def block_table(self, seq_id: str) -> list[int]:
         """Block ids holding the sequence's tokens, in position order."""
 
