@@ -1,0 +1,91 @@
+"""The executor's in-process object: a loaded model that runs steps on an attached pool."""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from executor.default_model import DEFAULT_GGUF, resolve_model
+from executor.model_loader import load_model
+from executor.model_runner import ModelRunner
+from executor.weights import parse_dtype
+from pagedserve.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
+
+
+class Executor:
+    """Executor(model, dtype, block_size, device): load `model` (None: the default model; a
+    Hugging Face directory; a .gguf file, converted once and cached).
+
+    model_info() says what the gateway and memsvc need; attach_pool(pool) hands over the KV
+    pool (shape KVGeometry.pool_shape(num_blocks), this dtype, on this device), again after
+    memsvc re-creates it; execute(batch) runs one step.
+    """
+
+    def __init__(self, model: str | None = None, dtype: str = "float32", block_size: int = 16,
+                 device: str = "cpu"):
+        parse_dtype(dtype)
+        self.dtype = dtype
+        self.block_size = block_size
+        self.device = torch.device(device)
+        self.model_dir = resolve_model(model)
+        self.model, self.config = load_model(self.model_dir, dtype)
+        self.model.to(self.device)
+        self.name = _model_name(model, self.model_dir)
+        self.runner: ModelRunner | None = None
+
+    def kv_geometry(self) -> KVGeometry:
+        c = self.config
+        return KVGeometry(num_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_size=c.head_dim,
+                          block_size=self.block_size, dtype=self.dtype)
+
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(
+            name=self.name,
+            max_model_len=self.config.max_position_embeddings,
+            vocab_size=self.config.vocab_size,
+            eos_token_ids=list(self.config.eos_token_ids),
+            chat_template=read_chat_template(self.model_dir),
+            tokenizer_dir=self.model_dir,
+            kv=self.kv_geometry(),
+        )
+
+    def attach_pool(self, pool: torch.Tensor) -> None:
+        """Use `pool` for the KV cache from now on (ValueError if it does not fit the model)."""
+        if pool.device.type != self.device.type:
+            raise ValueError(f"KV pool is on {pool.device}, the model on {self.device}")
+        if pool.shape[3] != self.block_size:
+            raise ValueError(f"KV pool block size {pool.shape[3]} differs from {self.block_size}")
+        if self.runner is None:
+            self.runner = ModelRunner(self.model, self.config, pool)
+        else:
+            self.runner.attach_pool(pool)
+
+    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+        """Run one step: one SampleOutput per sequence with sample=True, in batch order."""
+        if self.runner is None:
+            raise RuntimeError("no KV pool attached: call attach_pool first")
+        return self.runner.execute(batch)
+
+
+def _model_name(model: str | None, model_dir: str) -> str:
+    if model is None:
+        return DEFAULT_GGUF.split(".")[0]
+    base = os.path.basename(os.path.normpath(model))
+    return base[: -len(".gguf")] if base.endswith(".gguf") else base
+
+
+def read_chat_template(model_dir: str) -> str | None:
+    """The chat template from chat_template.jinja or tokenizer_config.json, if any."""
+    path = os.path.join(model_dir, "chat_template.jinja")
+    if os.path.exists(path):
+        with open(path) as f:
+            return f.read()
+    path = os.path.join(model_dir, "tokenizer_config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        template = json.load(f).get("chat_template")
+    if isinstance(template, list):  # named templates: use "default"
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    return template
