@@ -6,24 +6,19 @@ import torch.nn.functional as F
 
 
 def paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None):
-    num_blocks, block_size, num_kv_heads, head_size = k_cache.shape
-    num_tokens, num_heads, _ = q.shape
+    """Decodes (q_len 1) of the batch together in one masked SDPA call, prefill chunks one by one."""
     if out is None:
         out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
-    gqa = num_heads != num_kv_heads
-    decodes, prefills = [], []
-    for b, length in enumerate(lens):
-        q_len = starts[b + 1] - starts[b]
-        if q_len == 1:
-            decodes.append(b)
-        elif q_len > 1:
-            prefills.append(b)
+    gqa = q.shape[1] != k_cache.shape[2]
+    q_lens = [end - start for start, end in zip(starts, starts[1:])]
+    decodes = [b for b, q_len in enumerate(q_lens) if q_len == 1]
     if decodes:
         _decode(q, k_cache, v_cache, block_tables, seq_lens, starts, lens, decodes, scale, gqa, out)
-    for b in prefills:
-        _prefill(q, k_cache, v_cache, block_tables[b], lens[b], starts[b], starts[b + 1], scale, gqa, out)
+    for b, q_len in enumerate(q_lens):
+        if q_len > 1:
+            _prefill(q, k_cache, v_cache, block_tables[b], lens[b], starts[b], starts[b + 1], scale, gqa, out)
     return out
 
 
@@ -36,33 +31,28 @@ def _gather(cache, table_rows, num_blocks):
 
 def _decode(q, k_cache, v_cache, block_tables, seq_lens, starts, lens, decodes, scale, gqa, out):
     num_blocks, block_size, _, head_size = k_cache.shape
-    num_heads = q.shape[1]
-    batch = len(decodes)
+    batch, num_heads = len(decodes), q.shape[1]
     if batch == len(lens):
         tables, dec_lens = block_tables, seq_lens
-        tokens = torch.tensor(starts[:-1], device=q.device) if starts[-1] != batch else None
     else:
         index = torch.tensor(decodes, device=block_tables.device)
         tables, dec_lens = block_tables[index], seq_lens[index]
-        tokens = torch.tensor([starts[b] for b in decodes], device=q.device)
-    longest = max(lens[b] for b in decodes)
-    n_blocks = -(-longest // block_size)
-    tables = tables[:, :n_blocks]
-    keys = _gather(k_cache, tables, num_blocks).transpose(1, 2)
-    values = _gather(v_cache, tables, num_blocks).transpose(1, 2)
+    tokens = [starts[b] for b in decodes]
+    if tokens[-1] - tokens[0] == batch - 1:
+        tokens = slice(tokens[0], tokens[0] + batch)
+    else:
+        tokens = torch.tensor(tokens, device=q.device)
+    n_blocks = -(-max(lens[b] for b in decodes) // block_size)
     context = n_blocks * block_size
+    keys = _gather(k_cache, tables[:, :n_blocks], num_blocks).transpose(1, 2)
+    values = _gather(v_cache, tables[:, :n_blocks], num_blocks).transpose(1, 2)
     mask = None
     if any(lens[b] != context for b in decodes):
         positions = torch.arange(context, device=q.device)
         mask = (positions[None, :] < dec_lens.to(q.device, torch.long)[:, None]).view(batch, 1, 1, context)
-    queries = q if tokens is None else q[tokens]
-    queries = queries.view(batch, num_heads, 1, head_size).to(keys.dtype)
+    queries = q[tokens].view(batch, num_heads, 1, head_size).to(keys.dtype)
     result = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)
-    result = result.view(batch, num_heads, head_size)
-    if tokens is None:
-        out.copy_(result)
-    else:
-        out[tokens] = result.to(out.dtype)
+    out[tokens] = result.view(batch, num_heads, head_size)
 
 
 def _prefill(q, k_cache, v_cache, table, length, start, end, scale, gqa, out):
