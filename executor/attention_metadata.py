@@ -32,9 +32,15 @@ class AttentionMetadata:
         return self.input_ids.numel()
 
     @classmethod
-    def from_batch(cls, batch: StepBatch, device: torch.device | str = "cpu") -> "AttentionMetadata":
+    def from_batch(cls, batch: StepBatch, device: torch.device | str = "cpu", vocab_size: int | None = None,
+                   num_blocks: int | None = None, block_size: int | None = None) -> "AttentionMetadata":
+        """Raises ValueError naming the sequence when its tokens, slots or blocks are out of
+        range (limits that are None are not checked)."""
         if not batch.seqs:
             raise ValueError("empty StepBatch")
+        if vocab_size is not None or num_blocks is not None:
+            for s in batch.seqs:
+                check_seq(s, vocab_size, num_blocks, block_size)
         input_ids, positions, slots, seq_lens, starts, sample = [], [], [], [], [0], []
         width = max(len(s.block_table) for s in batch.seqs)
         tables = []
@@ -68,3 +74,21 @@ class AttentionMetadata:
             sample_indices=t(sample, torch.int64),
             max_seq_len=max(seq_lens),
         )
+
+
+def check_seq(s, vocab_size: int | None, num_blocks: int | None, block_size: int | None) -> None:
+    if vocab_size is not None and s.token_ids and not 0 <= min(s.token_ids) <= max(s.token_ids) < vocab_size:
+        raise ValueError(f"sequence {s.seq_id}: token ids must be in [0, {vocab_size})")
+    if s.start_pos < 0:
+        raise ValueError(f"sequence {s.seq_id}: negative start_pos {s.start_pos}")
+    if num_blocks is None or block_size is None:
+        return
+    if s.slot_mapping and max(s.slot_mapping) >= num_blocks * block_size:
+        raise ValueError(f"sequence {s.seq_id}: slot {max(s.slot_mapping)} is outside the pool "
+                         f"({num_blocks} blocks of {block_size})")
+    if s.block_table and not 0 <= min(s.block_table) <= max(s.block_table) < num_blocks:
+        raise ValueError(f"sequence {s.seq_id}: block ids must be in [0, {num_blocks})")
+    needed = -(-(s.start_pos + len(s.token_ids)) // block_size)
+    if len(s.block_table) < needed:
+        raise ValueError(f"sequence {s.seq_id}: {len(s.block_table)} blocks in its table, "
+                         f"{needed} needed for {s.start_pos + len(s.token_ids)} tokens")

@@ -40,13 +40,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _hidden(self, batch: StepBatch) -> tuple[torch.Tensor, AttentionMetadata]:
-        meta = AttentionMetadata.from_batch(batch, device=self.kv_pool.device)
+        pool = self.kv_pool
+        meta = AttentionMetadata.from_batch(batch, pool.device, self.config.vocab_size,
+                                            num_blocks=pool.shape[0], block_size=pool.shape[3])
         hidden = self.model(meta.input_ids, meta.positions, meta, self.kv_pool)
         return hidden, meta
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
-        """One SampleOutput per sequence with sample=True, in batch order."""
+        """One SampleOutput per sequence with sample=True, in batch order. A batch whose
+        tokens, slots or blocks are out of range raises ValueError before anything runs."""
         hidden, meta = self._hidden(batch)
         if meta.sample_indices.numel() == 0:
             return []

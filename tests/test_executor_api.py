@@ -96,3 +96,19 @@ def test_tiny_directory_without_tokenizer(tmp_path):
     out = ex.execute(StepBatch([SeqStep("t", [1, 2, 3, 4, 5], 0, [12, 13, 14, 15, 4], [3, 1], True,
                                         SamplingParams(temperature=0.0), 0)]))
     assert len(out) == 1 and 0 <= out[0].token_id < info.vocab_size
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(token_ids=[1, 49152]), "token ids"),
+    (dict(token_ids=[-1, 3]), "token ids"),
+    (dict(slot_mapping=[0, 40 * BLOCK]), "outside the pool"),
+    (dict(block_table=[40]), "block ids"),
+    (dict(start_pos=15, slot_mapping=[15, 16]), "blocks in its table"),
+])
+def test_out_of_range_batches_are_rejected(executor, bad, match):
+    s = SeqStep("bad", [1, 2], 0, [0, 1], [0], True, SamplingParams(temperature=0.0), 0)
+    for k, v in bad.items():
+        setattr(s, k, v)
+    with pytest.raises(ValueError, match=match):
+        executor.execute(StepBatch([s]))
+    assert executor.execute(StepBatch([step("ok", [1, 2], 0, [0])]))[0].seq_id == "ok"
