@@ -30,7 +30,8 @@ from pagedserve.protocol import KVGeometry, Plan, Preemption, ReserveResult
 class MemoryConfig:
     policy: str = "paged"
     enable_prefix_caching: bool = True
-    num_blocks: int | None = None  # wins over kv_budget_bytes when set
+    num_blocks: int | None = None  # wins over kv_tokens, which wins over kv_budget_bytes
+    kv_tokens: int | None = None  # pool size in slots, rounded down to whole blocks
     kv_budget_bytes: int = 2 << 30
     max_model_len: int = 8192
     device: str = "cpu"  # default when the executor names none: "cpu", "cuda:N" or a GPU UUID
@@ -43,6 +44,8 @@ class MemoryConfig:
             raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+        if self.kv_tokens is not None and self.kv_tokens < 1:
+            raise ValueError(f"kv_tokens must be positive, got {self.kv_tokens}")
         if self.kv_budget_bytes < 1:
             raise ValueError(f"kv_budget_bytes must be positive, got {self.kv_budget_bytes}")
         if self.session_lease_s <= 0:
@@ -73,12 +76,13 @@ class MemoryManager:
         self.num_preemptions = 0
 
     def register_executor(self, geometry: KVGeometry, budget_bytes: int = 0,
-                          device: str | None = None) -> torch.Tensor:
+                          device: str | None = None, max_model_len: int = 0) -> torch.Tensor:
         """Allocate the pool for this geometry (once) and return it.
 
         A later executor (a restart, a replica) with the same geometry and device gets the
-        same pool; a different one is a ValueError. `budget_bytes` 0 means the configured
-        budget; `config.num_blocks` wins over both.
+        same pool; a different one is a ValueError. Size: `config.num_blocks`, else
+        `config.kv_tokens`, else `budget_bytes` (0: `config.kv_budget_bytes`).
+        `max_model_len` 0 means `config.max_model_len`.
         """
         device = device or self.config.device
         if self.pool is not None:
@@ -87,12 +91,18 @@ class MemoryManager:
                                  f"this executor sent {geometry} on {device}")
             return self.pool
         cfg = self.config
-        num_blocks = cfg.num_blocks or num_blocks_for_budget(geometry, budget_bytes or cfg.kv_budget_bytes)
+        num_blocks = cfg.num_blocks
+        if num_blocks is None and cfg.kv_tokens is not None:
+            num_blocks = cfg.kv_tokens // geometry.block_size
+            if num_blocks < 1:
+                raise ValueError(f"kv_tokens={cfg.kv_tokens} holds no block of {geometry.block_size} tokens")
+        if num_blocks is None:
+            num_blocks = num_blocks_for_budget(geometry, budget_bytes or cfg.kv_budget_bytes)
         self.pool = self._allocate(geometry, num_blocks, device)
         self.geometry, self.pool_device = geometry, device
         self.allocator = make_allocator(
             cfg.policy, num_blocks, geometry.block_size,
-            max_model_len=cfg.max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
+            max_model_len=max_model_len or cfg.max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
         )
         self.planner = StepPlanner(self.allocator)
         return self.pool

@@ -1,0 +1,173 @@
+"""The executor over gRPC: the pagedserve.v1.Executor service around one executor.Executor.
+
+Service contract:
+- The server listens at once with health NOT_SERVING; it loads the model, registers with
+  memsvc (retrying until --register-timeout), maps the pool memsvc returns (shared memory
+  by name on the CPU, CUDA IPC on a GPU) and only then says SERVING. A failure on the way
+  ends the process with status 1.
+- ModelInfo: name, maximum length (capped by --max-model-len), vocabulary size, EOS ids,
+  chat template, KV geometry, and the tokenizer files themselves, so a gateway on another
+  host needs no copy of the model. UNAVAILABLE until SERVING.
+- Execute runs one StepBatch, one at a time (calls queue), and returns one SampleOutput per
+  sequence with sample=True, in batch order. A batch that does not fit (bad slots, ids
+  outside the vocabulary) is INVALID_ARGUMENT; the executor stays usable.
+- The pool belongs to memsvc: this process only maps it, and must run on memsvc's host.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+
+import grpc
+
+from pagedserve import convert
+from pagedserve.grpc_service import GRPC_OPTIONS, Service, get_logger, stop_on_signals, wait
+from pagedserve.protocol import ModelInfo
+from pagedserve.v1 import executor_pb2_grpc, memory_pb2, memory_pb2_grpc
+
+SERVICE_NAME = "pagedserve.v1.Executor"
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt",
+    "vocab.txt", "config.json", "generation_config.json",
+)
+log = get_logger("executor")
+
+
+def read_tokenizer_files(tokenizer_dir: str) -> dict[str, bytes]:
+    """The files a tokenizer (and its chat template) loads from, those that exist."""
+    files = {}
+    for name in TOKENIZER_FILES:
+        path = os.path.join(tokenizer_dir, name)
+        if tokenizer_dir and os.path.isfile(path):
+            with open(path, "rb") as f:
+                files[name] = f.read()
+    return files
+
+
+class ExecutorService(executor_pb2_grpc.ExecutorServicer):
+    """Answers UNAVAILABLE until `set_ready` hands it an executor with its pool attached
+    (anything with execute(batch)) and the model info to report."""
+
+    def __init__(self):
+        self.executor = None
+        self.info_message = None
+        self.ready = threading.Event()
+        self.lock = threading.Lock()
+
+    def set_ready(self, executor, info: ModelInfo, tokenizer_files: dict[str, bytes]) -> None:
+        self.executor = executor
+        self.info_message = convert.model_info_to_proto(info, tokenizer_files)
+        self.ready.set()
+
+    def ModelInfo(self, request, context):
+        if not self.ready.is_set():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the executor is starting: the pool is not mapped yet")
+        return self.info_message
+
+    def Execute(self, request, context):
+        if not self.ready.is_set():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the executor is starting: the pool is not mapped yet")
+        batch = convert.batch_from_proto(request)
+        try:
+            with self.lock:
+                outputs = self.executor.execute(batch)
+        except (ValueError, IndexError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}")
+        return convert.outputs_to_proto(outputs)
+
+
+def register(memsvc: str, info: ModelInfo, device: str, timeout: float) -> memory_pb2.PoolHandle:
+    """RegisterExecutor at memsvc, waiting up to `timeout` seconds for it to answer."""
+    with grpc.insecure_channel(memsvc, options=GRPC_OPTIONS) as channel:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+        response = memory_pb2_grpc.MemoryManagerStub(channel).RegisterExecutor(
+            memory_pb2.RegisterExecutorRequest(geometry=convert.geometry_to_proto(info.kv),
+                                               device=device, max_model_len=info.max_model_len),
+            timeout=timeout, wait_for_ready=True)
+    return response.pool
+
+
+def map_pool(handle: memory_pb2.PoolHandle):
+    """The pool tensor described by memsvc's PoolHandle, mapped into this process."""
+    kind = handle.WhichOneof("handle")
+    if kind == "shm_name":
+        from memsvc.shm_pool import attach_shm_pool
+
+        return attach_shm_pool(handle.shm_name, list(handle.shape), handle.dtype)
+    if kind == "cuda_ipc_handle":
+        from memsvc.cuda_ipc import CudaIpcHandle, attach_cuda_pool
+
+        return attach_cuda_pool(CudaIpcHandle.unpack(handle.cuda_ipc_handle))
+    raise ValueError("memsvc sent a pool handle with neither shm_name nor cuda_ipc_handle")
+
+
+def resolve_device(device: str) -> tuple[str, str]:
+    """(torch device for the model, device name for memsvc: 'cpu' or a GPU UUID)."""
+    if device == "cpu":
+        return "cpu", "cpu"
+    from memsvc.cuda_ipc import device_index_for_uuid, gpu_uuids, is_gpu_uuid
+
+    if is_gpu_uuid(device):
+        return f"cuda:{device_index_for_uuid(device)}", device
+    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    return f"cuda:{index}", gpu_uuids()[index]
+
+
+def bring_up(args, service: Service, servicer: ExecutorService) -> None:
+    """Load, register, map; then SERVING. Runs beside the main thread, which waits for signals."""
+    from executor import Executor
+
+    torch_device, memsvc_device = resolve_device(args.device)
+    executor = Executor(args.model, dtype=args.dtype, block_size=args.block_size, device=torch_device)
+    info = executor.model_info()
+    if args.max_model_len:
+        info.max_model_len = min(info.max_model_len, args.max_model_len)
+    log.info("model %s loaded; registering with memsvc at %s", info.name, args.memsvc)
+    handle = register(args.memsvc, info, memsvc_device, args.register_timeout)
+    executor.attach_pool(map_pool(handle))
+    servicer.set_ready(executor, info, read_tokenizer_files(info.tokenizer_dir))
+    service.set_serving(True)
+    log.info("pool mapped (%d blocks of %d tokens); serving", handle.num_blocks, info.kv.block_size)
+
+
+def serve(args) -> int:
+    """Run the executor until SIGTERM/SIGINT (or until bring-up fails: status 1)."""
+    stop = stop_on_signals()
+    service = Service([SERVICE_NAME], max_workers=4)
+    servicer = ExecutorService()
+    executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, service.server)
+    failed: list[str] = []
+
+    def run_bring_up():
+        try:
+            bring_up(args, service, servicer)
+        except Exception as e:  # any failure ends the process with a message
+            failed.append(f"{type(e).__name__}: {e}")
+            stop.set()
+
+    address = service.start(args.host, args.port)
+    log.info("listening on %s (NOT_SERVING until the pool is mapped)", address)
+    threading.Thread(target=run_bring_up, name="executor-bring-up", daemon=True).start()
+    try:
+        wait(stop)
+    finally:
+        service.stop()
+    if failed:
+        log.error("could not start: %s", failed[0])
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pagedserve.service_cmds import add_executor_arguments
+
+    parser = argparse.ArgumentParser(prog="pagedserve executor", description=__doc__.splitlines()[0])
+    add_executor_arguments(parser)
+    return serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

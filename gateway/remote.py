@@ -1,0 +1,124 @@
+"""The gateway's clients of memsvc and the executor over gRPC (gateway.clients interfaces).
+
+`RemoteMemoryClient` speaks for one gateway session: every call carries its session_id,
+and a background heartbeat (an empty Reserve) keeps the session's lease alive while the
+gateway lives, even through a long step. Failures surface as grpc.RpcError with the
+server's status code and message.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+
+import grpc
+
+from pagedserve import convert
+from pagedserve.convert import PoolStats
+from pagedserve.grpc_service import GRPC_OPTIONS
+from pagedserve.protocol import ModelInfo, Plan, ReserveResult, SampleOutput, StepBatch
+from pagedserve.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
+
+
+class RemoteMemoryClient:
+    def __init__(self, address: str, session_id: str | None = None, *, timeout: float = 60.0,
+                 heartbeat_s: float = 2.0):
+        self.address = address
+        self.session_id = session_id or f"gateway-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self.stub = memory_pb2_grpc.MemoryManagerStub(self.channel)
+        self._last_call = time.monotonic()
+        self._closed = threading.Event()
+        self._heartbeat_s = heartbeat_s
+        if heartbeat_s > 0:
+            threading.Thread(target=self._heartbeat, name="memsvc-heartbeat", daemon=True).start()
+
+    def reserve(self, plan: Plan) -> ReserveResult:
+        request = convert.plan_to_proto(plan, self.session_id)
+        self._last_call = time.monotonic()
+        return convert.reserve_result_from_proto(self.stub.Reserve(request, timeout=self.timeout))
+
+    def free(self, seq_ids: list[str]) -> None:
+        self._last_call = time.monotonic()
+        self.stub.Free(memory_pb2.FreeRequest(session_id=self.session_id, seq_ids=seq_ids),
+                       timeout=self.timeout)
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        self._last_call = time.monotonic()
+        self.stub.Fork(memory_pb2.ForkRequest(session_id=self.session_id, parent_id=parent_id,
+                                              child_id=child_id), timeout=self.timeout)
+
+    def stats(self) -> PoolStats:
+        return convert.stats_from_proto(self.stub.Stats(memory_pb2.StatsRequest(), timeout=self.timeout))
+
+    def _heartbeat(self) -> None:
+        empty = memory_pb2.ReserveRequest(session_id=self.session_id)
+        while not self._closed.wait(self._heartbeat_s / 2):
+            if time.monotonic() - self._last_call < self._heartbeat_s:
+                continue
+            try:
+                self.stub.Reserve(empty, timeout=self._heartbeat_s)
+                self._last_call = time.monotonic()
+            except grpc.RpcError:
+                pass  # memsvc away or not ready; the next real call reports it
+
+    def close(self) -> None:
+        self._closed.set()
+        self.channel.close()
+
+
+class RemoteExecutorClient:
+    """`model_info()` is fetched once; its tokenizer files land in a temporary directory
+    (removed by `close()` or at exit) that the returned ModelInfo names."""
+
+    def __init__(self, address: str, *, timeout: float | None = None, info_timeout: float = 60.0):
+        self.address = address
+        self.timeout = timeout
+        self.info_timeout = info_timeout
+        self.channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self.stub = executor_pb2_grpc.ExecutorStub(self.channel)
+        self._info: ModelInfo | None = None
+        self._tokenizer_dir: str | None = None
+
+    def model_info(self) -> ModelInfo:
+        if self._info is None:
+            response = self.stub.ModelInfo(executor_pb2.ModelInfoRequest(), timeout=self.info_timeout)
+            self._info = model_info_with_tokenizer(response)
+            self._tokenizer_dir = self._info.tokenizer_dir
+        return self._info
+
+    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+        response = self.stub.Execute(convert.batch_to_proto(batch), timeout=self.timeout)
+        return convert.outputs_from_proto(response)
+
+    def close(self) -> None:
+        self.channel.close()
+        if self._tokenizer_dir:
+            shutil.rmtree(self._tokenizer_dir, ignore_errors=True)
+
+
+def model_info_with_tokenizer(response: executor_pb2.ModelInfoResponse, directory: str | None = None
+                              ) -> ModelInfo:
+    """Write the response's tokenizer files into `directory` (default: a new temporary one,
+    removed at exit) and return the ModelInfo whose tokenizer_dir is that directory."""
+    if directory is None:
+        directory = tempfile.mkdtemp(prefix="pagedserve-tokenizer-")
+        atexit.register(shutil.rmtree, directory, True)
+    for f in response.tokenizer_files:
+        name = os.path.basename(f.name)
+        if not name or name != f.name or name.startswith("."):
+            raise ValueError(f"the executor sent a tokenizer file with a bad name: {f.name!r}")
+        with open(os.path.join(directory, name), "wb") as out:
+            out.write(f.content)
+    return convert.model_info_from_proto(response, directory)
+
+
+def tokenizer_dir_from_info(info: ModelInfo) -> str:
+    """The directory to load the tokenizer from: RemoteExecutorClient.model_info() already
+    wrote the executor's tokenizer files there."""
+    return info.tokenizer_dir

@@ -1,0 +1,173 @@
+"""memsvc over gRPC: the pagedserve.v1.MemoryManager service around one MemoryManager.
+
+Service contract:
+- RegisterExecutor(geometry, budget, device, max_model_len) allocates the pool on the
+  first call and returns its PoolHandle: `shm_name` (CPU: /dev/shm/<name>, mode 0600) or
+  `cuda_ipc_handle` + `gpu_uuid` (GPU). Later executors with the same geometry get the
+  same pool (an executor restart keeps the KV state); a different geometry is
+  FAILED_PRECONDITION.
+- Reserve/Free/Fork need a `session_id` (one per gateway process): sequence ids are
+  scoped to it, and each call renews its lease. A session silent for longer than the lease
+  loses its sequences (an empty Reserve is a heartbeat). A running sequence memsvc no
+  longer holds comes back in `preempted` with mode "recompute".
+- Before any executor registered, Reserve/Fork/Stats answer FAILED_PRECONDITION.
+- Health is SERVING from the moment it listens (its job starts with registration).
+- One lock serializes every MemoryManager call (request handlers and the lease sweep).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+
+import grpc
+
+from memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve import convert
+from pagedserve.grpc_service import Service, get_logger, stop_on_signals, wait
+from pagedserve.v1 import memory_pb2, memory_pb2_grpc
+
+SERVICE_NAME = "pagedserve.v1.MemoryManager"
+DTYPES = ("float32", "bfloat16", "float16")
+log = get_logger("memsvc")
+
+
+class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
+    def __init__(self, manager: MemoryManager):
+        self.manager = manager
+        self.lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep, name="memsvc-lease-sweep", daemon=True)
+        self._sweeper.start()
+
+    def _sweep(self) -> None:
+        interval = min(self.manager.config.session_lease_s / 4, 1.0)
+        while not self._stopped.wait(interval):
+            with self.lock:
+                freed = self.manager.expire_sessions()
+            for session_id, n in freed.items():
+                log.info("session %s lapsed: freed %d sequences", session_id, n)
+
+    def close(self) -> None:
+        self._stopped.set()
+        with self.lock:
+            self.manager.close()
+
+    def RegisterExecutor(self, request, context):
+        g = request.geometry
+        if g.dtype not in DTYPES:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"geometry.dtype must be one of {', '.join(DTYPES)}, got {g.dtype!r}")
+        try:
+            geometry = convert.geometry_from_proto(g)
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"geometry: {e}")
+        device = request.device or "cpu"
+        try:
+            with self.lock:
+                pool = self.manager.register_executor(geometry, request.budget_bytes, device,
+                                                      request.max_model_len)
+        except ValueError as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except (LookupError, RuntimeError) as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot allocate the pool on {device}: {e}")
+        log.info("executor registered: pool %s %s on %s", list(pool.shape), geometry.dtype, device)
+        return memory_pb2.RegisterExecutorResponse(pool=self._handle(pool))
+
+    def _handle(self, pool) -> memory_pb2.PoolHandle:
+        m = self.manager
+        handle = memory_pb2.PoolHandle(num_blocks=pool.shape[0], shape=list(pool.shape),
+                                       dtype=m.geometry.dtype)
+        if m.shm is not None:
+            handle.shm_name = m.shm.name
+        elif m.cuda_handle is not None:
+            handle.cuda_ipc_handle = m.cuda_handle.pack()
+            handle.gpu_uuid = m.cuda_handle.gpu_uuid
+            handle.offset_bytes = m.cuda_handle.storage_offset_bytes
+        return handle
+
+    def Reserve(self, request, context):
+        session = _session(request, context)
+        plan = convert.plan_from_proto(request)
+        with self.lock:
+            result = self._call(context, self.manager.reserve, plan, session)
+        return convert.reserve_result_to_proto(result)
+
+    def Free(self, request, context):
+        session = _session(request, context)
+        with self.lock:
+            self._call(context, self.manager.free, list(request.seq_ids), session)
+        return memory_pb2.FreeResponse()
+
+    def Fork(self, request, context):
+        session = _session(request, context)
+        with self.lock:
+            self._call(context, self.manager.fork, request.parent_id, request.child_id, session)
+        return memory_pb2.ForkResponse()
+
+    def Stats(self, request, context):
+        with self.lock:
+            stats = self._call(context, self.manager.stats)
+            block_size = self.manager.geometry.block_size
+        return convert.stats_to_proto(stats, block_size, stats.num_sequences, stats.num_sessions)
+
+    @staticmethod
+    def _call(context, fn, *args):
+        try:
+            return fn(*args)
+        except RuntimeError as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except (KeyError, ValueError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e).strip("'\""))
+
+
+def _session(request, context) -> str:
+    if not request.session_id:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      "session_id is required: send one id per gateway process")
+    return request.session_id
+
+
+def config_from_args(args) -> MemoryConfig:
+    return MemoryConfig(
+        policy=args.policy, enable_prefix_caching=not args.no_prefix_caching,
+        kv_tokens=args.kv_tokens, kv_budget_bytes=int(args.kv_memory * (1 << 30)),
+        max_model_len=args.max_model_len, shared=True, shm_name=args.shm_name,
+        session_lease_s=args.session_lease,
+    )
+
+
+def serve(args) -> int:
+    """Run memsvc until SIGTERM/SIGINT; the shared-memory segment is unlinked on the way out."""
+    stop = stop_on_signals()
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        print(f"memsvc: {e}", file=sys.stderr)
+        return 2
+    servicer = MemoryService(MemoryManager(config))
+    service = Service([SERVICE_NAME])
+    memory_pb2_grpc.add_MemoryManagerServicer_to_server(servicer, service.server)
+    try:
+        address = service.start(args.host, args.port)
+        service.set_serving(True)
+        log.info("serving on %s (policy %s, session lease %gs)", address, config.policy,
+                 config.session_lease_s)
+        wait(stop)
+        log.info("stopping")
+    finally:
+        service.stop()
+        servicer.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pagedserve.service_cmds import add_memsvc_arguments
+
+    parser = argparse.ArgumentParser(prog="pagedserve memsvc", description=__doc__.splitlines()[0])
+    add_memsvc_arguments(parser)
+    return serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

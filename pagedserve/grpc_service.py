@@ -1,0 +1,93 @@
+"""What every internal pagedserve gRPC service shares: message limits, health and reflection,
+flag defaults from the environment, and running until SIGTERM/SIGINT."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+MAX_MESSAGE_BYTES = 64 << 20
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def env_default(name: str, default, kind=str):
+    """`PAGEDSERVE_<name>` from the environment (converted with `kind`), else `default`."""
+    value = os.environ.get(f"PAGEDSERVE_{name}")
+    if value is None or value == "":
+        return default
+    if kind is bool:
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return kind(value)
+
+
+def get_logger(service: str) -> logging.Logger:
+    log = logging.getLogger(f"pagedserve.{service}")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(f"{service}: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return log
+
+
+class Service:
+    """A sync gRPC server with grpc.health.v1 (NOT_SERVING until `set_serving`) and reflection."""
+
+    def __init__(self, service_names: list[str], max_workers: int = 8):
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                                  options=GRPC_OPTIONS)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.service_names = list(service_names)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        self.set_serving(False)
+        self.port = 0
+
+    def set_serving(self, serving: bool) -> None:
+        status = SERVING if serving else NOT_SERVING
+        for name in ("", *self.service_names):
+            self.health.set(name, status)
+
+    def start(self, host: str, port: int) -> str:
+        """Bind and start; return the address actually bound (port 0 picks a free one)."""
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if not self.port:
+            raise OSError(f"cannot listen on {host}:{port}")
+        self.server.start()
+        return f"{host}:{self.port}"
+
+    def stop(self, grace: float = 2.0) -> None:
+        self.set_serving(False)
+        self.server.stop(grace).wait()
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT from now on (call from the main thread)."""
+    stop = threading.Event()
+
+    def handler(signum, _frame):
+        stop.set()
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, handler)
+    return stop
+
+
+def wait(stop: threading.Event) -> None:
+    """Block the main thread until `stop` is set (signal handlers still run)."""
+    while not stop.wait(0.5):
+        pass
