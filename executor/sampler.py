@@ -8,10 +8,10 @@ For each sampled sequence, in this order:
 3. truncation: top-k, then top-p (the smallest set of most likely tokens whose mass reaches
    top_p), then min-p (drop tokens less likely than min_p times the most likely one), each
    on the distribution left by the previous one;
-4. choice: argmax for temperature 0; otherwise argmax(logits - log E) with E ~ Exp(1) per
-   token (the exponential race, equivalent to sampling from the softmax), where E comes from
-   a generator seeded with mix(seed, position of the new token) only, so the token does not
-   depend on the rest of the batch and is the same after recompute.
+4. choice: argmax for temperature 0; otherwise inverse-CDF sampling from the softmax with
+   one uniform number u derived from (seed, position of the new token) only (a splitmix64
+   hash), so the token does not depend on the rest of the batch and is the same after
+   recompute.
 
 Logprobs are the log-softmax of the processed distribution, the one the token was drawn
 from: after steps 1-3 (tokens removed by truncation have -inf and never appear among the top
@@ -27,7 +27,7 @@ _MASK64 = (1 << 64) - 1
 
 
 def mix_seed(seed: int, position: int) -> int:
-    """A 63-bit generator seed from (seed, position) (splitmix64 finalizer)."""
+    """A 63-bit hash of (seed, position) (splitmix64 finalizer)."""
     x = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 1) & _MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
@@ -74,6 +74,11 @@ def apply_truncation(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def uniform(seed: int, position: int) -> float:
+    """A uniform number in [0, 1) that depends only on (seed, position)."""
+    return (mix_seed(seed, position) >> 10) / float(1 << 53)
+
+
 class Sampler:
     """__call__(logits [S, vocab], seqs) -> one SampleOutput per row, in order."""
 
@@ -85,31 +90,36 @@ class Sampler:
         temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params])
         if (temps != 1).any():
             logits /= temps[:, None]
-        top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64)
-        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
-        min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
-        if (top_k > 0).any() or (top_p < 1).any() or (min_p > 0).any():
-            logits = apply_truncation(logits, top_k, top_p, min_p)
+        cut = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1 or p.min_p > 0]
+        if cut:
+            rows = torch.tensor(cut)
+            logits[rows] = apply_truncation(
+                logits[rows],
+                torch.tensor([params[i].top_k for i in cut], dtype=torch.int64),
+                torch.tensor([params[i].top_p for i in cut], dtype=torch.float32),
+                torch.tensor([params[i].min_p for i in cut], dtype=torch.float32),
+            )
 
         tokens = logits.argmax(-1)
-        for i, s in enumerate(seqs):
-            if not params[i].greedy:
-                position = s.start_pos + len(s.token_ids)
-                g = torch.Generator().manual_seed(mix_seed(s.seed, position))
-                noise = torch.empty(logits.shape[-1]).exponential_(generator=g)
-                tokens[i] = (logits[i] - noise.log()).argmax()
+        drawn = [i for i, p in enumerate(params) if not p.greedy]
+        if drawn:
+            rows = torch.tensor(drawn)
+            cdf = logits[rows].softmax(-1).double().cumsum(-1)
+            u = torch.tensor([uniform(seqs[i].seed, seqs[i].start_pos + len(seqs[i].token_ids))
+                              for i in drawn], dtype=torch.float64)
+            picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
+            tokens[rows] = picked[:, 0].clamp_(max=logits.shape[-1] - 1)
 
-        want = [p.logprobs is not None for p in params]
-        logprobs = logits.log_softmax(-1) if any(want) else None
         out = []
         for i, s in enumerate(seqs):
             token = int(tokens[i])
             o = SampleOutput(seq_id=s.seq_id, token_id=token)
-            if want[i]:
-                o.logprob = float(logprobs[i, token])
-                k = params[i].logprobs
+            k = params[i].logprobs
+            if k is not None:
+                logprobs = logits[i].log_softmax(-1)
+                o.logprob = float(logprobs[token])
                 if k:
-                    values, ids = logprobs[i].topk(k)
+                    values, ids = logprobs.topk(k)
                     o.top_logprobs = [
                         (int(t), float(v)) for t, v in zip(ids, values) if v != float("-inf")
                     ]
