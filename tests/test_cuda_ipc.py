@@ -43,3 +43,14 @@ def test_uuid_selects_the_local_index_whatever_the_spelling():
 def test_devices_named_by_uuid_are_gpus():
     assert is_gpu_uuid(UUIDS[0]) and is_gpu_uuid("MIG-abc")
     assert not is_gpu_uuid("cpu") and not is_gpu_uuid("cuda:0")
+
+
+def test_the_executor_names_its_gpu_to_memsvc_by_uuid(monkeypatch):
+    import memsvc.cuda_ipc
+    from executor.server import resolve_device
+
+    monkeypatch.setattr(memsvc.cuda_ipc, "gpu_uuids", lambda: list(UUIDS))
+    assert resolve_device("cpu") == ("cpu", "cpu")
+    assert resolve_device("cuda:1") == ("cuda:1", UUIDS[1])
+    assert resolve_device("cuda") == ("cuda:0", UUIDS[0])
+    assert resolve_device(UUIDS[1].lower()) == ("cuda:1", UUIDS[1].lower())

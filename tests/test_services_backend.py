@@ -15,6 +15,7 @@ from gateway.batch_loop import BatchLoop
 from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
 from gateway.scheduler import SchedulerConfig
 from gateway.tokenizer import load_tokenizer
+from pagedserve import convert
 from pagedserve.protocol import Plan, PlanEntry, SamplingParams, SeqStep, StepBatch
 from pagedserve.v1 import memory_pb2, memory_pb2_grpc
 from tests.backend_procs import ServiceProcess, free_port
@@ -128,6 +129,16 @@ def test_a_lapsed_session_gets_its_sequences_freed(backend):
     finally:
         silent.close()
     assert "session silent lapsed" in backend.memsvc.output()
+
+
+def test_a_restarted_executor_gets_the_same_pool(backend):
+    info = backend.remote.model_info()
+    with grpc.insecure_channel(backend.mem_addr) as channel:
+        pool = memory_pb2_grpc.MemoryManagerStub(channel).RegisterExecutor(
+            memory_pb2.RegisterExecutorRequest(geometry=convert.geometry_to_proto(info.kv), device="cpu"),
+            timeout=5).pool
+    assert "/dev/shm/" + pool.shm_name == backend.shm_path
+    assert list(pool.shape) == list(info.kv.pool_shape(KV_TOKENS // info.kv.block_size))
 
 
 def test_errors_carry_status_codes(backend):
