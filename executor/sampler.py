@@ -43,13 +43,15 @@ def apply_penalties(logits: torch.Tensor, seqs: list[SeqStep]) -> None:
             continue
         row = logits[i]
         if sp.repetition_penalty != 1.0:
-            seen = torch.tensor(s.prompt_token_ids + s.output_token_ids, dtype=torch.int64).unique()
+            seen = torch.tensor(s.prompt_token_ids + s.output_token_ids, dtype=torch.int64,
+                                device=row.device).unique()
             if seen.numel():
                 scores = row[seen]
                 p = sp.repetition_penalty
                 row[seen] = torch.where(scores > 0, scores / p, scores * p)
         if (sp.frequency_penalty or sp.presence_penalty) and s.output_token_ids:
-            counts = torch.bincount(torch.tensor(s.output_token_ids, dtype=torch.int64), minlength=vocab)
+            ids = torch.tensor(s.output_token_ids, dtype=torch.int64, device=row.device)
+            counts = torch.bincount(ids, minlength=vocab)
             counts = counts[:vocab].to(row.dtype)
             row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(row.dtype)
 
@@ -87,32 +89,34 @@ class Sampler:
         logits = logits.float().clone()
         params = [s.sampling for s in seqs]
         apply_penalties(logits, seqs)
-        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params])
+        dev = logits.device
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=dev)
         if (temps != 1).any():
             logits /= temps[:, None]
         cut = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1 or p.min_p > 0]
         if cut:
-            rows = torch.tensor(cut)
+            rows = torch.tensor(cut, device=dev)
             logits[rows] = apply_truncation(
                 logits[rows],
-                torch.tensor([params[i].top_k for i in cut], dtype=torch.int64),
-                torch.tensor([params[i].top_p for i in cut], dtype=torch.float32),
-                torch.tensor([params[i].min_p for i in cut], dtype=torch.float32),
+                torch.tensor([params[i].top_k for i in cut], dtype=torch.int64, device=dev),
+                torch.tensor([params[i].top_p for i in cut], dtype=torch.float32, device=dev),
+                torch.tensor([params[i].min_p for i in cut], dtype=torch.float32, device=dev),
             )
 
         tokens = logits.argmax(-1)
         drawn = [i for i, p in enumerate(params) if not p.greedy]
         if drawn:
-            rows = torch.tensor(drawn)
+            rows = torch.tensor(drawn, device=dev)
             cdf = logits[rows].softmax(-1).double().cumsum(-1)
             u = torch.tensor([uniform(seqs[i].seed, seqs[i].start_pos + len(seqs[i].token_ids))
-                              for i in drawn], dtype=torch.float64)
+                              for i in drawn], dtype=torch.float64, device=dev)
             picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
             tokens[rows] = picked[:, 0].clamp_(max=logits.shape[-1] - 1)
 
+        tokens = tokens.tolist()
         out = []
         for i, s in enumerate(seqs):
-            token = int(tokens[i])
+            token = tokens[i]
             o = SampleOutput(seq_id=s.seq_id, token_id=token)
             k = params[i].logprobs
             if k is not None:
@@ -120,8 +124,7 @@ class Sampler:
                 o.logprob = float(logprobs[token])
                 if k:
                     values, ids = logprobs.topk(k)
-                    o.top_logprobs = [
-                        (int(t), float(v)) for t, v in zip(ids, values) if v != float("-inf")
-                    ]
+                    o.top_logprobs = [(t, v) for t, v in zip(ids.tolist(), values.tolist())
+                                      if v != float("-inf")]
             out.append(o)
         return out
