@@ -15,8 +15,8 @@ class IncrementalDetokenizer:
         """Append a token; return the text it completes ("" while a character is still partial)."""
         self.tokens.append(token_id)
         decode = self.tokenizer.decode
-        prefix = decode(self.tokens[self.prefix_offset : self.read_offset], skip_special_tokens=False)
-        full = decode(self.tokens[self.prefix_offset :], skip_special_tokens=False)
+        prefix = decode(self.tokens[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        full = decode(self.tokens[self.prefix_offset :], skip_special_tokens=True)
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
         self.prefix_offset = self.read_offset

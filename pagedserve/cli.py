@@ -12,16 +12,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    from pagedserve import generate_cmd
+    from pagedserve import advise, generate_cmd, serve_cmd, service_cmds
 
+    serve_cmd.add_parsers(sub)
+    service_cmds.add_parsers(sub)
     generate_cmd.add_parser(sub)
+    advise.add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks that print numbers and write them to a file")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    from pagedserve import bench_kernels, bench_throughput
+    from pagedserve import bench_kernels, bench_kv, bench_throughput
 
     bench_kernels.add_parser(bench_sub)
     bench_throughput.add_parser(bench_sub)
+    bench_kv.add_parser(bench_sub)
     return parser
 
 
