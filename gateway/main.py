@@ -4,31 +4,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 
 from gateway.scheduler import SchedulerConfig
-from gateway.server import Backend, Gateway
-
-
-def _env(name: str, default):
-    return os.environ.get(f"PAGEDSERVE_{name}", default)
+from gateway.server import SERVING, Backend, Gateway
+from pagedserve.grpc_service import env_default as _env
 
 
 def add_gateway_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=_env("GATEWAY_HOST", "127.0.0.1"),
                    help="address to listen on (env PAGEDSERVE_GATEWAY_HOST; default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=int(_env("GATEWAY_PORT", 50051)),
+    p.add_argument("--port", type=int, default=_env("GATEWAY_PORT", 50051, int),
                    help="port to listen on (env PAGEDSERVE_GATEWAY_PORT; default 50051)")
-    p.add_argument("--memsvc", default=_env("MEMSVC_ADDR", "127.0.0.1:50052"), metavar="ADDR",
-                   help="memsvc host:port (env PAGEDSERVE_MEMSVC_ADDR; default 127.0.0.1:50052)")
-    p.add_argument("--executor", default=_env("EXECUTOR_ADDR", "127.0.0.1:50053"), metavar="ADDR",
-                   help="executor host:port (env PAGEDSERVE_EXECUTOR_ADDR; default 127.0.0.1:50053)")
-    p.add_argument("--max-num-seqs", type=int, default=int(_env("MAX_NUM_SEQS", 64)),
+    p.add_argument("--memsvc", default=_env("MEMSVC", "127.0.0.1:50052"), metavar="ADDR",
+                   help="memsvc host:port (env PAGEDSERVE_MEMSVC; default 127.0.0.1:50052)")
+    p.add_argument("--executor", default=_env("EXECUTOR", "127.0.0.1:50053"), metavar="ADDR",
+                   help="executor host:port (env PAGEDSERVE_EXECUTOR; default 127.0.0.1:50053)")
+    p.add_argument("--max-num-seqs", type=int, default=_env("MAX_NUM_SEQS", 64, int),
                    help="sequences per step (env PAGEDSERVE_MAX_NUM_SEQS; default 64)")
     p.add_argument("--max-num-batched-tokens", type=int,
-                   default=int(_env("MAX_NUM_BATCHED_TOKENS", 2048)),
+                   default=_env("MAX_NUM_BATCHED_TOKENS", 2048, int),
                    help="tokens per step (env PAGEDSERVE_MAX_NUM_BATCHED_TOKENS; default 2048)")
 
 
@@ -38,11 +34,31 @@ def connect_remote(memsvc: str, executor: str) -> Backend:
     from gateway.tokenizer import load_tokenizer
 
     executor_client = RemoteExecutorClient(executor)
-    info = executor_client.model_info()
-    memory_client = RemoteMemoryClient(memsvc)
-    memory_client.stats()
-    tokenizer = load_tokenizer(tokenizer_dir_from_info(info))
-    return Backend(memory_client, executor_client, tokenizer)
+    memory_client = None
+    try:
+        info = executor_client.model_info()  # UNAVAILABLE until its pool is mapped
+        memory_client = RemoteMemoryClient(memsvc)
+        memory_client.stats()
+        tokenizer = load_tokenizer(tokenizer_dir_from_info(info))
+    except BaseException:
+        executor_client.close()
+        if memory_client is not None:
+            memory_client.close()
+        raise
+    return Backend(memory_client, executor_client, tokenizer,
+                   check=lambda: _check_serving({"executor": executor, "memsvc": memsvc}))
+
+
+def _check_serving(addresses: dict[str, str]) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    for name, address in addresses.items():
+        with grpc.insecure_channel(address) as channel:
+            status = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=2.0).status
+        if status != SERVING:
+            raise ConnectionError(f"{name} at {address} is not SERVING")
 
 
 async def serve(args) -> None:

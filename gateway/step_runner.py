@@ -14,6 +14,8 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
+import grpc
+
 from gateway.batch_loop import BatchLoop
 from gateway.output_stream import Delta
 from pagedserve.protocol import SamplingParams
@@ -26,6 +28,13 @@ Sink = Callable[[list[Delta] | BaseException], None]
 
 class BackendError(RuntimeError):
     """A step failed (memsvc or the executor did not answer); the requests in flight end."""
+
+
+def describe(error: BaseException) -> str:
+    """One line: a gRPC error's status and details, else the exception's text."""
+    if isinstance(error, grpc.RpcError) and hasattr(error, "code"):
+        return f"{error.code().name}: {error.details()}"
+    return f"{type(error).__name__}: {error}"
 
 
 class StepRunner:
@@ -113,11 +122,12 @@ class StepRunner:
                 sink(batch)
 
     def _fail_all(self, error: Exception) -> None:
-        log.error("step failed, ending %d requests: %s", len(self._sinks), error)
+        reason = describe(error)
+        log.error("step failed, ending %d requests: %s", len(self._sinks), reason)
         self._healthy = False
         if self.on_step_error:
             self.on_step_error(error)
-        failure = BackendError(f"the model backend failed: {error}")
+        failure = BackendError(f"the model backend failed, retry later: {reason}")
         for request_id in list(self.loop.requests):
             self.loop.abort(request_id)
         sinks, self._sinks = self._sinks, {}

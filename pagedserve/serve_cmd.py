@@ -16,6 +16,9 @@ def add_parsers(sub) -> None:
                    help="a Hugging Face model directory or a .gguf file (default: the built-in "
                         "SmolLM2-135M-Instruct)")
     p.add_argument("--port", type=int, default=50051, help="the gateway's port (default: 50051)")
+    p.add_argument("--memsvc-port", type=int, default=0, help="memsvc's port (default: a free one)")
+    p.add_argument("--executor-port", type=int, default=0,
+                   help="the executor's port (default: a free one)")
     kv = p.add_mutually_exclusive_group()
     kv.add_argument("--kv-tokens", type=int, default=None, help="size the KV pool by tokens")
     kv.add_argument("--kv-memory", type=float, default=None, metavar="GiB",
@@ -49,7 +52,8 @@ def service_specs(args, host: str = "127.0.0.1"):
     """The three services of `serve`, in start order."""
     from pagedserve.supervisor import ServiceSpec
 
-    memsvc, executor = f"{host}:{free_port(host)}", f"{host}:{free_port(host)}"
+    memsvc = f"{host}:{args.memsvc_port or free_port(host)}"
+    executor = f"{host}:{args.executor_port or free_port(host)}"
     gateway = f"{host}:{args.port}"
     cli = [sys.executable, "-m", "pagedserve.serve_cmd"]
     kv = (["--kv-tokens", str(args.kv_tokens)] if args.kv_tokens is not None
@@ -97,11 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pagedserve")
     sub = parser.add_subparsers(dest="command", required=True)
     add_parsers(sub)
-    try:
-        from pagedserve import service_cmds
-        service_cmds.add_parsers(sub)
-    except ImportError:
-        pass
+    from pagedserve import service_cmds
+
+    service_cmds.add_parsers(sub)
     args = parser.parse_args(argv)
     return int(args.run(args) or 0)
 
