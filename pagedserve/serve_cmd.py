@@ -1,7 +1,6 @@
 """`pagedserve serve` (memsvc, executor and gateway as three local processes) and `pagedserve gateway`."""
 from __future__ import annotations
 
-import argparse
 import socket
 import sys
 
@@ -55,7 +54,7 @@ def service_specs(args, host: str = "127.0.0.1"):
     memsvc = f"{host}:{args.memsvc_port or free_port(host)}"
     executor = f"{host}:{args.executor_port or free_port(host)}"
     gateway = f"{host}:{args.port}"
-    cli = [sys.executable, "-m", "pagedserve.serve_cmd"]
+    cli = [sys.executable, "-m", "pagedserve.cli"]
     kv = (["--kv-tokens", str(args.kv_tokens)] if args.kv_tokens is not None
           else ["--kv-memory", str(args.kv_memory)] if args.kv_memory is not None else [])
     model = ["--model", args.model] if args.model else []
@@ -94,19 +93,3 @@ def run_serve(args) -> int:
     finally:
         sup.stop()
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m pagedserve.serve_cmd SERVICE ...`: the services without going through cli.py."""
-    parser = argparse.ArgumentParser(prog="pagedserve")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_parsers(sub)
-    from pagedserve import service_cmds
-
-    service_cmds.add_parsers(sub)
-    args = parser.parse_args(argv)
-    return int(args.run(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

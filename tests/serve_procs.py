@@ -1,8 +1,4 @@
-"""Start pagedserve services as real processes on loopback for the serve tests; always stop them.
-
-Processes run `python -m pagedserve.serve_cmd`, which knows every service command without
-going through cli.py.
-"""
+"""Start `pagedserve` commands as real processes on loopback for the serve tests; always stop them."""
 from __future__ import annotations
 
 import glob
@@ -16,11 +12,11 @@ from pagedserve.serve_cmd import free_port
 from pagedserve.supervisor import health_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLI = [sys.executable, "-m", "pagedserve.serve_cmd"]
+CLI = [sys.executable, "-m", "pagedserve.cli"]
 
 
 def start(*args: str, stdout=None) -> subprocess.Popen:
-    """`python -m pagedserve.serve_cmd ARGS` in its own process group."""
+    """`python -m pagedserve.cli ARGS` in its own process group."""
     return subprocess.Popen([*CLI, *args], cwd=ROOT, stdout=stdout, text=True, process_group=0)
 
 

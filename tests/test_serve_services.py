@@ -133,6 +133,21 @@ BAD = [
 ]
 
 
+def test_tokenize_and_logprobs_match_the_engine(services, engine):
+    text = "The capital of France is"
+    ids = services.stub.Tokenize(pb.TokenizeRequest(text=text)).token_ids
+    assert list(ids) == engine.encode(text)
+    [want] = engine.generate([text], SamplingParams(max_tokens=3, temperature=0, logprobs=2))
+    got = list(services.stub.Generate(pb.GenerateRequest(prompt=text, sampling=greedy(3, logprobs=2)),
+                                      timeout=120))
+    lps = [lp for r in got for lp in r.logprobs]
+    assert [lp.token_id for lp in lps] == want.completions[0].token_ids
+    assert [lp.logprob for lp in lps] == pytest.approx(want.completions[0].logprobs, abs=1e-4)
+    assert all(len(lp.top) == 2 for lp in lps)
+    assert [[t.token_id for t in lp.top] for lp in lps] == \
+        [[t for t, _ in top] for top in want.completions[0].top_logprobs]
+
+
 def test_bad_requests_get_their_status_while_others_finish(services):
     good = [services.stub.Generate(pb.GenerateRequest(prompt=p, sampling=greedy(6)), timeout=300)
             for p in PROMPTS[:2]]
