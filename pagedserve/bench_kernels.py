@@ -72,20 +72,22 @@ def paged_case(num_seqs, seq_len, q_len, block_size, args, dtype, device):
     )
 
 
-def timed(fn, repeats, sync=None):
-    """Median and best wall time of one call, in milliseconds."""
-    for _ in range(3):
-        fn()
-    times = []
+def timed(fns, repeats, sync=None):
+    """Wall times in ms of each function, called in turn so that all see the same machine load."""
+    for fn in fns:
+        for _ in range(3):
+            fn()
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        if sync:
-            sync()
-        start = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times), min(times)
+        for fn, samples in zip(fns, times):
+            if sync:
+                sync()
+            start = time.perf_counter()
+            fn()
+            if sync:
+                sync()
+            samples.append((time.perf_counter() - start) * 1e3)
+    return times
 
 
 def measure(name, case, q_len, block_size, args, sync=None):
@@ -110,13 +112,14 @@ def measure(name, case, q_len, block_size, args, sync=None):
 
     paged()
     error = (out.float() - dense().transpose(1, 2).reshape(q.shape).float()).abs().max().item()
-    paged_ms, paged_best = timed(paged, args.repeats, sync)
-    dense_ms, dense_best = timed(dense, args.repeats, sync)
+    paged_times, dense_times = timed([paged, dense], args.repeats, sync)
+    paged_ms, dense_ms = statistics.median(paged_times), statistics.median(dense_times)
     kv_bytes = 2 * case["dense_k"].numel() * case["dense_k"].element_size()
     return {
         "case": name, "block_size": block_size, "num_seqs": num_seqs, "seq_len": seq_len, "q_len": q_len,
-        "paged_ms": paged_ms, "paged_best_ms": paged_best, "dense_ms": dense_ms, "dense_best_ms": dense_best,
-        "ratio": paged_ms / dense_ms, "kv_bytes": kv_bytes,
+        "paged_ms": paged_ms, "paged_best_ms": min(paged_times), "dense_ms": dense_ms,
+        "dense_best_ms": min(dense_times), "ratio": statistics.median(p / d for p, d in zip(paged_times, dense_times)),
+        "ratio_of_bests": min(paged_times) / min(dense_times), "kv_bytes": kv_bytes,
         "paged_kv_gb_per_s": kv_bytes / paged_ms / 1e6, "dense_kv_gb_per_s": kv_bytes / dense_ms / 1e6,
         "max_abs_diff": error,
     }
@@ -144,7 +147,7 @@ def run_cuda(args, block_sizes):
     sync = torch.cuda.synchronize
     src = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    copy_ms, _ = timed(lambda: dst.copy_(src), args.repeats, sync)
+    copy_ms = statistics.median(timed([lambda: dst.copy_(src)], args.repeats, sync)[0])
     copy_gb_per_s = 2 * src.numel() / copy_ms / 1e6
     del src, dst
     rows = []
@@ -160,13 +163,15 @@ def run_cuda(args, block_sizes):
 
 
 def print_rows(title, rows):
+    """ms are medians, ratio the median of paired (back-to-back) calls; best: fastest paged/dense call."""
     print(title)
     print(f"{'case':8} {'block':>5} {'seqs x len':>11} {'paged ms':>9} {'dense ms':>9} {'ratio':>6} "
-          f"{'paged GB/s':>10} {'max diff':>9}")
+          f"{'best':>12} {'of bests':>8} {'paged GB/s':>10} {'max diff':>9}")
     for r in rows:
         bandwidth = f"{r['paged_kv_gb_per_s']:10.1f}" if r["q_len"] == 1 else f"{'-':>10}"
         print(f"{r['case']:8} {r['block_size']:5d} {r['num_seqs']:>4d} x {r['seq_len']:<4d} {r['paged_ms']:9.3f} "
-              f"{r['dense_ms']:9.3f} {r['ratio']:6.2f} {bandwidth} {r['max_abs_diff']:9.1e}")
+              f"{r['dense_ms']:9.3f} {r['ratio']:6.2f} {r['paged_best_ms']:5.2f}/{r['dense_best_ms']:<6.2f} "
+              f"{r['ratio_of_bests']:8.2f} {bandwidth} {r['max_abs_diff']:9.1e}")
 
 
 def run(args) -> int:
