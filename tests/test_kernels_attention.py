@@ -10,6 +10,15 @@ from kernels import paged_attention, store_kv
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny shapes: a second thread only adds waiting when the cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def make_batch(specs, block_size, num_kv_heads, group, head_size=16, dtype=torch.float32,
                padding="negative", num_layers=3, layer=1, seed=0):
     """A pool holding random K/V for sequences given as (seq_len, q_len), in shuffled blocks."""

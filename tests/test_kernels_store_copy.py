@@ -5,6 +5,15 @@ import torch
 from kernels import copy_blocks, store_kv
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny shapes: a second thread only adds waiting when the cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def random_pool(num_blocks, dtype=torch.float32, seed=0, num_layers=3, block_size=8, num_kv_heads=2, head_size=4):
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(num_blocks, num_layers, 2, block_size, num_kv_heads, head_size, generator=gen).to(dtype)

@@ -17,7 +17,7 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 def run_check(name, **extra):
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), **extra)
+    env.update(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1", **extra)
     done = subprocess.run([sys.executable, os.path.abspath(__file__), name], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
