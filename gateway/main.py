@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 
 from gateway.scheduler import SchedulerConfig
 from gateway.server import SERVING, Backend, Gateway
 from pagedserve.grpc_service import env_default as _env
+from pagedserve.grpc_service import get_logger
 
 
 def add_gateway_args(p: argparse.ArgumentParser) -> None:
@@ -61,33 +61,36 @@ def _check_serving(addresses: dict[str, str]) -> None:
             raise ConnectionError(f"{name} at {address} is not SERVING")
 
 
-async def serve(args) -> None:
+async def serve(args) -> int:
+    log = get_logger("gateway")
     scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs,
                                 max_num_batched_tokens=args.max_num_batched_tokens)
     gateway = Gateway(lambda: connect_remote(args.memsvc, args.executor), scheduler,
                       host=args.host, port=args.port)
-    port = await gateway.start()
-    logging.getLogger("pagedserve.gateway").info(
-        "listening on %s:%d (NOT_SERVING until memsvc %s and executor %s answer)",
-        args.host, port, args.memsvc, args.executor)
+    try:
+        port = await gateway.start()
+    except RuntimeError as e:
+        log.error("cannot listen on %s:%d: %s", args.host, args.port, e)
+        return 1
+    log.info("listening on %s:%d (NOT_SERVING until memsvc %s and executor %s answer)",
+             args.host, port, args.memsvc, args.executor)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    log.info("stopping")
     await gateway.stop(grace=2.0)
+    return 0
 
 
 def run(args) -> int:
     import uvloop
 
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         SchedulerConfig(max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens)
     except ValueError as e:
         print(f"pagedserve gateway: {e}", file=sys.stderr)
         return 2
-    uvloop.run(serve(args))
-    return 0
+    return uvloop.run(serve(args))

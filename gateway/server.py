@@ -218,6 +218,11 @@ class Gateway:
             await self.server.stop(grace)
         if self.service.runner is not None:
             await asyncio.to_thread(self.service.runner.stop)
+        backend = self.service.backend
+        for client in (backend.memory, backend.executor) if backend else ():
+            close = getattr(client, "close", None)
+            if close is not None:
+                close()
 
     async def _connect(self) -> None:
         backend = await self._until_ok(self.connect, "connecting to the backend")
