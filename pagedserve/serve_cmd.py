@@ -23,6 +23,11 @@ def add_parsers(sub) -> None:
     kv.add_argument("--kv-memory", type=float, default=None, metavar="GiB",
                     help="size the KV pool by memory (default: 2 GiB)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights and KV dtype (default: float32)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="cap on prompt + output tokens (default: the model's maximum)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step (default: 64)")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="tokens per step (default: 2048)")
@@ -58,6 +63,11 @@ def service_specs(args, host: str = "127.0.0.1"):
     kv = (["--kv-tokens", str(args.kv_tokens)] if args.kv_tokens is not None
           else ["--kv-memory", str(args.kv_memory)] if args.kv_memory is not None else [])
     model = ["--model", args.model] if args.model else []
+    model += ["--dtype", args.dtype]
+    if args.max_model_len:
+        model += ["--max-model-len", str(args.max_model_len)]
+    if args.no_prefix_caching:
+        kv += ["--no-prefix-caching"]
     return [
         ServiceSpec("memsvc", cli + ["memsvc", "--host", host, "--port", memsvc.split(":")[1], *kv],
                     memsvc, restart_with=["executor"],

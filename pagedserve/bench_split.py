@@ -1,0 +1,175 @@
+"""`pagedserve bench split`: split services against the in-process engine on the same workload.
+
+Three runs of the same requests (greedy, ignore_eos, all submitted at once):
+- gateway: memsvc, executor and gateway as processes; clients stream through the public API.
+- split loop: the batching loop in this process over the gRPC clients of memsvc and the
+  executor, each call timed, so a step's reserve and execute times include their RPCs.
+- in process: the offline engine, the same loop over direct calls, each call timed.
+Per-step RPC overhead is the split loop's step time minus the in-process one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from collections import defaultdict
+
+from pagedserve.protocol import SamplingParams
+from pagedserve.workloads import random_prompt_ids
+
+
+def add_parser(sub) -> None:
+    from pagedserve.generate_cmd import add_engine_args
+
+    p = sub.add_parser("split", help="split services vs the in-process engine: throughput and RPC time",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--num-requests", type=int, default=32)
+    p.add_argument("--input-len", type=int, default=64, help="prompt tokens per request")
+    p.add_argument("--output-len", type=int, default=64, help="output tokens per request")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench_results/split.json", help="JSON results file")
+    add_engine_args(p)
+    p.set_defaults(run=run)
+
+
+class Timed:
+    """Wraps a client; every method call's wall time is added up by name."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def __getattr__(self, name):
+        fn = getattr(self.inner, name)
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - t
+
+        return timed
+
+
+def drive(loop, prompts: list[list[int]], sampling: SamplingParams) -> dict:
+    """Run every prompt through a BatchLoop whose clients are Timed; return the step numbers."""
+    memory, executor = loop.memory, loop.executor
+    memory.seconds.clear()
+    executor.seconds.clear()
+    for i, p in enumerate(prompts):
+        loop.add_request(f"bench-{i}", p, sampling)
+    tokens, steps, t0 = 0, 0, time.perf_counter()
+    while loop.has_work():
+        tokens += sum(len(d.token_ids) for d in loop.step())
+        steps += 1
+    seconds = time.perf_counter() - t0
+    return {"output_tokens": tokens, "seconds": seconds, "output_tokens_per_s": tokens / seconds,
+            "steps": steps, "step_ms": 1e3 * seconds / steps,
+            "reserve_ms": 1e3 * memory.seconds["reserve"] / steps,
+            "execute_ms": 1e3 * executor.seconds["execute"] / steps}
+
+
+def through_gateway(address: str, prompts: list[list[int]], sampling: SamplingParams) -> dict:
+    from pagedserve.client import GenerationClient
+
+    counts = [0] * len(prompts)
+    with GenerationClient(address, timeout=3600) as client:
+        def one(i):
+            counts[i] = sum(len(d.token_ids) for d in client.generate(prompts[i], sampling))
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.perf_counter() - t0
+    return {"output_tokens": sum(counts), "seconds": seconds,
+            "output_tokens_per_s": sum(counts) / seconds}
+
+
+def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict, int]:
+    from gateway.batch_loop import BatchLoop
+    from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
+    from gateway.scheduler import SchedulerConfig
+    from pagedserve.serve_cmd import free_port, service_specs
+    from pagedserve.supervisor import Supervisor
+
+    spec_args = argparse_namespace(args, port=free_port())
+    sup = Supervisor(service_specs(spec_args))
+    try:
+        sup.start()
+        memsvc, executor = (sup.by_name[n].spec.address for n in ("memsvc", "executor"))
+        gateway = sup.by_name["gateway"].spec.address
+        remote_ex = RemoteExecutorClient(executor)
+        vocab = remote_ex.model_info().vocab_size
+        prompts = prompts_for(vocab)
+        through_gateway(gateway, warm(vocab), sampling)
+        via_gateway = through_gateway(gateway, prompts, sampling)
+        loop = BatchLoop(Timed(RemoteMemoryClient(memsvc)), Timed(remote_ex), SchedulerConfig(
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens))
+        drive(loop, warm(vocab), sampling)
+        split = drive(loop, prompts, sampling)
+        loop.memory.inner.close()
+        remote_ex.close()
+    finally:
+        sup.stop()
+    return via_gateway, split, vocab
+
+
+def argparse_namespace(args, **extra):
+    import argparse
+
+    kv_memory = None if args.kv_tokens is not None else args.kv_memory
+    return argparse.Namespace(model=args.model, kv_tokens=args.kv_tokens, kv_memory=kv_memory,
+                              block_size=args.block_size, dtype=args.dtype,
+                              max_model_len=args.max_model_len,
+                              no_prefix_caching=args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
+                              max_num_batched_tokens=args.max_num_batched_tokens,
+                              memsvc_port=0, executor_port=0, **extra)
+
+
+def run(args) -> int:
+    from gateway.batch_loop import BatchLoop
+    from pagedserve.engine import LLMEngine
+    from pagedserve.generate_cmd import engine_config
+
+    sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+
+    def prompts_for(vocab):
+        rng = random.Random(args.seed)
+        return [random_prompt_ids(rng, args.input_len, vocab) for _ in range(args.num_requests)]
+
+    def warm(vocab):
+        return prompts_for(vocab)[:2]
+
+    via_gateway, split, vocab = split_runs(args, prompts_for, sampling, warm)
+    engine = LLMEngine(engine_config(args))
+    loop = BatchLoop(Timed(engine.memory), Timed(engine.loop.executor), engine.loop.scheduler.config,
+                     engine.tokenizer)
+    drive(loop, warm(vocab), sampling)
+    local = drive(loop, prompts_for(vocab), sampling)
+    result = {"num_requests": args.num_requests, "input_len": args.input_len,
+              "output_len": args.output_len, "max_num_seqs": args.max_num_seqs,
+              "machine": f"{os.cpu_count()} CPUs", "in_process": local, "split_loop": split,
+              "gateway": via_gateway,
+              "gateway_vs_in_process": via_gateway["output_tokens_per_s"] / local["output_tokens_per_s"],
+              "split_vs_in_process": split["output_tokens_per_s"] / local["output_tokens_per_s"],
+              "rpc_overhead_ms_per_step": split["step_ms"] - local["step_ms"]}
+    print(f"{args.num_requests} requests, {args.input_len} in / {args.output_len} out, "
+          f"max {args.max_num_seqs} sequences per step")
+    for name, r in (("in process", local), ("split loop", split)):
+        print(f"{name:12s} {r['output_tokens_per_s']:8.1f} tok/s  {r['steps']} steps, "
+              f"{r['step_ms']:.1f} ms/step (reserve {r['reserve_ms']:.1f}, execute {r['execute_ms']:.1f})")
+    print(f"{'gateway':12s} {via_gateway['output_tokens_per_s']:8.1f} tok/s  (clients streaming)")
+    print(f"split loop / in process {result['split_vs_in_process']:.3f}, gateway / in process "
+          f"{result['gateway_vs_in_process']:.3f}; RPC overhead "
+          f"{result['rpc_overhead_ms_per_step']:.1f} ms per step")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
