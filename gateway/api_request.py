@@ -1,13 +1,14 @@
 """Public requests (pagedserve.v1 protobufs) into prompt token ids and SamplingParams.
 
-Defaults follow generation.proto: max_tokens 0 means 16, n 0 means 1, unset temperature
-and top_p mean 1.0. Anything wrong raises ApiError with a gRPC status code and a message
+Defaults follow generation.proto: unset max_tokens means 16, unset n means 1, unset
+temperature and top_p mean 1.0; an explicit max_tokens or n of 0 is refused. Anything wrong raises ApiError with a gRPC status code and a message
 that names the field.
 """
 from __future__ import annotations
 
 import grpc
 
+from pagedserve import convert
 from pagedserve.protocol import ModelInfo, SamplingParams
 
 
@@ -22,30 +23,10 @@ def invalid(message: str) -> ApiError:
     return ApiError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
-def _f32(x: float) -> float:
-    """Recover the decimal a client most likely sent from its float32 wire value (0.7, not 0.69999998)."""
-    return float(f"{x:.7g}")
-
-
 def sampling_from_proto(p) -> SamplingParams:
     if p.beam_width > 1:
         raise invalid(f"sampling.beam_width={p.beam_width}: beam search is not supported; use 0 or 1")
-    return SamplingParams(
-        max_tokens=p.max_tokens or 16,
-        temperature=_f32(p.temperature) if p.HasField("temperature") else 1.0,
-        top_p=_f32(p.top_p) if p.HasField("top_p") else 1.0,
-        top_k=p.top_k,
-        min_p=_f32(p.min_p),
-        repetition_penalty=_f32(p.repetition_penalty) if p.HasField("repetition_penalty") else 1.0,
-        presence_penalty=_f32(p.presence_penalty),
-        frequency_penalty=_f32(p.frequency_penalty),
-        seed=p.seed if p.HasField("seed") else None,
-        stop=list(p.stop),
-        stop_token_ids=list(p.stop_token_ids),
-        ignore_eos=p.ignore_eos,
-        logprobs=p.logprobs if p.HasField("logprobs") else None,
-        n=p.n or 1,
-    )
+    return convert.sampling_from_proto(p)
 
 
 def check_model(requested: str, info: ModelInfo) -> None:

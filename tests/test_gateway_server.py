@@ -133,6 +133,8 @@ BAD = [
     (pb.GenerateRequest(prompt=""), "prompt"),
     (pb.GenerateRequest(prompt_token_ids=[1] * 2048), "maximum length"),
     (pb.GenerateRequest(prompt_token_ids=[1], sampling=pb.SamplingParams(max_tokens=5000)), "max_tokens"),
+    (pb.GenerateRequest(prompt_token_ids=[1], sampling=pb.SamplingParams(max_tokens=0)), "max_tokens"),
+    (pb.GenerateRequest(prompt_token_ids=[1], sampling=pb.SamplingParams(n=0)), "n must"),
     (pb.GenerateRequest(prompt_token_ids=[1], sampling=pb.SamplingParams(temperature=-0.5)), "temperature"),
     (pb.GenerateRequest(prompt_token_ids=[1], sampling=pb.SamplingParams(top_p=0.0)), "top_p"),
     (pb.GenerateRequest(prompt_token_ids=[1], sampling=pb.SamplingParams(top_p=1.5)), "top_p"),
