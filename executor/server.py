@@ -12,6 +12,11 @@ Service contract:
   sequence with sample=True, in batch order. A batch that does not fit (bad slots, ids
   outside the vocabulary) is INVALID_ARGUMENT; the executor stays usable.
 - The pool belongs to memsvc: this process only maps it, and must run on memsvc's host.
+  An Execute whose metadata names another pool (`pagedserve-pool`, the epoch memsvc gave
+  with the Reserve) is ABORTED: memsvc restarted and that reservation is gone.
+- An Execute that arrives with trace context gets a span (pagedserve.tracing);
+  `--metrics-port` serves executor.metrics; `--tls-*` (pagedserve.tls) turn on TLS for
+  this server (mutual with `--tls-ca`) and for the registration call to memsvc.
 """
 from __future__ import annotations
 
@@ -19,11 +24,15 @@ import argparse
 import os
 import sys
 import threading
+import time
 
 import grpc
 
+from opentelemetry import trace
+
+from executor.metrics import ExecutorMetrics
 from pagedserve import convert
-from pagedserve.grpc_service import GRPC_OPTIONS, Service, get_logger, stop_on_signals, wait
+from pagedserve.grpc_service import POOL_METADATA, Service, get_logger, open_channel, stop_on_signals, wait
 from pagedserve.protocol import ModelInfo
 from pagedserve.v1 import executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
@@ -54,12 +63,16 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def __init__(self):
         self.executor = None
         self.info_message = None
+        self.pool_id: str | None = None
         self.ready = threading.Event()
         self.lock = threading.Lock()
+        self.metrics = ExecutorMetrics()
 
-    def set_ready(self, executor, info: ModelInfo, tokenizer_files: dict[str, bytes]) -> None:
+    def set_ready(self, executor, info: ModelInfo, tokenizer_files: dict[str, bytes],
+                  pool_id: str | None = None) -> None:
         self.executor = executor
         self.info_message = convert.model_info_to_proto(info, tokenizer_files)
+        self.pool_id = pool_id
         self.ready.set()
 
     def ModelInfo(self, request, context):
@@ -70,24 +83,38 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def Execute(self, request, context):
         if not self.ready.is_set():
             context.abort(grpc.StatusCode.UNAVAILABLE, "the executor is starting: the pool is not mapped yet")
+        wanted = dict(context.invocation_metadata()).get(POOL_METADATA)
+        if wanted and self.pool_id and wanted != self.pool_id:
+            context.abort(grpc.StatusCode.ABORTED, "this step was reserved in a KV pool that is "
+                          "gone (memsvc restarted): reserve it again")
         batch = convert.batch_from_proto(request)
+        tokens = sum(len(s.token_ids) for s in batch.seqs)
         try:
             with self.lock:
+                start = time.perf_counter()
                 outputs = self.executor.execute(batch)
+                seconds = time.perf_counter() - start
         except (ValueError, IndexError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}")
+        self.metrics.observe(len(batch.seqs), tokens, seconds)
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes({"pagedserve.batch.sequences": len(batch.seqs),
+                                 "pagedserve.batch.tokens": tokens, "pagedserve.forward_seconds": seconds})
         return convert.outputs_to_proto(outputs)
 
 
-def register(memsvc: str, info: ModelInfo, device: str, timeout: float) -> memory_pb2.PoolHandle:
-    """RegisterExecutor at memsvc, waiting up to `timeout` seconds for it to answer."""
-    with grpc.insecure_channel(memsvc, options=GRPC_OPTIONS) as channel:
+def register(memsvc: str, info: ModelInfo, device: str, timeout: float, tls=None
+             ) -> tuple[memory_pb2.PoolHandle, str | None]:
+    """RegisterExecutor at memsvc, waiting up to `timeout` seconds for it to answer.
+    Returns the pool handle and the pool's epoch (None from a memsvc that sends none)."""
+    with open_channel(memsvc, tls) as channel:
         grpc.channel_ready_future(channel).result(timeout=timeout)
-        response = memory_pb2_grpc.MemoryManagerStub(channel).RegisterExecutor(
+        response, call = memory_pb2_grpc.MemoryManagerStub(channel).RegisterExecutor.with_call(
             memory_pb2.RegisterExecutorRequest(geometry=convert.geometry_to_proto(info.kv),
                                                device=device, max_model_len=info.max_model_len),
             timeout=timeout, wait_for_ready=True)
-    return response.pool
+    return response.pool, dict(call.trailing_metadata() or ()).get(POOL_METADATA)
 
 
 def map_pool(handle: memory_pb2.PoolHandle):
@@ -119,6 +146,7 @@ def resolve_device(device: str) -> tuple[str, str]:
 def bring_up(args, service: Service, servicer: ExecutorService) -> None:
     """Load, register, map; then SERVING. Runs beside the main thread, which waits for signals."""
     from executor import Executor
+    from pagedserve.tls import tls_from_args
 
     torch_device, memsvc_device = resolve_device(args.device)
     executor = Executor(args.model, dtype=args.dtype, block_size=args.block_size, device=torch_device)
@@ -126,16 +154,26 @@ def bring_up(args, service: Service, servicer: ExecutorService) -> None:
     if args.max_model_len:
         info.max_model_len = min(info.max_model_len, args.max_model_len)
     log.info("model %s loaded; registering with memsvc at %s", info.name, args.memsvc)
-    handle = register(args.memsvc, info, memsvc_device, args.register_timeout)
+    handle, pool_id = register(args.memsvc, info, memsvc_device, args.register_timeout, tls_from_args(args))
     executor.attach_pool(map_pool(handle))
-    servicer.set_ready(executor, info, read_tokenizer_files(info.tokenizer_dir))
+    servicer.set_ready(executor, info, read_tokenizer_files(info.tokenizer_dir), pool_id)
     service.set_serving(True)
     log.info("pool mapped (%d blocks of %d tokens); serving", handle.num_blocks, info.kv.block_size)
 
 
 def serve(args) -> int:
     """Run the executor until SIGTERM/SIGINT (or until bring-up fails: status 1)."""
+    from pagedserve.metrics import serve_metrics
+    from pagedserve.tls import tls_from_args
+    from pagedserve.tracing import setup_tracing, shutdown_tracing
+
     stop = stop_on_signals()
+    try:
+        credentials = tls_from_args(args).server_credentials()
+    except (ValueError, OSError) as e:
+        print(f"executor: {e}", file=sys.stderr)
+        return 2
+    setup_tracing("executor")
     service = Service([SERVICE_NAME], max_workers=4)
     servicer = ExecutorService()
     executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, service.server)
@@ -148,13 +186,15 @@ def serve(args) -> int:
             failed.append(f"{type(e).__name__}: {e}")
             stop.set()
 
-    address = service.start(args.host, args.port)
+    address = service.start(args.host, args.port, credentials)
+    serve_metrics(servicer.metrics.registry, args.host, getattr(args, "metrics_port", None), log)
     log.info("listening on %s (NOT_SERVING until the pool is mapped)", address)
     threading.Thread(target=run_bring_up, name="executor-bring-up", daemon=True).start()
     try:
         wait(stop)
     finally:
         service.stop()
+        shutdown_tracing()
     if failed:
         log.error("could not start: %s", failed[0])
         return 1

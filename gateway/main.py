@@ -9,7 +9,9 @@ import sys
 from gateway.scheduler import SchedulerConfig
 from gateway.server import SERVING, Backend, Gateway
 from pagedserve.grpc_service import env_default as _env
-from pagedserve.grpc_service import get_logger
+from pagedserve.grpc_service import get_logger, open_channel
+from pagedserve.metrics import add_metrics_argument
+from pagedserve.tls import add_tls_arguments, tls_from_args
 
 
 def add_gateway_args(p: argparse.ArgumentParser) -> None:
@@ -28,16 +30,16 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
                    help="tokens per step (env PAGEDSERVE_MAX_NUM_BATCHED_TOKENS; default 2048)")
 
 
-def connect_remote(memsvc: str, executor: str) -> Backend:
+def connect_remote(memsvc: str, executor: str, tls=None) -> Backend:
     """Clients of memsvc and the executor, once both answer; raises while either does not."""
     from gateway.remote import RemoteExecutorClient, RemoteMemoryClient, tokenizer_dir_from_info
     from gateway.tokenizer import load_tokenizer
 
-    executor_client = RemoteExecutorClient(executor)
+    executor_client = RemoteExecutorClient(executor, tls=tls)
     memory_client = None
     try:
         info = executor_client.model_info()  # UNAVAILABLE until its pool is mapped
-        memory_client = RemoteMemoryClient(memsvc)
+        memory_client = RemoteMemoryClient(memsvc, tls=tls)
         memory_client.stats()
         tokenizer = load_tokenizer(tokenizer_dir_from_info(info))
     except BaseException:
@@ -46,15 +48,14 @@ def connect_remote(memsvc: str, executor: str) -> Backend:
             memory_client.close()
         raise
     return Backend(memory_client, executor_client, tokenizer,
-                   check=lambda: _check_serving({"executor": executor, "memsvc": memsvc}))
+                   check=lambda: _check_serving({"executor": executor, "memsvc": memsvc}, tls))
 
 
-def _check_serving(addresses: dict[str, str]) -> None:
-    import grpc
+def _check_serving(addresses: dict[str, str], tls=None) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     for name, address in addresses.items():
-        with grpc.insecure_channel(address) as channel:
+        with open_channel(address, tls) as channel:
             status = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=2.0).status
         if status != SERVING:
@@ -63,14 +64,27 @@ def _check_serving(addresses: dict[str, str]) -> None:
 
 async def serve(args) -> int:
     log = get_logger("gateway")
+    from pagedserve.metrics import serve_metrics
+    from pagedserve.tracing import setup_tracing, shutdown_tracing
+
     scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs,
                                 max_num_batched_tokens=args.max_num_batched_tokens)
-    gateway = Gateway(lambda: connect_remote(args.memsvc, args.executor), scheduler,
-                      host=args.host, port=args.port)
+    tls = tls_from_args(args)
+    setup_tracing("gateway")
+    gateway = Gateway(lambda: connect_remote(args.memsvc, args.executor, tls), scheduler,
+                      host=args.host, port=args.port, max_waiting=args.max_waiting,
+                      step_retry_s=args.step_retry_timeout, api_key=getattr(args, "api_key", None) or None,
+                      credentials=tls.server_credentials(require_client_cert=False))
     try:
         port = await gateway.start()
     except RuntimeError as e:
         log.error("cannot listen on %s:%d: %s", args.host, args.port, e)
+        return 1
+    try:
+        serve_metrics(gateway.service.metrics.registry, args.host, args.metrics_port, log)
+    except OSError as e:
+        log.error("cannot serve metrics on %s:%s: %s", args.host, args.metrics_port, e)
+        await gateway.stop(grace=0)
         return 1
     log.info("listening on %s:%d (NOT_SERVING until memsvc %s and executor %s answer)",
              args.host, port, args.memsvc, args.executor)
@@ -80,7 +94,9 @@ async def serve(args) -> int:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("stopping")
-    await gateway.stop(grace=2.0)
+    await gateway.stop(grace=args.shutdown_grace)
+    shutdown_tracing()
+    log.info("stopped")
     return 0
 
 
@@ -90,7 +106,33 @@ def run(args) -> int:
     try:
         SchedulerConfig(max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens)
-    except ValueError as e:
+        if args.max_waiting < 0:
+            raise ValueError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+        tls_from_args(args).server_credentials(require_client_cert=False)
+    except (ValueError, OSError) as e:
         print(f"pagedserve gateway: {e}", file=sys.stderr)
         return 2
     return uvloop.run(serve(args))
+
+
+def add_reliability_args(p: argparse.ArgumentParser) -> None:
+    """Queue bound, step retries, graceful stop, metrics, TLS and the API key. `--api-key`
+    is shared with the HTTP API when that is there: the same key guards both."""
+    p.add_argument("--max-waiting", type=int, default=_env("MAX_WAITING", 0, int), metavar="N",
+                   help="refuse a request with RESOURCE_EXHAUSTED while N sequences wait for a step "
+                        "(env PAGEDSERVE_MAX_WAITING; default 0: no bound)")
+    p.add_argument("--step-retry-timeout", type=float, default=_env("STEP_RETRY_TIMEOUT", 60.0, float),
+                   metavar="SECONDS", help="keep retrying a step while memsvc or the executor restarts "
+                                           "this long before failing its requests "
+                                           "(env PAGEDSERVE_STEP_RETRY_TIMEOUT; default 60)")
+    p.add_argument("--shutdown-grace", type=float, default=_env("SHUTDOWN_GRACE", 10.0, float),
+                   metavar="SECONDS", help="on SIGTERM, let running streams finish this long "
+                                           "(env PAGEDSERVE_SHUTDOWN_GRACE; default 10)")
+    add_metrics_argument(p)
+    add_tls_arguments(p)
+    try:
+        p.add_argument("--api-key", default=_env("API_KEY", None),
+                       help="require metadata 'authorization: Bearer KEY' on the gRPC API "
+                            "(env PAGEDSERVE_API_KEY; default: no key)")
+    except argparse.ArgumentError:
+        pass  # already there (the HTTP API's): one key for both APIs

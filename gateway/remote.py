@@ -4,6 +4,12 @@
 and a background heartbeat (an empty Reserve) keeps the session's lease alive while the
 gateway lives, even through a long step. Failures surface as grpc.RpcError with the
 server's status code and message.
+
+Both clients carry the caller's trace context in every call, speak TLS when given a
+pagedserve.tls.TlsConfig that asks for it, and reconnect quickly to a restarted service.
+`RemoteMemoryClient.pool_id` is the epoch of the pool the last Reserve was answered from;
+`RemoteExecutorClient.execute(batch, pool_id=...)` asks the executor to refuse (ABORTED)
+a batch reserved in another pool.
 """
 from __future__ import annotations
 
@@ -19,19 +25,20 @@ import grpc
 
 from pagedserve import convert
 from pagedserve.convert import PoolStats
-from pagedserve.grpc_service import GRPC_OPTIONS
+from pagedserve.grpc_service import POOL_METADATA, open_channel
 from pagedserve.protocol import ModelInfo, Plan, ReserveResult, SampleOutput, StepBatch
 from pagedserve.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 
 class RemoteMemoryClient:
     def __init__(self, address: str, session_id: str | None = None, *, timeout: float = 60.0,
-                 heartbeat_s: float = 2.0):
+                 heartbeat_s: float = 2.0, tls=None):
         self.address = address
         self.session_id = session_id or f"gateway-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self.channel = open_channel(address, tls, traced=True)
         self.stub = memory_pb2_grpc.MemoryManagerStub(self.channel)
+        self.pool_id: str | None = None
         self._last_call = time.monotonic()
         self._closed = threading.Event()
         self._heartbeat_s = heartbeat_s
@@ -41,7 +48,9 @@ class RemoteMemoryClient:
     def reserve(self, plan: Plan) -> ReserveResult:
         request = convert.plan_to_proto(plan, self.session_id)
         self._last_call = time.monotonic()
-        return convert.reserve_result_from_proto(self.stub.Reserve(request, timeout=self.timeout))
+        response, call = self.stub.Reserve.with_call(request, timeout=self.timeout)
+        self.pool_id = dict(call.trailing_metadata() or ()).get(POOL_METADATA)
+        return convert.reserve_result_from_proto(response)
 
     def free(self, seq_ids: list[str]) -> None:
         self._last_call = time.monotonic()
@@ -76,11 +85,12 @@ class RemoteExecutorClient:
     """`model_info()` is fetched once; its tokenizer files land in a temporary directory
     (removed by `close()` or at exit) that the returned ModelInfo names."""
 
-    def __init__(self, address: str, *, timeout: float | None = None, info_timeout: float = 60.0):
+    def __init__(self, address: str, *, timeout: float | None = None, info_timeout: float = 60.0,
+                 tls=None):
         self.address = address
         self.timeout = timeout
         self.info_timeout = info_timeout
-        self.channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self.channel = open_channel(address, tls, traced=True)
         self.stub = executor_pb2_grpc.ExecutorStub(self.channel)
         self._info: ModelInfo | None = None
         self._tokenizer_dir: str | None = None
@@ -92,8 +102,9 @@ class RemoteExecutorClient:
             self._tokenizer_dir = self._info.tokenizer_dir
         return self._info
 
-    def execute(self, batch: StepBatch) -> list[SampleOutput]:
-        response = self.stub.Execute(convert.batch_to_proto(batch), timeout=self.timeout)
+    def execute(self, batch: StepBatch, pool_id: str | None = None) -> list[SampleOutput]:
+        metadata = [(POOL_METADATA, pool_id)] if pool_id else None
+        response = self.stub.Execute(convert.batch_to_proto(batch), timeout=self.timeout, metadata=metadata)
         return convert.outputs_from_proto(response)
 
     def close(self) -> None:

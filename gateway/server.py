@@ -9,7 +9,17 @@ Contract:
 - A client that cancels, disconnects or passes its deadline has its request aborted before
   the next step; its blocks are freed by the next Reserve.
 - grpc.health.v1 says NOT_SERVING until the backend answers (executor ModelInfo, memsvc
-  reachable), then SERVING.
+  reachable), then SERVING; NOT_SERVING again while a step is being retried through a
+  backend restart (gateway.step_retry) and from the start of a graceful stop.
+- Queue bound: with `max_waiting`, a request beyond it is RESOURCE_EXHAUSTED.
+- API key: with `api_key`, every call but health checks needs metadata
+  `authorization: Bearer <key>` (or `x-api-key: <key>`), else UNAUTHENTICATED.
+- Messages over `max_message_bytes` (default 4 MiB) are refused with RESOURCE_EXHAUSTED.
+- `stop(grace)`: health NOT_SERVING, new requests UNAVAILABLE, running streams get up to
+  `grace` seconds to finish, then whatever is left is cancelled.
+- Telemetry: one span per request (GenAI attributes, a child of the client's traceparent),
+  per-step spans linked to the requests (gateway.step_telemetry), Prometheus metrics in
+  `service.metrics` (gateway.metrics).
 
 The backend is whatever `connect()` returns: the in-process MemoryManager and Executor
 (tests) or the gRPC clients of memsvc and the executor (deployment).
@@ -26,11 +36,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from gateway.api_key import ApiKeyInterceptor
 from gateway.api_request import ApiError, chat_prompt, check_model, generate_prompt, sampling_from_proto
 from gateway.batch_loop import BatchLoop, RequestError
+from gateway.metrics import GatewayMetrics
 from gateway.output_stream import Delta
+from gateway.request_telemetry import RequestTelemetry
 from gateway.scheduler import SchedulerConfig
-from gateway.step_runner import StepRunner, describe
+from gateway.step_retry import StepRetry
+from gateway.step_runner import QueueFull, StepRunner, describe
+from gateway.step_telemetry import ObservedExecutor, ObservedMemory
 from pagedserve.v1 import generation_pb2 as pb
 from pagedserve.v1 import generation_pb2_grpc as pb_grpc
 
@@ -38,6 +53,7 @@ log = logging.getLogger("pagedserve.gateway")
 SERVICE = pb.DESCRIPTOR.services_by_name["Generation"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+PUBLIC_MAX_MESSAGE_BYTES = 4 << 20
 
 
 @dataclass
@@ -76,28 +92,46 @@ def to_response(d: Delta, request_id: str) -> pb.GenerateResponse:
 
 
 class GenerationService(pb_grpc.GenerationServicer):
-    def __init__(self, scheduler: SchedulerConfig):
+    def __init__(self, scheduler: SchedulerConfig, max_waiting: int = 0, step_retry_s: float = 60.0,
+                 metrics: GatewayMetrics | None = None):
         self.scheduler_config = scheduler
+        self.max_waiting = max_waiting
+        self.step_retry_s = step_retry_s
+        self.metrics = metrics or GatewayMetrics()
+        self.telemetry = RequestTelemetry(self.metrics)
         self.backend: Backend | None = None
         self.runner: StepRunner | None = None
         self.info = None
+        self.draining = False
+        self.active = 0  # streams in progress
 
     def attach(self, backend: Backend, on_step_error=None, on_step_ok=None) -> None:
-        loop = BatchLoop(backend.memory, backend.executor, self.scheduler_config, backend.tokenizer)
+        """Run on `backend`: steps retried through service restarts, observed, then batched."""
+        def on_retry(call: str, error: BaseException) -> None:
+            self.metrics.step_retries.labels(call).inc()
+            if on_step_error is not None:
+                on_step_error(error)
+
+        retry = StepRetry(backend.memory, backend.executor, self.step_retry_s, on_retry=on_retry)
+        block_size = backend.executor.model_info().kv.block_size
+        memory = ObservedMemory(retry.memory, self.telemetry, block_size)
+        executor = ObservedExecutor(retry.executor, self.telemetry, memory)
+        loop = BatchLoop(memory, executor, self.scheduler_config, backend.tokenizer)
         self.info = loop.info
         self.backend = backend
-        self.runner = StepRunner(loop, on_step_error, on_step_ok)
+        self.runner = StepRunner(loop, on_step_error, on_step_ok, max_waiting=self.max_waiting)
+        self.metrics.watch_scheduler(lambda: loop.scheduler)
 
     async def Generate(self, request, context):
         async for r in self._guarded(context, lambda: generate_prompt(request, self._tokenizer()),
                                      request.model, request.sampling, request.priority,
-                                     request.request_id):
+                                     request.request_id, "text_completion"):
             yield r
 
     async def Chat(self, request, context):
         async for r in self._guarded(context, lambda: chat_prompt(request, self._tokenizer()),
                                      request.model, request.sampling, request.priority,
-                                     request.request_id):
+                                     request.request_id, "chat"):
             yield r
 
     async def ListModels(self, request, context):
@@ -123,28 +157,43 @@ class GenerationService(pb_grpc.GenerationServicer):
         return self.backend.tokenizer
 
     def _ready_or_raise_sync(self) -> None:
+        if self.draining:
+            raise ApiError(grpc.StatusCode.UNAVAILABLE,
+                           "the gateway is shutting down: retry on another replica")
         if self.runner is None:
             raise ApiError(grpc.StatusCode.UNAVAILABLE,
                            "the gateway is starting: waiting for the executor and memsvc")
 
     async def _guarded(self, context, prompt: Callable[[], list[int]], model: str, sampling_pb,
-                       priority: int, client_request_id: str):
+                       priority: int, client_request_id: str, operation: str):
         try:
             self._ready_or_raise_sync()
             check_model(model, self.info)
             sampling = sampling_from_proto(sampling_pb)
             prompt_ids = prompt()
         except ApiError as e:
+            self.metrics.errors.labels(e.code.name).inc()
             await context.abort(e.code, e.message)
-        async for r in self._stream(context, prompt_ids, sampling, priority, client_request_id):
-            yield r
+        self.active += 1
+        try:
+            async for r in self._stream(context, prompt_ids, sampling, priority, client_request_id,
+                                        operation):
+                yield r
+        finally:
+            self.active -= 1
 
-    async def _stream(self, context, prompt_ids, sampling, priority, client_request_id):
+    async def _stream(self, context, prompt_ids, sampling, priority, client_request_id, operation):
         runner = self.runner
         request_id = uuid.uuid4().hex
         public_id = client_request_id or request_id
         queue: asyncio.Queue = asyncio.Queue()
         aio_loop = asyncio.get_running_loop()
+        record = self.telemetry.start(request_id, operation, self.info.name, sampling, len(prompt_ids),
+                                      context.invocation_metadata(), public_id)
+
+        async def fail(code: grpc.StatusCode, message: str):
+            self.telemetry.finish(record, code, message)
+            await context.abort(code, message)
 
         def sink(item) -> None:  # called on the step thread
             try:
@@ -158,37 +207,51 @@ class GenerationService(pb_grpc.GenerationServicer):
                 await asyncio.wrap_future(runner.submit(request_id, prompt_ids, sampling, sink, priority))
             except RequestError as e:
                 done = True
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                await fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            except QueueFull as e:
+                done = True
+                await fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
             open_completions = sampling.n
             while open_completions:
                 item = await queue.get()
                 if isinstance(item, BaseException):
                     done = True
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(item))
+                    await fail(grpc.StatusCode.UNAVAILABLE, str(item))
+                self.telemetry.streamed(record, item)
                 for d in item:
                     if d.finish_reason == "error":
                         done = True
-                        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                            d.error or "the KV pool cannot hold this request")
+                        await fail(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                   d.error or "the KV pool cannot hold this request")
                     if d.finish_reason:
                         open_completions -= 1
                     yield to_response(d, public_id)
             done = True
+            self.telemetry.finish(record)
         finally:
             if not done:
                 runner.abort(request_id)
+                expired = context.time_remaining() is not None and context.time_remaining() <= 0
+                self.telemetry.finish(record, grpc.StatusCode.DEADLINE_EXCEEDED if expired
+                                      else grpc.StatusCode.CANCELLED, "the client went away")
 
 
 class Gateway:
     """The gRPC server: Generation, health and reflection; connects to the backend in the background."""
 
     def __init__(self, connect: Callable[[], Backend], scheduler: SchedulerConfig | None = None,
-                 host: str = "127.0.0.1", port: int = 50051, retry_seconds: float = 1.0):
+                 host: str = "127.0.0.1", port: int = 50051, retry_seconds: float = 1.0, *,
+                 max_waiting: int = 0, step_retry_s: float = 60.0, api_key: str | None = None,
+                 credentials: grpc.ServerCredentials | None = None,
+                 max_message_bytes: int = PUBLIC_MAX_MESSAGE_BYTES, metrics: GatewayMetrics | None = None):
         self.connect = connect
-        self.service = GenerationService(scheduler or SchedulerConfig())
+        self.service = GenerationService(scheduler or SchedulerConfig(), max_waiting, step_retry_s, metrics)
         self.health = health.aio.HealthServicer()
         self.address = f"{host}:{port}"
         self.retry_seconds = retry_seconds
+        self.api_key = api_key
+        self.credentials = credentials
+        self.max_message_bytes = max_message_bytes
         self.server: grpc.aio.Server | None = None
         self.port: int | None = None
         self.ready = asyncio.Event()
@@ -197,12 +260,18 @@ class Gateway:
 
     async def start(self) -> int:
         """Listen (NOT_SERVING), start connecting to the backend; return the bound port."""
-        self.server = grpc.aio.server()
+        interceptors = [ApiKeyInterceptor(self.api_key)] if self.api_key else []
+        self.server = grpc.aio.server(interceptors=interceptors, options=[
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes)])
         pb_grpc.add_GenerationServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME],
                                             self.server)
-        self.port = self.server.add_insecure_port(self.address)
+        if self.credentials is not None:
+            self.port = self.server.add_secure_port(self.address, self.credentials)
+        else:
+            self.port = self.server.add_insecure_port(self.address)
         if self.port == 0:
             raise RuntimeError(f"cannot listen on {self.address}")
         await self._set_health(NOT_SERVING)
@@ -211,11 +280,18 @@ class Gateway:
         return self.port
 
     async def stop(self, grace: float = 1.0) -> None:
+        """NOT_SERVING and refuse new requests; give running streams `grace` seconds; stop."""
         for task in self._tasks:
             task.cancel()
+        self.service.draining = True
         if self.server is not None:
             await self.health.enter_graceful_shutdown()
-            await self.server.stop(grace)
+            deadline = asyncio.get_running_loop().time() + grace
+            while self.service.active and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            if self.service.active:
+                log.info("%d streams still running after %.1fs; cancelling them", self.service.active, grace)
+            await self.server.stop(0.5 if grace else 0)
         if self.service.runner is not None:
             await asyncio.to_thread(self.service.runner.stop)
         backend = self.service.backend

@@ -4,6 +4,11 @@ Every BatchLoop call (add_request, abort, step) happens on the worker thread. Ca
 commands into a queue; the worker applies them between steps, so an abort takes effect
 before the next step and the sequence's blocks are freed by the next reserve. The worker
 steps while there is work and sleeps on an event when idle.
+
+With `max_waiting`, a request that arrives while that many sequences wait for their first
+(or next, after a preemption) step is refused with QueueFull. A step that raises
+PoolChanged (memsvc restarted under it, see gateway.step_retry) is planned again without
+failing anyone; any other failure ends the requests in flight.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import grpc
 
 from gateway.batch_loop import BatchLoop
 from gateway.output_stream import Delta
+from gateway.step_retry import PoolChanged
 from pagedserve.protocol import SamplingParams
 
 log = logging.getLogger("pagedserve.gateway")
@@ -30,6 +36,10 @@ class BackendError(RuntimeError):
     """A step failed (memsvc or the executor did not answer); the requests in flight end."""
 
 
+class QueueFull(RuntimeError):
+    """Too many requests wait already; the message says how many and what to do."""
+
+
 def describe(error: BaseException) -> str:
     """One line: a gRPC error's status and details, else the exception's text."""
     if isinstance(error, grpc.RpcError) and hasattr(error, "code"):
@@ -39,8 +49,9 @@ def describe(error: BaseException) -> str:
 
 class StepRunner:
     def __init__(self, loop: BatchLoop, on_step_error: Callable[[BaseException], None] | None = None,
-                 on_step_ok: Callable[[], None] | None = None):
+                 on_step_ok: Callable[[], None] | None = None, max_waiting: int = 0):
         self.loop = loop
+        self.max_waiting = max_waiting
         self.on_step_error = on_step_error
         self.on_step_ok = on_step_ok
         self._commands: collections.deque = collections.deque()
@@ -83,6 +94,9 @@ class StepRunner:
             start = time.perf_counter()
             try:
                 deltas = self.loop.step()
+            except PoolChanged as e:  # memsvc restarted: its answer is void, plan again
+                log.warning("the KV pool changed under a step (%s); planning it again", e)
+                continue
             except Exception as e:  # memsvc or the executor failed: end what is in flight
                 self._fail_all(e)
                 time.sleep(0.5)
@@ -102,6 +116,12 @@ class StepRunner:
                 self.loop.abort(command[1])
                 continue
             _, request_id, prompt, sampling, sink, priority, done = command
+            waiting = len(self.loop.scheduler.waiting)
+            if self.max_waiting and waiting >= self.max_waiting:
+                done.set_exception(QueueFull(
+                    f"the request queue is full ({waiting} waiting, limit {self.max_waiting}): "
+                    "retry later or on another replica"))
+                continue
             try:
                 self.loop.add_request(request_id, prompt, sampling, priority=priority)
             except Exception as e:

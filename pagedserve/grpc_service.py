@@ -1,5 +1,6 @@
 """What every internal pagedserve gRPC service shares: message limits, health and reflection,
-flag defaults from the environment, and running until SIGTERM/SIGINT."""
+server-side trace context, optional TLS, client channels, flag defaults from the
+environment, and running until SIGTERM/SIGINT."""
 from __future__ import annotations
 
 import logging
@@ -18,6 +19,16 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
+# Clients reconnect quickly to a restarted service (gRPC's default backoff grows to 120 s).
+CLIENT_OPTIONS = GRPC_OPTIONS + [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+# Metadata naming the KV pool: memsvc sends its pool's epoch with RegisterExecutor and
+# Reserve answers; the gateway sends it with Execute; the executor refuses a step reserved
+# in another pool (ABORTED).
+POOL_METADATA = "pagedserve-pool"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -43,12 +54,31 @@ def get_logger(service: str) -> logging.Logger:
     return log
 
 
+def open_channel(address: str, tls=None, traced: bool = False) -> grpc.Channel:
+    """A client channel to a pagedserve service: TLS when `tls` (pagedserve.tls.TlsConfig)
+    asks for it, quick reconnects, and with `traced` the caller's trace context in every call."""
+    options = CLIENT_OPTIONS + (tls.channel_options() if tls is not None else [])
+    credentials = tls.channel_credentials() if tls is not None else None
+    if credentials is not None:
+        channel = grpc.secure_channel(address, credentials, options=options)
+    else:
+        channel = grpc.insecure_channel(address, options=options)
+    if traced:
+        from pagedserve.tracing import traced_channel
+
+        channel = traced_channel(channel)
+    return channel
+
+
 class Service:
-    """A sync gRPC server with grpc.health.v1 (NOT_SERVING until `set_serving`) and reflection."""
+    """A sync gRPC server with grpc.health.v1 (NOT_SERVING until `set_serving`), reflection,
+    and a SERVER span for each call that carries trace context (pagedserve.tracing)."""
 
     def __init__(self, service_names: list[str], max_workers: int = 8):
+        from pagedserve.tracing import ServerTracing
+
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                                  options=GRPC_OPTIONS)
+                                  options=GRPC_OPTIONS, interceptors=[ServerTracing()])
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names = list(service_names)
@@ -62,9 +92,13 @@ class Service:
         for name in ("", *self.service_names):
             self.health.set(name, status)
 
-    def start(self, host: str, port: int) -> str:
-        """Bind and start; return the address actually bound (port 0 picks a free one)."""
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+    def start(self, host: str, port: int, credentials: grpc.ServerCredentials | None = None) -> str:
+        """Bind (TLS with `credentials`) and start; return the address actually bound (port 0
+        picks a free one)."""
+        if credentials is not None:
+            self.port = self.server.add_secure_port(f"{host}:{port}", credentials)
+        else:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
         if not self.port:
             raise OSError(f"cannot listen on {host}:{port}")
         self.server.start()

@@ -5,6 +5,7 @@ import socket
 import sys
 
 from gateway.main import add_gateway_args
+from gateway.main import add_reliability_args
 
 
 def add_parsers(sub) -> None:
@@ -28,6 +29,14 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="cap on prompt + output tokens (default: the model's maximum)")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    p.add_argument("--max-waiting", type=int, default=0, metavar="N",
+                   help="the gateway refuses requests (RESOURCE_EXHAUSTED) while N sequences wait "
+                        "(default: 0, no bound)")
+    p.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
+                   help="on Ctrl-C/SIGTERM, running streams get this long to finish (default: 10)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="the gateway's Prometheus /metrics port; memsvc and the executor then get "
+                        "free ports, logged at start (default: no metrics)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step (default: 64)")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="tokens per step (default: 2048)")
@@ -37,6 +46,7 @@ def add_parsers(sub) -> None:
                        description="Serve pagedserve.v1.Generation; batch requests onto a remote "
                                    "memsvc and executor.")
     add_gateway_args(g)
+    add_reliability_args(g)
     g.set_defaults(run=run_gateway)
 
 
@@ -83,18 +93,42 @@ def service_specs(args, host: str = "127.0.0.1"):
     ]
 
 
+def with_reliability(specs, args):
+    """Add the queue bound, shutdown grace and metrics flags of `serve` to its services."""
+    by_name = {s.name: s for s in specs}
+    gateway = by_name["gateway"].argv
+    gateway += ["--max-waiting", str(getattr(args, "max_waiting", 0)),
+                "--shutdown-grace", str(getattr(args, "shutdown_grace", 10.0))]
+    port = getattr(args, "metrics_port", None)
+    if port is not None:
+        gateway += ["--metrics-port", str(port)]
+        for name in ("memsvc", "executor"):
+            by_name[name].argv += ["--metrics-port", "0"]
+    return specs
+
+
+def list_models(address: str, api_key: str | None) -> str:
+    """The name of the model the gateway serves (with the API key when one is set)."""
+    import grpc
+
+    from pagedserve.v1 import generation_pb2, generation_pb2_grpc
+
+    metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
+    with grpc.insecure_channel(address) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        return stub.ListModels(generation_pb2.ListModelsRequest(), timeout=10, metadata=metadata).models[0].name
+
+
 def run_serve(args) -> int:
-    from pagedserve.client import GenerationClient
     from pagedserve.supervisor import ServiceFailed, Supervisor
 
-    sup = Supervisor(service_specs(args))
+    sup = Supervisor(with_reliability(service_specs(args), args), grace=args.shutdown_grace + 5)
     sup.install_signal_handlers()
     try:
         sup.start()
         if not sup.stopping:
             address = sup.by_name["gateway"].spec.address
-            with GenerationClient(address, timeout=10) as client:
-                name = client.list_models()[0][0]
+            name = list_models(address, getattr(args, "api_key", None))
             print(f"pagedserve: serving {name} on {address}", flush=True)
             sup.run()
     except ServiceFailed as e:

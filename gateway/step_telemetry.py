@@ -1,0 +1,93 @@
+"""Per-step spans and metrics around the gateway's memsvc and executor clients.
+
+Each Reserve and each Execute of a step is one CLIENT span, a child of the span of the
+first request in the step and linked to the spans of all its requests
+(RequestTelemetry.step_context). The Reserve span carries what memsvc decided (sequences granted,
+tokens, blocks allocated, preemptions by mode, cached prompt tokens, rejections); the
+Execute span what ran. The remote call below it carries the span's trace context, so
+memsvc's and the executor's server spans are its children. Preemptions are counted and
+the first grant of each request is reported as its end of queueing.
+"""
+from __future__ import annotations
+
+import time
+
+from opentelemetry.trace import SpanKind
+
+from gateway.request_telemetry import RequestTelemetry
+from pagedserve.protocol import Plan, ReserveResult, SampleOutput, StepBatch
+from pagedserve.tracing import tracer
+
+
+def request_of(seq_id: str) -> str:
+    """The request id of a sequence id `<request>/<index>`."""
+    return seq_id.rpartition("/")[0] or seq_id
+
+
+def blocks_allocated(result: ReserveResult, block_size: int) -> int:
+    """Blocks the grants' new tokens start (a new sequence's cached blocks excluded)."""
+    n = 0
+    for g in result.grants:
+        before = -(-g.start_pos // block_size)
+        n += -(-(g.start_pos + g.num_tokens) // block_size) - before
+    return n
+
+
+class ObservedMemory:
+    def __init__(self, inner, telemetry: RequestTelemetry, block_size: int):
+        self.inner = inner
+        self.telemetry = telemetry
+        self.block_size = block_size
+        self.step = 0
+
+    def reserve(self, plan: Plan) -> ReserveResult:
+        self.step += 1
+        parent, links = self.telemetry.step_context(request_of(e.seq_id) for e in plan.entries)
+        attrs = {"pagedserve.step": self.step, "pagedserve.plan.sequences": len(plan.entries),
+                 "pagedserve.plan.new_sequences": sum(1 for e in plan.entries if e.new),
+                 "pagedserve.plan.freed": len(plan.free)}
+        with tracer().start_as_current_span("pagedserve.v1.MemoryManager/Reserve", context=parent,
+                                            kind=SpanKind.CLIENT, links=links, attributes=attrs) as span:
+            result = self.inner.reserve(plan)
+            modes = [p.mode for p in result.preempted]
+            span.set_attributes({
+                "pagedserve.granted_sequences": len(result.grants),
+                "pagedserve.granted_tokens": sum(g.num_tokens for g in result.grants),
+                "pagedserve.blocks_allocated": blocks_allocated(result, self.block_size),
+                "pagedserve.cached_tokens": sum(g.num_cached_tokens for g in result.grants),
+                "pagedserve.preemptions": len(modes),
+                "pagedserve.preemptions.swap": modes.count("swap"),
+                "pagedserve.preemptions.recompute": modes.count("recompute"),
+                "pagedserve.rejected": len(result.rejected),
+                "pagedserve.waiting": len(result.waiting),
+            })
+        for mode in modes:
+            self.telemetry.metrics.preemptions.labels(mode).inc()
+        self.telemetry.scheduled([request_of(g.seq_id) for g in result.grants], time.monotonic())
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class ObservedExecutor:
+    def __init__(self, inner, telemetry: RequestTelemetry, memory: ObservedMemory):
+        self.inner = inner
+        self.telemetry = telemetry
+        self.memory = memory
+
+    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+        seqs = batch.seqs
+        parent, links = self.telemetry.step_context(request_of(s.seq_id) for s in seqs)
+        attrs = {"pagedserve.step": self.memory.step, "pagedserve.batch.sequences": len(seqs),
+                 "pagedserve.batch.tokens": sum(len(s.token_ids) for s in seqs),
+                 "pagedserve.batch.sampled": sum(1 for s in seqs if s.sample)}
+        start = time.perf_counter()
+        with tracer().start_as_current_span("pagedserve.v1.Executor/Execute", context=parent,
+                                            kind=SpanKind.CLIENT, links=links, attributes=attrs):
+            outputs = self.inner.execute(batch)
+        self.telemetry.metrics.step_time.observe(time.perf_counter() - start)
+        return outputs
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)

@@ -1,0 +1,164 @@
+"""OpenTelemetry traces for the three services, with W3C trace context in gRPC metadata.
+
+`setup_tracing(service)` configures this process once, from the environment:
+- OTLP over gRPC when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is
+  set (the exporter reads the other OTEL_EXPORTER_OTLP_* variables itself);
+- OTEL_TRACES_EXPORTER=console: spans printed to stdout;
+- PAGEDSERVE_TRACE_FILE=PATH: each span appended to PATH as one JSON object per line;
+- otherwise nothing is recorded (the default), though trace context still passes through.
+OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turns it off. The resource is named by
+OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, else `pagedserve-<service>`.
+
+Propagation: `ClientTracing` (a client interceptor) injects `traceparent`/`tracestate` of
+the current span into every unary call's metadata; `ServerTracing` (a sync server
+interceptor) opens a SERVER span for each unary call that arrived with a `traceparent`,
+as a child of the caller's span, and makes it current for the handler. Calls without
+trace context (health probes, heartbeats) get no span.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import threading
+
+import grpc
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor,
+                                            SpanExporter, SpanExportResult)
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+TRACE_FILE_ENV = "PAGEDSERVE_TRACE_FILE"
+_provider: TracerProvider | None = None
+
+
+class JsonLinesExporter(SpanExporter):
+    """Appends each finished span to a file as one line of JSON (ReadableSpan.to_json)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._lock = threading.Lock()
+
+    def export(self, spans) -> SpanExportResult:
+        lines = "".join(s.to_json(indent=None) + "\n" for s in spans)
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            f.write(lines)
+        return SpanExportResult.SUCCESS
+
+
+def _exporters() -> list[tuple[SpanExporter, bool]]:
+    """(exporter, batched) pairs the environment asks for."""
+    env = os.environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return []
+    kinds = {k.strip().lower() for k in env.get("OTEL_TRACES_EXPORTER", "").split(",") if k.strip()}
+    if "none" in kinds:
+        return []
+    out: list[tuple[SpanExporter, bool]] = []
+    if "otlp" in kinds or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        out.append((OTLPSpanExporter(), True))
+    if "console" in kinds:
+        out.append((ConsoleSpanExporter(), False))
+    if env.get(TRACE_FILE_ENV):
+        out.append((JsonLinesExporter(env[TRACE_FILE_ENV]), False))
+    return out
+
+
+def setup_tracing(service: str) -> TracerProvider | None:
+    """Install a TracerProvider for `service` if the environment asks for an exporter.
+
+    Returns it (None when tracing is off). Spans are flushed by `shutdown_tracing`, which
+    also runs at exit.
+    """
+    global _provider
+    if _provider is not None:
+        return _provider
+    exporters = _exporters()
+    if not exporters:
+        return None
+    attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": f"pagedserve-{service}"}
+    provider = TracerProvider(resource=Resource.create(attrs))
+    for exporter, batched in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter) if batched else SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    _provider = provider
+    atexit.register(shutdown_tracing)
+    return provider
+
+
+def shutdown_tracing() -> None:
+    """Flush and stop the exporters (safe to call twice)."""
+    global _provider
+    if _provider is not None:
+        provider, _provider = _provider, None
+        provider.shutdown()
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer("pagedserve")
+
+
+def extract_context(metadata):
+    """The OpenTelemetry context carried by gRPC metadata (pairs of key, value)."""
+    return propagate.extract({k: v for k, v in (metadata or ()) if isinstance(v, str)})
+
+
+def has_trace_context(metadata) -> bool:
+    return any(k == "traceparent" for k, _ in (metadata or ()))
+
+
+class _CallDetails(collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+        grpc.ClientCallDetails):
+    pass
+
+
+class ClientTracing(grpc.UnaryUnaryClientInterceptor):
+    """Puts the current trace context into the metadata of every unary call."""
+
+    def intercept_unary_unary(self, continuation, details, request):
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        if carrier:
+            metadata = [*(details.metadata or ()), *carrier.items()]
+            details = _CallDetails(details.method, details.timeout, metadata, details.credentials,
+                                   getattr(details, "wait_for_ready", None),
+                                   getattr(details, "compression", None))
+        return continuation(details, request)
+
+
+def traced_channel(channel: grpc.Channel) -> grpc.Channel:
+    return grpc.intercept_channel(channel, ClientTracing())
+
+
+class ServerTracing(grpc.ServerInterceptor):
+    """A SERVER span around each unary call that carries a traceparent (see module doc)."""
+
+    def intercept_service(self, continuation, details):
+        handler = continuation(details)
+        if (handler is None or handler.unary_unary is None or details.method.startswith("/grpc.")
+                or not has_trace_context(details.invocation_metadata)):
+            return handler
+        parent = extract_context(details.invocation_metadata)
+        inner = handler.unary_unary
+        service, _, method = details.method.lstrip("/").partition("/")
+
+        def traced(request, context):
+            with tracer().start_as_current_span(
+                    f"{service}/{method}", context=parent, kind=SpanKind.SERVER,
+                    attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": method},
+                    record_exception=False, set_status_on_exception=False) as span:
+                try:
+                    return inner(request, context)
+                except BaseException:
+                    code = context.code() if hasattr(context, "code") else None
+                    span.set_status(Status(StatusCode.ERROR, str(code or "exception")))
+                    raise
+
+        return grpc.unary_unary_rpc_method_handler(
+            traced, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
