@@ -1,8 +1,11 @@
 """The batching loop of one executor replica: requests in, deltas out, one step at a time.
 
 One step: plan (scheduler) -> reserve (memsvc) -> execute (executor) -> apply tokens,
-detokenize, apply stop rules. Finished and cancelled sequences are freed in the next
-reserve. The loop is synchronous; the gRPC gateway drives it from its event loop.
+fork (n > 1 samples, beams), detokenize, apply stop rules. Finished and cancelled
+sequences are freed in the next reserve, which also reports the previous step's computed
+tokens and executor seconds (memsvc's recompute cost). Beam search streams nothing until
+it ends; then each of its n best completions comes as one delta, best first (index 0).
+The loop is synchronous; the gRPC gateway drives it from its event loop.
 """
 from __future__ import annotations
 
@@ -11,9 +14,10 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from gateway.beam_search import BeamSearch, beam_sampling
 from gateway.clients import ExecutorClient, MemoryClient
 from gateway.output_stream import Delta, OutputStream
-from gateway.scheduler import Scheduler, SchedulerConfig, SeqUpdate
+from gateway.scheduler import BeamDone, Scheduler, SchedulerConfig, SeqUpdate
 from gateway.sequence import Sequence
 from pagedserve.protocol import SamplingParams
 
@@ -36,6 +40,7 @@ class _RequestState:
     seqs: list[Sequence]
     streams: list[OutputStream]
     open: set[int] = field(default_factory=set)
+    sampling: SamplingParams | None = None  # as the request asked
 
 
 class BatchLoop:
@@ -48,6 +53,7 @@ class BatchLoop:
         self.scheduler = Scheduler(config, self.info.eos_token_ids)
         self.requests: dict[str, _RequestState] = {}
         self.num_steps = 0
+        self._last_step = (0, 0.0)  # tokens computed, executor seconds
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     *, priority: int = 0, final_len: int | None = None, salt: str | None = None,
@@ -59,21 +65,41 @@ class BatchLoop:
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
         max_len = min(len(prompt_token_ids) + sampling.max_tokens, self.info.max_model_len)
         arrival = time.monotonic() if arrival is None else arrival
-        state = _RequestState(request_id, len(prompt_token_ids), [], [])
+        state = _RequestState(request_id, len(prompt_token_ids), [], [], sampling=sampling)
         for i in range(sampling.n):
-            seq = Sequence(f"{request_id}/{i}", request_id, i, list(prompt_token_ids), sampling,
-                           derive_seed(seed, i), max_len, arrival, priority, final_len, salt)
-            state.seqs.append(seq)
             state.streams.append(OutputStream(self.tokenizer, prompt_token_ids, sampling.stop))
             state.open.add(i)
-            self.scheduler.add(seq)
+        if sampling.beam_search:
+            self._add_beam_search(state, list(prompt_token_ids), sampling, seed, max_len, arrival,
+                                  priority, final_len, salt)
+        else:
+            for i in range(sampling.n):
+                state.seqs.append(Sequence(f"{request_id}/{i}", request_id, i, list(prompt_token_ids),
+                                           sampling, derive_seed(seed, i), max_len, arrival, priority,
+                                           final_len, salt))
+            self.scheduler.add(state.seqs[0], state.seqs[1:])
         self.requests[request_id] = state
 
+    def _add_beam_search(self, state: _RequestState, prompt: list[int], sampling: SamplingParams,
+                         seed: int, max_len: int, arrival: float, priority: int,
+                         final_len: int | None, salt: str | None) -> None:
+        eos = set(self.info.eos_token_ids)
+        stop_ids = set(sampling.stop_token_ids)
+
+        def is_stop(token: int) -> bool:
+            return token in stop_ids or (not sampling.ignore_eos and token in eos)
+
+        seq_id = f"{state.request_id}/b0"
+        search = BeamSearch(sampling, seq_id, max_new_tokens=max_len - len(prompt), is_stop=is_stop,
+                            num_eos=len(eos))
+        seq = Sequence(seq_id, state.request_id, 0, prompt, beam_sampling(sampling, search.num_candidates),
+                       seed, max_len, arrival, priority, final_len, salt)
+        state.seqs.append(seq)
+        self.scheduler.add_beam_search(seq, search)
+
     def abort(self, request_id: str) -> None:
-        state = self.requests.pop(request_id, None)
-        if state is not None:
-            for seq in state.seqs:
-                self.scheduler.abort(seq.seq_id)
+        if self.requests.pop(request_id, None) is not None:
+            self.scheduler.abort_request(request_id)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -82,16 +108,27 @@ class BatchLoop:
         plan = self.scheduler.plan()
         if not plan.entries and not plan.free:
             return []
+        plan.step_tokens, plan.step_seconds = self._last_step
+        self._last_step = (0, 0.0)
         result = self.memory.reserve(plan)
         batch, rejected = self.scheduler.on_reserved(result)
         deltas = [self._rejected(seq) for seq in rejected]
         if not batch.seqs:
-            if self.scheduler.waiting and not self.scheduler.running and not plan.free:
-                raise RuntimeError("scheduler stalled: waiting requests but nothing can run")
+            stuck = not (plan.free or result.preempted or result.rejected)  # the next try is the same
+            if stuck and not self.scheduler.release_idle_beams():
+                raise RuntimeError("scheduler stalled: requests wait but nothing can run")
             return [d for d in deltas if d]
+        start = time.perf_counter()
         outputs = self.executor.execute(batch)
+        self._last_step = (sum(len(s.token_ids) for s in batch.seqs), time.perf_counter() - start)
         self.num_steps += 1
-        for update in self.scheduler.on_sampled(batch, outputs):
+        updates = self.scheduler.on_sampled(batch, outputs)
+        for parent, child in self.scheduler.take_forks():
+            self.memory.fork(parent, child)
+        for update in updates:
+            if isinstance(update, BeamDone):
+                deltas.extend(self._beam_done(update))
+                continue
             delta = self._apply(update)
             if delta is not None:
                 deltas.append(delta)
@@ -119,6 +156,25 @@ class BatchLoop:
             prompt_tokens=state.prompt_len, completion_tokens=len(seq.output_token_ids),
             cached_tokens=max(seq.num_cached_tokens, 0),
         )
+
+    def _beam_done(self, done: BeamDone) -> list[Delta]:
+        state = self.requests.pop(done.request_id, None)
+        if state is None:
+            return []
+        want_logprobs = state.sampling.logprobs is not None
+        deltas = []
+        for i, stream in enumerate(state.streams):
+            hyp = done.hypotheses[i] if i < len(done.hypotheses) else None
+            tokens = hyp.token_ids if hyp else []
+            text = "".join(stream.add(t) for t in tokens) + stream.flush()
+            deltas.append(Delta(
+                request_id=done.request_id, index=i, text=text, token_ids=tokens,
+                finish_reason=hyp.finish_reason if hyp else "length",
+                logprobs=hyp.logprobs if hyp and want_logprobs else [],
+                prompt_tokens=state.prompt_len, completion_tokens=len(tokens),
+                cached_tokens=done.cached_tokens,
+            ))
+        return deltas
 
     def _rejected(self, seq: Sequence) -> Delta | None:
         state = self.requests.get(seq.request_id)

@@ -1,13 +1,22 @@
 """Continuous batching at the iteration level: which sequences compute which tokens this step.
 
-The scheduler proposes (a plan in priority order), memsvc decides what fits (grants,
-preemptions), the executor computes, and the scheduler applies the sampled tokens.
+The scheduler proposes (a plan in priority order: running, swapped-out to resume, waiting),
+memsvc decides what fits (grants, preemptions by swap or recompute, resumptions), the
+executor computes, and the scheduler applies the sampled tokens.
+
+Sharing: a request with n > 1 samples prefills one sequence up to its last prompt token,
+then forks the others from it (memsvc Fork: the prompt's blocks are shared, the partial
+last one copied on write); each sample computes the last prompt token itself and draws its
+first token with its own seed. Beam search (gateway.beam_search) forks a beam for each
+extra continuation of a parent and frees the beams that are pruned. Forks are queued in
+`forks` and made by the loop right after the step, before the next reserve frees anything.
 """
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
 
+from gateway.beam_search import BeamSearch, Hypothesis
 from gateway.sequence import Sequence, SeqStatus
 from pagedserve.protocol import Plan, PlanEntry, ReserveResult, SampleOutput, SeqStep, StepBatch
 
@@ -38,45 +47,88 @@ class SeqUpdate:
     finished: bool = False
 
 
+@dataclass
+class BeamDone:
+    """A beam search finished: its best hypotheses, best first."""
+
+    request_id: str
+    hypotheses: list[Hypothesis]
+    cached_tokens: int
+
+
+def _insert(queue: list[Sequence], seq: Sequence) -> None:
+    bisect.insort(queue, seq, key=lambda s: s.sort_key)
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, eos_token_ids: list[int]):
         self.config = config
         self.eos_token_ids = set(eos_token_ids)
         self.waiting: list[Sequence] = []  # sorted by sort_key
         self.running: list[Sequence] = []  # sorted by sort_key
+        self.swapped: list[Sequence] = []  # sorted by sort_key
         self.seqs: dict[str, Sequence] = {}
         self.to_free: list[str] = []
+        self.forks: list[tuple[str, str]] = []  # (parent, child), for memsvc before the next reserve
+        self.held: dict[str, list[Sequence]] = {}  # parent id -> samples forked at its fork point
+        self.beams: dict[str, BeamSearch] = {}  # request id -> its beam search
         self.num_preemptions = 0
+        self.num_swapped_out = 0
+        self.num_beam_releases = 0
 
-    def add(self, seq: Sequence) -> None:
-        if seq.seq_id in self.seqs:
-            raise ValueError(f"sequence {seq.seq_id} already exists")
+    def add(self, seq: Sequence, samples: list[Sequence] | None = None) -> None:
+        """Queue `seq`; `samples` (the request's other n - 1) fork from it after its prefill."""
+        for s in [seq, *(samples or [])]:
+            if s.seq_id in self.seqs:
+                raise ValueError(f"sequence {s.seq_id} already exists")
         self.seqs[seq.seq_id] = seq
-        bisect.insort(self.waiting, seq, key=lambda s: s.sort_key)
+        _insert(self.waiting, seq)
+        if not samples:
+            return
+        if len(seq.prompt_token_ids) < 2:  # nothing to share before the first sample
+            for s in samples:
+                self.seqs[s.seq_id] = s
+                _insert(self.waiting, s)
+            return
+        seq.fork_at = len(seq.prompt_token_ids) - 1
+        self.held[seq.seq_id] = samples
+        for s in samples:
+            self.seqs[s.seq_id] = s
+
+    def add_beam_search(self, seq: Sequence, search: BeamSearch) -> None:
+        self.add(seq)
+        self.beams[seq.request_id] = search
 
     def abort(self, seq_id: str, reason: str = "abort") -> Sequence | None:
         """Stop a sequence; its blocks are freed by the next reserve."""
-        seq = self.seqs.pop(seq_id, None)
+        seq = self.seqs.get(seq_id)
         if seq is None:
             return None
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        if seq in self.running:
-            self.running.remove(seq)
-            self.to_free.append(seq_id)
+        self._drop(seq)
+        for sample in self.held.pop(seq_id, []):
+            self.seqs.pop(sample.seq_id, None)
+            sample.finish(reason)
         if seq.status is not SeqStatus.FINISHED:
             seq.finish(reason)
         return seq
 
+    def abort_request(self, request_id: str, reason: str = "abort") -> None:
+        for seq_id in [s.seq_id for s in self.seqs.values() if s.request_id == request_id]:
+            self.abort(seq_id, reason)
+        self.beams.pop(request_id, None)
+
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.to_free)
+        return bool(self.waiting or self.running or self.swapped or self.to_free)
+
+    def take_forks(self) -> list[tuple[str, str]]:
+        forks, self.forks = self.forks, []
+        return forks
 
     def plan(self) -> Plan:
         budget = self.config.max_num_batched_tokens
         entries: list[PlanEntry] = []
-        for seq in self.running:
-            pending = seq.num_tokens - seq.num_computed
-            n = min(pending, budget)
+        for seq in self.running + self.swapped:
+            n = min(seq.compute_limit - seq.num_computed, budget)
             if n < 1 or len(entries) >= self.config.max_num_seqs:
                 continue
             start = seq.num_computed
@@ -86,11 +138,12 @@ class Scheduler:
         for seq in self.waiting:
             if budget < 1 or len(entries) >= self.config.max_num_seqs:
                 break
-            if not self.config.enable_chunked_prefill and seq.num_tokens > budget:
+            if not self.config.enable_chunked_prefill and seq.compute_limit > budget:
                 break
-            entries.append(PlanEntry(seq.seq_id, seq.all_token_ids, True, seq.max_len,
-                                     max_new_tokens=budget, final_len=seq.final_len, salt=seq.salt))
-            budget -= min(seq.num_tokens, budget)
+            entries.append(PlanEntry(seq.seq_id, seq.all_token_ids[: seq.compute_limit], True,
+                                     seq.max_len, max_new_tokens=budget, final_len=seq.final_len,
+                                     salt=seq.salt))
+            budget -= min(seq.compute_limit, budget)
         plan = Plan(entries=entries, free=self.to_free)
         self.to_free = []
         return plan
@@ -99,12 +152,24 @@ class Scheduler:
         """Apply memsvc's answer; return the batch to execute and the sequences rejected."""
         for p in result.preempted:
             seq = self.seqs[p.seq_id]
-            self.running.remove(seq)
-            seq.status = SeqStatus.WAITING
-            seq.num_computed = 0
+            for queue in (self.running, self.swapped):
+                if seq in queue:
+                    queue.remove(seq)
             seq.num_preemptions += 1
             self.num_preemptions += 1
-            bisect.insort(self.waiting, seq, key=lambda s: s.sort_key)
+            if p.mode == "swap":
+                seq.status = SeqStatus.SWAPPED
+                self.num_swapped_out += 1
+                _insert(self.swapped, seq)
+            else:
+                seq.status = SeqStatus.WAITING
+                seq.num_computed = 0
+                _insert(self.waiting, seq)
+        for seq_id in result.resumed:
+            seq = self.seqs[seq_id]
+            self.swapped.remove(seq)
+            seq.status = SeqStatus.RUNNING
+            _insert(self.running, seq)
         rejected = []
         for r in result.rejected:
             seq = self.seqs.pop(r.seq_id)
@@ -116,7 +181,7 @@ class Scheduler:
             seq = self.seqs[g.seq_id]
             if seq.status is SeqStatus.WAITING:
                 self.waiting.remove(seq)
-                bisect.insort(self.running, seq, key=lambda s: s.sort_key)
+                _insert(self.running, seq)
                 seq.status = SeqStatus.RUNNING
                 seq.num_computed = g.num_cached_tokens
                 if seq.num_cached_tokens < 0:
@@ -133,26 +198,100 @@ class Scheduler:
             ))
         return StepBatch(steps), rejected
 
-    def on_sampled(self, batch: StepBatch, outputs: list[SampleOutput]) -> list[SeqUpdate]:
+    def on_sampled(self, batch: StepBatch, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
         by_id = {o.seq_id: o for o in outputs}
-        updates = []
+        updates: list[SeqUpdate | BeamDone] = []
         for step in batch.seqs:
             seq = self.seqs.get(step.seq_id)
             if seq is None:  # aborted while the step ran
                 continue
             seq.num_computed = step.start_pos + len(step.token_ids)
+            if seq.fork_at is not None and seq.num_computed >= seq.fork_at:
+                self._fork_samples(seq)
             out = by_id.get(step.seq_id)
             if out is None:
+                continue
+            search = self.beams.get(seq.request_id)
+            if search is not None:
+                if search.report(seq.seq_id, out.top_logprobs):
+                    updates.extend(self._advance(search, seq.request_id))
                 continue
             seq.output_token_ids.append(out.token_id)
             reason = self._finish_reason(seq, out.token_id)
             if reason:
+                self._drop(seq)
                 seq.finish(reason)
-                self.running.remove(seq)
-                del self.seqs[seq.seq_id]
-                self.to_free.append(seq.seq_id)
             updates.append(SeqUpdate(seq, out.token_id, out.logprob, out.top_logprobs, bool(reason)))
         return updates
+
+    def _fork_samples(self, parent: Sequence) -> None:
+        parent.fork_at = None
+        for sample in self.held.pop(parent.seq_id, []):
+            sample.num_computed = parent.num_computed
+            sample.num_cached_tokens = parent.num_cached_tokens
+            sample.status = SeqStatus.RUNNING
+            _insert(self.running, sample)
+            self.forks.append((parent.seq_id, sample.seq_id))
+
+    def _advance(self, search: BeamSearch, request_id: str) -> list[BeamDone]:
+        parents = [self.seqs[b.seq_id] for b in search.beams]
+        continuations = search.advance()
+        if search.done:
+            for seq in parents:
+                self._drop(seq)
+            del self.beams[request_id]
+            return [BeamDone(request_id, search.results(), max(parents[0].num_cached_tokens, 0))]
+        kept: dict[str, Sequence] = {}
+        beams = []
+        for c in continuations:
+            parent = self.seqs[c.parent_id]
+            if c.parent_id not in kept:
+                beam = kept[c.parent_id] = parent
+                if parent.status is SeqStatus.WAITING:  # released: recompute it
+                    _insert(self.waiting, parent)
+            else:
+                beam = parent.fork(f"{request_id}/b{search.num_forks}", search.num_forks)
+                search.num_forks += 1
+                self.seqs[beam.seq_id] = beam
+                if parent.status is SeqStatus.WAITING:
+                    beam.status, beam.num_computed = SeqStatus.WAITING, 0
+                    _insert(self.waiting, beam)
+                else:
+                    _insert(self.running, beam)
+                    self.forks.append((parent.seq_id, beam.seq_id))
+            beams.append(beam)
+        for seq in parents:
+            if seq.seq_id not in kept:
+                self._drop(seq)
+        for beam, c in zip(beams, continuations):
+            beam.output_token_ids.append(c.token_id)
+        search.commit([b.seq_id for b in beams])
+        return []
+
+    def release_idle_beams(self) -> bool:
+        """Free the blocks of beams that wait for their siblings (their candidates are in).
+
+        Breaks the stall where such beams hold the blocks their preempted siblings need to
+        come back; a released beam that a continuation keeps is recomputed (the prefix
+        cache still holds its full blocks while nobody needs them). True if any.
+        """
+        idle = [s for s in self.running
+                if s.request_id in self.beams and s.num_computed == s.num_tokens]
+        for seq in idle:
+            self.running.remove(seq)
+            self.to_free.append(seq.seq_id)
+            seq.status, seq.num_computed = SeqStatus.WAITING, 0
+        self.num_beam_releases += len(idle)
+        return bool(idle)
+
+    def _drop(self, seq: Sequence) -> None:
+        """Forget a sequence; memsvc frees its blocks at the next reserve."""
+        for queue in (self.waiting, self.running, self.swapped):
+            if seq in queue:
+                queue.remove(seq)
+        del self.seqs[seq.seq_id]
+        if seq.status in (SeqStatus.RUNNING, SeqStatus.SWAPPED):
+            self.to_free.append(seq.seq_id)
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> str | None:
         sp = seq.sampling

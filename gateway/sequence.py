@@ -1,6 +1,7 @@
 """A sequence as the gateway tracks it: tokens, progress through the cache, and why it ended."""
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
@@ -8,8 +9,9 @@ from pagedserve.protocol import SamplingParams
 
 
 class SeqStatus(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
+    WAITING = "waiting"  # not in memsvc (new, or preempted for recompute)
+    RUNNING = "running"  # memsvc holds its blocks on the device
+    SWAPPED = "swapped"  # memsvc holds its blocks in the host swap space; nothing to recompute
     FINISHED = "finished"
 
 
@@ -31,6 +33,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
     num_preemptions: int = 0
+    fork_at: int | None = None  # n > 1: compute only this far, then fork the other samples
     finish_reason: str | None = None
     error: str | None = None
 
@@ -45,6 +48,19 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def compute_limit(self) -> int:
+        """Tokens to have in the cache before the next sample (the fork point, while one is due)."""
+        return self.num_tokens if self.fork_at is None else self.fork_at
+
+    def fork(self, seq_id: str, index: int) -> Sequence:
+        """A running copy sharing this one's cache state under a new id (memsvc forks the blocks)."""
+        return dataclasses.replace(
+            self, seq_id=seq_id, index=index, prompt_token_ids=self.prompt_token_ids,
+            output_token_ids=list(self.output_token_ids), status=SeqStatus.RUNNING, num_preemptions=0,
+            fork_at=None,
+        )
 
     @property
     def sort_key(self) -> tuple[int, float, int]:

@@ -1,9 +1,15 @@
 """MemoryManager: memsvc's service object. It owns the pool and makes every memory decision.
 
 Contract (the same in process and across gRPC): an executor registers its KV geometry and
-a budget and gets the pool; `reserve(plan)` grants slots in plan order, performs the block
-copies it decided (copy-on-write) on the pool before it returns, and reports preemptions;
-`free`, `fork` and `stats` act on sequences by id.
+a budget and gets the pool; `reserve(plan)` grants slots in plan order, performs every
+block copy it decided (copy-on-write, swap-out to the host swap space, swap-in) before it
+returns, and reports preemptions (by swap or recompute, see memsvc.preemption_policy) and
+resumed sequences; `free`, `fork` and `stats` act on sequences by id.
+
+The host swap space (`swap_space_bytes`) is a block-major tensor like the pool (pinned when
+the pool is on a GPU); block-copy time is measured when it is allocated and with every
+swap, and the recompute cost is learned from the step reports in each plan (see
+memsvc.cost_model).
 
 With `MemoryConfig.shared`, the pool lives where another process can map it: a POSIX
 shared-memory segment on the CPU (`shm_pool`), a CUDA IPC allocation on a GPU named by
@@ -14,13 +20,15 @@ Not thread-safe: memsvc's server serializes every call with one lock.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from kernels import copy_blocks
 from memsvc import make_allocator
+from memsvc.host_pool import allocate_host_pool, host_blocks_for, measure_block_copy, timed_copy
 from memsvc.kv_pool import allocate_pool, num_blocks_for_budget
+from memsvc.preemption_policy import PREEMPTION_MODES, PreemptionPolicy
 from memsvc.sessions import Sessions
 from memsvc.step_planner import StepPlanner
 from pagedserve.protocol import KVGeometry, Plan, Preemption, ReserveResult
@@ -38,8 +46,21 @@ class MemoryConfig:
     shared: bool = False  # pool in shared memory (CPU) or exported by CUDA IPC (GPU)
     shm_name: str | None = None  # shared CPU pool: the segment's name (default: generated)
     session_lease_s: float = 10.0
+    preemption_mode: str = "auto"  # recompute | swap | auto
+    swap_space_bytes: int = 4 << 30  # host swap space (paged policy only)
+    num_host_blocks: int | None = None  # wins over swap_space_bytes
+    watermark: float = 0.01  # fraction of the pool kept free by admission and resumption
 
     def __post_init__(self) -> None:
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
+                             f"got {self.preemption_mode!r}")
+        if self.swap_space_bytes < 0:
+            raise ValueError(f"swap_space_bytes must be >= 0, got {self.swap_space_bytes}")
+        if self.num_host_blocks is not None and self.num_host_blocks < 0:
+            raise ValueError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
+        if not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
         if self.max_model_len < 1:
@@ -60,6 +81,7 @@ class MemoryStats:
     num_preemptions: int
     num_sequences: int = 0
     num_sessions: int = 0
+    preemption: dict = field(default_factory=dict)  # swap/recompute counters and cost estimates
 
 
 class MemoryManager:
@@ -74,6 +96,8 @@ class MemoryManager:
         self.planner: StepPlanner | None = None
         self.sessions = Sessions(config.session_lease_s)
         self.num_preemptions = 0
+        self.host_pool: torch.Tensor | None = None
+        self.policy = PreemptionPolicy(config.preemption_mode)
 
     def register_executor(self, geometry: KVGeometry, budget_bytes: int = 0,
                           device: str | None = None, max_model_len: int = 0) -> torch.Tensor:
@@ -100,11 +124,22 @@ class MemoryManager:
             num_blocks = num_blocks_for_budget(geometry, budget_bytes or cfg.kv_budget_bytes)
         self.pool = self._allocate(geometry, num_blocks, device)
         self.geometry, self.pool_device = geometry, device
+        num_host = 0
+        if cfg.policy == "paged" and cfg.preemption_mode != "recompute":
+            num_host = cfg.num_host_blocks
+            if num_host is None:
+                num_host = host_blocks_for(geometry, cfg.swap_space_bytes)
         self.allocator = make_allocator(
             cfg.policy, num_blocks, geometry.block_size,
             max_model_len=max_model_len or cfg.max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
+            num_host_blocks=num_host,
         )
-        self.planner = StepPlanner(self.allocator)
+        if num_host:
+            self.host_pool = allocate_host_pool(geometry, num_host, self.pool)
+            seconds = measure_block_copy(self.pool, self.host_pool)
+            if seconds is not None:
+                self.policy.costs.observe_copy(1, seconds)
+        self.planner = StepPlanner(self.allocator, self.policy, int(cfg.watermark * num_blocks))
         return self.pool
 
     def _allocate(self, geometry: KVGeometry, num_blocks: int, device: str) -> torch.Tensor:
@@ -138,18 +173,37 @@ class MemoryManager:
             lost = [e for e in entries if not e.new and not has(e.seq_id)]
             if lost:
                 plan = Plan([e for e in entries if e.new or has(e.seq_id)], plan.free)
+        self.policy.costs.observe_step(plan.step_tokens, plan.step_seconds)
         reservation = planner.reserve(plan)
-        if reservation.copies:
-            src = torch.tensor([s for s, _ in reservation.copies], dtype=torch.long)
-            dst = torch.tensor([d for _, d in reservation.copies], dtype=torch.long)
-            copy_blocks(self.pool, self.pool, src, dst)
+        self._copy(reservation.copies)
         result = reservation.result
         result.preempted[:0] = [Preemption(e.seq_id, "recompute") for e in lost]
         self.num_preemptions += len(reservation.result.preempted)
         if session_id:
             plan.entries.extend(lost)
             self.sessions.leave(session_id, plan, result, self.allocator.has_sequence)
+            cut = len(session_id) + 1
+            result.resumed = [s[cut:] for s in result.resumed]
         return result
+
+    def _copy(self, copies: list[tuple[str, int, int]]) -> None:
+        """Perform the planner's copies in order, one copy_blocks per run of one kind; time
+        the swaps for the cost model."""
+        i = 0
+        while i < len(copies):
+            kind = copies[i][0]
+            j = i
+            while j < len(copies) and copies[j][0] == kind:
+                j += 1
+            src = [c[1] for c in copies[i:j]]
+            dst = [c[2] for c in copies[i:j]]
+            if kind == "cow":
+                copy_blocks(self.pool, self.pool, torch.tensor(src, dtype=torch.long),
+                            torch.tensor(dst, dtype=torch.long))
+            else:
+                pools = (self.pool, self.host_pool) if kind == "out" else (self.host_pool, self.pool)
+                self.policy.costs.observe_copy(j - i, timed_copy(*pools, src, dst))
+            i = j
 
     def free(self, seq_ids: list[str], session_id: str = "") -> None:
         for seq_id in seq_ids:
@@ -188,7 +242,21 @@ class MemoryManager:
             num_preemptions=self.num_preemptions,
             num_sequences=len(alloc.sequence_ids()) if hasattr(alloc, "sequence_ids") else 0,
             num_sessions=len(self.sessions.by_id),
+            preemption=self.preemption_stats(),
         )
+
+    def preemption_stats(self) -> dict:
+        counts, costs = self._planner().counts, self.policy.costs
+        swap = getattr(self.allocator, "swap_space", None)
+        return {
+            "preemption_mode": self.policy.mode,
+            "num_swapped_out": counts.swapped_out, "num_swapped_in": counts.swapped_in,
+            "num_recomputed": counts.recomputed, "num_swap_fallbacks": counts.swap_fallbacks,
+            "host_blocks": swap.num_blocks if swap else 0,
+            "host_blocks_free": swap.num_free if swap else 0,
+            "swap_seconds_per_block": costs.seconds_per_block or 0.0,
+            "recompute_seconds_per_token": costs.seconds_per_token or 0.0,
+        }
 
     def check_integrity(self) -> None:
         self._planner()

@@ -4,26 +4,52 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memsvc.allocator import KVAllocator, NoFreeBlocks
+from memsvc.block_table import blocks_for
+from memsvc.preemption_policy import PreemptionPolicy
 from pagedserve.protocol import Grant, Plan, PlanEntry, Preemption, Rejection, ReserveResult
+
+COPY_KINDS = ("cow", "out", "in")  # pool -> pool, pool -> host, host -> pool
 
 
 @dataclass
 class Reservation:
+    """`copies`: (kind, src, dst) block copies in the order decided; the caller performs
+    them in that order (a block freed by a swap-out may be the target of a later copy)."""
+
     result: ReserveResult
-    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) blocks, in order
+    copies: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+@dataclass
+class PreemptionCounts:
+    swapped_out: int = 0
+    swapped_in: int = 0
+    recomputed: int = 0
+    swap_fallbacks: int = 0
 
 
 class StepPlanner:
     """Policy for one step; the allocator is the mechanism.
 
-    Running sequences come first in a plan and are never refused for a new one: when a
-    running sequence cannot grow, the running sequence latest in the plan (lowest priority,
-    latest arrival) is preempted, possibly the one asking. New sequences are admitted in
-    order until the first that does not fit now; later ones wait too (no overtaking).
+    Plan order is priority order: running sequences, then swapped-out ones to resume, then
+    new ones. A running sequence is never refused for a later one: when it cannot grow,
+    the running sequence latest in the plan (lowest priority, latest arrival) is preempted,
+    possibly the one asking, by swap or recompute as the PreemptionPolicy chooses. Swapped
+    sequences come back in order before any new one is admitted; the first that does not
+    fit stops resumption and admission (no overtaking). Admission and resumption keep
+    `watermark_blocks` free while other sequences hold blocks, so a sequence let in is not
+    preempted at the next step.
     """
 
-    def __init__(self, allocator: KVAllocator):
+    def __init__(self, allocator: KVAllocator, policy: PreemptionPolicy | None = None,
+                 watermark_blocks: int = 0):
+        if watermark_blocks < 0:
+            raise ValueError(f"watermark_blocks must be >= 0, got {watermark_blocks}")
         self.allocator = allocator
+        self.policy = policy or PreemptionPolicy("recompute")
+        self.watermark_blocks = watermark_blocks
+        self.counts = PreemptionCounts()
+        self.can_swap = hasattr(allocator, "swap_out")
 
     def reserve(self, plan: Plan) -> Reservation:
         alloc = self.allocator
@@ -43,6 +69,9 @@ class StepPlanner:
                 elif not admitting:
                     out.result.waiting.append(entry.seq_id)
                 continue
+            if self._swapped(entry.seq_id):
+                admitting = admitting and self._resume(entry, out)
+                continue
             n = len(entry.token_ids)
             while not alloc.can_append(entry.seq_id, n):
                 victim = self._pick_victim(entries, i, preempted)
@@ -55,6 +84,16 @@ class StepPlanner:
             self._grant(entry, start, entry.token_ids, 0, out)
         return out
 
+    def _swapped(self, seq_id: str) -> bool:
+        return self.can_swap and self.allocator.is_swapped(seq_id)
+
+    def _room(self, blocks: int) -> bool:
+        """`blocks` more fit, leaving the watermark free when other sequences hold blocks."""
+        alloc = self.allocator
+        free = alloc.num_free_blocks()
+        busy = free < alloc.num_blocks
+        return blocks + (self.watermark_blocks if busy else 0) <= free
+
     def _admit(self, entry: PlanEntry, out: Reservation) -> bool:
         """Try to start a new sequence; False means it (and everything after it) waits."""
         alloc = self.allocator
@@ -65,6 +104,7 @@ class StepPlanner:
         if admission.kind == "wait":
             out.result.waiting.append(entry.seq_id)
             return False
+        busy = alloc.num_free_blocks() < alloc.num_blocks
         try:
             cached = alloc.add_sequence(
                 entry.seq_id, entry.token_ids, max_len=entry.max_len,
@@ -75,16 +115,29 @@ class StepPlanner:
             return False
         limit = entry.max_new_tokens or len(entry.token_ids)
         chunk = entry.token_ids[cached : cached + limit]
-        if not chunk or not alloc.can_append(entry.seq_id, len(chunk)):
+        watermark = self.watermark_blocks if busy else 0
+        if not chunk or alloc.num_new_blocks(entry.seq_id, len(chunk)) + watermark > alloc.num_free_blocks():
             alloc.free(entry.seq_id)
             out.result.waiting.append(entry.seq_id)
             return False
         self._grant(entry, cached, chunk, cached, out)
         return True
 
+    def _resume(self, entry: PlanEntry, out: Reservation) -> bool:
+        """Swap a sequence back in and grant its tokens; False (nothing changed) if no room."""
+        alloc = self.allocator
+        start = alloc.num_tokens(entry.seq_id)
+        if not self._room(blocks_for(start + len(entry.token_ids), alloc.block_size)):
+            return False
+        out.copies.extend(("in", src, dst) for src, dst in alloc.swap_in(entry.seq_id))
+        self.counts.swapped_in += 1
+        out.result.resumed.append(entry.seq_id)
+        self._grant(entry, start, entry.token_ids, 0, out)
+        return True
+
     def _grant(self, entry: PlanEntry, start: int, tokens: list[int], cached: int, out: Reservation) -> None:
         appended = self.allocator.append(entry.seq_id, tokens)
-        out.copies.extend(appended.copies)
+        out.copies.extend(("cow", src, dst) for src, dst in appended.copies)
         out.result.grants.append(Grant(
             seq_id=entry.seq_id, start_pos=start, num_tokens=len(tokens),
             slot_mapping=appended.slot_mapping,
@@ -92,14 +145,24 @@ class StepPlanner:
             num_cached_tokens=cached,
         ))
 
-    @staticmethod
-    def _pick_victim(entries: list[PlanEntry], current: int, preempted: set[str]) -> str:
+    def _pick_victim(self, entries: list[PlanEntry], current: int, preempted: set[str]) -> str:
         for entry in reversed(entries[current + 1 :]):
-            if not entry.new and entry.seq_id not in preempted:
+            if not entry.new and entry.seq_id not in preempted and not self._swapped(entry.seq_id):
                 return entry.seq_id
         return entries[current].seq_id
 
     def _preempt(self, seq_id: str, out: Reservation, preempted: set[str]) -> None:
-        self.allocator.free(seq_id)
+        alloc = self.allocator
         preempted.add(seq_id)
+        if self.can_swap:
+            blocks = len(alloc.block_table(seq_id))
+            choice = self.policy.choose(blocks, alloc.num_tokens(seq_id), alloc.can_swap_out(seq_id))
+            self.counts.swap_fallbacks += choice.fallback
+            if choice.mode == "swap":
+                out.copies.extend(("out", src, dst) for src, dst in alloc.swap_out(seq_id))
+                self.counts.swapped_out += 1
+                out.result.preempted.append(Preemption(seq_id, "swap"))
+                return
+        alloc.free(seq_id)
+        self.counts.recomputed += 1
         out.result.preempted.append(Preemption(seq_id, "recompute"))

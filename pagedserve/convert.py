@@ -38,7 +38,8 @@ def sampling_to_proto(sp: SamplingParams) -> generation_pb2.SamplingParams:
         min_p=sp.min_p, seed=sp.seed, stop=sp.stop, stop_token_ids=sp.stop_token_ids,
         n=sp.n, ignore_eos=sp.ignore_eos, logprobs=sp.logprobs,
         repetition_penalty=sp.repetition_penalty, presence_penalty=sp.presence_penalty,
-        frequency_penalty=sp.frequency_penalty,
+        frequency_penalty=sp.frequency_penalty, beam_width=sp.beam_width,
+        length_penalty=sp.length_penalty, early_stopping=sp.early_stopping,
     )
 
 
@@ -59,6 +60,9 @@ def sampling_from_proto(m: generation_pb2.SamplingParams) -> SamplingParams:
         ignore_eos=m.ignore_eos,
         logprobs=m.logprobs if has("logprobs") else None,
         n=m.n or 1,
+        beam_width=m.beam_width or 1,
+        length_penalty=m.length_penalty if has("length_penalty") else 1.0,
+        early_stopping=m.early_stopping,
     )
 
 
@@ -98,7 +102,8 @@ def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest
     entries = [PE(seq_id=e.seq_id, token_ids=e.token_ids, new=e.new, max_len=e.max_len,
                   max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt)
                for e in plan.entries]
-    return memory_pb2.ReserveRequest(session_id=session_id, entries=entries, free=plan.free)
+    return memory_pb2.ReserveRequest(session_id=session_id, entries=entries, free=plan.free,
+                                     step_tokens=plan.step_tokens, step_seconds=plan.step_seconds)
 
 
 def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
@@ -107,7 +112,8 @@ def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
                          final_len=e.final_len if e.HasField("final_len") else None,
                          salt=e.salt if e.HasField("salt") else None)
                for e in m.entries]
-    return Plan(entries=entries, free=list(m.free))
+    return Plan(entries=entries, free=list(m.free), step_tokens=m.step_tokens,
+                step_seconds=m.step_seconds)
 
 
 def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
@@ -118,7 +124,7 @@ def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
                   num_cached_tokens=g.num_cached_tokens) for g in r.grants],
         preempted=[memory_pb2.Preemption(seq_id=p.seq_id, mode=p.mode) for p in r.preempted],
         rejected=[memory_pb2.Rejection(seq_id=x.seq_id, reason=x.reason) for x in r.rejected],
-        waiting=r.waiting,
+        waiting=r.waiting, resumed=r.resumed,
     )
 
 
@@ -129,6 +135,7 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
         preempted=[Preemption(p.seq_id, p.mode) for p in m.preempted],
         rejected=[Rejection(x.seq_id, x.reason) for x in m.rejected],
         waiting=list(m.waiting),
+        resumed=list(m.resumed),
     )
 
 
@@ -196,16 +203,24 @@ class PoolStats:
     num_preemptions: int = 0
     num_sequences: int = 0
     num_sessions: int = 0
+    preemption: dict = field(default_factory=dict)  # _PREEMPTION_FIELDS
+
+
+_PREEMPTION_FIELDS = ("num_swapped_out", "num_swapped_in", "num_recomputed", "num_swap_fallbacks",
+                      "host_blocks", "host_blocks_free", "swap_seconds_per_block",
+                      "recompute_seconds_per_token", "preemption_mode")
 
 
 def stats_to_proto(stats, block_size: int, num_sequences: int = 0, num_sessions: int = 0
                    ) -> memory_pb2.StatsResponse:
     """`stats`: anything with MemoryStats' attributes (snapshot dict and counters)."""
     snap = stats.snapshot
+    preemption = {k: v for k, v in getattr(stats, "preemption", {}).items() if k in _PREEMPTION_FIELDS}
     return memory_pb2.StatsResponse(
         block_size=block_size, **{k: int(snap[k]) for k in _SNAPSHOT_FIELDS},
         prefix_cache_queries=stats.prefix_cache_queries, prefix_cache_hits=stats.prefix_cache_hits,
         num_preemptions=stats.num_preemptions, num_sequences=num_sequences, num_sessions=num_sessions,
+        **preemption,
     )
 
 
@@ -214,4 +229,4 @@ def stats_from_proto(m: memory_pb2.StatsResponse) -> PoolStats:
     snap["total_slots"] = m.num_blocks * m.block_size
     snap["token_state_fraction"] = m.token_state / snap["total_slots"] if snap["total_slots"] else 0.0
     return PoolStats(snap, m.prefix_cache_queries, m.prefix_cache_hits, m.num_preemptions,
-                     m.num_sequences, m.num_sessions)
+                     m.num_sequences, m.num_sessions, {k: getattr(m, k) for k in _PREEMPTION_FIELDS})

@@ -31,8 +31,13 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     policy: str = "paged"
+    preemption_mode: str = "auto"  # recompute | swap | auto
+    swap_space_gib: float = 4.0  # host swap space
+    num_host_blocks: int | None = None  # wins over swap_space_gib
 
     def __post_init__(self) -> None:
+        if self.swap_space_gib < 0:
+            raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")
         if self.kv_tokens is not None and self.kv_tokens < self.block_size:
             raise ValueError(f"kv_tokens={self.kv_tokens} holds no block of {self.block_size} tokens")
         if self.kv_memory_gib <= 0:
@@ -72,7 +77,8 @@ class LLMEngine:
         self.memory = MemoryManager(MemoryConfig(
             policy=config.policy, enable_prefix_caching=config.enable_prefix_caching,
             num_blocks=num_blocks, kv_budget_bytes=int(config.kv_memory_gib * (1 << 30)),
-            max_model_len=max_len,
+            max_model_len=max_len, preemption_mode=config.preemption_mode,
+            swap_space_bytes=int(config.swap_space_gib * (1 << 30)), num_host_blocks=config.num_host_blocks,
         ))
         self.executor.attach_pool(self.memory.register_executor(info.kv))
         self.info = info

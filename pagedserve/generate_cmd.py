@@ -25,6 +25,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="tokens per step; longer prompts are prefilled in chunks (default: 2048)")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    p.add_argument("--preemption-mode", default="auto", choices=["recompute", "swap", "auto"],
+                   help="when the KV pool runs out: free a sequence's blocks and recompute it later, "
+                        "copy them to host memory, or choose per sequence by measured cost "
+                        "(default: auto)")
+    p.add_argument("--swap-space", type=float, default=4.0, metavar="GiB",
+                   help="host memory for swapped-out KV blocks (default: 4 GiB)")
 
 
 def engine_config(args):
@@ -34,7 +40,8 @@ def engine_config(args):
         model=args.model, dtype=args.dtype, block_size=args.block_size, kv_tokens=args.kv_tokens,
         kv_memory_gib=args.kv_memory, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=not args.no_prefix_caching,
+        enable_prefix_caching=not args.no_prefix_caching, preemption_mode=args.preemption_mode,
+        swap_space_gib=args.swap_space,
     )
 
 
@@ -50,7 +57,14 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=0, help="0 is off")
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
-    p.add_argument("--n", type=int, default=1, help="completions to generate (default: 1)")
+    p.add_argument("--n", type=int, default=1,
+                   help="completions to generate; with --beam-width, the n best beams (default: 1)")
+    p.add_argument("--beam-width", type=int, default=1,
+                   help="beam search with this many beams (default: 1, no beam search)")
+    p.add_argument("--length-penalty", type=float, default=1.0,
+                   help="beam search: score = sum of logprobs / length ** this (default: 1.0)")
+    p.add_argument("--early-stopping", action="store_true",
+                   help="beam search: stop once beam-width hypotheses have finished")
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
     p.add_argument("--json", action="store_true",
@@ -66,7 +80,8 @@ def run(args) -> int:
     sampling = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, min_p=args.min_p, seed=args.seed, n=args.n, stop=args.stop,
-        ignore_eos=args.ignore_eos,
+        ignore_eos=args.ignore_eos, beam_width=args.beam_width, length_penalty=args.length_penalty,
+        early_stopping=args.early_stopping,
     )
     try:
         sampling.validate()

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+MAX_BEAM_WIDTH = 10  # each beam asks for 2 * beam_width top logprobs, at most 20
+
+
 @dataclass
 class SamplingParams:
     """How to pick tokens for one request. `validate` names the field that is wrong."""
@@ -26,7 +29,10 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; 0: the chosen token's; k: plus the top k
-    n: int = 1
+    n: int = 1  # completions; with beam search, the n best beams
+    beam_width: int = 1  # > 1: beam search (deterministic; temperature, top_*, seed unused)
+    length_penalty: float = 1.0  # beam score = sum of logprobs / length ** length_penalty
+    early_stopping: bool = False  # True: stop once beam_width hypotheses finished
 
     @property
     def greedy(self) -> bool:
@@ -66,6 +72,15 @@ class SamplingParams:
             raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
+        if not 1 <= self.beam_width <= MAX_BEAM_WIDTH:
+            raise ValueError(f"beam_width must be between 1 and {MAX_BEAM_WIDTH}, got {self.beam_width}")
+        if self.beam_width > 1 and self.n > self.beam_width:
+            raise ValueError(f"n={self.n} exceeds beam_width={self.beam_width}: beam search returns "
+                             "at most beam_width completions")
+
+    @property
+    def beam_search(self) -> bool:
+        return self.beam_width > 1
 
 
 @dataclass
@@ -161,8 +176,14 @@ class PlanEntry:
 
 @dataclass
 class Plan:
+    """`entries` in priority order: running sequences, then swapped-out ones to resume, then
+    new ones. `step_tokens` / `step_seconds` report the previous step (tokens computed, wall
+    seconds of the executor's Execute): memsvc learns the cost of recompute from them."""
+
     entries: list[PlanEntry]
     free: list[str] = field(default_factory=list)  # finished or cancelled: release their blocks first
+    step_tokens: int = 0
+    step_seconds: float = 0.0
 
 
 @dataclass
@@ -178,7 +199,7 @@ class Grant:
 @dataclass
 class Preemption:
     seq_id: str
-    mode: str  # "recompute" (blocks freed) or "swap" (blocks moved to host)
+    mode: str  # "recompute" (blocks freed) or "swap" (blocks moved to host; resume later)
 
 
 @dataclass
@@ -193,3 +214,4 @@ class ReserveResult:
     preempted: list[Preemption] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)  # new sequences that fit later, not now
+    resumed: list[str] = field(default_factory=list)  # swapped-out sequences back on the device

@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 
 from pagedserve.grpc_service import env_default
-from pagedserve.metrics import add_metrics_argument
-from pagedserve.tls import add_tls_arguments
 
 MEMSVC_PORT = 50052
 EXECUTOR_PORT = 50053
@@ -43,11 +41,17 @@ def add_memsvc_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=env_default("MAX_MODEL_LEN", 8192, int),
                    help="maximum sequence length when the executor does not say "
                         "(env PAGEDSERVE_MAX_MODEL_LEN; default 8192)")
+    p.add_argument("--preemption-mode", default=env_default("PREEMPTION_MODE", "auto"),
+                   choices=["recompute", "swap", "auto"],
+                   help="when blocks run out, preempt by freeing (recompute), by copying to the "
+                        "host swap space (swap), or per sequence by measured cost (auto) "
+                        "(env PAGEDSERVE_PREEMPTION_MODE; default auto)")
+    p.add_argument("--swap-space", type=float, default=env_default("SWAP_SPACE", 4.0, float),
+                   metavar="GIB", help="host swap space for preempted sequences' blocks, pinned "
+                                       "on a GPU (env PAGEDSERVE_SWAP_SPACE; default 4)")
     p.add_argument("--shm-name", default=env_default("SHM_NAME", None),
                    help="name of the CPU pool's shared-memory segment under /dev/shm "
                         "(env PAGEDSERVE_SHM_NAME; default pagedserve-kv-<pid>-<random>)")
-    add_metrics_argument(p)
-    add_tls_arguments(p)
 
 
 def add_executor_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,8 +76,6 @@ def add_executor_arguments(p: argparse.ArgumentParser) -> None:
                    help="cap on the model's maximum length (env PAGEDSERVE_MAX_MODEL_LEN)")
     p.add_argument("--register-timeout", type=float, default=env_default("REGISTER_TIMEOUT", 60.0, float),
                    metavar="SECONDS", help="how long to keep trying to reach memsvc (default 60)")
-    add_metrics_argument(p)
-    add_tls_arguments(p)
 
 
 def _run_memsvc(args) -> int:
