@@ -10,21 +10,33 @@ Service contract:
   scoped to it, and each call renews its lease. A session silent for longer than the lease
   loses its sequences (an empty Reserve is a heartbeat). A running sequence memsvc no
   longer holds comes back in `preempted` with mode "recompute".
-- Before any executor registered, Reserve/Fork/Stats answer FAILED_PRECONDITION.
+- Before any executor registered, Reserve/Fork/Stats answer UNAVAILABLE (retry: the pool
+  does not exist yet).
+- RegisterExecutor and Reserve answers carry trailing metadata `pagedserve-pool`: the
+  epoch of this process's pool (new with every memsvc process), which the executor checks
+  on Execute so that a step reserved in a pool that is gone never runs.
 - Health is SERVING from the moment it listens (its job starts with registration).
 - One lock serializes every MemoryManager call (request handlers and the lease sweep).
+- A Reserve that arrives with trace context gets a span (pagedserve.tracing) with what it
+  decided; `--metrics-port` serves memsvc.metrics; `--tls-*` (pagedserve.tls) turn on TLS,
+  mutual with `--tls-ca`.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import threading
+import time
+import uuid
 
 import grpc
 
+from opentelemetry import trace
+
 from memsvc.memory_manager import MemoryConfig, MemoryManager
+from memsvc.metrics import MemsvcMetrics
 from pagedserve import convert
-from pagedserve.grpc_service import Service, get_logger, stop_on_signals, wait
+from pagedserve.grpc_service import POOL_METADATA, Service, get_logger, stop_on_signals, wait
 from pagedserve.v1 import memory_pb2, memory_pb2_grpc
 
 SERVICE_NAME = "pagedserve.v1.MemoryManager"
@@ -36,6 +48,8 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
     def __init__(self, manager: MemoryManager):
         self.manager = manager
         self.lock = threading.Lock()
+        self.pool_epoch = uuid.uuid4().hex
+        self.metrics = MemsvcMetrics(self)
         self._stopped = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep, name="memsvc-lease-sweep", daemon=True)
         self._sweeper.start()
@@ -72,6 +86,7 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
         except (LookupError, RuntimeError) as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot allocate the pool on {device}: {e}")
         log.info("executor registered: pool %s %s on %s", list(pool.shape), geometry.dtype, device)
+        context.set_trailing_metadata(((POOL_METADATA, self.pool_epoch),))
         return memory_pb2.RegisterExecutorResponse(pool=self._handle(pool))
 
     def _handle(self, pool) -> memory_pb2.PoolHandle:
@@ -89,8 +104,23 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
     def Reserve(self, request, context):
         session = _session(request, context)
         plan = convert.plan_from_proto(request)
+        start = time.perf_counter()
         with self.lock:
+            self._registered(context)
             result = self._call(context, self.manager.reserve, plan, session)
+        self.metrics.reserve_time.observe(time.perf_counter() - start)
+        span = trace.get_current_span()
+        if span.is_recording():
+            modes = [p.mode for p in result.preempted]
+            span.set_attributes({
+                "pagedserve.session": session, "pagedserve.granted_sequences": len(result.grants),
+                "pagedserve.granted_tokens": sum(g.num_tokens for g in result.grants),
+                "pagedserve.cached_tokens": sum(g.num_cached_tokens for g in result.grants),
+                "pagedserve.preemptions.swap": modes.count("swap"),
+                "pagedserve.preemptions.recompute": modes.count("recompute"),
+                "pagedserve.blocks_free": self.manager.allocator.num_free_blocks(),
+            })
+        context.set_trailing_metadata(((POOL_METADATA, self.pool_epoch),))
         return convert.reserve_result_to_proto(result)
 
     def Free(self, request, context):
@@ -102,14 +132,21 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
     def Fork(self, request, context):
         session = _session(request, context)
         with self.lock:
+            self._registered(context)
             self._call(context, self.manager.fork, request.parent_id, request.child_id, session)
         return memory_pb2.ForkResponse()
 
     def Stats(self, request, context):
         with self.lock:
+            self._registered(context)
             stats = self._call(context, self.manager.stats)
             block_size = self.manager.geometry.block_size
         return convert.stats_to_proto(stats, block_size, stats.num_sequences, stats.num_sessions)
+
+    def _registered(self, context) -> None:
+        if self.manager.planner is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE,
+                          "no executor has registered: the pool does not exist yet; retry")
 
     @staticmethod
     def _call(context, fn, *args):
@@ -140,17 +177,24 @@ def config_from_args(args) -> MemoryConfig:
 
 def serve(args) -> int:
     """Run memsvc until SIGTERM/SIGINT; the shared-memory segment is unlinked on the way out."""
+    from pagedserve.metrics import serve_metrics
+    from pagedserve.tls import tls_from_args
+    from pagedserve.tracing import setup_tracing, shutdown_tracing
+
     stop = stop_on_signals()
     try:
         config = config_from_args(args)
+        tls = tls_from_args(args)
     except ValueError as e:
         print(f"memsvc: {e}", file=sys.stderr)
         return 2
+    setup_tracing("memsvc")
     servicer = MemoryService(MemoryManager(config))
     service = Service([SERVICE_NAME])
     memory_pb2_grpc.add_MemoryManagerServicer_to_server(servicer, service.server)
     try:
-        address = service.start(args.host, args.port)
+        address = service.start(args.host, args.port, tls.server_credentials())
+        serve_metrics(servicer.metrics.registry, args.host, getattr(args, "metrics_port", None), log)
         service.set_serving(True)
         log.info("serving on %s (policy %s, preemption %s, swap space %g GiB, session lease %gs)",
                  address, config.policy, config.preemption_mode, config.swap_space_bytes / (1 << 30),
@@ -160,6 +204,7 @@ def serve(args) -> int:
     finally:
         service.stop()
         servicer.close()
+        shutdown_tracing()
     return 0
 
 

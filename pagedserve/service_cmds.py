@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 
 from pagedserve.grpc_service import env_default
+from pagedserve.metrics import add_metrics_argument
+from pagedserve.tls import add_tls_arguments
 
 MEMSVC_PORT = 50052
 EXECUTOR_PORT = 50053
@@ -52,6 +54,8 @@ def add_memsvc_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shm-name", default=env_default("SHM_NAME", None),
                    help="name of the CPU pool's shared-memory segment under /dev/shm "
                         "(env PAGEDSERVE_SHM_NAME; default pagedserve-kv-<pid>-<random>)")
+    add_metrics_argument(p)
+    add_tls_arguments(p)
 
 
 def add_executor_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,6 +80,8 @@ def add_executor_arguments(p: argparse.ArgumentParser) -> None:
                    help="cap on the model's maximum length (env PAGEDSERVE_MAX_MODEL_LEN)")
     p.add_argument("--register-timeout", type=float, default=env_default("REGISTER_TIMEOUT", 60.0, float),
                    metavar="SECONDS", help="how long to keep trying to reach memsvc (default 60)")
+    add_metrics_argument(p)
+    add_tls_arguments(p)
 
 
 def _run_memsvc(args) -> int:
