@@ -107,7 +107,7 @@ def run(args) -> int:
     info = engine.info
     vocab = info.vocab_size
     cfg = engine.executor.config
-    params = engine.executor.num_parameters()
+    params = sum(t.numel() for t in engine.executor.model.parameters())
     result = {
         "workload": args.workload, "num_requests": len(reqs), "model": info.name,
         "mean_prompt_len": sum(r.prompt_len for r in reqs) / len(reqs),
@@ -126,8 +126,9 @@ def run(args) -> int:
           f" GFLOP/s / {c['flops_per_token']/1e9:.2f} GFLOP per token); engine at "
           f"{e['output_tokens_per_s'] / c['ceiling_tokens_per_s']:.0%} of it")
     if not args.skip_hf:
+        engine_model_dir = engine.executor.model_dir
         del engine
-        result["transformers"] = run_hf(info.tokenizer_dir, reqs, vocab, args.seed,
+        result["transformers"] = run_hf(engine_model_dir, reqs, vocab, args.seed,
                                         args.hf_batch_size, args.dtype)
         h = result["transformers"]
         result["ratio"] = e["output_tokens_per_s"] / h["output_tokens_per_s"]

@@ -43,25 +43,30 @@ def sampling_to_proto(sp: SamplingParams) -> generation_pb2.SamplingParams:
     )
 
 
+def _f32(x: float) -> float:
+    """Recover the decimal a client most likely sent from its float32 wire value (0.7, not 0.69999998)."""
+    return float(f"{x:.7g}")
+
+
 def sampling_from_proto(m: generation_pb2.SamplingParams) -> SamplingParams:
     has = m.HasField
     return SamplingParams(
-        max_tokens=m.max_tokens or 16,
-        temperature=m.temperature if has("temperature") else 1.0,
-        top_p=m.top_p if has("top_p") else 1.0,
+        max_tokens=m.max_tokens if has("max_tokens") else 16,
+        temperature=_f32(m.temperature) if has("temperature") else 1.0,
+        top_p=_f32(m.top_p) if has("top_p") else 1.0,
         top_k=m.top_k,
-        min_p=m.min_p,
-        repetition_penalty=m.repetition_penalty if has("repetition_penalty") else 1.0,
-        presence_penalty=m.presence_penalty,
-        frequency_penalty=m.frequency_penalty,
+        min_p=_f32(m.min_p),
+        repetition_penalty=_f32(m.repetition_penalty) if has("repetition_penalty") else 1.0,
+        presence_penalty=_f32(m.presence_penalty),
+        frequency_penalty=_f32(m.frequency_penalty),
         seed=m.seed if has("seed") else None,
         stop=list(m.stop),
         stop_token_ids=list(m.stop_token_ids),
         ignore_eos=m.ignore_eos,
         logprobs=m.logprobs if has("logprobs") else None,
-        n=m.n or 1,
+        n=m.n if has("n") else 1,
         beam_width=m.beam_width or 1,
-        length_penalty=m.length_penalty if has("length_penalty") else 1.0,
+        length_penalty=_f32(m.length_penalty) if has("length_penalty") else 1.0,
         early_stopping=m.early_stopping,
     )
 
