@@ -28,6 +28,20 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int,
                    default=_env("MAX_NUM_BATCHED_TOKENS", 2048, int),
                    help="tokens per step (env PAGEDSERVE_MAX_NUM_BATCHED_TOKENS; default 2048)")
+    add_http_args(p)
+
+
+def add_http_args(p: argparse.ArgumentParser) -> None:
+    """The OpenAI-compatible HTTP API's flags (shared by `pagedserve serve`)."""
+    p.add_argument("--http-host", default=_env("HTTP_HOST", "127.0.0.1"),
+                   help="address of the OpenAI-compatible HTTP API (env PAGEDSERVE_HTTP_HOST; "
+                        "default 127.0.0.1)")
+    p.add_argument("--http-port", type=int, default=_env("HTTP_PORT", 8000, int),
+                   help="port of the OpenAI-compatible HTTP API, 0 to turn it off "
+                        "(env PAGEDSERVE_HTTP_PORT; default 8000)")
+    p.add_argument("--api-key", default=_env("API_KEY", None),
+                   help="require this key from clients, as 'Authorization: Bearer KEY' "
+                        "(env PAGEDSERVE_API_KEY; default: no key)")
 
 
 def connect_remote(memsvc: str, executor: str, tls=None) -> Backend:
@@ -88,13 +102,26 @@ async def serve(args) -> int:
         return 1
     log.info("listening on %s:%d (NOT_SERVING until memsvc %s and executor %s answer)",
              args.host, port, args.memsvc, args.executor)
+    http = None
+    if args.http_port:
+        from gateway.openai_server import start_openai
+
+        try:
+            http = await start_openai(gateway, args.http_host, args.http_port, args.api_key,
+                                      grace=args.shutdown_grace)
+        except OSError as e:
+            log.error("cannot listen on %s:%d (HTTP): %s", args.http_host, args.http_port, e)
+            await gateway.stop(grace=0)
+            return 1
+        log.info("OpenAI-compatible HTTP API on http://%s:%d/v1%s", args.http_host, http.port,
+                 " (API key required)" if args.api_key else "")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("stopping")
-    await gateway.stop(grace=args.shutdown_grace)
+    await asyncio.gather(gateway.stop(grace=args.shutdown_grace), *([http.stop()] if http else []))
     shutdown_tracing()
     log.info("stopped")
     return 0

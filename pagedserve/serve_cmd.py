@@ -4,7 +4,7 @@ from __future__ import annotations
 import socket
 import sys
 
-from gateway.main import add_gateway_args
+from gateway.main import add_gateway_args, add_http_args
 from gateway.main import add_reliability_args
 
 
@@ -40,6 +40,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step (default: 64)")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="tokens per step (default: 2048)")
+    add_http_args(p)
     p.set_defaults(run=run_serve)
 
     g = sub.add_parser("gateway", help="the public gRPC API, in front of memsvc and an executor",
@@ -88,8 +89,10 @@ def service_specs(args, host: str = "127.0.0.1"):
         ServiceSpec("gateway", cli + ["gateway", "--host", host, "--port", str(args.port),
                                       "--memsvc", memsvc, "--executor", executor,
                                       "--max-num-seqs", str(args.max_num_seqs),
-                                      "--max-num-batched-tokens", str(args.max_num_batched_tokens)],
-                    gateway, health_service="pagedserve.v1.Generation"),
+                                      "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+                                      "--http-host", args.http_host, "--http-port", str(args.http_port)],
+                    gateway, health_service="pagedserve.v1.Generation",
+                    env={"PAGEDSERVE_API_KEY": args.api_key} if args.api_key else {}),
     ]
 
 
@@ -130,6 +133,9 @@ def run_serve(args) -> int:
             address = sup.by_name["gateway"].spec.address
             name = list_models(address, getattr(args, "api_key", None))
             print(f"pagedserve: serving {name} on {address}", flush=True)
+            if args.http_port:
+                print(f"pagedserve: OpenAI-compatible API on http://{args.http_host}:{args.http_port}/v1",
+                      flush=True)
             sup.run()
     except ServiceFailed as e:
         sup.log(str(e))

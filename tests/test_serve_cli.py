@@ -33,6 +33,7 @@ def test_serve_restarts_a_crash_and_stops_cleanly_on_sigterm():
     port, mem_port, ex_port = free_port(), free_port(), free_port()
     proc = start("serve", "--port", str(port), "--memsvc-port", str(mem_port),
                  "--executor-port", str(ex_port), "--kv-tokens", "1024", "--max-num-seqs", "4",
+                 "--http-port", "0",
                  stdout=subprocess.PIPE)
     pids = []
     try:

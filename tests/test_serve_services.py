@@ -35,7 +35,7 @@ def services():
         procs.append(start("memsvc", "--port", str(mem_port), "--kv-tokens", str(KV_TOKENS)))
         wait_status(memsvc, SERVING, procs[-1], timeout=60)
         procs.append(start("gateway", "--port", str(gw_port), "--memsvc", memsvc,
-                           "--executor", executor, "--max-num-seqs", str(MAX_SEQS)))
+                           "--executor", executor, "--max-num-seqs", str(MAX_SEQS), "--http-port", "0"))
         wait_status(gateway, NOT_SERVING, procs[-1], timeout=60)
         time.sleep(0.5)  # no executor yet: still not serving
         wait_status(gateway, NOT_SERVING, procs[-1], timeout=1)

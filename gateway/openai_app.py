@@ -1,0 +1,214 @@
+"""The OpenAI-compatible HTTP API as a Starlette app over a running gRPC Gateway.
+
+Routes: POST /v1/completions, POST /v1/chat/completions (streaming or not), GET /v1/models,
+GET /v1/models/{model}, GET /health (200 once the backend answers, 503 before and while
+it recovers). The app shares the Gateway's StepRunner, so HTTP and gRPC requests are
+batched together.
+
+Contract:
+- With an API key set, every /v1 route needs `Authorization: Bearer <key>` (else 401).
+- Errors are OpenAI's {"error": {...}} with 400 (the bad parameter in `param`), 401, 404
+  (unknown model or path), 503 (starting, or the backend failed). A streamed response
+  decides its status on the request's first output, so a request the KV pool can never
+  hold is a 400 there too; a backend failure after that ends the stream with an error
+  event and `data: [DONE]`.
+- 429 when the gateway's waiting queue is full (`--max-waiting`); without a bound,
+  requests wait for KV blocks. 429 and 503 carry Retry-After.
+- A client that disconnects, streaming or not, has its sequences aborted before the
+  next step; their blocks are freed by the next reserve.
+"""
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.openai_errors import OpenAIError, bad_request, model_not_found, unavailable
+from gateway.openai_request import parse_chat, parse_completion
+from gateway.openai_response import DONE, Formatter, sse
+from gateway.openai_run import Run
+
+CLIENT_CLOSED = 499
+
+
+def error_response(e: OpenAIError) -> JSONResponse:
+    headers = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": "1"},
+               503: {"Retry-After": "1"}}.get(e.status)
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+class _Stream(StreamingResponse):
+    """A StreamingResponse that calls `on_close` however it ends (done, error, disconnect)."""
+
+    def __init__(self, content, on_close):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+async def _unless_disconnected(request: Request, coro):
+    """`coro`'s result, or None if the client disconnects first (`coro` is then cancelled)."""
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work, watch = asyncio.ensure_future(coro), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work, watch):
+            if not task.done():
+                task.cancel()
+    return work.result() if work.done() and not work.cancelled() else None
+
+
+class OpenAIApi:
+    def __init__(self, gateway, api_key: str | None = None):
+        self.gateway = gateway
+        self.api_key = api_key or None
+        self.created = int(time.time())
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/health", self.health),
+            Route("/v1/models", self.models),
+            Route("/v1/models/{model:path}", self.model),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+        ]
+        return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+
+    def serving(self) -> bool:
+        return (self.gateway.ready.is_set() and not getattr(self.gateway, "_recovering", False)
+                and not getattr(self.gateway.service, "draining", False))
+
+    async def health(self, request: Request) -> Response:
+        if self.serving():
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self._authorize(request)
+            return JSONResponse({"object": "list", "data": [self._card()]})
+        except OpenAIError as e:
+            return error_response(e)
+
+    async def model(self, request: Request) -> Response:
+        try:
+            self._authorize(request)
+            card = self._card()
+            if request.path_params["model"] != card["id"]:
+                raise model_not_found(request.path_params["model"], card["id"])
+            return JSONResponse(card)
+        except OpenAIError as e:
+            return error_response(e)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, parse_completion)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, parse_chat)
+
+    async def _generate(self, request: Request, parse) -> Response:
+        run = None
+        try:
+            self._authorize(request)
+            service = self._service()
+            try:
+                body = await request.json()
+            except (ValueError, UnicodeDecodeError):
+                raise bad_request("the request body is not valid JSON", None) from None
+            if not isinstance(body, dict):
+                raise bad_request("the request body must be a JSON object", None)
+            req = parse(body, service.info, service.backend.tokenizer)
+            run = Run(service.runner, req.prompts, req.sampling, "messages" if req.chat else "prompt")
+            await run.start()
+            fmt = Formatter(req, service.backend.tokenizer)
+            first = await _unless_disconnected(request, run.next_batch())
+            if first is None:
+                run.abort()
+                return Response(status_code=CLIENT_CLOSED)
+            if req.stream:
+                stream, run = _Stream(self._events(run, fmt, first), run.abort), None
+                return stream
+            if await _unless_disconnected(request, self._collect(run, fmt, first)) is None:
+                run.abort()
+                return Response(status_code=CLIENT_CLOSED)
+            return JSONResponse(fmt.body())
+        except OpenAIError as e:
+            return error_response(e)
+        finally:
+            if run is not None:
+                run.abort()
+
+    async def _collect(self, run: Run, fmt: Formatter, first) -> bool:
+        for i, d in first:
+            fmt.add(i, d)
+        async for batch in run.batches():
+            for i, d in batch:
+                fmt.add(i, d)
+        return True
+
+    async def _events(self, run: Run, fmt: Formatter, first):
+        batch = first
+        try:
+            while True:
+                for i, d in batch:
+                    fmt.add(i, d)
+                    for event in fmt.chunks(i, d):
+                        yield event
+                if not run.open:
+                    break
+                batch = await run.next_batch()
+        except OpenAIError as e:
+            yield sse(e.body())
+        else:
+            if fmt.request.include_usage:
+                yield fmt.usage_chunk()
+        yield DONE
+
+    def _authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(),
+                                                                    self.api_key.encode()):
+            raise OpenAIError(401, "Missing or incorrect API key: send 'Authorization: Bearer <key>'.",
+                              code="invalid_api_key")
+
+    def _service(self):
+        service = self.gateway.service
+        if getattr(service, "draining", False):
+            raise unavailable("the gateway is shutting down: retry on another replica")
+        if service.runner is None:
+            raise unavailable("the gateway is starting: waiting for the executor and memsvc")
+        return service
+
+    def _card(self) -> dict:
+        info = self._service().info
+        return {"id": info.name, "object": "model", "created": self.created, "owned_by": "pagedserve",
+                "max_model_len": info.max_model_len}
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on "
+               f"{request.url.path}"}.get(exc.status_code, str(exc.detail))
+    return error_response(OpenAIError(exc.status_code, message, code=str(exc.status_code)))
+
+
+def build_app(gateway, api_key: str | None = None) -> Starlette:
+    return OpenAIApi(gateway, api_key).app()
+

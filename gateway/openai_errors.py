@@ -1,0 +1,50 @@
+"""Errors of the OpenAI-compatible HTTP API, in OpenAI's format and with its HTTP statuses.
+
+Body: {"error": {"message", "type", "param", "code"}}. 400 names the parameter to change in
+`param`; 401 is a missing or wrong API key; 404 an unknown model or path; 503 a gateway
+that is starting or a backend that failed (retry later).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+         405: "invalid_request_error", 429: "rate_limit_error"}
+
+
+@dataclass
+class OpenAIError(Exception):
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+    def body(self) -> dict:
+        kind = TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.code}}
+
+
+def bad_request(message: str, param: str | None) -> OpenAIError:
+    return OpenAIError(400, message, param)
+
+
+def unavailable(message: str) -> OpenAIError:
+    return OpenAIError(503, message, code="service_unavailable")
+
+
+def model_not_found(requested: str, served: str) -> OpenAIError:
+    return OpenAIError(404, f"The model {requested!r} does not exist here; this server serves "
+                            f"{served!r}.", "model", "model_not_found")
+
+
+def from_api_error(e, param: str | None) -> OpenAIError:
+    """gateway.api_request.ApiError (a gRPC status) as an OpenAIError about `param`."""
+    if e.code == grpc.StatusCode.UNAVAILABLE:
+        return unavailable(e.message)
+    return bad_request(e.message, param)

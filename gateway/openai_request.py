@@ -1,0 +1,212 @@
+"""OpenAI request bodies (/v1/completions, /v1/chat/completions) into prompts and SamplingParams.
+
+Contract: `parse_completion` / `parse_chat` return an OpenAIRequest or raise OpenAIError
+(400 naming the parameter, 404 for a model other than the served one). Prompts are
+tokenized exactly as the gRPC API does (gateway.api_request), so the same request gives
+the same tokens on both. Defaults follow OpenAI: max_tokens 16 for completions and the
+rest of the context for chat; temperature and top_p 1; n 1. Extensions beside OpenAI's
+parameters: top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids, and beam search
+(beam_width, length_penalty, early_stopping) where SamplingParams has those fields.
+Unknown parameters are ignored; known ones this server cannot honour are refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from gateway.api_request import ApiError, chat_prompt, generate_prompt
+from gateway.openai_errors import OpenAIError, bad_request, from_api_error, model_not_found
+from pagedserve.protocol import ModelInfo, SamplingParams
+
+EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")
+BEAM_FIELDS = ("beam_width", "length_penalty", "early_stopping")
+REFUSED = ("suffix", "echo", "logit_bias", "tools", "functions", "audio")
+
+
+@dataclass
+class OpenAIRequest:
+    chat: bool
+    model: str  # the served model's name
+    prompts: list[list[int]]  # one request to the batching loop each, n completions per prompt
+    sampling: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+
+
+def parse_completion(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
+    _check_common(body, info)
+    prompts = _completion_prompts(body.get("prompt"), tokenizer)
+    sampling = _sampling(body, info, chat=False, default_max_tokens=16)
+    return _finish(body, info, False, prompts, sampling)
+
+
+def parse_chat(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
+    _check_common(body, info)
+    if body.get("response_format") not in (None, {"type": "text"}):
+        raise bad_request("response_format: only {'type': 'text'} is supported", "response_format")
+    prompt = _chat_prompt(body.get("messages"), tokenizer)
+    sampling = _sampling(body, info, chat=True, default_max_tokens=max(info.max_model_len - len(prompt), 1))
+    return _finish(body, info, True, [prompt], sampling)
+
+
+def _check_common(body: dict, info: ModelInfo) -> None:
+    model = body.get("model")
+    if model not in (None, "") and not isinstance(model, str):
+        raise bad_request("model must be a string", "model")
+    if model and model != info.name:
+        raise model_not_found(model, info.name)
+    for name in REFUSED:
+        if body.get(name):  # absent, null, false, "" and empty lists or objects are fine
+            raise bad_request(f"{name} is not supported by this server", name)
+
+
+def _finish(body: dict, info: ModelInfo, chat: bool, prompts, sampling) -> OpenAIRequest:
+    stream = _get(body, "stream", bool, False)
+    options = body.get("stream_options")
+    if options is not None and not stream:
+        raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad_request("stream_options must be an object", "stream_options")
+    include_usage = _get(options or {}, "include_usage", bool, False, "stream_options.include_usage")
+    user = _get(body, "user", str, None)
+    return OpenAIRequest(chat, info.name, prompts, sampling, stream, include_usage, user)
+
+
+def _completion_prompts(prompt, tokenizer) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [_text_prompt(prompt, tokenizer)]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return [_text_prompt(p, tokenizer) for p in prompt]
+        if all(_is_int(t) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of "
+                      "lists of token ids, and not empty", "prompt")
+
+
+def _text_prompt(text: str, tokenizer) -> list[int]:
+    try:
+        return generate_prompt(SimpleNamespace(prompt=text, prompt_token_ids=[]), tokenizer)
+    except ApiError as e:
+        raise from_api_error(e, "prompt") from None
+
+
+def _chat_prompt(messages, tokenizer) -> list[int]:
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
+    turns = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad_request(f"messages[{i}] must be an object with a string role", f"messages[{i}]")
+        turns.append(SimpleNamespace(role=m["role"], content=_content(m.get("content"), i)))
+    try:
+        return chat_prompt(SimpleNamespace(messages=turns), tokenizer)
+    except ApiError as e:
+        raise from_api_error(e, "messages") from None
+
+
+def _content(content, i: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise bad_request(f"messages[{i}].content must be a string or a list of text parts",
+                      f"messages[{i}].content")
+
+
+def _sampling(body: dict, info: ModelInfo, chat: bool, default_max_tokens: int) -> SamplingParams:
+    max_name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    s = SamplingParams(
+        max_tokens=_get(body, max_name, int, default_max_tokens),
+        temperature=_get(body, "temperature", float, 1.0),
+        top_p=_get(body, "top_p", float, 1.0),
+        top_k=_get(body, "top_k", int, 0),
+        min_p=_get(body, "min_p", float, 0.0),
+        repetition_penalty=_get(body, "repetition_penalty", float, 1.0),
+        presence_penalty=_get(body, "presence_penalty", float, 0.0),
+        frequency_penalty=_get(body, "frequency_penalty", float, 0.0),
+        seed=_get(body, "seed", int, None),
+        stop=_stop(body.get("stop")),
+        stop_token_ids=_int_list(body, "stop_token_ids"),
+        ignore_eos=_get(body, "ignore_eos", bool, False),
+        logprobs=_chat_logprobs(body) if chat else _get(body, "logprobs", int, None),
+        n=_get(body, "n", int, 1),
+    )
+    if s.seed is not None and not 0 <= s.seed < 2 ** 63:
+        raise bad_request(f"seed must be between 0 and 2**63 - 1, got {s.seed}", "seed")
+    best_of = _get(body, "best_of", int, None)
+    if best_of not in (None, 1, s.n):
+        raise bad_request("best_of is not supported; use n, or beam_width for beam search", "best_of")
+    _beam_fields(body, s)
+    try:
+        s.validate(info.max_model_len)
+    except ValueError as e:
+        field = str(e).split()[0].split("=")[0]
+        param = {"max_tokens": max_name, "logprobs": "top_logprobs" if chat else "logprobs"}.get(field, field)
+        raise bad_request(param + str(e)[len(field):], param) from None
+    return s
+
+
+def _beam_fields(body: dict, s: SamplingParams) -> None:
+    have = {f.name for f in dataclasses.fields(SamplingParams)}
+    kinds = {"beam_width": int, "length_penalty": float, "early_stopping": bool}
+    for name in BEAM_FIELDS:
+        if body.get(name) is None:
+            continue
+        if name not in have:
+            raise bad_request(f"{name}: beam search is not supported by this server", name)
+        setattr(s, name, _get(body, name, kinds[name], None))
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    top = _get(body, "top_logprobs", int, None)
+    if not _get(body, "logprobs", bool, False):
+        if top is not None:
+            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+        return None
+    return top or 0
+
+
+def _stop(stop) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return [s for s in stop if s]
+    raise bad_request("stop must be a string or a list of strings", "stop")
+
+
+def _int_list(body: dict, name: str) -> list[int]:
+    value = body.get(name)
+    if value is None:
+        return []
+    if isinstance(value, list) and all(_is_int(t) for t in value):
+        return list(value)
+    raise bad_request(f"{name} must be a list of integers", name)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _get(body: dict, name: str, kind: type, default, param: str | None = None):
+    """body[name] checked to be of `kind` (ints pass as floats, bools not as numbers);
+    `default` when absent or null."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if kind is float and _is_int(value):
+        return float(value)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool)):
+        return value
+    what = {int: "an integer", float: "a number", bool: "a boolean", str: "a string"}[kind]
+    raise bad_request(f"{param or name} must be {what}, got {value!r}", param or name)

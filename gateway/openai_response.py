@@ -1,0 +1,147 @@
+"""Deltas of one request as OpenAI response bodies: whole (text_completion, chat.completion)
+or streamed chunks (server-sent events, ending with `data: [DONE]`).
+
+Usage counts each prompt once (prompt_tokens, prompt_tokens_details.cached_tokens) and
+every choice's tokens (completion_tokens). Logprobs follow the endpoint's shape: the legacy
+{tokens, token_logprobs, top_logprobs, text_offset} for completions, {content: [{token,
+logprob, bytes, top_logprobs}]} for chat. A token's text is the tokenizer's decoding of it
+alone ("token_id:N" when the model has no tokenizer).
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from gateway.openai_request import OpenAIRequest
+from gateway.output_stream import Delta
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+@dataclass
+class Choice:
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: dict | None = None
+    last_logprobs: dict | None = None  # of the latest delta
+    started: bool = False  # streaming: the role was sent (chat)
+    offset: int = 0  # completions: text_offset of the next token
+    completion_tokens: int = 0
+    prompt: int = 0  # index of its prompt
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass
+class Formatter:
+    request: OpenAIRequest
+    tokenizer: object = None
+    id: str = ""
+    created: int = 0
+    choices: dict[int, Choice] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.id = self.id or ("chatcmpl-" if self.request.chat else "cmpl-") + uuid.uuid4().hex
+        self.created = self.created or int(time.time())
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.request.chat else "text_completion"
+
+    def add(self, index: int, d: Delta) -> Choice:
+        """Account for a delta of choice `index` (text, logprobs, finish, usage)."""
+        c = self.choices.setdefault(index, Choice(prompt=index // self.request.sampling.n))
+        c.text += d.text
+        c.finish_reason = d.finish_reason or c.finish_reason
+        c.completion_tokens = d.completion_tokens
+        c.prompt_tokens = d.prompt_tokens
+        c.cached_tokens = max(c.cached_tokens, d.cached_tokens)
+        if self.request.sampling.logprobs is not None:
+            c.last_logprobs = self._logprobs(c, d)
+            c.logprobs = c.last_logprobs if c.logprobs is None else _merge(c.logprobs, c.last_logprobs)
+        return c
+
+    def body(self) -> dict:
+        """The whole response, once every choice has finished."""
+        return {"id": self.id, "object": self.object, "created": self.created,
+                "model": self.request.model, "system_fingerprint": None,
+                "choices": [self._choice(i, c) for i, c in sorted(self.choices.items())],
+                "usage": self.usage()}
+
+    def chunks(self, index: int, d: Delta) -> list[str]:
+        """SSE events for one delta (after `add`); nothing for a delta that adds nothing."""
+        c = self.choices[index]
+        logprobs = c.last_logprobs
+        if not (d.text or d.finish_reason or logprobs):
+            return []
+        if self.request.chat:
+            delta = {"content": d.text}
+            if not c.started:
+                delta = {"role": "assistant", **delta}
+                c.started = True
+            choice = {"index": index, "delta": delta, "logprobs": logprobs,
+                      "finish_reason": d.finish_reason}
+        else:
+            choice = {"index": index, "text": d.text, "logprobs": logprobs,
+                      "finish_reason": d.finish_reason}
+        return [sse(self._chunk([choice]))]
+
+    def usage_chunk(self) -> str:
+        return sse({**self._chunk([]), "usage": self.usage()})
+
+    def usage(self) -> dict:
+        prompts: dict[int, tuple[int, int]] = {}  # prompt index -> (tokens, cached)
+        for c in self.choices.values():
+            tokens, cached = prompts.get(c.prompt, (0, 0))
+            prompts[c.prompt] = (max(tokens, c.prompt_tokens), max(cached, c.cached_tokens))
+        prompt_tokens = sum(t for t, _ in prompts.values())
+        completion = sum(c.completion_tokens for c in self.choices.values())
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion,
+                "prompt_tokens_details": {"cached_tokens": sum(c for _, c in prompts.values())}}
+
+    def _chunk(self, choices: list[dict]) -> dict:
+        chunk = {"id": self.id, "object": self.object + ".chunk" if self.request.chat else self.object,
+                 "created": self.created, "model": self.request.model, "system_fingerprint": None,
+                 "choices": choices}
+        if self.request.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _choice(self, index: int, c: Choice) -> dict:
+        if self.request.chat:
+            return {"index": index, "message": {"role": "assistant", "content": c.text},
+                    "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+        return {"index": index, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+
+    def _logprobs(self, c: Choice, d: Delta) -> dict:
+        tokens = [self._token(t) for t in d.token_ids]
+        values = [d.logprobs[i] if i < len(d.logprobs) else None for i in range(len(tokens))]
+        tops = [[(self._token(t), v) for t, v in (d.top_logprobs[i] if i < len(d.top_logprobs) else [])]
+                for i in range(len(tokens))]
+        if self.request.chat:
+            return {"content": [{"token": s, "logprob": v, "bytes": list(s.encode()),
+                                 "top_logprobs": [{"token": ts, "logprob": tv, "bytes": list(ts.encode())}
+                                                  for ts, tv in top]}
+                                for s, v, top in zip(tokens, values, tops)]}
+        offsets = []
+        for s in tokens:
+            offsets.append(c.offset)
+            c.offset += len(s)
+        return {"tokens": tokens, "token_logprobs": values,
+                "top_logprobs": [dict(top) for top in tops], "text_offset": offsets}
+
+    def _token(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
+        return self.tokenizer.decode([token_id])
+
+
+def _merge(old: dict, new: dict) -> dict:
+    return {k: old[k] + new[k] for k in old}

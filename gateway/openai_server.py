@@ -1,0 +1,72 @@
+"""uvicorn serving the OpenAI app inside the gateway's running (uvloop) event loop.
+
+Contract: `start()` binds host:port (OSError if it cannot; port 0 picks a free one), starts
+serving as a task of the current loop and returns the bound port. uvicorn installs no
+signal handlers here: the gateway's own handlers decide when to stop. `stop()` stops
+accepting, gives open requests `grace` seconds, then cancels them (which aborts their
+sequences).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+
+import uvicorn
+
+from gateway.openai_app import build_app
+
+log = logging.getLogger("pagedserve.gateway")
+
+
+class _Server(uvicorn.Server):
+    def capture_signals(self):
+        return contextlib.nullcontext()
+
+
+class HttpServer:
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 8000, grace: float = 2.0):
+        config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
+                                timeout_graceful_shutdown=grace)
+        self.server = _Server(config)
+        self.host = host
+        self.port = port
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> int:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+            sock.listen(2048)
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        self._task = asyncio.create_task(self.server.serve(sockets=[sock]))
+        while not self.server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the HTTP server stopped while starting")
+            await asyncio.sleep(0.01)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self.server.should_exit = True
+        try:
+            await self._task
+        except (asyncio.CancelledError, Exception) as e:
+            log.info("HTTP server stopped: %s", e or type(e).__name__)
+
+
+async def start_openai(gateway, host: str, port: int, api_key: str | None = None,
+                       grace: float = 2.0) -> HttpServer:
+    """Serve the OpenAI API of `gateway` (a gateway.server.Gateway) on host:port."""
+    server = HttpServer(build_app(gateway, api_key), host, port, grace)
+    await server.start()
+    return server
