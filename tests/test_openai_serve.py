@@ -134,3 +134,11 @@ def test_disconnect_mid_stream_frees_every_block(served):
     while referenced(served) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert referenced(served) == 0
+
+
+def test_beam_search_extension_returns_the_best_beams_first(served):
+    r = served.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, n=2, logprobs=0,
+                                         extra_body={"beam_width": 3})
+    assert [c.index for c in r.choices] == [0, 1] and r.choices[0].text != r.choices[1].text
+    scores = [sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in r.choices]
+    assert scores[0] >= scores[1]
