@@ -24,8 +24,6 @@ def invalid(message: str) -> ApiError:
 
 
 def sampling_from_proto(p) -> SamplingParams:
-    if p.beam_width > 1:
-        raise invalid(f"sampling.beam_width={p.beam_width}: beam search is not supported; use 0 or 1")
     return convert.sampling_from_proto(p)
 
 

@@ -140,7 +140,6 @@ BAD = [
     (pb.GenerateRequest(prompt_token_ids=[1], sampling=pb.SamplingParams(top_p=1.5)), "top_p"),
     (pb.GenerateRequest(prompt_token_ids=[1], model="gpt-9"), "model"),
     (pb.GenerateRequest(prompt_token_ids=[1, 5000]), "prompt_token_ids"),
-    (pb.GenerateRequest(prompt_token_ids=[1], sampling=pb.SamplingParams(beam_width=4)), "beam_width"),
 ]
 
 
