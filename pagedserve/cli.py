@@ -21,8 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks that print numbers and write them to a file")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    from pagedserve import (bench_kernels, bench_kv, bench_policies, bench_serve, bench_split,
-                            bench_throughput)
+    from pagedserve import (bench_kernels, bench_kv, bench_policies, bench_serve, bench_sharing,
+                            bench_split, bench_throughput)
 
     bench_kernels.add_parser(bench_sub)
     bench_throughput.add_parser(bench_sub)
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_parser(bench_sub)
     bench_split.add_parser(bench_sub)
     bench_policies.add_parser(bench_sub)
+    bench_sharing.add_parser(bench_sub)
     return parser
 
 
