@@ -116,6 +116,8 @@ class StepRunner:
                 self.loop.abort(command[1])
                 continue
             _, request_id, prompt, sampling, sink, priority, done = command
+            if not done.set_running_or_notify_cancel():
+                continue  # the caller went away (cancelled, deadline) before its turn
             waiting = len(self.loop.scheduler.waiting)
             if self.max_waiting and waiting >= self.max_waiting:
                 done.set_exception(QueueFull(
