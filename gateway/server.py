@@ -14,7 +14,8 @@ Contract:
 - Queue bound: with `max_waiting`, a request beyond it is RESOURCE_EXHAUSTED.
 - API key: with `api_key`, every call but health checks needs metadata
   `authorization: Bearer <key>` (or `x-api-key: <key>`), else UNAUTHENTICATED.
-- Messages over `max_message_bytes` (default 4 MiB) are refused with RESOURCE_EXHAUSTED.
+- Messages over `max_message_bytes` (default 4 MiB) are refused with RESOURCE_EXHAUSTED;
+  bytes that do not parse as the request message with INVALID_ARGUMENT.
 - `stop(grace)`: health NOT_SERVING, new requests UNAVAILABLE, running streams get up to
   `grace` seconds to finish, then whatever is left is cancelled.
 - Telemetry: one span per request (GenAI attributes, a child of the client's traceparent),
@@ -22,7 +23,9 @@ Contract:
   `service.metrics` (gateway.metrics).
 
 The backend is whatever `connect()` returns: the in-process MemoryManager and Executor
-(tests) or the gRPC clients of memsvc and the executor (deployment).
+(tests), the gRPC clients of memsvc and the executor (deployment), or a connected
+gateway.replica_set.ReplicaSet (several replicas, routed; the health stays SERVING while
+any replica is up).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from gateway.api_request import ApiError, chat_prompt, check_model, generate_pro
 from gateway.batch_loop import BatchLoop, RequestError
 from gateway.metrics import GatewayMetrics
 from gateway.output_stream import Delta
+from gateway.request_guard import DecodeGuard
 from gateway.request_telemetry import RequestTelemetry
 from gateway.scheduler import SchedulerConfig
 from gateway.step_retry import StepRetry
@@ -107,6 +111,14 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     def attach(self, backend: Backend, on_step_error=None, on_step_ok=None) -> None:
         """Run on `backend`: steps retried through service restarts, observed, then batched."""
+        runner = self.build_runner(backend, on_step_error, on_step_ok)
+        self.info = runner.loop.info
+        self.backend = backend
+        self.runner = runner
+        self.metrics.watch_scheduler(lambda: runner.loop.scheduler)
+
+    def build_runner(self, backend: Backend, on_step_error=None, on_step_ok=None) -> StepRunner:
+        """A step runner on `backend` (one per replica when there are several)."""
         def on_retry(call: str, error: BaseException) -> None:
             self.metrics.step_retries.labels(call).inc()
             if on_step_error is not None:
@@ -117,10 +129,16 @@ class GenerationService(pb_grpc.GenerationServicer):
         memory = ObservedMemory(retry.memory, self.telemetry, block_size)
         executor = ObservedExecutor(retry.executor, self.telemetry, memory)
         loop = BatchLoop(memory, executor, self.scheduler_config, backend.tokenizer)
-        self.info = loop.info
-        self.backend = backend
-        self.runner = StepRunner(loop, on_step_error, on_step_ok, max_waiting=self.max_waiting)
-        self.metrics.watch_scheduler(lambda: loop.scheduler)
+        return StepRunner(loop, on_step_error, on_step_ok, max_waiting=self.max_waiting)
+
+    def attach_replicas(self, replicas) -> None:
+        """Run on several replicas (gateway.replica_set.ReplicaSet, connected): it routes each
+        request to one of them and stands in for the step runner."""
+        self.info = replicas.info
+        self.backend = Backend(None, None, replicas.backend.tokenizer)
+        self.runner = replicas
+        first = replicas.replicas[0]
+        self.metrics.watch_scheduler(lambda: first.runner.loop.scheduler if first.runner else None)
 
     async def Generate(self, request, context):
         async for r in self._guarded(context, lambda: generate_prompt(request, self._tokenizer()),
@@ -261,6 +279,7 @@ class Gateway:
     async def start(self) -> int:
         """Listen (NOT_SERVING), start connecting to the backend; return the bound port."""
         interceptors = [ApiKeyInterceptor(self.api_key)] if self.api_key else []
+        interceptors.append(DecodeGuard())
         self.server = grpc.aio.server(interceptors=interceptors, options=[
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.max_send_message_length", self.max_message_bytes)])
@@ -303,10 +322,13 @@ class Gateway:
     async def _connect(self) -> None:
         backend = await self._until_ok(self.connect, "connecting to the backend")
         aio_loop = asyncio.get_running_loop()
-        self.service.attach(
-            backend,
-            on_step_error=lambda e: aio_loop.call_soon_threadsafe(self._on_backend_failed),
-        )
+        if not isinstance(backend, Backend):  # several replicas: they fail over among themselves
+            self.service.attach_replicas(backend)
+        else:
+            self.service.attach(
+                backend,
+                on_step_error=lambda e: aio_loop.call_soon_threadsafe(self._on_backend_failed),
+            )
         info = self.service.info
         log.info("serving %s (max length %d) on %s", info.name, info.max_model_len, self.address)
         await self._set_health(SERVING)

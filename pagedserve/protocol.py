@@ -36,7 +36,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature 0, or so close to it (below 1e-5, as vLLM) that dividing by it overflows."""
+        return self.temperature < 1e-5
 
     @property
     def uses_penalties(self) -> bool:
@@ -48,6 +49,13 @@ class SamplingParams:
 
     def validate(self, max_model_len: int | None = None) -> None:
         """Raise ValueError naming the first invalid field."""
+        import dataclasses
+        import math
+
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name} must be a finite number, got {value}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if max_model_len is not None and self.max_tokens > max_model_len:
