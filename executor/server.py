@@ -8,8 +8,9 @@ Service contract:
 - ModelInfo: name, maximum length (capped by --max-model-len), vocabulary size, EOS ids,
   chat template, KV geometry, and the tokenizer files themselves, so a gateway on another
   host needs no copy of the model. UNAVAILABLE until SERVING.
-- Execute runs one StepBatch, one at a time (calls queue), and returns one SampleOutput per
-  sequence with sample=True, in batch order. A batch that does not fit (bad slots, ids
+- Execute runs one StepBatch and returns one SampleOutput per sequence with sample=True, in
+  batch order. Calls that arrive while a forward pass runs (several gateways) are merged
+  into the next pass (executor.step_merger); never two passes at once. A batch that does not fit (bad slots, ids
   outside the vocabulary) is INVALID_ARGUMENT; the executor stays usable.
 - The pool belongs to memsvc: this process only maps it, and must run on memsvc's host.
   An Execute whose metadata names another pool (`pagedserve-pool`, the epoch memsvc gave
@@ -31,6 +32,7 @@ import grpc
 from opentelemetry import trace
 
 from executor.metrics import ExecutorMetrics
+from executor.step_merger import StepMerger
 from pagedserve import convert
 from pagedserve.grpc_service import POOL_METADATA, Service, get_logger, open_channel, stop_on_signals, wait
 from pagedserve.protocol import ModelInfo
@@ -65,12 +67,12 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self.info_message = None
         self.pool_id: str | None = None
         self.ready = threading.Event()
-        self.lock = threading.Lock()
         self.metrics = ExecutorMetrics()
 
     def set_ready(self, executor, info: ModelInfo, tokenizer_files: dict[str, bytes],
                   pool_id: str | None = None) -> None:
         self.executor = executor
+        self.merger = StepMerger(executor.execute)
         self.info_message = convert.model_info_to_proto(info, tokenizer_files)
         self.pool_id = pool_id
         self.ready.set()
@@ -90,10 +92,9 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         batch = convert.batch_from_proto(request)
         tokens = sum(len(s.token_ids) for s in batch.seqs)
         try:
-            with self.lock:
-                start = time.perf_counter()
-                outputs = self.executor.execute(batch)
-                seconds = time.perf_counter() - start
+            start = time.perf_counter()
+            outputs = self.merger.run(batch)
+            seconds = time.perf_counter() - start
         except (ValueError, IndexError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}")
         self.metrics.observe(len(batch.seqs), tokens, seconds)

@@ -28,7 +28,48 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int,
                    default=_env("MAX_NUM_BATCHED_TOKENS", 2048, int),
                    help="tokens per step (env PAGEDSERVE_MAX_NUM_BATCHED_TOKENS; default 2048)")
+    add_replica_args(p)
     add_http_args(p)
+
+
+def add_replica_args(p: argparse.ArgumentParser) -> None:
+    """Several executor replicas behind this gateway (gateway.replica_set) and how to route."""
+    p.add_argument("--replica", action="append", default=None, metavar="MEMSVC,EXECUTOR",
+                   help="an executor replica: its memsvc and executor host:port; repeat for several "
+                        "(env PAGEDSERVE_REPLICAS: space-separated; replaces --memsvc/--executor)")
+    p.add_argument("--routing", default=_env("ROUTING", "prefix"), choices=["prefix", "round-robin"],
+                   help="how requests are spread over replicas: prefix-cache affinity and load, or "
+                        "round-robin (env PAGEDSERVE_ROUTING; default prefix)")
+
+
+def replica_addresses(args) -> list[tuple[str, str]]:
+    """The (memsvc, executor) pairs of --replica (or PAGEDSERVE_REPLICAS); [] when none."""
+    items = args.replica if args.replica else _env("REPLICAS", "").split()
+    pairs = []
+    for item in items:
+        parts = item.split(",")
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"--replica wants MEMSVC_ADDR,EXECUTOR_ADDR, got {item!r}")
+        pairs.append((parts[0], parts[1]))
+    return pairs
+
+
+def replica_set(args, service, tls=None):
+    """A ReplicaSet over the replicas of `args`, making step runners with `service`."""
+    from gateway.replica_set import ReplicaSet
+    from gateway.router import Router
+
+    router = Router(args.routing, block_size=16, max_num_seqs=args.max_num_seqs,
+                    registry=service.metrics.registry)
+    replicas = ReplicaSet(replica_addresses(args), lambda m, e: connect_remote(m, e, tls),
+                          lambda backend, on_error: service.build_runner(backend, on_error),
+                          router, service.telemetry)
+
+    def connect():
+        replicas.connect_any()
+        router.block_size = replicas.info.kv.block_size
+        return replicas
+    return connect
 
 
 def add_http_args(p: argparse.ArgumentParser) -> None:
@@ -89,6 +130,8 @@ async def serve(args) -> int:
                       host=args.host, port=args.port, max_waiting=args.max_waiting,
                       step_retry_s=args.step_retry_timeout, api_key=getattr(args, "api_key", None) or None,
                       credentials=tls.server_credentials(require_client_cert=False))
+    if replica_addresses(args):
+        gateway.connect = replica_set(args, gateway.service, tls)
     try:
         port = await gateway.start()
     except RuntimeError as e:
@@ -100,8 +143,9 @@ async def serve(args) -> int:
         log.error("cannot serve metrics on %s:%s: %s", args.host, args.metrics_port, e)
         await gateway.stop(grace=0)
         return 1
-    log.info("listening on %s:%d (NOT_SERVING until memsvc %s and executor %s answer)",
-             args.host, port, args.memsvc, args.executor)
+    backends = replica_addresses(args) or [(args.memsvc, args.executor)]
+    log.info("listening on %s:%d (NOT_SERVING until a replica answers: %s; routing %s)", args.host,
+             port, " ".join(f"memsvc {m} + executor {e}" for m, e in backends), args.routing)
     http = None
     if args.http_port:
         from gateway.openai_server import start_openai
@@ -135,6 +179,7 @@ def run(args) -> int:
                         max_num_batched_tokens=args.max_num_batched_tokens)
         if args.max_waiting < 0:
             raise ValueError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+        replica_addresses(args)
         tls_from_args(args).server_credentials(require_client_cert=False)
     except (ValueError, OSError) as e:
         print(f"pagedserve gateway: {e}", file=sys.stderr)

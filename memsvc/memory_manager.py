@@ -14,7 +14,8 @@ memsvc.cost_model).
 With `MemoryConfig.shared`, the pool lives where another process can map it: a POSIX
 shared-memory segment on the CPU (`shm_pool`), a CUDA IPC allocation on a GPU named by
 UUID (`cuda_ipc`). Calls that carry a `session_id` act in that session's namespace of
-sequence ids and renew its lease; `expire_sessions` frees what lapsed sessions owned.
+sequence ids and renew its lease; `expire_sessions` frees what lapsed sessions owned; a
+session holding its share of the pool admits no new sequence (memsvc.fair_share).
 
 Not thread-safe: memsvc's server serializes every call with one lock.
 """
@@ -26,6 +27,7 @@ import torch
 
 from kernels import copy_blocks
 from memsvc import make_allocator
+from memsvc.fair_share import over_share
 from memsvc.host_pool import allocate_host_pool, host_blocks_for, measure_block_copy, timed_copy
 from memsvc.kv_pool import allocate_pool, num_blocks_for_budget
 from memsvc.preemption_policy import PREEMPTION_MODES, PreemptionPolicy
@@ -173,11 +175,16 @@ class MemoryManager:
             lost = [e for e in entries if not e.new and not has(e.seq_id)]
             if lost:
                 plan = Plan([e for e in entries if e.new or has(e.seq_id)], plan.free)
+            held_back = [e.seq_id for e in plan.entries if e.new] if over_share(self, session_id) else []
+            if held_back:  # this session holds its share of a shared pool: no new sequence now
+                plan.entries = [e for e in plan.entries if not e.new]
         self.policy.costs.observe_step(plan.step_tokens, plan.step_seconds)
         reservation = planner.reserve(plan)
         self._copy(reservation.copies)
         result = reservation.result
         result.preempted[:0] = [Preemption(e.seq_id, "recompute") for e in lost]
+        if session_id:
+            result.waiting.extend(held_back)
         self.num_preemptions += len(reservation.result.preempted)
         if session_id:
             plan.entries.extend(lost)

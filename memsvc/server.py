@@ -33,6 +33,7 @@ import grpc
 
 from opentelemetry import trace
 
+from memsvc.block_watch import BlockChanges, BlockWatch
 from memsvc.memory_manager import MemoryConfig, MemoryManager
 from memsvc.metrics import MemsvcMetrics
 from pagedserve import convert
@@ -50,6 +51,7 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
         self.lock = threading.Lock()
         self.pool_epoch = uuid.uuid4().hex
         self.metrics = MemsvcMetrics(self)
+        self.block_changes = BlockChanges()
         self._stopped = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep, name="memsvc-lease-sweep", daemon=True)
         self._sweeper.start()
@@ -61,9 +63,12 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
                 freed = self.manager.expire_sessions()
             for session_id, n in freed.items():
                 log.info("session %s lapsed: freed %d sequences", session_id, n)
+            if freed:
+                self.block_changes.notify()
 
     def close(self) -> None:
         self._stopped.set()
+        self.block_changes.notify()
         with self.lock:
             self.manager.close()
 
@@ -109,6 +114,7 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
             self._registered(context)
             result = self._call(context, self.manager.reserve, plan, session)
         self.metrics.reserve_time.observe(time.perf_counter() - start)
+        self.block_changes.notify()
         span = trace.get_current_span()
         if span.is_recording():
             modes = [p.mode for p in result.preempted]
@@ -127,6 +133,7 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
         session = _session(request, context)
         with self.lock:
             self._call(context, self.manager.free, list(request.seq_ids), session)
+        self.block_changes.notify()
         return memory_pb2.FreeResponse()
 
     def Fork(self, request, context):
@@ -142,6 +149,19 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
             stats = self._call(context, self.manager.stats)
             block_size = self.manager.geometry.block_size
         return convert.stats_to_proto(stats, block_size, stats.num_sequences, stats.num_sessions)
+
+    def WatchBlocks(self, request, context):
+        """Stream BlockEvents: a snapshot, then changes after each Reserve/Free (at least
+        every `interval_s`), until the client goes away or memsvc stops."""
+        interval = request.interval_s if request.interval_s > 0 else 1.0
+        watch, seen = BlockWatch(), -1
+        while context.is_active() and not self._stopped.is_set():
+            with self.lock:
+                ready = self.manager.planner is not None
+                events = watch.next_events(self.manager, self.pool_epoch) if ready else None
+            if events is not None:
+                yield events
+            seen = self.block_changes.wait(seen, interval)
 
     def _registered(self, context) -> None:
         if self.manager.planner is None:
@@ -190,7 +210,7 @@ def serve(args) -> int:
         return 2
     setup_tracing("memsvc")
     servicer = MemoryService(MemoryManager(config))
-    service = Service([SERVICE_NAME])
+    service = Service([SERVICE_NAME], max_workers=16)  # WatchBlocks streams hold a worker each
     memory_pb2_grpc.add_MemoryManagerServicer_to_server(servicer, service.server)
     try:
         address = service.start(args.host, args.port, tls.server_credentials())

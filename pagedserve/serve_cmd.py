@@ -1,6 +1,7 @@
 """`pagedserve serve` (memsvc, executor and gateway as three local processes) and `pagedserve gateway`."""
 from __future__ import annotations
 
+import argparse
 import socket
 import sys
 
@@ -40,6 +41,17 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step (default: 64)")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="tokens per step (default: 2048)")
+    p.add_argument("--replicas", type=int, default=1, metavar="R",
+                   help="executor replicas (memsvc + executor pairs, each with its own pool) behind "
+                        "every gateway (default: 1)")
+    p.add_argument("--gateways", type=int, default=1, metavar="G",
+                   help="gateways sharing the replicas; gateway i listens on --port + i, and only the "
+                        "first serves the HTTP API (default: 1)")
+    p.add_argument("--routing", default="prefix", choices=["prefix", "round-robin"],
+                   help="how gateways spread requests over replicas (default: prefix)")
+    p.add_argument("--session-lease", type=float, default=None, metavar="SECONDS",
+                   help="memsvc frees a gateway's sequences after this long without a call "
+                        "(default: memsvc's)")
     add_http_args(p)
     p.set_defaults(run=run_serve)
 
@@ -63,8 +75,51 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def suffix(i: int) -> str:
+    """Names of the i-th replica's or gateway's services: memsvc, memsvc-1, ..."""
+    return f"-{i}" if i else ""
+
+
 def service_specs(args, host: str = "127.0.0.1"):
-    """The three services of `serve`, in start order."""
+    """The services of `serve`, in start order: memsvc and executor per replica, then gateways."""
+    if getattr(args, "replicas", 1) > 1 or getattr(args, "gateways", 1) > 1:
+        return scaled_specs(args, host)
+    return single_specs(args, host)
+
+
+def scaled_specs(args, host: str = "127.0.0.1"):
+    """R memsvc+executor pairs (ports chosen free) and G gateways (--port + i), each gateway
+    with every replica (--replica MEMSVC,EXECUTOR)."""
+    from pagedserve.supervisor import ServiceSpec
+
+    if args.replicas < 1 or args.gateways < 1:
+        raise ValueError("--replicas and --gateways must be >= 1")
+    specs, pairs = [], []
+    for i in range(args.replicas):
+        replica_args = argparse.Namespace(**{**vars(args), "memsvc_port": 0, "executor_port": 0,
+                                             "replicas": 1, "gateways": 1})
+        memsvc, executor, _ = single_specs(replica_args, host)
+        memsvc.name, executor.name = f"memsvc{suffix(i)}", f"executor{suffix(i)}"
+        memsvc.restart_with = [executor.name]
+        specs += [memsvc, executor]
+        pairs.append(f"{memsvc.address},{executor.address}")
+    cli = [sys.executable, "-m", "pagedserve.cli"]
+    for i in range(args.gateways):
+        http_port = args.http_port if i == 0 else 0
+        specs.append(ServiceSpec(
+            f"gateway{suffix(i)}",
+            cli + ["gateway", "--host", host, "--port", str(args.port + i),
+                   *[a for pair in pairs for a in ("--replica", pair)], "--routing", args.routing,
+                   "--max-num-seqs", str(args.max_num_seqs),
+                   "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+                   "--http-host", args.http_host, "--http-port", str(http_port)],
+            f"{host}:{args.port + i}", health_service="pagedserve.v1.Generation",
+            env={"PAGEDSERVE_API_KEY": args.api_key} if args.api_key else {}))
+    return specs
+
+
+def single_specs(args, host: str = "127.0.0.1"):
+    """The three services of a one-replica, one-gateway `serve`, in start order."""
     from pagedserve.supervisor import ServiceSpec
 
     memsvc = f"{host}:{args.memsvc_port or free_port(host)}"
@@ -98,15 +153,19 @@ def service_specs(args, host: str = "127.0.0.1"):
 
 def with_reliability(specs, args):
     """Add the queue bound, shutdown grace and metrics flags of `serve` to its services."""
-    by_name = {s.name: s for s in specs}
-    gateway = by_name["gateway"].argv
-    gateway += ["--max-waiting", str(getattr(args, "max_waiting", 0)),
-                "--shutdown-grace", str(getattr(args, "shutdown_grace", 10.0))]
     port = getattr(args, "metrics_port", None)
-    if port is not None:
-        gateway += ["--metrics-port", str(port)]
-        for name in ("memsvc", "executor"):
-            by_name[name].argv += ["--metrics-port", "0"]
+    lease = getattr(args, "session_lease", None)
+    for spec in specs:
+        kind = spec.name.split("-")[0]
+        if kind == "gateway":
+            spec.argv += ["--max-waiting", str(getattr(args, "max_waiting", 0)),
+                          "--shutdown-grace", str(getattr(args, "shutdown_grace", 10.0))]
+            if port is not None:  # the first gateway on --metrics-port, the others on free ports
+                spec.argv += ["--metrics-port", str(port) if spec.name == "gateway" else "0"]
+        elif port is not None:
+            spec.argv += ["--metrics-port", "0"]
+        if kind == "memsvc" and lease is not None:
+            spec.argv += ["--session-lease", str(lease)]
     return specs
 
 
@@ -132,7 +191,11 @@ def run_serve(args) -> int:
         if not sup.stopping:
             address = sup.by_name["gateway"].spec.address
             name = list_models(address, getattr(args, "api_key", None))
-            print(f"pagedserve: serving {name} on {address}", flush=True)
+            gateways = [r.spec.address for r in sup.services if r.spec.name.startswith("gateway")]
+            replicas = getattr(args, "replicas", 1)
+            print(f"pagedserve: serving {name} on {' '.join(gateways)}"
+                  + (f" ({replicas} replicas, {args.routing} routing)" if replicas > 1 else ""),
+                  flush=True)
             if args.http_port:
                 print(f"pagedserve: OpenAI-compatible API on http://{args.http_host}:{args.http_port}/v1",
                       flush=True)

@@ -59,6 +59,11 @@ class MemoryManagerStub:
                 request_serializer=pagedserve_dot_v1_dot_memory__pb2.StatsRequest.SerializeToString,
                 response_deserializer=pagedserve_dot_v1_dot_memory__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.WatchBlocks = channel.unary_stream(
+                '/pagedserve.v1.MemoryManager/WatchBlocks',
+                request_serializer=pagedserve_dot_v1_dot_memory__pb2.WatchBlocksRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_v1_dot_memory__pb2.BlockEvents.FromString,
+                _registered_method=True)
 
 
 class MemoryManagerServicer:
@@ -94,6 +99,14 @@ class MemoryManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchBlocks(self, request, context):
+        """The prefix-cache keys of the blocks this pool holds: first a snapshot, then what was
+        stored and evicted since, with the pool's load. Gateways follow it to route by prefix.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +134,11 @@ def add_MemoryManagerServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=pagedserve_dot_v1_dot_memory__pb2.StatsRequest.FromString,
                     response_serializer=pagedserve_dot_v1_dot_memory__pb2.StatsResponse.SerializeToString,
+            ),
+            'WatchBlocks': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchBlocks,
+                    request_deserializer=pagedserve_dot_v1_dot_memory__pb2.WatchBlocksRequest.FromString,
+                    response_serializer=pagedserve_dot_v1_dot_memory__pb2.BlockEvents.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +276,33 @@ class MemoryManager:
             '/pagedserve.v1.MemoryManager/Stats',
             pagedserve_dot_v1_dot_memory__pb2.StatsRequest.SerializeToString,
             pagedserve_dot_v1_dot_memory__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pagedserve.v1.MemoryManager/WatchBlocks',
+            pagedserve_dot_v1_dot_memory__pb2.WatchBlocksRequest.SerializeToString,
+            pagedserve_dot_v1_dot_memory__pb2.BlockEvents.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,228 @@
+"""Several executor replicas behind one gateway: one step runner each, routed requests, failover.
+
+A replica is one memsvc and one executor with their own pool. `ReplicaSet` has the face of
+a StepRunner (submit, abort, stop), so the Generation service and the HTTP API use it
+unchanged:
+- `submit` asks the Router for a replica among those up and queues the request on that
+  replica's step runner; the decision goes on the request's span.
+- A probe thread connects replicas that are not up yet (a replica that appears is used)
+  and checks the health of those that are. A replica whose probe fails, or whose step
+  starts failing (gateway.step_retry reports a retry), is dropped from routing, and its
+  requests are submitted again on another replica: recomputed from the prompt, with the
+  tokens already streamed skipped, so greedy output is the same as without the failure.
+  Requests that find no replica up wait for one.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gateway.block_index import BlockIndex
+from gateway.router import Router
+from gateway.step_runner import BackendError, describe
+
+log = logging.getLogger("pagedserve.gateway")
+MAX_ATTEMPTS = 4
+
+
+class Replica:
+    def __init__(self, name: str, memsvc: str, executor: str):
+        self.name, self.memsvc, self.executor = name, memsvc, executor
+        self.backend = None  # gateway.server.Backend once connected
+        self.runner = None  # gateway.step_runner.StepRunner
+        self.index: BlockIndex | None = None
+        self.up = False
+
+    def queued(self) -> int:
+        scheduler = self.runner.loop.scheduler
+        return len(scheduler.running) + len(scheduler.waiting)
+
+
+@dataclass
+class Routed:
+    request_id: str
+    prompt: list[int]
+    sampling: Any
+    sink: Callable
+    priority: int
+    replica: Replica | None = None
+    attempt: int = 0
+    emitted: dict[int, int] = field(default_factory=dict)  # tokens streamed, per completion
+    seen: dict[int, int] = field(default_factory=dict)  # tokens of this attempt, per completion
+    finished: int = 0
+
+
+class ReplicaSet:
+    def __init__(self, addresses: list[tuple[str, str]], connect: Callable[[str, str], Any],
+                 make_runner: Callable[[Any, Callable], Any], router: Router, telemetry=None,
+                 probe_s: float = 1.0):
+        self.replicas = [Replica(f"r{i}", m, e) for i, (m, e) in enumerate(addresses)]
+        self.connect = connect
+        self.make_runner = make_runner
+        self.router = router
+        self.telemetry = telemetry
+        self.probe_s = probe_s
+        self.backend = None  # the first replica's: model info and tokenizer
+        self.info = None
+        self._lock = threading.RLock()
+        self._requests: dict[str, Routed] = {}
+        self._stranded: list[Routed] = []  # waiting for a replica to come up
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._probe_loop, name="replica-probe", daemon=True)
+
+    # -- bring-up ---------------------------------------------------------------------------------
+    def connect_any(self) -> "ReplicaSet":
+        """Connect the replicas that answer; raise unless one does. Then keep probing."""
+        for replica in self.replicas:
+            self._try_connect(replica)
+        if not any(r.up for r in self.replicas):
+            raise ConnectionError("no replica answers yet: " +
+                                  ", ".join(f"{r.memsvc}+{r.executor}" for r in self.replicas))
+        if not self._thread.is_alive():
+            self._thread.start()
+        return self
+
+    def _try_connect(self, replica: Replica) -> None:
+        if replica.backend is None:
+            try:
+                backend = self.connect(replica.memsvc, replica.executor)
+            except Exception as e:
+                log.info("replica %s (%s, %s) not up: %s", replica.name, replica.memsvc,
+                         replica.executor, describe(e))
+                return
+            replica.backend = backend
+            replica.index = BlockIndex(backend.memory.channel)
+            replica.runner = self.make_runner(backend, lambda e, r=replica: self._failed(r, e))
+            if self.backend is None:
+                self.backend, self.info = backend, replica.runner.loop.info
+        try:
+            replica.backend.probe()
+        except Exception:
+            return
+        with self._lock:
+            if not replica.up:
+                log.info("replica %s up (memsvc %s, executor %s)", replica.name, replica.memsvc,
+                         replica.executor)
+            replica.up = True
+            stranded, self._stranded = self._stranded, []
+            for routed in stranded:
+                self._place(routed, "failover")
+
+    def _probe_loop(self) -> None:
+        while not self._stopped.wait(self.probe_s):
+            for replica in self.replicas:
+                if self._stopped.is_set():
+                    return
+                if not replica.up:
+                    self._try_connect(replica)
+                    continue
+                try:
+                    replica.backend.probe()
+                except Exception as e:
+                    self._failed(replica, e)
+
+    # -- the StepRunner face ------------------------------------------------------------------------
+    def submit(self, request_id: str, prompt_token_ids: list[int], sampling, sink, priority: int = 0
+               ) -> Future:
+        routed = Routed(request_id, list(prompt_token_ids), sampling, sink, priority)
+        with self._lock:
+            up = [r for r in self.replicas if r.up]
+            if not up:
+                done: Future = Future()
+                done.set_exception(BackendError("no replica is up: retry later"))
+                return done
+            route = self.router.choose(up, routed.prompt)
+            self._record(request_id, route)
+            self._requests[request_id] = routed
+            return self._submit_to(routed, route.replica)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            routed = self._requests.pop(request_id, None)
+            if routed is not None and routed.replica is not None:
+                routed.replica.runner.abort(request_id)
+            if routed in self._stranded:
+                self._stranded.remove(routed)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopped.set()
+        for replica in self.replicas:
+            if replica.runner is not None:
+                replica.runner.stop(timeout)
+            if replica.index is not None:
+                replica.index.close()
+            for client in (replica.backend.memory, replica.backend.executor) if replica.backend else ():
+                client.close()
+
+    # -- routing and failover -----------------------------------------------------------------------
+    def _record(self, request_id: str, route) -> None:
+        record = self.telemetry.open.get(request_id) if self.telemetry is not None else None
+        if record is not None:
+            record.span.set_attributes(route.attributes())
+
+    def _submit_to(self, routed: Routed, replica: Replica) -> Future:
+        routed.replica = replica
+        routed.attempt += 1
+        routed.seen = {}
+        attempt = routed.attempt
+        return replica.runner.submit(routed.request_id, routed.prompt, routed.sampling,
+                                     lambda item: self._deliver(routed, attempt, item), routed.priority)
+
+    def _place(self, routed: Routed, reason: str) -> None:
+        """Submit a request again on a replica that is up (or keep it until one is)."""
+        up = [r for r in self.replicas if r.up]
+        if routed.attempt >= MAX_ATTEMPTS or not up:
+            if routed.attempt >= MAX_ATTEMPTS:
+                self._requests.pop(routed.request_id, None)
+                routed.sink(BackendError("the request failed on every replica it was sent to"))
+            else:
+                routed.replica = None
+                self._stranded.append(routed)
+            return
+        route = self.router.choose(up, routed.prompt, reason)
+        log.info("request %s moves to replica %s", routed.request_id, route.replica.name)
+        done = self._submit_to(routed, route.replica)
+        done.add_done_callback(lambda f: f.exception() and self._deliver(routed, routed.attempt,
+                                                                          f.exception()))
+
+    def _failed(self, replica: Replica, error: BaseException) -> None:
+        """Drop `replica` from routing and move its requests (step thread or probe thread)."""
+        with self._lock:
+            if not replica.up:
+                return
+            replica.up = False
+            moving = [r for r in self._requests.values() if r.replica is replica]
+            log.warning("replica %s down (%s): moving %d requests", replica.name, describe(error),
+                        len(moving))
+            for routed in moving:
+                replica.runner.abort(routed.request_id)
+                self._place(routed, "failover")
+
+    def _deliver(self, routed: Routed, attempt: int, item) -> None:
+        """A step's deltas (or an error) for one attempt; stale attempts are dropped."""
+        with self._lock:
+            if routed.attempt != attempt or self._requests.get(routed.request_id) is not routed:
+                return
+            if isinstance(item, BaseException):
+                if isinstance(item, BackendError) and routed.replica is not None:
+                    self._failed(routed.replica, item)
+                    return
+                self._requests.pop(routed.request_id, None)
+                routed.sink(item)
+                return
+            fresh = []
+            for d in item:
+                seen = routed.seen.get(d.index, 0) + len(d.token_ids)
+                routed.seen[d.index] = seen
+                if seen <= routed.emitted.get(d.index, 0) and not d.finish_reason:
+                    continue  # streamed before the move: recomputed identically
+                routed.emitted[d.index] = max(seen, routed.emitted.get(d.index, 0))
+                routed.finished += bool(d.finish_reason)
+                fresh.append(d)
+            if routed.finished >= routed.sampling.n:
+                self._requests.pop(routed.request_id, None)
+            if fresh:
+                routed.sink(fresh)

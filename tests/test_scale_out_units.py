@@ -1,0 +1,152 @@
+"""Scale-out pieces without processes: the executor's step merger, the router, the block watch."""
+import threading
+import time
+from types import SimpleNamespace
+
+from executor.step_merger import StepMerger
+from gateway.router import Router
+from pagedserve.block_keys import cacheable_blocks, prompt_block_keys
+from pagedserve.protocol import SampleOutput, SamplingParams, SeqStep, StepBatch
+
+
+def step(seq_id, sample=True):
+    return SeqStep(seq_id, [1], 0, [0], [0], sample, SamplingParams(), 0)
+
+
+def test_merger_runs_one_pass_at_a_time_and_splits_outputs_by_position():
+    passes, running = [], []
+
+    def execute(batch):
+        assert not running, "two passes at once"
+        running.append(1)
+        time.sleep(0.05)
+        passes.append([s.seq_id for s in batch.seqs])
+        running.pop()
+        return [SampleOutput(s.seq_id, i) for i, s in enumerate(batch.seqs) if s.sample]
+
+    merger = StepMerger(execute)
+    results = {}
+
+    def call(name, n):
+        # the same seq ids from every caller (two gateways both say "0/0")
+        batch = StepBatch([step("0/0"), step("0/1", sample=False), *[step(f"x{i}") for i in range(n)]])
+        results[name] = merger.run(batch)
+
+    threads = [threading.Thread(target=call, args=(f"g{i}", i)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(len(p) for p in passes) == sum(2 + i for i in range(4))
+    assert len(passes) < 4  # calls that arrived during a pass were merged
+    for i in range(4):
+        assert len(results[f"g{i}"]) == 1 + i
+        assert results[f"g{i}"][0].seq_id == "0/0"
+
+
+def test_merger_fails_every_call_of_a_failed_pass_and_goes_on():
+    calls = []
+
+    def execute(batch):
+        calls.append(batch)
+        if len(calls) == 1:
+            raise ValueError("bad slot")
+        return [SampleOutput(s.seq_id, 0) for s in batch.seqs]
+
+    merger = StepMerger(execute)
+    try:
+        merger.run(StepBatch([step("a")]))
+        raise AssertionError("no error")
+    except ValueError:
+        pass
+    assert merger.run(StepBatch([step("b")]))[0].seq_id == "b"
+
+
+class FakeIndex:
+    def __init__(self, keys=(), usage=0.0):
+        self.keys, self.usage = set(keys), usage
+
+    def leading(self, keys):
+        n = 0
+        for k in keys:
+            if k not in self.keys:
+                break
+            n += 1
+        return n
+
+    def note_routed(self, keys):
+        self.keys.update(keys)
+
+    def kv_usage(self):
+        return self.usage
+
+
+def replica(name, keys=(), queued=0, usage=0.0):
+    return SimpleNamespace(name=name, index=FakeIndex(keys, usage), queued=lambda: queued)
+
+
+def test_prefix_routing_follows_the_cached_prefix_unless_the_holder_is_loaded():
+    prompt = list(range(100))
+    keys = prompt_block_keys(prompt, 16, max_blocks=cacheable_blocks(100, 16))
+    assert len(keys) == 6
+    router = Router("prefix", block_size=16, max_num_seqs=8, registry=None)
+    holder, other = replica("a", keys), replica("b")
+    for _ in range(3):
+        assert router.choose([other, holder], prompt).replica is holder
+    route = router.choose([other, holder], prompt)
+    assert route.reason == "prefix" and route.cached_blocks == 6
+    assert route.attributes()["pagedserve.route.replica"] == "a"
+    busy = replica("a", keys, queued=16, usage=0.9)  # score 0.96 - 0.5 * (0.9 + 2) < 0
+    assert router.choose([other, busy], prompt).replica is other
+
+
+def test_prefix_routing_sends_a_new_prefix_to_the_least_loaded_then_keeps_it_there():
+    router = Router("prefix", block_size=16, max_num_seqs=8, registry=None)
+    a, b = replica("a", queued=4), replica("b", queued=0)
+    first = router.choose([a, b], list(range(40)))
+    assert first.replica is b and first.reason == "load"
+    assert router.choose([a, b], list(range(40)) + [7]).replica is b  # noted before memsvc says
+
+
+def test_round_robin_takes_turns():
+    router = Router("round-robin", block_size=16, registry=None)
+    a, b = replica("a"), replica("b")
+    names = [router.choose([a, b], [1, 2, 3]).replica.name for _ in range(4)]
+    assert names == ["a", "b", "a", "b"]
+
+
+def test_block_watch_sends_a_snapshot_then_changes():
+    from memsvc.block_watch import BlockWatch
+
+    pool = SimpleNamespace(cached={b"k1": 1, b"k2": 2})
+    allocator = SimpleNamespace(pool=pool, num_free_blocks=lambda: 5, sequence_ids=lambda: ["s"])
+    manager = SimpleNamespace(allocator=allocator, geometry=SimpleNamespace(block_size=16),
+                              pool=SimpleNamespace(shape=(8,)))
+    watch = BlockWatch()
+    first = watch.next_events(manager, "epoch")
+    assert first.snapshot and set(first.stored) == {b"k1", b"k2"} and first.num_blocks == 8
+    del pool.cached[b"k1"]
+    pool.cached[b"k3"] = 3
+    second = watch.next_events(manager, "epoch")
+    assert not second.snapshot and list(second.stored) == [b"k3"] and list(second.evicted) == [b"k1"]
+
+
+def test_memsvc_admits_no_new_sequence_for_a_session_over_its_share():
+    from memsvc.memory_manager import MemoryConfig, MemoryManager
+    from pagedserve.protocol import KVGeometry, Plan, PlanEntry
+
+    mem = MemoryManager(MemoryConfig(num_blocks=32, session_lease_s=10.0))
+    mem.register_executor(KVGeometry(1, 1, 1, 4))
+
+    def new(seq_id, first):  # 20 tokens: 5 blocks of 4
+        return PlanEntry(seq_id, list(range(first, first + 20)), True, 40)
+
+    assert mem.reserve(Plan([new("0", 100)]), session_id="hog").grants
+    assert mem.reserve(Plan([new("0", 200)]), session_id="other").grants  # two sessions: 16 blocks each
+    for i in (1, 2, 3):  # holding 5, 10, 15 < 16: admitted
+        assert [g.seq_id for g in mem.reserve(Plan([new(str(i), 100 * i + 300)]), session_id="hog").grants] == [str(i)]
+    held = mem.reserve(Plan([new("4", 900)]), session_id="hog")  # 20 >= 16: waits
+    assert held.grants == [] and held.waiting == ["4"]
+    later = mem.reserve(Plan([new("1", 1000)]), session_id="other")  # the other one still starts
+    assert [g.seq_id for g in later.grants] == ["1"]
+    mem.check_integrity()
