@@ -16,6 +16,11 @@ Service contract:
   epoch of this process's pool (new with every memsvc process), which the executor checks
   on Execute so that a step reserved in a pool that is gone never runs.
 - Health is SERVING from the moment it listens (its job starts with registration).
+- WatchBlocks streams the prefix-cache keys (pagedserve.block_keys) of the blocks the pool
+  holds: a snapshot, then what each Reserve/Free stored and evicted, with the pool's load
+  (memsvc.block_watch). Gateways follow it to route requests to the replica holding their
+  prefix. Sessions share the pool fairly (memsvc.fair_share) and are only ever preempted
+  by their own Reserve.
 - One lock serializes every MemoryManager call (request handlers and the lease sweep).
 - A Reserve that arrives with trace context gets a span (pagedserve.tracing) with what it
   decided; `--metrics-port` serves memsvc.metrics; `--tls-*` (pagedserve.tls) turn on TLS,
