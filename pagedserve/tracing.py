@@ -4,7 +4,8 @@
 - OTLP over gRPC when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is
   set (the exporter reads the other OTEL_EXPORTER_OTLP_* variables itself);
 - OTEL_TRACES_EXPORTER=console: spans printed to stdout;
-- PAGEDSERVE_TRACE_FILE=PATH: each span appended to PATH as one JSON object per line;
+- PAGEDSERVE_TRACE_FILE=PATH: each span appended to PATH as one JSON object per line
+  (`{service}` in PATH becomes gateway, memsvc or executor: one file per service);
 - otherwise nothing is recorded (the default), though trace context still passes through.
 OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turns it off. The resource is named by
 OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, else `pagedserve-<service>`.
@@ -48,7 +49,7 @@ class JsonLinesExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def _exporters() -> list[tuple[SpanExporter, bool]]:
+def _exporters(service: str = "") -> list[tuple[SpanExporter, bool]]:
     """(exporter, batched) pairs the environment asks for."""
     env = os.environ
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -64,7 +65,7 @@ def _exporters() -> list[tuple[SpanExporter, bool]]:
     if "console" in kinds:
         out.append((ConsoleSpanExporter(), False))
     if env.get(TRACE_FILE_ENV):
-        out.append((JsonLinesExporter(env[TRACE_FILE_ENV]), False))
+        out.append((JsonLinesExporter(env[TRACE_FILE_ENV].replace("{service}", service)), False))
     return out
 
 
@@ -77,7 +78,7 @@ def setup_tracing(service: str) -> TracerProvider | None:
     global _provider
     if _provider is not None:
         return _provider
-    exporters = _exporters()
+    exporters = _exporters(service)
     if not exporters:
         return None
     attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": f"pagedserve-{service}"}
