@@ -35,6 +35,7 @@ class Replica:
         self.runner = None  # gateway.step_runner.StepRunner
         self.index: BlockIndex | None = None
         self.up = False
+        self.reported = False  # "not up" logged already
 
     def queued(self) -> int:
         scheduler = self.runner.loop.scheduler
@@ -90,8 +91,10 @@ class ReplicaSet:
             try:
                 backend = self.connect(replica.memsvc, replica.executor)
             except Exception as e:
-                log.info("replica %s (%s, %s) not up: %s", replica.name, replica.memsvc,
-                         replica.executor, describe(e))
+                if not replica.reported:  # once, not on every probe
+                    log.info("replica %s (%s, %s) not up: %s", replica.name, replica.memsvc,
+                             replica.executor, describe(e))
+                replica.reported = True
                 return
             replica.backend = backend
             replica.index = BlockIndex(backend.memory.channel)
