@@ -37,6 +37,13 @@ def add_replica_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replica", action="append", default=None, metavar="MEMSVC,EXECUTOR",
                    help="an executor replica: its memsvc and executor host:port; repeat for several "
                         "(env PAGEDSERVE_REPLICAS: space-separated; replaces --memsvc/--executor)")
+    p.add_argument("--discover", default=_env("DISCOVER", None), metavar="DNS_NAME",
+                   help="find replicas by DNS: every address of DNS_NAME (e.g. a headless Service) "
+                        "is a replica, resolved again every 5 s (env PAGEDSERVE_DISCOVER)")
+    p.add_argument("--discover-ports", default=_env("DISCOVER_PORTS", "50052,50053"),
+                   metavar="MEMSVC_PORT,EXECUTOR_PORT",
+                   help="the ports of memsvc and the executor at each discovered address "
+                        "(env PAGEDSERVE_DISCOVER_PORTS; default 50052,50053)")
     p.add_argument("--routing", default=_env("ROUTING", "prefix"), choices=["prefix", "round-robin"],
                    help="how requests are spread over replicas: prefix-cache affinity and load, or "
                         "round-robin (env PAGEDSERVE_ROUTING; default prefix)")
@@ -61,9 +68,15 @@ def replica_set(args, service, tls=None):
 
     router = Router(args.routing, block_size=16, max_num_seqs=args.max_num_seqs,
                     registry=service.metrics.registry)
+    discover = None
+    if args.discover:
+        from gateway.discovery import dns_replicas, parse_ports
+
+        memsvc_port, executor_port = parse_ports(args.discover_ports)
+        discover = lambda: dns_replicas(args.discover, memsvc_port, executor_port)  # noqa: E731
     replicas = ReplicaSet(replica_addresses(args), lambda m, e: connect_remote(m, e, tls),
                           lambda backend, on_error: service.build_runner(backend, on_error),
-                          router, service.telemetry)
+                          router, service.telemetry, discover=discover)
 
     def connect():
         replicas.connect_any()
@@ -130,7 +143,7 @@ async def serve(args) -> int:
                       host=args.host, port=args.port, max_waiting=args.max_waiting,
                       step_retry_s=args.step_retry_timeout, api_key=getattr(args, "api_key", None) or None,
                       credentials=tls.server_credentials(require_client_cert=False))
-    if replica_addresses(args):
+    if replica_addresses(args) or args.discover:
         gateway.connect = replica_set(args, gateway.service, tls)
     try:
         port = await gateway.start()
@@ -143,9 +156,10 @@ async def serve(args) -> int:
         log.error("cannot serve metrics on %s:%s: %s", args.host, args.metrics_port, e)
         await gateway.stop(grace=0)
         return 1
-    backends = replica_addresses(args) or [(args.memsvc, args.executor)]
+    backends = replica_addresses(args) or ([] if args.discover else [(args.memsvc, args.executor)])
     log.info("listening on %s:%d (NOT_SERVING until a replica answers: %s; routing %s)", args.host,
-             port, " ".join(f"memsvc {m} + executor {e}" for m, e in backends), args.routing)
+             port, " ".join(f"memsvc {m} + executor {e}" for m, e in backends)
+             or f"every address of {args.discover}", args.routing)
     http = None
     if args.http_port:
         from gateway.openai_server import start_openai
@@ -180,6 +194,10 @@ def run(args) -> int:
         if args.max_waiting < 0:
             raise ValueError(f"--max-waiting must be >= 0, got {args.max_waiting}")
         replica_addresses(args)
+        if args.discover:
+            from gateway.discovery import parse_ports
+
+            parse_ports(args.discover_ports)
         tls_from_args(args).server_credentials(require_client_cert=False)
     except (ValueError, OSError) as e:
         print(f"pagedserve gateway: {e}", file=sys.stderr)

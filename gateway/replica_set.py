@@ -11,11 +11,14 @@ unchanged:
   requests are submitted again on another replica: recomputed from the prompt, with the
   tokens already streamed skipped, so greedy output is the same as without the failure.
   Requests that find no replica up wait for one.
+- With `discover` (gateway.discovery: a DNS name of all replicas), the probe thread asks
+  it again every `discover_s` seconds and adds the replicas it has not seen.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -59,8 +62,14 @@ class Routed:
 class ReplicaSet:
     def __init__(self, addresses: list[tuple[str, str]], connect: Callable[[str, str], Any],
                  make_runner: Callable[[Any, Callable], Any], router: Router, telemetry=None,
-                 probe_s: float = 1.0):
-        self.replicas = [Replica(f"r{i}", m, e) for i, (m, e) in enumerate(addresses)]
+                 probe_s: float = 1.0, discover: Callable[[], list[tuple[str, str]]] | None = None,
+                 discover_s: float = 5.0):
+        self.replicas: list[Replica] = []
+        for memsvc, executor in addresses:
+            self.add(memsvc, executor)
+        self.discover = discover
+        self.discover_s = discover_s
+        self._discovered_at = float("-inf")
         self.connect = connect
         self.make_runner = make_runner
         self.router = router
@@ -75,8 +84,30 @@ class ReplicaSet:
         self._thread = threading.Thread(target=self._probe_loop, name="replica-probe", daemon=True)
 
     # -- bring-up ---------------------------------------------------------------------------------
+    def add(self, memsvc: str, executor: str) -> Replica:
+        """A replica to route to once it answers (the same addresses twice: the same replica)."""
+        for replica in self.replicas:
+            if (replica.memsvc, replica.executor) == (memsvc, executor):
+                return replica
+        replica = Replica(f"r{len(self.replicas)}", memsvc, executor)
+        self.replicas = [*self.replicas, replica]  # readers iterate over a list never mutated
+        return replica
+
+    def _discover(self) -> None:
+        if self.discover is None or time.monotonic() - self._discovered_at < self.discover_s:
+            return
+        self._discovered_at = time.monotonic()
+        for memsvc, executor in self.discover():
+            with self._lock:
+                known = len(self.replicas)
+                self.add(memsvc, executor)
+                if len(self.replicas) > known:
+                    log.info("discovered replica %s (memsvc %s, executor %s)", self.replicas[-1].name,
+                             memsvc, executor)
+
     def connect_any(self) -> "ReplicaSet":
         """Connect the replicas that answer; raise unless one does. Then keep probing."""
+        self._discover()
         for replica in self.replicas:
             self._try_connect(replica)
         if not any(r.up for r in self.replicas):
@@ -116,6 +147,7 @@ class ReplicaSet:
 
     def _probe_loop(self) -> None:
         while not self._stopped.wait(self.probe_s):
+            self._discover()
             for replica in self.replicas:
                 if self._stopped.is_set():
                     return

@@ -175,3 +175,20 @@ def test_serve_with_replicas_and_gateways_starts_each_pair_then_every_gateway_on
     assert float(specs[2].argv[specs[2].argv.index("--session-lease") + 1]) == 3
     single = service_specs(parser.parse_args(["serve"]))
     assert [s.name for s in single] == ["memsvc", "executor", "gateway"]
+
+
+def test_dns_discovery_names_a_replica_per_address_and_the_set_adds_each_once():
+    from gateway.discovery import dns_replicas, parse_ports
+    from gateway.replica_set import ReplicaSet
+
+    found = dns_replicas("localhost", 50052, 50053)
+    assert ("127.0.0.1:50052", "127.0.0.1:50053") in found or ("[::1]:50052", "[::1]:50053") in found
+    assert dns_replicas("no-such-host.invalid", 1, 2) == []
+    assert parse_ports("7,8") == (7, 8)
+    answers = [[("a:1", "a:2")], [("a:1", "a:2"), ("b:1", "b:2")]]
+    replicas = ReplicaSet([], connect=None, make_runner=None, router=None,
+                          discover=lambda: answers.pop(0), discover_s=0.0)
+    replicas._discover()
+    replicas._discover()
+    assert [(r.name, r.memsvc, r.executor) for r in replicas.replicas] == [("r0", "a:1", "a:2"),
+                                                                            ("r1", "b:1", "b:2")]
