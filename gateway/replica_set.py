@@ -164,15 +164,24 @@ class ReplicaSet:
                ) -> Future:
         routed = Routed(request_id, list(prompt_token_ids), sampling, sink, priority)
         with self._lock:
+            self._requests[request_id] = routed
             up = [r for r in self.replicas if r.up]
-            if not up:
+            if not up:  # wait for one (the client's deadline still applies)
+                self._stranded.append(routed)
                 done: Future = Future()
-                done.set_exception(BackendError("no replica is up: retry later"))
+                done.set_result(None)
                 return done
             route = self.router.choose(up, routed.prompt)
             self._record(request_id, route)
-            self._requests[request_id] = routed
-            return self._submit_to(routed, route.replica)
+            done = self._submit_to(routed, route.replica)
+        done.add_done_callback(lambda f: f.exception() is not None and self._forget(routed))
+        return done
+
+    def _forget(self, routed: Routed) -> None:
+        """A request its replica refused (bad request, full queue): the caller hears why."""
+        with self._lock:
+            if self._requests.get(routed.request_id) is routed:
+                del self._requests[routed.request_id]
 
     def abort(self, request_id: str) -> None:
         with self._lock:

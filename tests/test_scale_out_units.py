@@ -192,3 +192,80 @@ def test_dns_discovery_names_a_replica_per_address_and_the_set_adds_each_once():
     replicas._discover()
     assert [(r.name, r.memsvc, r.executor) for r in replicas.replicas] == [("r0", "a:1", "a:2"),
                                                                             ("r1", "b:1", "b:2")]
+
+
+class FakeRunner:
+    def __init__(self):
+        self.sinks, self.aborted = {}, []
+        self.loop = SimpleNamespace(info="info", scheduler=SimpleNamespace(running=[], waiting=[]))
+
+    def submit(self, request_id, prompt, sampling, sink, priority=0):
+        from concurrent.futures import Future
+
+        self.sinks[request_id] = sink
+        done = Future()
+        done.set_result(None)
+        return done
+
+    def abort(self, request_id):
+        self.aborted.append(request_id)
+
+    def stop(self, timeout=5.0):
+        pass
+
+
+def fake_replica_set(n):
+    import grpc
+
+    from gateway.replica_set import ReplicaSet
+
+    runners = []
+
+    def connect(memsvc, executor):
+        closable = SimpleNamespace(close=lambda: None)
+        return SimpleNamespace(memory=SimpleNamespace(channel=grpc.insecure_channel("127.0.0.1:1"),
+                                                      close=lambda: None),
+                               executor=closable, tokenizer=None, probe=lambda: None)
+
+    def make_runner(backend, on_error):
+        runners.append(FakeRunner())
+        runners[-1].on_error = on_error
+        return runners[-1]
+
+    replicas = ReplicaSet([(f"m{i}", f"e{i}") for i in range(n)], connect, make_runner,
+                          Router("round-robin", block_size=4, registry=None), probe_s=60)
+    replicas.connect_any()
+    return replicas, runners
+
+
+def delta(index, tokens, finish=None):
+    from gateway.output_stream import Delta
+
+    return Delta("q", index, "".join(map(str, tokens)), tokens, finish)
+
+
+def test_a_failed_replica_s_requests_move_and_skip_what_was_streamed():
+    replicas, (r0, r1) = fake_replica_set(2)
+    got = []
+    replicas.submit("q", [1, 2, 3], SamplingParams(max_tokens=4), got.append)
+    assert "q" in r0.sinks
+    r0.sinks["q"]([delta(0, [7])])
+    r0.sinks["q"]([delta(0, [8])])
+    r0.on_error(RuntimeError("executor gone"))  # the step runner's retry reports it
+    assert r0.aborted == ["q"] and "q" in r1.sinks and not replicas.replicas[0].up
+    r0.sinks["q"]([delta(0, [99])])  # a stale attempt: dropped
+    for t in (7, 8, 9):
+        r1.sinks["q"]([delta(0, [t])])  # recomputed: 7 and 8 again, then new
+    r1.sinks["q"]([delta(0, [10], "length")])
+    assert [d.token_ids for batch in got for d in batch] == [[7], [8], [9], [10]]
+    assert "q" not in replicas._requests
+
+
+def test_a_request_with_no_replica_up_waits_for_one():
+    replicas, (r0,) = fake_replica_set(1)
+    r0.on_error(RuntimeError("down"))
+    got = []
+    assert replicas.submit("q", [1], SamplingParams(max_tokens=1), got.append).result() is None
+    assert "q" not in r0.sinks
+    replicas._try_connect(replicas.replicas[0])  # its probe answers again
+    assert "q" in r0.sinks
