@@ -269,3 +269,20 @@ def test_a_request_with_no_replica_up_waits_for_one():
     assert "q" not in r0.sinks
     replicas._try_connect(replicas.replicas[0])  # its probe answers again
     assert "q" in r0.sinks
+
+
+def test_the_routing_decision_is_a_metric_and_a_span_attribute():
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    replicas, (r0, r1) = fake_replica_set(2)
+    replicas.router = Router("prefix", block_size=4, max_num_seqs=8, registry=registry)
+    span = SimpleNamespace(attrs={})
+    span.set_attributes = span.attrs.update
+    replicas.telemetry = SimpleNamespace(open={"q": SimpleNamespace(span=span)})
+    replicas.submit("q", list(range(9)), SamplingParams(max_tokens=1), lambda item: None)
+    assert span.attrs["pagedserve.route.reason"] == "load"
+    assert span.attrs["pagedserve.route.replica"] in ("r0", "r1")
+    value = registry.get_sample_value("pagedserve:routing_decisions_total",
+                                      {"replica": span.attrs["pagedserve.route.replica"], "reason": "load"})
+    assert value == 1
