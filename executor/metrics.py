@@ -3,6 +3,8 @@
 - pagedserve:execute_seconds: forward pass and sampling of one step
 - pagedserve:execute_batch_sequences, pagedserve:execute_batch_tokens: step sizes
 - pagedserve:executed_tokens_total, pagedserve:execute_steps_total
+- pagedserve:execute_merged_calls_total: Execute calls that shared a forward pass with
+  another (several gateways on one executor, executor.step_merger)
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ class ExecutorMetrics:
                                 buckets=SIZE_BUCKETS, registry=r)
         self.tokens_total = Counter("pagedserve:executed_tokens", "Tokens computed.", registry=r)
         self.steps = Counter("pagedserve:execute_steps", "Steps run.", registry=r)
+        self.merged_calls = Counter("pagedserve:execute_merged_calls", "Execute calls that shared a "
+                                    "forward pass with another.", registry=r)
 
     def observe(self, sequences: int, tokens: int, seconds: float) -> None:
         self.seconds.observe(seconds)

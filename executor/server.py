@@ -72,7 +72,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def set_ready(self, executor, info: ModelInfo, tokenizer_files: dict[str, bytes],
                   pool_id: str | None = None) -> None:
         self.executor = executor
-        self.merger = StepMerger(executor.execute)
+        self.merger = StepMerger(executor.execute, self.metrics.merged_calls.inc)
         self.info_message = convert.model_info_to_proto(info, tokenizer_files)
         self.pool_id = pool_id
         self.ready.set()
@@ -93,7 +93,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         tokens = sum(len(s.token_ids) for s in batch.seqs)
         try:
             start = time.perf_counter()
-            outputs = self.merger.run(batch)
+            outputs = self.merger.run(batch, caller=context.peer())
             seconds = time.perf_counter() - start
         except (ValueError, IndexError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}")

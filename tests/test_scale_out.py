@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from types import SimpleNamespace
 
 import grpc
@@ -65,12 +66,13 @@ class Procs:
                 p.wait()
 
 
-def start_replica(procs, i, *memsvc_args):
+def start_replica(procs, i, *memsvc_args, executor_args=()):
     memsvc, executor = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     procs.start(f"memsvc{i}", "memsvc", "--port", memsvc.split(":")[1], "--kv-tokens", str(KV_TOKENS),
                 *memsvc_args)
     wait_status(memsvc, SERVING, procs.procs[f"memsvc{i}"], timeout=60)
-    procs.start(f"executor{i}", "executor", "--port", executor.split(":")[1], "--memsvc", memsvc)
+    procs.start(f"executor{i}", "executor", "--port", executor.split(":")[1], "--memsvc", memsvc,
+                *executor_args)
     return memsvc, executor
 
 
@@ -213,10 +215,13 @@ def two_gateways(tmp_path_factory):
     """One replica (session lease 2 s) driven by gateways `a` and `b`."""
     procs = Procs(str(tmp_path_factory.mktemp("two_gateways")))
     try:
-        replica = start_replica(procs, 0, "--session-lease", str(LEASE))
+        metrics_port = free_port()
+        replica = start_replica(procs, 0, "--session-lease", str(LEASE),
+                                executor_args=("--metrics-port", str(metrics_port)))
         gateways = {name: start_gateway(procs, name, [replica]) for name in ("a", "b")}
         wait_all(procs, gateways)
-        yield SimpleNamespace(procs=procs, memsvc=replica[0], gateways=gateways)
+        yield SimpleNamespace(procs=procs, memsvc=replica[0], gateways=gateways,
+                              executor_metrics=f"http://127.0.0.1:{metrics_port}/metrics")
     finally:
         procs.stop()
 
@@ -228,6 +233,10 @@ def test_two_gateways_share_one_replica_and_match_the_engine(two_gateways, engin
     results = run_all([generate(two_gateways.gateways[n], p, 8) for n, p in zip(names, prompts)])
     assert_same(expected, results)
     assert stats(two_gateways.memsvc).num_sessions == 2
+    with urllib.request.urlopen(two_gateways.executor_metrics, timeout=10) as response:
+        text = response.read().decode()
+    merged = [line for line in text.splitlines() if line.startswith("pagedserve:execute_merged_calls_total")]
+    assert float(merged[0].split()[-1]) > 0  # the two gateways' steps shared forward passes
 
 
 def test_a_gateway_that_dies_loses_only_its_own_requests(two_gateways, engine):

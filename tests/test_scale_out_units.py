@@ -286,3 +286,26 @@ def test_the_routing_decision_is_a_metric_and_a_span_attribute():
     value = registry.get_sample_value("pagedserve:routing_decisions_total",
                                       {"replica": span.attrs["pagedserve.route.replica"], "reason": "load"})
     assert value == 1
+
+
+def test_merger_waits_briefly_for_an_active_caller_so_two_gateways_share_passes():
+    sizes = []
+
+    def execute(batch):
+        time.sleep(0.02)
+        sizes.append(len(batch.seqs))
+        return [SampleOutput(s.seq_id, 0) for s in batch.seqs]
+
+    merger = StepMerger(execute, window=1.0, max_wait_s=0.05)
+
+    def gateway(name):  # steps in turn: each waits for its answer, then plans for 2 ms
+        for _ in range(10):
+            assert len(merger.run(StepBatch([step(name)]), caller=name)) == 1
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=gateway, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(sizes) == 20 and sizes.count(2) >= 5
