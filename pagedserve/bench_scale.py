@@ -99,7 +99,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kv-tokens", type=int, default=4096)
     p.add_argument("--json", default=None)
+    p.add_argument("--sections", default="routing,replicas,gateways",
+                   help="comma-separated: routing, replicas, gateways (default: all)")
     args = p.parse_args(argv)
+    sections = set(args.sections.split(","))
     logs = tempfile.mkdtemp(prefix="bench-scale-")
     procs = []
 
@@ -121,7 +124,7 @@ def main(argv=None) -> int:
             replicas.append((m, e))
         gateways = {}
         for name, reps, routing in (("prefix", replicas, "prefix"), ("rr", replicas, "round-robin"),
-                                    ("one", replicas[:1], "prefix")):
+                                    ("one", replicas[:1], "prefix"), ("one-b", replicas[:1], "prefix")):
             address = f"127.0.0.1:{free_port()}"
             start(f"gateway-{name}", "gateway", "--port", address.split(":")[1], "--http-port", "0",
                   "--routing", routing, *[x for m, e in reps for x in ("--replica", f"{m},{e}")])
@@ -130,16 +133,33 @@ def main(argv=None) -> int:
             wait(address, "pagedserve.v1.Generation")
         memsvcs = [m for m, _ in replicas]
         run_load(gateways["one"], ["warm up"] * 2, 4, 2)
-        results = {"routing": {}, "replicas": {}}
-        for name in ("rr", "prefix"):
+        results = {"routing": {}, "replicas": {}, "gateways": {}}
+        for name in ("rr", "prefix") if "routing" in sections else ():
             results["routing"][name] = measured(memsvcs, gateways[name],
                                                 shared_prefix_prompts(name), 16, 8)
             print(name, results["routing"][name], flush=True)
         distinct = [f"Request {i}: write a short story about the number {i * 7}." for i in range(32)]
-        for name in ("one", "rr"):
+        for name in ("one", "rr") if "replicas" in sections else ():
             results["replicas"][name] = measured(memsvcs, gateways[name],
                                                  [f"({name}) {d}" for d in distinct], 32, 16)
             print(name, results["replicas"][name], flush=True)
+        if "gateways" in sections:  # one replica: 16 clients on one gateway, or 8 on each of two
+            results["gateways"]["1"] = run_load(gateways["one"], [f"(g1) {d}" for d in distinct], 32, 16)
+            print("1 gateway", results["gateways"]["1"], flush=True)
+            halves = [{}, {}]
+            threads = [threading.Thread(target=lambda i=i: halves[i].update(run_load(
+                gateways[("one", "one-b")[i]], [f"(g2 {i}) {d}" for d in distinct[i::2]], 32, 8)))
+                for i in range(2)]
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            seconds = time.perf_counter() - start
+            results["gateways"]["2"] = {
+                "seconds": round(seconds, 2), "output_tokens_per_s": round(32 * 32 / seconds, 1),
+                "ttft_mean_s": round((halves[0]["ttft_mean_s"] + halves[1]["ttft_mean_s"]) / 2, 3)}
+            print("2 gateways", results["gateways"]["2"], flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
