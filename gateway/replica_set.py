@@ -21,6 +21,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable
 
 from gateway.block_index import BlockIndex
@@ -75,6 +76,7 @@ class ReplicaSet:
         self.router = router
         self.telemetry = telemetry
         self.probe_s = probe_s
+        self.on_change: Callable[[bool], None] | None = None  # called with "any replica up"
         self.backend = None  # the first replica's: model info and tokenizer
         self.info = None
         self._lock = threading.RLock()
@@ -140,6 +142,8 @@ class ReplicaSet:
             if not replica.up:
                 log.info("replica %s up (memsvc %s, executor %s)", replica.name, replica.memsvc,
                          replica.executor)
+            if not any(r.up for r in self.replicas) and self.on_change is not None:
+                self.on_change(True)
             replica.up = True
             stranded, self._stranded = self._stranded, []
             for routed in stranded:
@@ -182,6 +186,12 @@ class ReplicaSet:
         with self._lock:
             if self._requests.get(routed.request_id) is routed:
                 del self._requests[routed.request_id]
+
+    def queues(self):
+        """The replicas' scheduler queues together (for the gateway's queue gauges)."""
+        schedulers = [r.runner.loop.scheduler for r in self.replicas if r.runner is not None]
+        return SimpleNamespace(**{name: [s for sched in schedulers for s in list(getattr(sched, name, []))]
+                                  for name in ("running", "waiting", "swapped")})
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -238,6 +248,8 @@ class ReplicaSet:
             if not replica.up:
                 return
             replica.up = False
+            if not any(r.up for r in self.replicas) and self.on_change is not None:
+                self.on_change(False)
             moving = [r for r in self._requests.values() if r.replica is replica]
             log.warning("replica %s down (%s): moving %d requests", replica.name, describe(error),
                         len(moving))

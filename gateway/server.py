@@ -24,7 +24,7 @@ Contract:
 
 The backend is whatever `connect()` returns: the in-process MemoryManager and Executor
 (tests), the gRPC clients of memsvc and the executor (deployment), or a connected
-gateway.replica_set.ReplicaSet (several replicas, routed; the health stays SERVING while
+gateway.replica_set.ReplicaSet (several replicas, routed; the health is SERVING while
 any replica is up).
 """
 from __future__ import annotations
@@ -137,8 +137,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.info = replicas.info
         self.backend = Backend(None, None, replicas.backend.tokenizer)
         self.runner = replicas
-        first = replicas.replicas[0]
-        self.metrics.watch_scheduler(lambda: first.runner.loop.scheduler if first.runner else None)
+        self.metrics.watch_scheduler(replicas.queues)
 
     async def Generate(self, request, context):
         async for r in self._guarded(context, lambda: generate_prompt(request, self._tokenizer()),
@@ -324,6 +323,11 @@ class Gateway:
         aio_loop = asyncio.get_running_loop()
         if not isinstance(backend, Backend):  # several replicas: they fail over among themselves
             self.service.attach_replicas(backend)
+
+            def on_change(any_up: bool) -> None:  # SERVING while a replica is up
+                if not self.service.draining:
+                    self._spawn(self._set_health(SERVING if any_up else NOT_SERVING))
+            backend.on_change = lambda any_up: aio_loop.call_soon_threadsafe(on_change, any_up)
         else:
             self.service.attach(
                 backend,

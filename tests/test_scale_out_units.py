@@ -309,3 +309,19 @@ def test_merger_waits_briefly_for_an_active_caller_so_two_gateways_share_passes(
     for t in threads:
         t.join()
     assert sum(sizes) == 20 and sizes.count(2) >= 5
+
+
+def test_the_set_reports_when_no_replica_is_up_and_when_one_is_again():
+    replicas, (r0, r1) = fake_replica_set(2)
+    changes = []
+    replicas.on_change = changes.append
+    r0.on_error(RuntimeError("down"))
+    assert changes == []
+    r1.on_error(RuntimeError("down"))
+    assert changes == [False]
+    replicas._try_connect(replicas.replicas[1])
+    assert changes == [False, True]
+    r0.loop.scheduler.waiting.append(SimpleNamespace(request_id="x"))
+    r1.loop.scheduler.running.append(SimpleNamespace(request_id="y"))
+    queues = replicas.queues()
+    assert [s.request_id for s in queues.waiting] == ["x"] and [s.request_id for s in queues.running] == ["y"]
