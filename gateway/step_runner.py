@@ -96,6 +96,7 @@ class StepRunner:
                 deltas = self.loop.step()
             except PoolChanged as e:  # memsvc restarted: its answer is void, plan again
                 log.warning("the KV pool changed under a step (%s); planning it again", e)
+                self._end_orphans()
                 continue
             except Exception as e:  # memsvc or the executor failed: end what is in flight
                 self._fail_all(e)
@@ -142,6 +143,12 @@ class StepRunner:
                 self._sinks.pop(request_id, None)
             if sink is not None:
                 sink(batch)
+
+    def _end_orphans(self) -> None:
+        """Requests the interrupted step ended (a rejection) whose delta never came out."""
+        for request_id in [r for r in self._sinks if r not in self.loop.requests]:
+            self._sinks.pop(request_id)(BackendError(
+                "the step was interrupted by a memsvc restart: retry the request"))
 
     def _fail_all(self, error: Exception) -> None:
         reason = describe(error)

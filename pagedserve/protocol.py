@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 
 MAX_BEAM_WIDTH = 10  # each beam asks for 2 * beam_width top logprobs, at most 20
+MAX_N = 128  # completions per request (OpenAI's bound): each is a sequence the gateway holds
 
 
 @dataclass
@@ -78,8 +79,8 @@ class SamplingParams:
             raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
-        if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be between 1 and {MAX_N}, got {self.n}")
         if not 1 <= self.beam_width <= MAX_BEAM_WIDTH:
             raise ValueError(f"beam_width must be between 1 and {MAX_BEAM_WIDTH}, got {self.beam_width}")
         if self.beam_width > 1 and self.n > self.beam_width:

@@ -76,6 +76,7 @@ def run_with_fault(served, fault) -> list[list[int]]:
     """Start every prompt, let each stream a token, inject `fault`, collect the rest."""
     streams = [served["stub"].Generate(request(p), timeout=300) for p in PROMPTS]
     firsts = [list(next(s).token_ids) for s in streams]
+    start = time.monotonic()
     fault()
     out = [None] * len(streams)
 
@@ -87,6 +88,7 @@ def run_with_fault(served, fault) -> list[list[int]]:
         t.start()
     for t in threads:
         t.join(300)
+    print(f"{len(streams)} requests finished {time.monotonic() - start:.1f}s after the fault")
     return out
 
 
@@ -114,6 +116,8 @@ def test_executor_sigkill_mid_generation_keeps_the_pool_and_the_outputs(served, 
         before['pagedserve:num_preemptions_total{mode="recompute"}']
     assert child(served, "executor") != old
     assert wait_unreferenced(served) == 0
+    print("execute retries:", after['pagedserve:step_retries_total{call="execute"}']
+          - before['pagedserve:step_retries_total{call="execute"}'])
 
 
 def test_memsvc_sigkill_recreates_the_pool_and_recomputes(served, reference):
@@ -127,3 +131,5 @@ def test_memsvc_sigkill_recreates_the_pool_and_recomputes(served, reference):
     assert recomputed >= 1  # the running sequences came back for recompute
     assert child(served, "memsvc") != old
     assert wait_unreferenced(served) == 0
+    print("recomputed:", recomputed, "reserve retries:", after['pagedserve:step_retries_total{call="reserve"}']
+          - before['pagedserve:step_retries_total{call="reserve"}'])

@@ -1,6 +1,8 @@
 """Property-based fuzzing of the public API (hypothesis) against a gateway on the real model:
 whatever the messages hold, nothing crashes, every error is a status code that names the
-problem, and afterwards the gateway still serves and memsvc holds no block."""
+problem, and afterwards the gateway still serves and memsvc holds no block.
+FUZZ_EXAMPLES sets the examples per property (RELIABILITY.md)."""
+import os
 import time
 
 import grpc
@@ -15,8 +17,8 @@ from tests.gateway_harness import GatewayThread, collect, greedy, in_process
 
 REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.DEADLINE_EXCEEDED}
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None, derandomize=True,
+                database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 U32 = st.integers(0, 2**32 - 1)
 FLOATS = st.floats(allow_nan=True, allow_infinity=True, width=32)
 
@@ -108,6 +110,12 @@ def test_non_finite_sampling_numbers_are_refused(gw, field, value):
         list(gw.stub.Generate(pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(**{field: value})),
                               timeout=10))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
+
+
+def test_a_huge_n_is_refused_before_anything_is_built(gw):
+    with pytest.raises(grpc.RpcError) as e:
+        list(gw.stub.Generate(pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(n=2**32 - 1)), timeout=10))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "n must be between" in e.value.details()
 
 
 def test_oversized_messages_are_refused(gw):

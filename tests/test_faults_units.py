@@ -1,0 +1,100 @@
+"""gateway.step_retry without processes: which failures re-run the same batch, which re-plan
+the step, and that an Execute that never succeeded runs before the next Reserve."""
+import grpc
+import pytest
+
+from gateway.step_retry import PoolChanged, StepRetry
+from pagedserve.protocol import Plan, ReserveResult, SampleOutput, StepBatch
+
+
+class Err(grpc.RpcError):
+    def __init__(self, code):
+        self._code = code
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._code.name
+
+
+class Memory:
+    def __init__(self, failures=()):
+        self.failures = list(failures)
+        self.plans = []
+        self.pool_id = "epoch-1"
+
+    def reserve(self, plan):
+        if self.failures:
+            raise Err(self.failures.pop(0))
+        self.plans.append(plan)
+        return ReserveResult(grants=[])
+
+
+class Executor:
+    def __init__(self, failures=()):
+        self.failures = list(failures)
+        self.calls = []
+
+    def execute(self, batch, pool_id=None):
+        self.calls.append((batch, pool_id))
+        if self.failures:
+            raise Err(self.failures.pop(0))
+        return [SampleOutput("a/0", 7)]
+
+
+U, A = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED
+
+
+def make(memory, executor, timeout=5.0):
+    retries = []
+    return StepRetry(memory, executor, timeout, interval_s=0.001,
+                     on_retry=lambda call, e: retries.append(call)), retries
+
+
+def test_an_unavailable_executor_gets_the_same_batch_again_without_a_new_reserve():
+    memory, executor = Memory(), Executor([U, U])
+    retry, retries = make(memory, executor)
+    retry.memory.reserve(Plan([]))
+    batch = StepBatch([])
+    assert retry.executor.execute(batch) == [SampleOutput("a/0", 7)]
+    assert [c for c in executor.calls] == [(batch, "epoch-1")] * 3
+    assert len(memory.plans) == 1 and retries == ["execute", "execute"]
+
+
+def test_a_changed_pool_means_plan_the_step_again():
+    retry, _ = make(Memory(), Executor([U, A]))
+    retry.memory.reserve(Plan([]))
+    with pytest.raises(PoolChanged):
+        retry.executor.execute(StepBatch([]))
+    assert retry.dirty is None
+
+
+def test_an_unavailable_memsvc_gets_the_same_plan_again():
+    memory = Memory([U, U, U])
+    retry, retries = make(memory, Executor())
+    plan = Plan([])
+    retry.memory.reserve(plan)
+    assert memory.plans == [plan] and retries == ["reserve"] * 3
+
+
+def test_other_errors_are_not_retried():
+    retry, retries = make(Memory([grpc.StatusCode.INVALID_ARGUMENT]), Executor())
+    with pytest.raises(grpc.RpcError):
+        retry.memory.reserve(Plan([]))
+    assert retries == []
+
+
+def test_a_batch_that_never_ran_runs_before_the_next_reserve():
+    memory, executor = Memory(), Executor([U] * 1000)
+    retry, _ = make(memory, executor, timeout=0.01)
+    retry.memory.reserve(Plan([]))
+    batch = StepBatch([])
+    with pytest.raises(grpc.RpcError):
+        retry.executor.execute(batch)
+    assert retry.dirty == (batch, "epoch-1")
+    executor.failures = []  # the executor is back
+    calls = len(executor.calls)
+    retry.memory.reserve(Plan([]))
+    assert executor.calls[calls] == (batch, "epoch-1") and retry.dirty is None
+    assert len(memory.plans) == 2
