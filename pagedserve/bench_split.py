@@ -98,7 +98,7 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict, int]:
     from pagedserve.serve_cmd import free_port, service_specs
     from pagedserve.supervisor import Supervisor
 
-    spec_args = argparse_namespace(args, port=free_port())
+    spec_args = serve_namespace(args, port=free_port())
     sup = Supervisor(service_specs(spec_args))
     try:
         sup.start()
@@ -120,16 +120,19 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict, int]:
     return via_gateway, split, vocab
 
 
-def argparse_namespace(args, **extra):
-    import argparse
+def serve_namespace(args, port: int):
+    """`pagedserve serve` arguments for the same engine settings, through the real parser."""
+    from pagedserve.cli import build_parser
 
-    kv_memory = None if args.kv_tokens is not None else args.kv_memory
-    return argparse.Namespace(model=args.model, kv_tokens=args.kv_tokens, kv_memory=kv_memory,
-                              block_size=args.block_size, dtype=args.dtype,
-                              max_model_len=args.max_model_len,
-                              no_prefix_caching=args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
-                              max_num_batched_tokens=args.max_num_batched_tokens,
-                              memsvc_port=0, executor_port=0, **extra)
+    argv = ["serve", "--port", str(port), "--http-port", "0", "--block-size", str(args.block_size),
+            "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
+            "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    argv += ["--model", args.model] if args.model else []
+    argv += (["--kv-tokens", str(args.kv_tokens)] if args.kv_tokens is not None
+             else ["--kv-memory", str(args.kv_memory)])
+    argv += ["--max-model-len", str(args.max_model_len)] if args.max_model_len else []
+    argv += ["--no-prefix-caching"] if args.no_prefix_caching else []
+    return build_parser().parse_args(argv)
 
 
 def run(args) -> int:
