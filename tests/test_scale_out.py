@@ -1,6 +1,7 @@
 """Scale-out with real processes and the default model: 1 gateway with 2 replicas, and 2
 gateways sharing 1 replica. Greedy output identical to the in-process engine; prefix-aware
 routing beats round-robin on prefix-cache hits; a replica or a gateway killed mid-run."""
+import glob
 import os
 import random
 import signal
@@ -52,6 +53,8 @@ class Procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        for path in glob.glob(f"/dev/shm/pagedserve-kv-{p.pid}-*"):  # a SIGKILLed memsvc cannot unlink
+            os.unlink(path)
 
     def stop(self):
         for p in self.procs.values():
