@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedserve.protocol import StepBatch
+from wire.protocol import StepBatch
 
 
 @dataclass

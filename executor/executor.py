@@ -10,7 +10,7 @@ from executor.default_model import DEFAULT_GGUF, resolve_model
 from executor.model_loader import load_model
 from executor.model_runner import ModelRunner
 from executor.weights import parse_dtype
-from pagedserve.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
+from wire.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
 
 
 class Executor:

@@ -6,7 +6,7 @@ import torch
 from executor.attention_metadata import AttentionMetadata
 from executor.model_config import ModelConfig
 from executor.sampler import Sampler
-from pagedserve.protocol import SampleOutput, StepBatch
+from wire.protocol import SampleOutput, StepBatch
 
 
 class ModelRunner:

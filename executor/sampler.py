@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedserve.protocol import SampleOutput, SeqStep
+from wire.protocol import SampleOutput, SeqStep
 
 _MASK64 = (1 << 64) - 1
 

@@ -15,8 +15,8 @@ Service contract:
 - The pool belongs to memsvc: this process only maps it, and must run on memsvc's host.
   An Execute whose metadata names another pool (`pagedserve-pool`, the epoch memsvc gave
   with the Reserve) is ABORTED: memsvc restarted and that reservation is gone.
-- An Execute that arrives with trace context gets a span (pagedserve.tracing);
-  `--metrics-port` serves executor.metrics; `--tls-*` (pagedserve.tls) turn on TLS for
+- An Execute that arrives with trace context gets a span (wire.tracing);
+  `--metrics-port` serves executor.metrics; `--tls-*` (wire.tls) turn on TLS for
   this server (mutual with `--tls-ca`) and for the registration call to memsvc.
 """
 from __future__ import annotations
@@ -33,10 +33,10 @@ from opentelemetry import trace
 
 from executor.metrics import ExecutorMetrics
 from executor.step_merger import StepMerger
-from pagedserve import convert
-from pagedserve.grpc_service import POOL_METADATA, Service, get_logger, open_channel, stop_on_signals, wait
-from pagedserve.protocol import ModelInfo
-from pagedserve.v1 import executor_pb2_grpc, memory_pb2, memory_pb2_grpc
+from wire import convert
+from wire.grpc_service import POOL_METADATA, Service, get_logger, open_channel, stop_on_signals, wait
+from wire.protocol import ModelInfo
+from wire.v1 import executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 SERVICE_NAME = "pagedserve.v1.Executor"
 TOKENIZER_FILES = (
@@ -122,11 +122,11 @@ def map_pool(handle: memory_pb2.PoolHandle):
     """The pool tensor described by memsvc's PoolHandle, mapped into this process."""
     kind = handle.WhichOneof("handle")
     if kind == "shm_name":
-        from memsvc.shm_pool import attach_shm_pool
+        from wire.shm_pool import attach_shm_pool
 
         return attach_shm_pool(handle.shm_name, list(handle.shape), handle.dtype)
     if kind == "cuda_ipc_handle":
-        from memsvc.cuda_ipc import CudaIpcHandle, attach_cuda_pool
+        from wire.cuda_ipc import CudaIpcHandle, attach_cuda_pool
 
         return attach_cuda_pool(CudaIpcHandle.unpack(handle.cuda_ipc_handle))
     raise ValueError("memsvc sent a pool handle with neither shm_name nor cuda_ipc_handle")
@@ -136,7 +136,7 @@ def resolve_device(device: str) -> tuple[str, str]:
     """(torch device for the model, device name for memsvc: 'cpu' or a GPU UUID)."""
     if device == "cpu":
         return "cpu", "cpu"
-    from memsvc.cuda_ipc import device_index_for_uuid, gpu_uuids, is_gpu_uuid
+    from wire.cuda_ipc import device_index_for_uuid, gpu_uuids, is_gpu_uuid
 
     if is_gpu_uuid(device):
         return f"cuda:{device_index_for_uuid(device)}", device
@@ -147,7 +147,7 @@ def resolve_device(device: str) -> tuple[str, str]:
 def bring_up(args, service: Service, servicer: ExecutorService) -> None:
     """Load, register, map; then SERVING. Runs beside the main thread, which waits for signals."""
     from executor import Executor
-    from pagedserve.tls import tls_from_args
+    from wire.tls import tls_from_args
 
     torch_device, memsvc_device = resolve_device(args.device)
     executor = Executor(args.model, dtype=args.dtype, block_size=args.block_size, device=torch_device)
@@ -164,9 +164,9 @@ def bring_up(args, service: Service, servicer: ExecutorService) -> None:
 
 def serve(args) -> int:
     """Run the executor until SIGTERM/SIGINT (or until bring-up fails: status 1)."""
-    from pagedserve.metrics import serve_metrics
-    from pagedserve.tls import tls_from_args
-    from pagedserve.tracing import setup_tracing, shutdown_tracing
+    from wire.metrics import serve_metrics
+    from wire.tls import tls_from_args
+    from wire.tracing import setup_tracing, shutdown_tracing
 
     stop = stop_on_signals()
     try:

@@ -20,7 +20,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
-from pagedserve.protocol import SampleOutput, StepBatch
+from wire.protocol import SampleOutput, StepBatch
 
 ACTIVE_S = 1.0  # a caller heard from within this long is expected at the next pass
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import grpc
 
-from pagedserve import convert
-from pagedserve.protocol import ModelInfo, SamplingParams
+from wire import convert
+from wire.protocol import ModelInfo, SamplingParams
 
 
 class ApiError(Exception):

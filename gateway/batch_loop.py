@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 from gateway.beam_search import BeamSearch, beam_sampling
 from gateway.clients import ExecutorClient, MemoryClient
-from gateway.output_stream import Delta, OutputStream
+from gateway.output_stream import OutputStream
+from wire.protocol import Delta
 from gateway.scheduler import BeamDone, Scheduler, SchedulerConfig, SeqUpdate
 from gateway.sequence import Sequence
-from pagedserve.protocol import SamplingParams
+from wire.protocol import SamplingParams
 
 
 class RequestError(ValueError):

@@ -26,7 +26,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pagedserve.protocol import SamplingParams
+from wire.protocol import SamplingParams
 
 MAX_CANDIDATES = 20  # the executor's limit on top logprobs
 

@@ -3,7 +3,7 @@
 A thread follows the stream (reconnecting while memsvc is away): a snapshot replaces the
 key set, later messages add what was stored and drop what was evicted, and each carries
 the pool's load. `leading(keys)` counts how many of a prompt's chained block keys
-(pagedserve.block_keys) the replica holds from the start, which is what a prefix-cache hit
+(wire.block_keys) the replica holds from the start, which is what a prefix-cache hit
 there would reuse. `note_routed(keys)` adds a routed prompt's keys before memsvc reports
 them, so requests that arrive together with the same prefix follow the first one; an
 eviction reported later removes them again.
@@ -14,7 +14,7 @@ import threading
 
 import grpc
 
-from pagedserve.v1 import memory_pb2, memory_pb2_grpc
+from wire.v1 import memory_pb2, memory_pb2_grpc
 
 
 class BlockIndex:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pagedserve.protocol import ModelInfo, Plan, ReserveResult, SampleOutput, StepBatch
+from wire.protocol import ModelInfo, Plan, ReserveResult, SampleOutput, StepBatch
 
 
 class MemoryClient(Protocol):

@@ -8,10 +8,10 @@ import sys
 
 from gateway.scheduler import SchedulerConfig
 from gateway.server import SERVING, Backend, Gateway
-from pagedserve.grpc_service import env_default as _env
-from pagedserve.grpc_service import get_logger, open_channel
-from pagedserve.metrics import add_metrics_argument
-from pagedserve.tls import add_tls_arguments, tls_from_args
+from wire.grpc_service import env_default as _env
+from wire.grpc_service import get_logger, open_channel
+from wire.metrics import add_metrics_argument
+from wire.tls import add_tls_arguments, tls_from_args
 
 
 def add_gateway_args(p: argparse.ArgumentParser) -> None:
@@ -132,8 +132,8 @@ def _check_serving(addresses: dict[str, str], tls=None) -> None:
 
 async def serve(args) -> int:
     log = get_logger("gateway")
-    from pagedserve.metrics import serve_metrics
-    from pagedserve.tracing import setup_tracing, shutdown_tracing
+    from wire.metrics import serve_metrics
+    from wire.tracing import setup_tracing, shutdown_tracing
 
     scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs,
                                 max_num_batched_tokens=args.max_num_batched_tokens)

@@ -11,7 +11,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from pagedserve.metrics import LATENCY_BUCKETS, STEP_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, new_registry
+from wire.metrics import LATENCY_BUCKETS, STEP_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, new_registry
 
 
 class _QueueCollector:

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 from gateway.api_request import ApiError, chat_prompt, generate_prompt
 from gateway.openai_errors import OpenAIError, bad_request, from_api_error, model_not_found
-from pagedserve.protocol import ModelInfo, SamplingParams
+from wire.protocol import ModelInfo, SamplingParams
 
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")
 BEAM_FIELDS = ("beam_width", "length_penalty", "early_stopping")

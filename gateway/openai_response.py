@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from gateway.openai_request import OpenAIRequest
-from gateway.output_stream import Delta
+from wire.protocol import Delta
 
 DONE = "data: [DONE]\n\n"
 

@@ -19,9 +19,9 @@ from typing import AsyncIterator
 
 from gateway.batch_loop import RequestError
 from gateway.openai_errors import OpenAIError, bad_request, unavailable
-from gateway.output_stream import Delta
+from wire.protocol import Delta
 from gateway.step_runner import StepRunner
-from pagedserve.protocol import SamplingParams
+from wire.protocol import SamplingParams
 
 try:
     from gateway.step_runner import QueueFull

@@ -1,27 +1,8 @@
 """Turns one sequence's sampled tokens into client-visible text: detokenize, then apply stop strings."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.stop_strings import StopStringFilter
-
-
-@dataclass
-class Delta:
-    """New output of one completion since the last delta."""
-
-    request_id: str
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    error: str | None = None
 
 
 class OutputStream:

@@ -6,7 +6,7 @@ gateway lives, even through a long step. Failures surface as grpc.RpcError with 
 server's status code and message.
 
 Both clients carry the caller's trace context in every call, speak TLS when given a
-pagedserve.tls.TlsConfig that asks for it, and reconnect quickly to a restarted service.
+wire.tls.TlsConfig that asks for it, and reconnect quickly to a restarted service.
 `RemoteMemoryClient.pool_id` is the epoch of the pool the last Reserve was answered from;
 `RemoteExecutorClient.execute(batch, pool_id=...)` asks the executor to refuse (ABORTED)
 a batch reserved in another pool.
@@ -23,11 +23,11 @@ import uuid
 
 import grpc
 
-from pagedserve import convert
-from pagedserve.convert import PoolStats
-from pagedserve.grpc_service import POOL_METADATA, open_channel
-from pagedserve.protocol import ModelInfo, Plan, ReserveResult, SampleOutput, StepBatch
-from pagedserve.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
+from wire import convert
+from wire.convert import PoolStats
+from wire.grpc_service import POOL_METADATA, open_channel
+from wire.protocol import ModelInfo, Plan, ReserveResult, SampleOutput, StepBatch
+from wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 
 class RemoteMemoryClient:

@@ -17,8 +17,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from gateway.metrics import GatewayMetrics
-from pagedserve.protocol import SamplingParams
-from pagedserve.tracing import extract_context, tracer
+from wire.protocol import SamplingParams
+from wire.tracing import extract_context, tracer
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter
 
-from pagedserve.block_keys import cacheable_blocks, prompt_block_keys
+from wire.block_keys import cacheable_blocks, prompt_block_keys
 
 POLICIES = ("prefix", "round-robin")
 LOAD_WEIGHT = 0.5

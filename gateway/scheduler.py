@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from gateway.beam_search import BeamSearch, Hypothesis
 from gateway.sequence import Sequence, SeqStatus
-from pagedserve.protocol import Plan, PlanEntry, ReserveResult, SampleOutput, SeqStep, StepBatch
+from wire.protocol import Plan, PlanEntry, ReserveResult, SampleOutput, SeqStep, StepBatch
 
 
 @dataclass

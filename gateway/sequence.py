@@ -5,7 +5,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 
-from pagedserve.protocol import SamplingParams
+from wire.protocol import SamplingParams
 
 
 class SeqStatus(enum.Enum):

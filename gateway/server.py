@@ -43,15 +43,15 @@ from gateway.api_key import ApiKeyInterceptor
 from gateway.api_request import ApiError, chat_prompt, check_model, generate_prompt, sampling_from_proto
 from gateway.batch_loop import BatchLoop, RequestError
 from gateway.metrics import GatewayMetrics
-from gateway.output_stream import Delta
+from wire.protocol import Delta
 from gateway.request_guard import DecodeGuard
 from gateway.request_telemetry import RequestTelemetry
 from gateway.scheduler import SchedulerConfig
 from gateway.step_retry import StepRetry
 from gateway.step_runner import QueueFull, StepRunner, describe
 from gateway.step_telemetry import ObservedExecutor, ObservedMemory
-from pagedserve.v1 import generation_pb2 as pb
-from pagedserve.v1 import generation_pb2_grpc as pb_grpc
+from wire.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2_grpc as pb_grpc
 
 log = logging.getLogger("pagedserve.gateway")
 SERVICE = pb.DESCRIPTOR.services_by_name["Generation"].full_name

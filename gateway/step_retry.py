@@ -28,7 +28,7 @@ from typing import Callable
 
 import grpc
 
-from pagedserve.protocol import Plan, ReserveResult, SampleOutput, StepBatch
+from wire.protocol import Plan, ReserveResult, SampleOutput, StepBatch
 
 log = logging.getLogger("pagedserve.gateway")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)

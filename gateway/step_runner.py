@@ -22,9 +22,9 @@ from typing import Callable
 import grpc
 
 from gateway.batch_loop import BatchLoop
-from gateway.output_stream import Delta
+from wire.protocol import Delta
 from gateway.step_retry import PoolChanged
-from pagedserve.protocol import SamplingParams
+from wire.protocol import SamplingParams
 
 log = logging.getLogger("pagedserve.gateway")
 

@@ -15,8 +15,8 @@ import time
 from opentelemetry.trace import SpanKind
 
 from gateway.request_telemetry import RequestTelemetry
-from pagedserve.protocol import Plan, ReserveResult, SampleOutput, StepBatch
-from pagedserve.tracing import tracer
+from wire.protocol import Plan, ReserveResult, SampleOutput, StepBatch
+from wire.tracing import tracer
 
 
 def request_of(seq_id: str) -> str:

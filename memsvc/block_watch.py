@@ -3,7 +3,7 @@
 `BlockWatch` is the WatchBlocks stream's state for one watcher: `next_events(manager)`
 diffs the prefix-cache keys held now against those sent last, so the first message is a
 snapshot and each later one carries only what was stored and evicted. The keys are those
-of pagedserve.block_keys (chained over the prompt's full blocks), so a gateway computes
+of wire.block_keys (chained over the prompt's full blocks), so a gateway computes
 the same keys for a new prompt and counts the leading blocks a pool already holds.
 
 `BlockChanges` wakes watchers when a Reserve or Free may have changed the keys (a
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 
-from pagedserve.v1 import memory_pb2
+from wire.v1 import memory_pb2
 
 
 def held_keys(manager) -> set[bytes]:

@@ -12,7 +12,7 @@ import time
 import torch
 
 from kernels import copy_blocks
-from pagedserve.protocol import KVGeometry
+from wire.protocol import KVGeometry
 
 
 def host_blocks_for(geometry: KVGeometry, swap_bytes: int) -> int:

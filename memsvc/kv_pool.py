@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedserve.protocol import KVGeometry
+from wire.protocol import KVGeometry
 
 
 def num_blocks_for_budget(geometry: KVGeometry, budget_bytes: int) -> int:

@@ -33,7 +33,7 @@ from memsvc.kv_pool import allocate_pool, num_blocks_for_budget
 from memsvc.preemption_policy import PREEMPTION_MODES, PreemptionPolicy
 from memsvc.sessions import Sessions
 from memsvc.step_planner import StepPlanner
-from pagedserve.protocol import KVGeometry, Plan, Preemption, ReserveResult
+from wire.protocol import KVGeometry, Plan, Preemption, ReserveResult
 
 
 @dataclass
@@ -92,8 +92,8 @@ class MemoryManager:
         self.geometry: KVGeometry | None = None
         self.pool: torch.Tensor | None = None
         self.pool_device: str | None = None  # what the executor asked for
-        self.shm = None  # memsvc.shm_pool.ShmPool when the CPU pool is shared
-        self.cuda_handle = None  # memsvc.cuda_ipc.CudaIpcHandle when the GPU pool is shared
+        self.shm = None  # wire.shm_pool.ShmPool when the CPU pool is shared
+        self.cuda_handle = None  # wire.cuda_ipc.CudaIpcHandle when the GPU pool is shared
         self.allocator = None
         self.planner: StepPlanner | None = None
         self.sessions = Sessions(config.session_lease_s)
@@ -145,7 +145,7 @@ class MemoryManager:
         return self.pool
 
     def _allocate(self, geometry: KVGeometry, num_blocks: int, device: str) -> torch.Tensor:
-        from memsvc.cuda_ipc import allocate_cuda_pool, is_gpu_uuid
+        from wire.cuda_ipc import allocate_cuda_pool, is_gpu_uuid
 
         if not self.config.shared:
             return allocate_pool(geometry, num_blocks, device)
@@ -154,7 +154,7 @@ class MemoryManager:
             return pool
         if device != "cpu":
             raise ValueError(f"a shared pool lives on 'cpu' or a GPU named by UUID, not {device!r}")
-        from memsvc.shm_pool import ShmPool
+        from wire.shm_pool import ShmPool
 
         self.shm = ShmPool(geometry, num_blocks, self.config.shm_name)
         return self.shm.tensor

@@ -15,7 +15,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from pagedserve.metrics import STEP_BUCKETS, new_registry
+from wire.metrics import STEP_BUCKETS, new_registry
 
 SLOT_STATES = ("token_state", "reserved", "internal_fragmentation", "external_fragmentation", "free")
 

@@ -1,10 +1,10 @@
-"""Prefix-cache statistics; the block keys themselves live in pagedserve.block_keys (the
+"""Prefix-cache statistics; the block keys themselves live in wire.block_keys (the
 gateway computes the same keys to route by prefix affinity), re-exported here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedserve.block_keys import KEY_BYTES, block_key, cacheable_blocks, prompt_block_keys
+from wire.block_keys import KEY_BYTES, block_key, cacheable_blocks, prompt_block_keys
 
 __all__ = ["KEY_BYTES", "block_key", "cacheable_blocks", "prompt_block_keys", "PrefixCacheStats"]
 

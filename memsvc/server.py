@@ -16,14 +16,14 @@ Service contract:
   epoch of this process's pool (new with every memsvc process), which the executor checks
   on Execute so that a step reserved in a pool that is gone never runs.
 - Health is SERVING from the moment it listens (its job starts with registration).
-- WatchBlocks streams the prefix-cache keys (pagedserve.block_keys) of the blocks the pool
+- WatchBlocks streams the prefix-cache keys (wire.block_keys) of the blocks the pool
   holds: a snapshot, then what each Reserve/Free stored and evicted, with the pool's load
   (memsvc.block_watch). Gateways follow it to route requests to the replica holding their
   prefix. Sessions share the pool fairly (memsvc.fair_share) and are only ever preempted
   by their own Reserve.
 - One lock serializes every MemoryManager call (request handlers and the lease sweep).
-- A Reserve that arrives with trace context gets a span (pagedserve.tracing) with what it
-  decided; `--metrics-port` serves memsvc.metrics; `--tls-*` (pagedserve.tls) turn on TLS,
+- A Reserve that arrives with trace context gets a span (wire.tracing) with what it
+  decided; `--metrics-port` serves memsvc.metrics; `--tls-*` (wire.tls) turn on TLS,
   mutual with `--tls-ca`.
 """
 from __future__ import annotations
@@ -41,9 +41,9 @@ from opentelemetry import trace
 from memsvc.block_watch import BlockChanges, BlockWatch
 from memsvc.memory_manager import MemoryConfig, MemoryManager
 from memsvc.metrics import MemsvcMetrics
-from pagedserve import convert
-from pagedserve.grpc_service import POOL_METADATA, Service, get_logger, stop_on_signals, wait
-from pagedserve.v1 import memory_pb2, memory_pb2_grpc
+from wire import convert
+from wire.grpc_service import POOL_METADATA, Service, get_logger, stop_on_signals, wait
+from wire.v1 import memory_pb2, memory_pb2_grpc
 
 SERVICE_NAME = "pagedserve.v1.MemoryManager"
 DTYPES = ("float32", "bfloat16", "float16")
@@ -202,9 +202,9 @@ def config_from_args(args) -> MemoryConfig:
 
 def serve(args) -> int:
     """Run memsvc until SIGTERM/SIGINT; the shared-memory segment is unlinked on the way out."""
-    from pagedserve.metrics import serve_metrics
-    from pagedserve.tls import tls_from_args
-    from pagedserve.tracing import setup_tracing, shutdown_tracing
+    from wire.metrics import serve_metrics
+    from wire.tls import tls_from_args
+    from wire.tracing import setup_tracing, shutdown_tracing
 
     stop = stop_on_signals()
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pagedserve.protocol import Plan, ReserveResult
+from wire.protocol import Plan, ReserveResult
 
 
 @dataclass

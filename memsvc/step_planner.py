@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from memsvc.allocator import KVAllocator, NoFreeBlocks
 from memsvc.block_table import blocks_for
 from memsvc.preemption_policy import PreemptionPolicy
-from pagedserve.protocol import Grant, Plan, PlanEntry, Preemption, Rejection, ReserveResult
+from wire.protocol import Grant, Plan, PlanEntry, Preemption, Rejection, ReserveResult
 
 COPY_KINDS = ("cow", "out", "in")  # pool -> pool, pool -> host, host -> pool
 

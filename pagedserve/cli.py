@@ -19,18 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate_cmd.add_parser(sub)
     advise.add_parser(sub)
 
-    bench = sub.add_parser("bench", help="benchmarks that print numbers and write them to a file")
-    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    from pagedserve import (bench_kernels, bench_kv, bench_policies, bench_serve, bench_sharing,
-                            bench_split, bench_throughput)
+    from benchmarks import cli as bench_cli
 
-    bench_kernels.add_parser(bench_sub)
-    bench_throughput.add_parser(bench_sub)
-    bench_kv.add_parser(bench_sub)
-    bench_serve.add_parser(bench_sub)
-    bench_split.add_parser(bench_sub)
-    bench_policies.add_parser(bench_sub)
-    bench_sharing.add_parser(bench_sub)
+    bench_cli.add_parser(sub)
     return parser
 
 

@@ -10,11 +10,11 @@ from typing import Iterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.output_stream import Delta
-from pagedserve.convert import sampling_to_proto
-from pagedserve.protocol import SamplingParams
-from pagedserve.v1 import generation_pb2 as pb
-from pagedserve.v1 import generation_pb2_grpc as pb_grpc
+from wire.protocol import Delta
+from wire.convert import sampling_to_proto
+from wire.protocol import SamplingParams
+from wire.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2_grpc as pb_grpc
 
 
 def to_delta(r: pb.GenerateResponse) -> Delta:

@@ -11,11 +11,11 @@ from typing import Iterator
 
 from executor import Executor
 from gateway.batch_loop import BatchLoop
-from gateway.output_stream import Delta
+from wire.protocol import Delta
 from gateway.scheduler import SchedulerConfig
 from gateway.tokenizer import load_tokenizer
 from memsvc.memory_manager import MemoryConfig, MemoryManager
-from pagedserve.protocol import SamplingParams
+from wire.protocol import SamplingParams
 
 
 @dataclass

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from pagedserve.protocol import SamplingParams
+from wire.protocol import SamplingParams
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:

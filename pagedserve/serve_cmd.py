@@ -173,7 +173,7 @@ def list_models(address: str, api_key: str | None) -> str:
     """The name of the model the gateway serves (with the API key when one is set)."""
     import grpc
 
-    from pagedserve.v1 import generation_pb2, generation_pb2_grpc
+    from wire.v1 import generation_pb2, generation_pb2_grpc
 
     metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
     with grpc.insecure_channel(address) as channel:

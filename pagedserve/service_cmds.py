@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from pagedserve.grpc_service import env_default
-from pagedserve.metrics import add_metrics_argument
-from pagedserve.tls import add_tls_arguments
+from wire.grpc_service import env_default
+from wire.metrics import add_metrics_argument
+from wire.tls import add_tls_arguments
 
 MEMSVC_PORT = 50052
 EXECUTOR_PORT = 50053

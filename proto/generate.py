@@ -1,4 +1,4 @@
-"""Regenerate the gRPC stubs in pagedserve/v1/ from proto/pagedserve/v1/*.proto.
+"""Regenerate the gRPC stubs in wire/v1/ from proto/wire/v1/*.proto.
 
 Run from anywhere: `python proto/generate.py` (or pass an output root, for the staleness
 test). The stubs are committed; tests/test_proto_stubs.py fails when they are stale.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
-PACKAGE = Path("pagedserve") / "v1"
+PACKAGE = Path("wire") / "v1"
 
 
 def proto_files() -> list[str]:
@@ -18,7 +18,7 @@ def proto_files() -> list[str]:
 
 
 def generate(out_root: Path = ROOT) -> list[Path]:
-    """Write pagedserve/v1/*_pb2.py and *_pb2_grpc.py under out_root; return their paths."""
+    """Write wire/v1/*_pb2.py and *_pb2_grpc.py under out_root; return their paths."""
     import grpc_tools
     from grpc_tools import protoc
 
@@ -31,7 +31,7 @@ def generate(out_root: Path = ROOT) -> list[Path]:
         raise RuntimeError(f"protoc failed: {' '.join(args)}")
     init = out_root / PACKAGE / "__init__.py"
     if not init.exists():
-        init.write_text('"""Generated gRPC stubs of pagedserve.v1 (python proto/generate.py)."""\n')
+        init.write_text('"""Generated gRPC stubs of the pagedserve.v1 protocol (python proto/generate.py)."""\n')
     return sorted((out_root / PACKAGE).glob("*_pb2*.py"))
 
 

@@ -10,7 +10,7 @@ import hashlib
 
 import torch
 
-from pagedserve.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
+from wire.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
 
 VOCAB = 1000
 EOS = 999

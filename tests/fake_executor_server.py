@@ -15,11 +15,11 @@ import threading
 import time
 
 from executor.server import SERVICE_NAME, ExecutorService, map_pool, read_tokenizer_files, register
-from pagedserve.grpc_service import Service, stop_on_signals, wait
-from pagedserve.metrics import serve_metrics
-from pagedserve.tls import add_tls_arguments, tls_from_args
-from pagedserve.tracing import setup_tracing, shutdown_tracing
-from pagedserve.v1 import executor_pb2_grpc
+from wire.grpc_service import Service, stop_on_signals, wait
+from wire.metrics import serve_metrics
+from wire.tls import add_tls_arguments, tls_from_args
+from wire.tracing import setup_tracing, shutdown_tracing
+from wire.v1 import executor_pb2_grpc
 from tests.fake_executor import FakeExecutor
 
 TOKENIZER_VOCAB = 49152

@@ -8,8 +8,8 @@ import grpc
 import uvloop
 
 from gateway.server import Backend, Gateway
-from pagedserve.v1 import generation_pb2 as pb
-from pagedserve.v1 import generation_pb2_grpc as pb_grpc
+from wire.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2_grpc as pb_grpc
 
 
 class GatewayThread:

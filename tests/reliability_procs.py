@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagedserve.serve_cmd import free_port
-from pagedserve.v1 import generation_pb2_grpc, memory_pb2, memory_pb2_grpc
+from wire.v1 import generation_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -6,7 +6,7 @@ import pytest
 from gateway.batch_loop import BatchLoop, RequestError
 from gateway.scheduler import SchedulerConfig
 from memsvc.memory_manager import MemoryConfig, MemoryManager
-from pagedserve.protocol import SamplingParams
+from wire.protocol import SamplingParams
 from tests.fake_executor import FakeExecutor, reference_next
 
 

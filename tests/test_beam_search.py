@@ -9,7 +9,7 @@ import torch
 
 from gateway.beam_search import BeamSearch, num_candidates
 from memsvc.memory_manager import MemoryConfig, MemoryManager
-from pagedserve.protocol import SampleOutput, SamplingParams
+from wire.protocol import SampleOutput, SamplingParams
 from tests.fake_executor import EOS, FakeExecutor
 from tests.test_batch_loop import expected, run_all
 

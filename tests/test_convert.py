@@ -2,12 +2,12 @@
 import pytest
 
 from memsvc.memory_manager import MemoryConfig, MemoryManager
-from pagedserve import convert
-from pagedserve.protocol import (
+from wire import convert
+from wire.protocol import (
     Grant, KVGeometry, ModelInfo, Plan, PlanEntry, Preemption, Rejection, ReserveResult,
     SampleOutput, SamplingParams, SeqStep, StepBatch,
 )
-from pagedserve.v1 import executor_pb2, generation_pb2, memory_pb2
+from wire.v1 import executor_pb2, generation_pb2, memory_pb2
 
 
 def wire(msg):

@@ -4,7 +4,7 @@ attach/allocate themselves need a GPU and are not exercised here.
 """
 import pytest
 
-from memsvc.cuda_ipc import CudaIpcHandle, device_index_for_uuid, is_gpu_uuid, normalize_uuid
+from wire.cuda_ipc import CudaIpcHandle, device_index_for_uuid, is_gpu_uuid, normalize_uuid
 
 UUIDS = ["GPU-11111111-2222-3333-4444-555555555555", "GPU-6bd8ba5b-aaaa-bbbb-cccc-0123456789ab"]
 
@@ -46,10 +46,10 @@ def test_devices_named_by_uuid_are_gpus():
 
 
 def test_the_executor_names_its_gpu_to_memsvc_by_uuid(monkeypatch):
-    import memsvc.cuda_ipc
+    import wire.cuda_ipc
     from executor.server import resolve_device
 
-    monkeypatch.setattr(memsvc.cuda_ipc, "gpu_uuids", lambda: list(UUIDS))
+    monkeypatch.setattr(wire.cuda_ipc, "gpu_uuids", lambda: list(UUIDS))
     assert resolve_device("cpu") == ("cpu", "cpu")
     assert resolve_device("cuda:1") == ("cuda:1", UUIDS[1])
     assert resolve_device("cuda") == ("cuda:0", UUIDS[0])

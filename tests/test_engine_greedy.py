@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pagedserve.engine import LLMEngine
-from pagedserve.protocol import SamplingParams
+from wire.protocol import SamplingParams
 
 PROMPTS = [
     "The capital of France is",

@@ -4,7 +4,7 @@ import torch
 
 from conftest import make_tiny_model
 from executor import Executor
-from pagedserve.protocol import SamplingParams, SeqStep, StepBatch
+from wire.protocol import SamplingParams, SeqStep, StepBatch
 
 BLOCK = 16
 

@@ -11,9 +11,9 @@ import time
 import grpc
 import pytest
 
-from pagedserve.v1 import generation_pb2 as pb
-from pagedserve.v1 import generation_pb2_grpc as pb_grpc
-from pagedserve.v1 import memory_pb2, memory_pb2_grpc
+from wire.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2_grpc as pb_grpc
+from wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.gateway_harness import greedy
 from tests.reliability_procs import ROOT, scrape
 from tests.serve_procs import alive, children, cmdline, free_port

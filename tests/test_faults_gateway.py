@@ -11,7 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from pagedserve.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2 as pb
 from tests.gateway_harness import collect, greedy
 from tests.reliability_procs import ROOT, Stack, health, scrape
 
@@ -19,7 +19,7 @@ LEASE = 4.0
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 CLIENT = """
 import sys, time, grpc
-from pagedserve.v1 import generation_pb2 as pb, generation_pb2_grpc as pb_grpc
+from wire.v1 import generation_pb2 as pb, generation_pb2_grpc as pb_grpc
 stub = pb_grpc.GenerationStub(grpc.insecure_channel(sys.argv[1]))
 streams = [stub.Generate(pb.GenerateRequest(prompt=f"Count slowly, {i}:", sampling=pb.SamplingParams(
     max_tokens=1500, temperature=0, ignore_eos=True))) for i in range(8)]

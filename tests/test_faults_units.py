@@ -4,7 +4,7 @@ import grpc
 import pytest
 
 from gateway.step_retry import PoolChanged, StepRetry
-from pagedserve.protocol import Plan, ReserveResult, SampleOutput, StepBatch
+from wire.protocol import Plan, ReserveResult, SampleOutput, StepBatch
 
 
 class Err(grpc.RpcError):

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.scheduler import SchedulerConfig
-from pagedserve.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2 as pb
 from tests.gateway_harness import GatewayThread, collect, greedy, in_process
 
 REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -10,7 +10,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from gateway.scheduler import SchedulerConfig
 from memsvc.memory_manager import MemoryConfig, MemoryManager
-from pagedserve.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2 as pb
 from tests.fake_executor import FakeExecutor, reference_next
 from tests.gateway_harness import GatewayThread, collect, greedy, in_process
 

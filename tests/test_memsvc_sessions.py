@@ -1,6 +1,6 @@
 """Sessions: per-gateway namespaces of sequence ids, leases, and freeing what lapsed."""
 from memsvc.memory_manager import MemoryConfig, MemoryManager
-from pagedserve.protocol import KVGeometry, Plan, PlanEntry
+from wire.protocol import KVGeometry, Plan, PlanEntry
 
 
 def manager(num_blocks=16, lease=10.0):

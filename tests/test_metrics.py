@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from pagedserve.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2 as pb
 from tests.gateway_harness import collect, greedy
 from tests.reliability_procs import Stack, scrape
 

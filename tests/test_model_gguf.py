@@ -11,7 +11,7 @@ from executor.default_model import default_gguf_path, resolve_model
 from executor.errors import ModelLoadError
 from executor.model_loader import load_model
 from executor.model_runner import ModelRunner
-from pagedserve.protocol import SamplingParams, SeqStep, StepBatch
+from wire.protocol import SamplingParams, SeqStep, StepBatch
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -14,7 +14,7 @@ from gateway.openai_server import start_openai
 from gateway.scheduler import SchedulerConfig
 from gateway.server import Backend
 from memsvc.memory_manager import MemoryConfig, MemoryManager
-from pagedserve.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2 as pb
 from tests.fake_executor import FakeExecutor
 from tests.gateway_harness import GatewayThread, collect
 
@@ -250,7 +250,7 @@ def test_beam_search_fields_pass_through_or_are_named():
 
     from gateway.openai_errors import OpenAIError
     from gateway.openai_request import parse_completion
-    from pagedserve.protocol import SamplingParams
+    from wire.protocol import SamplingParams
     from tests.fake_executor import FakeExecutor
 
     info = FakeExecutor(BLOCK).info

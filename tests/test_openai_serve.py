@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
-from pagedserve.v1 import generation_pb2 as pb
-from pagedserve.v1 import generation_pb2_grpc as pb_grpc
-from pagedserve.v1 import memory_pb2, memory_pb2_grpc
+from wire.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2_grpc as pb_grpc
+from wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.gateway_harness import collect, greedy
 from tests.serve_procs import free_port, start, stop
 

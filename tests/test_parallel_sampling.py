@@ -4,7 +4,7 @@ requests reports cached tokens."""
 import pytest
 
 from gateway.batch_loop import derive_seed
-from pagedserve.protocol import SamplingParams
+from wire.protocol import SamplingParams
 from tests.test_batch_loop import expected, make_loop, run_all
 
 

@@ -9,7 +9,7 @@ from gateway.scheduler import SchedulerConfig
 from memsvc.cost_model import CostModel
 from memsvc.memory_manager import MemoryConfig, MemoryManager
 from memsvc.preemption_policy import PreemptionPolicy
-from pagedserve.protocol import Plan, PlanEntry, SamplingParams
+from wire.protocol import Plan, PlanEntry, SamplingParams
 from tests.fake_executor import FakeExecutor
 from tests.test_batch_loop import expected, prompts, run_all
 
@@ -206,7 +206,7 @@ class _OverTheWire:
         self.mem, self.session = mem, session
 
     def reserve(self, plan):
-        from pagedserve import convert
+        from wire import convert
 
         request = convert.plan_to_proto(plan, self.session)
         request = type(request).FromString(request.SerializeToString())

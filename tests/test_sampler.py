@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from executor.sampler import Sampler, apply_penalties, apply_truncation, mix_seed
-from pagedserve.protocol import SamplingParams, SeqStep
+from wire.protocol import SamplingParams, SeqStep
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
 LOGITS = PROBS.log()

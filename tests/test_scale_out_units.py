@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 from executor.step_merger import StepMerger
 from gateway.router import Router
-from pagedserve.block_keys import cacheable_blocks, prompt_block_keys
-from pagedserve.protocol import SampleOutput, SamplingParams, SeqStep, StepBatch
+from wire.block_keys import cacheable_blocks, prompt_block_keys
+from wire.protocol import SampleOutput, SamplingParams, SeqStep, StepBatch
 
 
 def step(seq_id, sample=True):
@@ -133,7 +133,7 @@ def test_block_watch_sends_a_snapshot_then_changes():
 
 def test_memsvc_admits_no_new_sequence_for_a_session_over_its_share():
     from memsvc.memory_manager import MemoryConfig, MemoryManager
-    from pagedserve.protocol import KVGeometry, Plan, PlanEntry
+    from wire.protocol import KVGeometry, Plan, PlanEntry
 
     mem = MemoryManager(MemoryConfig(num_blocks=32, session_lease_s=10.0))
     mem.register_executor(KVGeometry(1, 1, 1, 4))
@@ -239,7 +239,7 @@ def fake_replica_set(n):
 
 
 def delta(index, tokens, finish=None):
-    from gateway.output_stream import Delta
+    from wire.protocol import Delta
 
     return Delta("q", index, "".join(map(str, tokens)), tokens, finish)
 

@@ -8,7 +8,7 @@ import time
 import grpc
 
 from pagedserve.client import GenerationClient
-from pagedserve.protocol import SamplingParams
+from wire.protocol import SamplingParams
 from tests.serve_procs import alive, children, cmdline, free_port, segments, start, stop
 
 

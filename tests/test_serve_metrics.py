@@ -1,5 +1,5 @@
-from pagedserve.serve_metrics import RequestTiming, summarize
-from pagedserve.workloads import load_trace, poisson_arrivals, sample_lengths
+from benchmarks.serve_metrics import RequestTiming, summarize
+from benchmarks.workloads import load_trace, poisson_arrivals, sample_lengths
 
 
 def test_summary_of_hand_made_timings():

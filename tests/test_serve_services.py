@@ -10,10 +10,10 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from pagedserve.protocol import SamplingParams
-from pagedserve.v1 import generation_pb2 as pb
-from pagedserve.v1 import generation_pb2_grpc as pb_grpc
-from pagedserve.v1 import memory_pb2, memory_pb2_grpc
+from wire.protocol import SamplingParams
+from wire.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2_grpc as pb_grpc
+from wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.gateway_harness import collect, greedy
 from tests.serve_procs import free_port, start, stop, wait_status
 

@@ -15,9 +15,9 @@ from gateway.batch_loop import BatchLoop
 from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
 from gateway.scheduler import SchedulerConfig
 from gateway.tokenizer import load_tokenizer
-from pagedserve import convert
-from pagedserve.protocol import Plan, PlanEntry, SamplingParams, SeqStep, StepBatch
-from pagedserve.v1 import memory_pb2, memory_pb2_grpc
+from wire import convert
+from wire.protocol import Plan, PlanEntry, SamplingParams, SeqStep, StepBatch
+from wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.backend_procs import ServiceProcess, free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -1,6 +1,6 @@
 """`bench sharing`'s measurement of what forks save, on a few model-free requests."""
-from pagedserve.bench_sharing import parallel_sampling_saving
-from pagedserve.workloads import BenchRequest
+from benchmarks.sharing import parallel_sampling_saving
+from benchmarks.workloads import BenchRequest
 
 
 def test_parallel_sampling_saving_follows_the_prompt_share():

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from memsvc.memory_manager import MemoryConfig, MemoryManager
-from memsvc.shm_pool import ShmPool, attach_shm_pool
-from pagedserve.protocol import KVGeometry
+from wire.shm_pool import ShmPool, attach_shm_pool
+from wire.protocol import KVGeometry
 
 GEOM = KVGeometry(2, 2, 4, 4, "bfloat16")
 
@@ -37,7 +37,7 @@ def test_segment_is_private_zeroed_and_shared_with_an_attacher():
 def test_another_process_sees_the_writes():
     pool = ShmPool(GEOM, 2)
     try:
-        code = ("import sys, torch; from memsvc.shm_pool import attach_shm_pool;"
+        code = ("import sys, torch; from wire.shm_pool import attach_shm_pool;"
                 f"t = attach_shm_pool({pool.name!r}, {list(pool.shape)}, 'bfloat16'); t[1] = 3.0")
         subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
         assert (pool.tensor[1] == 3.0).all() and (pool.tensor[0] == 0).all()

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from pagedserve.soak import CLEAR, SoakConfig, soak
+from benchmarks.soak import CLEAR, SoakConfig, soak
 from tests.reliability_procs import Stack, scrape
 
 REQUESTS = int(os.environ.get("SOAK_REQUESTS", "2000"))

@@ -14,9 +14,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from pagedserve.v1 import generation_pb2 as pb
-from pagedserve.v1 import generation_pb2_grpc as pb_grpc
-from pagedserve.v1 import memory_pb2, memory_pb2_grpc
+from wire.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2_grpc as pb_grpc
+from wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.gateway_harness import collect, greedy
 from tests.reliability_procs import Stack, health
 

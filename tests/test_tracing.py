@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from pagedserve import tracing
-from pagedserve.v1 import generation_pb2 as pb
+from wire import tracing
+from wire.v1 import generation_pb2 as pb
 from tests.gateway_harness import collect, greedy
 from tests.reliability_procs import Stack
 

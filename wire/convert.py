@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pagedserve.protocol import (
+from wire.protocol import (
     Grant,
     KVGeometry,
     ModelInfo,
@@ -27,7 +27,7 @@ from pagedserve.protocol import (
     SeqStep,
     StepBatch,
 )
-from pagedserve.v1 import executor_pb2, generation_pb2, memory_pb2
+from wire.v1 import executor_pb2, generation_pb2, memory_pb2
 
 # -- sampling and geometry ---------------------------------------------------------------
 

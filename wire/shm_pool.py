@@ -22,7 +22,7 @@ import secrets
 
 import torch
 
-from pagedserve.protocol import KVGeometry
+from wire.protocol import KVGeometry
 
 SHM_DIR = "/dev/shm"
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")

@@ -5,7 +5,7 @@ Starts two replicas (memsvc + executor) and three gateways: prefix-aware and rou
 on both replicas, and one on replica 0 only. Each run uses its own prompts (a new tag),
 so no run finds another's blocks cached.
 
-    python -m pagedserve.bench_scale [--kv-tokens 4096] [--json out.json]
+    python -m benchmarks.scale [--kv-tokens 4096] [--json out.json]
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import grpc
 
 from pagedserve.serve_cmd import free_port
 from pagedserve.supervisor import health_status
-from pagedserve.v1 import generation_pb2 as pb
-from pagedserve.v1 import generation_pb2_grpc as pb_grpc
-from pagedserve.v1 import memory_pb2, memory_pb2_grpc
+from wire.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2_grpc as pb_grpc
+from wire.v1 import memory_pb2, memory_pb2_grpc
 
 CLI = [sys.executable, "-m", "pagedserve.cli"]
 SERVING = 1

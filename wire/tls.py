@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from pagedserve.grpc_service import env_default
+from wire.grpc_service import env_default
 
 
 def _read(path: str | None) -> bytes | None:

@@ -2,7 +2,7 @@
 deadlines; every one must end completed, cancelled or refused with a clear status, and
 memsvc must hold no block afterwards.
 
-    python -m pagedserve.soak --server 127.0.0.1:50051 --memsvc 127.0.0.1:50052 \\
+    python -m benchmarks.soak --server 127.0.0.1:50051 --memsvc 127.0.0.1:50052 \\
         --requests 2000 --concurrency 64 --pids GATEWAY_PID,MEMSVC_PID
 
 Prompts are random words (1 to --max-prompt-words), outputs 1 to --max-tokens tokens with
@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 
 import grpc
 
-from pagedserve.v1 import generation_pb2 as pb
-from pagedserve.v1 import generation_pb2_grpc as pb_grpc
-from pagedserve.v1 import memory_pb2, memory_pb2_grpc
+from wire.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2_grpc as pb_grpc
+from wire.v1 import memory_pb2, memory_pb2_grpc
 
 CLEAR = {"completed", "cancelled", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"}
 WORDS = ("the cache block page token model river stone light paper seven quick brown fox over "
@@ -143,7 +143,7 @@ def ok(report: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pagedserve.soak", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.splitlines()[0])
     p.add_argument("--server", required=True, help="the gateway, host:port")
     p.add_argument("--memsvc", default=None, help="memsvc, host:port: check that no block stays referenced")
     p.add_argument("--pids", default="", help="NAME=PID,... whose memory to sample (e.g. gateway=123)")

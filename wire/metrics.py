@@ -13,7 +13,7 @@ import argparse
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client import start_http_server
 
-from pagedserve.grpc_service import env_default
+from wire.grpc_service import env_default
 
 # vLLM's buckets for latencies measured in seconds.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,

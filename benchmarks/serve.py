@@ -8,8 +8,8 @@ import os
 import random
 import time
 
-from pagedserve.serve_metrics import RequestTiming, summarize
-from pagedserve.workloads import WORKLOADS, load_trace, poisson_arrivals, sample_lengths
+from benchmarks.serve_metrics import RequestTiming, summarize
+from benchmarks.workloads import WORKLOADS, load_trace, poisson_arrivals, sample_lengths
 
 
 async def _one(stub, pb, req, prompt_ids, timing: RequestTiming, vocab_cap: int) -> None:
@@ -39,8 +39,8 @@ async def run_load(server: str, requests, *, seed: int = 0, vocab: int = 32000,
     import grpc
     from tqdm import tqdm
 
-    from pagedserve.v1 import generation_pb2 as pb
-    from pagedserve.v1 import generation_pb2_grpc as pb_grpc
+    from wire.v1 import generation_pb2 as pb
+    from wire.v1 import generation_pb2_grpc as pb_grpc
 
     rng = random.Random(seed)
     prompts = [[rng.randrange(100, vocab) for _ in range(r.prompt_len)] for r in requests]

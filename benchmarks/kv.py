@@ -15,8 +15,8 @@ from gateway.batch_loop import BatchLoop
 from gateway.scheduler import SchedulerConfig
 from memsvc import POLICIES, make_allocator
 from memsvc.step_planner import StepPlanner
-from pagedserve.protocol import KVGeometry, ModelInfo, SampleOutput, SamplingParams
-from pagedserve.workloads import WORKLOADS, load_trace, sample_lengths
+from wire.protocol import KVGeometry, ModelInfo, SampleOutput, SamplingParams
+from benchmarks.workloads import WORKLOADS, load_trace, sample_lengths
 
 _FIELDS = ("token_state", "reserved", "internal_fragmentation", "external_fragmentation", "free")
 _VOCAB = 32000

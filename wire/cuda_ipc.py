@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from pagedserve.protocol import KVGeometry
+from wire.protocol import KVGeometry
 
 
 def normalize_uuid(uuid: str) -> str:

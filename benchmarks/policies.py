@@ -12,15 +12,15 @@ import os
 import random
 import time
 
-from pagedserve.serve_metrics import RequestTiming, summarize
-from pagedserve.workloads import WORKLOADS, poisson_arrivals, sample_lengths
+from benchmarks.serve_metrics import RequestTiming, summarize
+from benchmarks.workloads import WORKLOADS, poisson_arrivals, sample_lengths
 
 POLICIES = ("paged", "contiguous-max", "contiguous-oracle")
 
 
 def run_engine(engine, reqs, prompts) -> dict:
     """Feed requests at their arrival times; step while there is work."""
-    from pagedserve.protocol import SamplingParams
+    from wire.protocol import SamplingParams
 
     loop, timings = engine.loop, [RequestTiming(0.0) for _ in reqs]
     running, breakdown, pending = [], [], list(range(len(reqs)))
@@ -164,7 +164,7 @@ def run(args) -> int:
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "policies.json"), "w") as f:
         json.dump({"args": vars(args) | {"run": None}, "results": results, "summary": summary}, f)
-    from pagedserve.bench_plots import plot_policies
+    from benchmarks.plots import plot_policies
 
     for path in plot_policies(results, rates, args.latency_bound, args.out_dir):
         print(f"wrote {path}")

@@ -224,3 +224,20 @@ class ReserveResult:
     rejected: list[Rejection] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)  # new sequences that fit later, not now
     resumed: list[str] = field(default_factory=list)  # swapped-out sequences back on the device
+
+
+@dataclass
+class Delta:
+    """New output of one completion since the last delta: what the public API streams."""
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from pagedserve.v1 import memory_pb2 as pagedserve_dot_v1_dot_memory__pb2
+from wire.v1 import memory_pb2 as wire_dot_v1_dot_memory__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in pagedserve/v1/memory_pb2_grpc.py depends on'
+        + ' but the generated code in wire/v1/memory_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,33 +36,33 @@ class MemoryManagerStub:
         """
         self.RegisterExecutor = channel.unary_unary(
                 '/pagedserve.v1.MemoryManager/RegisterExecutor',
-                request_serializer=pagedserve_dot_v1_dot_memory__pb2.RegisterExecutorRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_v1_dot_memory__pb2.RegisterExecutorResponse.FromString,
+                request_serializer=wire_dot_v1_dot_memory__pb2.RegisterExecutorRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_memory__pb2.RegisterExecutorResponse.FromString,
                 _registered_method=True)
         self.Reserve = channel.unary_unary(
                 '/pagedserve.v1.MemoryManager/Reserve',
-                request_serializer=pagedserve_dot_v1_dot_memory__pb2.ReserveRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_v1_dot_memory__pb2.ReserveResponse.FromString,
+                request_serializer=wire_dot_v1_dot_memory__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_memory__pb2.ReserveResponse.FromString,
                 _registered_method=True)
         self.Free = channel.unary_unary(
                 '/pagedserve.v1.MemoryManager/Free',
-                request_serializer=pagedserve_dot_v1_dot_memory__pb2.FreeRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_v1_dot_memory__pb2.FreeResponse.FromString,
+                request_serializer=wire_dot_v1_dot_memory__pb2.FreeRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_memory__pb2.FreeResponse.FromString,
                 _registered_method=True)
         self.Fork = channel.unary_unary(
                 '/pagedserve.v1.MemoryManager/Fork',
-                request_serializer=pagedserve_dot_v1_dot_memory__pb2.ForkRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_v1_dot_memory__pb2.ForkResponse.FromString,
+                request_serializer=wire_dot_v1_dot_memory__pb2.ForkRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_memory__pb2.ForkResponse.FromString,
                 _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/pagedserve.v1.MemoryManager/Stats',
-                request_serializer=pagedserve_dot_v1_dot_memory__pb2.StatsRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_v1_dot_memory__pb2.StatsResponse.FromString,
+                request_serializer=wire_dot_v1_dot_memory__pb2.StatsRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_memory__pb2.StatsResponse.FromString,
                 _registered_method=True)
         self.WatchBlocks = channel.unary_stream(
                 '/pagedserve.v1.MemoryManager/WatchBlocks',
-                request_serializer=pagedserve_dot_v1_dot_memory__pb2.WatchBlocksRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_v1_dot_memory__pb2.BlockEvents.FromString,
+                request_serializer=wire_dot_v1_dot_memory__pb2.WatchBlocksRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_memory__pb2.BlockEvents.FromString,
                 _registered_method=True)
 
 
@@ -112,33 +112,33 @@ def add_MemoryManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'RegisterExecutor': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterExecutor,
-                    request_deserializer=pagedserve_dot_v1_dot_memory__pb2.RegisterExecutorRequest.FromString,
-                    response_serializer=pagedserve_dot_v1_dot_memory__pb2.RegisterExecutorResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_memory__pb2.RegisterExecutorRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_memory__pb2.RegisterExecutorResponse.SerializeToString,
             ),
             'Reserve': grpc.unary_unary_rpc_method_handler(
                     servicer.Reserve,
-                    request_deserializer=pagedserve_dot_v1_dot_memory__pb2.ReserveRequest.FromString,
-                    response_serializer=pagedserve_dot_v1_dot_memory__pb2.ReserveResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_memory__pb2.ReserveRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_memory__pb2.ReserveResponse.SerializeToString,
             ),
             'Free': grpc.unary_unary_rpc_method_handler(
                     servicer.Free,
-                    request_deserializer=pagedserve_dot_v1_dot_memory__pb2.FreeRequest.FromString,
-                    response_serializer=pagedserve_dot_v1_dot_memory__pb2.FreeResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_memory__pb2.FreeRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_memory__pb2.FreeResponse.SerializeToString,
             ),
             'Fork': grpc.unary_unary_rpc_method_handler(
                     servicer.Fork,
-                    request_deserializer=pagedserve_dot_v1_dot_memory__pb2.ForkRequest.FromString,
-                    response_serializer=pagedserve_dot_v1_dot_memory__pb2.ForkResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_memory__pb2.ForkRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_memory__pb2.ForkResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
-                    request_deserializer=pagedserve_dot_v1_dot_memory__pb2.StatsRequest.FromString,
-                    response_serializer=pagedserve_dot_v1_dot_memory__pb2.StatsResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_memory__pb2.StatsRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_memory__pb2.StatsResponse.SerializeToString,
             ),
             'WatchBlocks': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchBlocks,
-                    request_deserializer=pagedserve_dot_v1_dot_memory__pb2.WatchBlocksRequest.FromString,
-                    response_serializer=pagedserve_dot_v1_dot_memory__pb2.BlockEvents.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_memory__pb2.WatchBlocksRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_memory__pb2.BlockEvents.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -166,8 +166,8 @@ class MemoryManager:
             request,
             target,
             '/pagedserve.v1.MemoryManager/RegisterExecutor',
-            pagedserve_dot_v1_dot_memory__pb2.RegisterExecutorRequest.SerializeToString,
-            pagedserve_dot_v1_dot_memory__pb2.RegisterExecutorResponse.FromString,
+            wire_dot_v1_dot_memory__pb2.RegisterExecutorRequest.SerializeToString,
+            wire_dot_v1_dot_memory__pb2.RegisterExecutorResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -193,8 +193,8 @@ class MemoryManager:
             request,
             target,
             '/pagedserve.v1.MemoryManager/Reserve',
-            pagedserve_dot_v1_dot_memory__pb2.ReserveRequest.SerializeToString,
-            pagedserve_dot_v1_dot_memory__pb2.ReserveResponse.FromString,
+            wire_dot_v1_dot_memory__pb2.ReserveRequest.SerializeToString,
+            wire_dot_v1_dot_memory__pb2.ReserveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -220,8 +220,8 @@ class MemoryManager:
             request,
             target,
             '/pagedserve.v1.MemoryManager/Free',
-            pagedserve_dot_v1_dot_memory__pb2.FreeRequest.SerializeToString,
-            pagedserve_dot_v1_dot_memory__pb2.FreeResponse.FromString,
+            wire_dot_v1_dot_memory__pb2.FreeRequest.SerializeToString,
+            wire_dot_v1_dot_memory__pb2.FreeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -247,8 +247,8 @@ class MemoryManager:
             request,
             target,
             '/pagedserve.v1.MemoryManager/Fork',
-            pagedserve_dot_v1_dot_memory__pb2.ForkRequest.SerializeToString,
-            pagedserve_dot_v1_dot_memory__pb2.ForkResponse.FromString,
+            wire_dot_v1_dot_memory__pb2.ForkRequest.SerializeToString,
+            wire_dot_v1_dot_memory__pb2.ForkResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -274,8 +274,8 @@ class MemoryManager:
             request,
             target,
             '/pagedserve.v1.MemoryManager/Stats',
-            pagedserve_dot_v1_dot_memory__pb2.StatsRequest.SerializeToString,
-            pagedserve_dot_v1_dot_memory__pb2.StatsResponse.FromString,
+            wire_dot_v1_dot_memory__pb2.StatsRequest.SerializeToString,
+            wire_dot_v1_dot_memory__pb2.StatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -301,8 +301,8 @@ class MemoryManager:
             request,
             target,
             '/pagedserve.v1.MemoryManager/WatchBlocks',
-            pagedserve_dot_v1_dot_memory__pb2.WatchBlocksRequest.SerializeToString,
-            pagedserve_dot_v1_dot_memory__pb2.BlockEvents.FromString,
+            wire_dot_v1_dot_memory__pb2.WatchBlocksRequest.SerializeToString,
+            wire_dot_v1_dot_memory__pb2.BlockEvents.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from pagedserve.v1 import generation_pb2 as pagedserve_dot_v1_dot_generation__pb2
+from wire.v1 import generation_pb2 as wire_dot_v1_dot_generation__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in pagedserve/v1/generation_pb2_grpc.py depends on'
+        + ' but the generated code in wire/v1/generation_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,23 +36,23 @@ class GenerationStub:
         """
         self.Generate = channel.unary_stream(
                 '/pagedserve.v1.Generation/Generate',
-                request_serializer=pagedserve_dot_v1_dot_generation__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
+                request_serializer=wire_dot_v1_dot_generation__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.Chat = channel.unary_stream(
                 '/pagedserve.v1.Generation/Chat',
-                request_serializer=pagedserve_dot_v1_dot_generation__pb2.ChatRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
+                request_serializer=wire_dot_v1_dot_generation__pb2.ChatRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/pagedserve.v1.Generation/ListModels',
-                request_serializer=pagedserve_dot_v1_dot_generation__pb2.ListModelsRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_v1_dot_generation__pb2.ListModelsResponse.FromString,
+                request_serializer=wire_dot_v1_dot_generation__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_generation__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/pagedserve.v1.Generation/Tokenize',
-                request_serializer=pagedserve_dot_v1_dot_generation__pb2.TokenizeRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_v1_dot_generation__pb2.TokenizeResponse.FromString,
+                request_serializer=wire_dot_v1_dot_generation__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_generation__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
 
 
@@ -90,23 +90,23 @@ def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=pagedserve_dot_v1_dot_generation__pb2.GenerateRequest.FromString,
-                    response_serializer=pagedserve_dot_v1_dot_generation__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_generation__pb2.GenerateRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_generation__pb2.GenerateResponse.SerializeToString,
             ),
             'Chat': grpc.unary_stream_rpc_method_handler(
                     servicer.Chat,
-                    request_deserializer=pagedserve_dot_v1_dot_generation__pb2.ChatRequest.FromString,
-                    response_serializer=pagedserve_dot_v1_dot_generation__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_generation__pb2.ChatRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_generation__pb2.GenerateResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
-                    request_deserializer=pagedserve_dot_v1_dot_generation__pb2.ListModelsRequest.FromString,
-                    response_serializer=pagedserve_dot_v1_dot_generation__pb2.ListModelsResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_generation__pb2.ListModelsRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_generation__pb2.ListModelsResponse.SerializeToString,
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
-                    request_deserializer=pagedserve_dot_v1_dot_generation__pb2.TokenizeRequest.FromString,
-                    response_serializer=pagedserve_dot_v1_dot_generation__pb2.TokenizeResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_generation__pb2.TokenizeRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_generation__pb2.TokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,8 +134,8 @@ class Generation:
             request,
             target,
             '/pagedserve.v1.Generation/Generate',
-            pagedserve_dot_v1_dot_generation__pb2.GenerateRequest.SerializeToString,
-            pagedserve_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
+            wire_dot_v1_dot_generation__pb2.GenerateRequest.SerializeToString,
+            wire_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -161,8 +161,8 @@ class Generation:
             request,
             target,
             '/pagedserve.v1.Generation/Chat',
-            pagedserve_dot_v1_dot_generation__pb2.ChatRequest.SerializeToString,
-            pagedserve_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
+            wire_dot_v1_dot_generation__pb2.ChatRequest.SerializeToString,
+            wire_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -188,8 +188,8 @@ class Generation:
             request,
             target,
             '/pagedserve.v1.Generation/ListModels',
-            pagedserve_dot_v1_dot_generation__pb2.ListModelsRequest.SerializeToString,
-            pagedserve_dot_v1_dot_generation__pb2.ListModelsResponse.FromString,
+            wire_dot_v1_dot_generation__pb2.ListModelsRequest.SerializeToString,
+            wire_dot_v1_dot_generation__pb2.ListModelsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -215,8 +215,8 @@ class Generation:
             request,
             target,
             '/pagedserve.v1.Generation/Tokenize',
-            pagedserve_dot_v1_dot_generation__pb2.TokenizeRequest.SerializeToString,
-            pagedserve_dot_v1_dot_generation__pb2.TokenizeResponse.FromString,
+            wire_dot_v1_dot_generation__pb2.TokenizeRequest.SerializeToString,
+            wire_dot_v1_dot_generation__pb2.TokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

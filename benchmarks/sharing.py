@@ -66,7 +66,7 @@ class _PlannerMemory:
 
 class _InstantExecutor:
     def __init__(self, block_size: int, max_model_len: int):
-        from pagedserve.protocol import KVGeometry, ModelInfo
+        from wire.protocol import KVGeometry, ModelInfo
 
         self.info = ModelInfo("simulated", max_model_len, 32000, [], None, "", KVGeometry(1, 1, 1, block_size))
         self.rng = random.Random(0)
@@ -75,7 +75,7 @@ class _InstantExecutor:
         return self.info
 
     def execute(self, batch):
-        from pagedserve.protocol import SampleOutput
+        from wire.protocol import SampleOutput
 
         return [SampleOutput(s.seq_id, self.rng.randrange(32000)) for s in batch.seqs if s.sample]
 
@@ -96,7 +96,7 @@ def parallel_sampling_saving(requests, n: int, block_size: int, max_model_len: i
     from gateway.batch_loop import BatchLoop
     from gateway.scheduler import SchedulerConfig
     from memsvc import PagedAllocator
-    from pagedserve.protocol import SamplingParams
+    from wire.protocol import SamplingParams
 
     need = sum(n * -(-(r.prompt_len + r.output_len) // block_size) for r in requests)
     alloc = PagedAllocator(need + 16, block_size, enable_prefix_caching=False)
@@ -113,7 +113,7 @@ def parallel_sampling_saving(requests, n: int, block_size: int, max_model_len: i
 
 
 def beam_saving(engine, requests, width: int, corpus: list[int]) -> float:
-    from pagedserve.protocol import SamplingParams
+    from wire.protocol import SamplingParams
 
     memory = _Measured(engine.memory, engine.memory.allocator)
     engine.loop.memory = memory
@@ -129,7 +129,7 @@ def beam_saving(engine, requests, width: int, corpus: list[int]) -> float:
 
 def sharing(args) -> dict:
     from pagedserve.engine import LLMEngine
-    from pagedserve.workloads import sample_lengths
+    from benchmarks.workloads import sample_lengths
 
     out = {}
     engine = None
@@ -154,7 +154,7 @@ def sharing(args) -> dict:
 
 
 def first_token_seconds(engine, prompt: list[int]) -> tuple[float, int]:
-    from pagedserve.protocol import SamplingParams
+    from wire.protocol import SamplingParams
 
     start = time.perf_counter()
     engine.add_request(prompt, SamplingParams(max_tokens=1, temperature=0.0))
@@ -195,7 +195,7 @@ def prefix_caching(args) -> dict:
 def swap_vs_recompute(args) -> dict:
     from memsvc.host_pool import timed_copy
     from pagedserve.engine import LLMEngine
-    from pagedserve.protocol import SamplingParams
+    from wire.protocol import SamplingParams
 
     out = {}
     for bs in args.swap_block_sizes:

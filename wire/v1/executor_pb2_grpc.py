@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from pagedserve.v1 import executor_pb2 as pagedserve_dot_v1_dot_executor__pb2
+from wire.v1 import executor_pb2 as wire_dot_v1_dot_executor__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in pagedserve/v1/executor_pb2_grpc.py depends on'
+        + ' but the generated code in wire/v1/executor_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,13 +36,13 @@ class ExecutorStub:
         """
         self.ModelInfo = channel.unary_unary(
                 '/pagedserve.v1.Executor/ModelInfo',
-                request_serializer=pagedserve_dot_v1_dot_executor__pb2.ModelInfoRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_v1_dot_executor__pb2.ModelInfoResponse.FromString,
+                request_serializer=wire_dot_v1_dot_executor__pb2.ModelInfoRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_executor__pb2.ModelInfoResponse.FromString,
                 _registered_method=True)
         self.Execute = channel.unary_unary(
                 '/pagedserve.v1.Executor/Execute',
-                request_serializer=pagedserve_dot_v1_dot_executor__pb2.ExecuteRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_v1_dot_executor__pb2.ExecuteResponse.FromString,
+                request_serializer=wire_dot_v1_dot_executor__pb2.ExecuteRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_executor__pb2.ExecuteResponse.FromString,
                 _registered_method=True)
 
 
@@ -66,13 +66,13 @@ def add_ExecutorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfo,
-                    request_deserializer=pagedserve_dot_v1_dot_executor__pb2.ModelInfoRequest.FromString,
-                    response_serializer=pagedserve_dot_v1_dot_executor__pb2.ModelInfoResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_executor__pb2.ModelInfoRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_executor__pb2.ModelInfoResponse.SerializeToString,
             ),
             'Execute': grpc.unary_unary_rpc_method_handler(
                     servicer.Execute,
-                    request_deserializer=pagedserve_dot_v1_dot_executor__pb2.ExecuteRequest.FromString,
-                    response_serializer=pagedserve_dot_v1_dot_executor__pb2.ExecuteResponse.SerializeToString,
+                    request_deserializer=wire_dot_v1_dot_executor__pb2.ExecuteRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_executor__pb2.ExecuteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -100,8 +100,8 @@ class Executor:
             request,
             target,
             '/pagedserve.v1.Executor/ModelInfo',
-            pagedserve_dot_v1_dot_executor__pb2.ModelInfoRequest.SerializeToString,
-            pagedserve_dot_v1_dot_executor__pb2.ModelInfoResponse.FromString,
+            wire_dot_v1_dot_executor__pb2.ModelInfoRequest.SerializeToString,
+            wire_dot_v1_dot_executor__pb2.ModelInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -127,8 +127,8 @@ class Executor:
             request,
             target,
             '/pagedserve.v1.Executor/Execute',
-            pagedserve_dot_v1_dot_executor__pb2.ExecuteRequest.SerializeToString,
-            pagedserve_dot_v1_dot_executor__pb2.ExecuteResponse.FromString,
+            wire_dot_v1_dot_executor__pb2.ExecuteRequest.SerializeToString,
+            wire_dot_v1_dot_executor__pb2.ExecuteResponse.FromString,
             options,
             channel_credentials,
             insecure,

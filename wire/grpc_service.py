@@ -55,7 +55,7 @@ def get_logger(service: str) -> logging.Logger:
 
 
 def open_channel(address: str, tls=None, traced: bool = False) -> grpc.Channel:
-    """A client channel to a pagedserve service: TLS when `tls` (pagedserve.tls.TlsConfig)
+    """A client channel to a pagedserve service: TLS when `tls` (wire.tls.TlsConfig)
     asks for it, quick reconnects, and with `traced` the caller's trace context in every call."""
     options = CLIENT_OPTIONS + (tls.channel_options() if tls is not None else [])
     credentials = tls.channel_credentials() if tls is not None else None
@@ -64,7 +64,7 @@ def open_channel(address: str, tls=None, traced: bool = False) -> grpc.Channel:
     else:
         channel = grpc.insecure_channel(address, options=options)
     if traced:
-        from pagedserve.tracing import traced_channel
+        from wire.tracing import traced_channel
 
         channel = traced_channel(channel)
     return channel
@@ -72,10 +72,10 @@ def open_channel(address: str, tls=None, traced: bool = False) -> grpc.Channel:
 
 class Service:
     """A sync gRPC server with grpc.health.v1 (NOT_SERVING until `set_serving`), reflection,
-    and a SERVER span for each call that carries trace context (pagedserve.tracing)."""
+    and a SERVER span for each call that carries trace context (wire.tracing)."""
 
     def __init__(self, service_names: list[str], max_workers: int = 8):
-        from pagedserve.tracing import ServerTracing
+        from wire.tracing import ServerTracing
 
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                                   options=GRPC_OPTIONS, interceptors=[ServerTracing()])

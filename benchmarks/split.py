@@ -16,8 +16,8 @@ import threading
 import time
 from collections import defaultdict
 
-from pagedserve.protocol import SamplingParams
-from pagedserve.workloads import random_prompt_ids
+from wire.protocol import SamplingParams
+from benchmarks.workloads import random_prompt_ids
 
 
 def add_parser(sub) -> None:

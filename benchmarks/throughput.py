@@ -6,7 +6,7 @@ import os
 import random
 import time
 
-from pagedserve.workloads import WORKLOADS, BenchRequest, random_prompt_ids, sample_lengths
+from benchmarks.workloads import WORKLOADS, BenchRequest, random_prompt_ids, sample_lengths
 
 
 def add_parser(sub) -> None:
@@ -50,7 +50,7 @@ def matmul_ceiling(hidden: int, intermediate: int, flops_per_token: float) -> di
 
 
 def run_engine(engine, reqs: list[BenchRequest], vocab: int, seed: int) -> dict:
-    from pagedserve.protocol import SamplingParams
+    from wire.protocol import SamplingParams
 
     rng = random.Random(seed)
     for i, r in enumerate(reqs):

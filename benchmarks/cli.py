@@ -1,0 +1,11 @@
+"""`pagedserve bench BENCH`: registers every benchmark's subcommand."""
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    from benchmarks import kernels, kv, policies, serve, sharing, split, throughput
+
+    bench = sub.add_parser("bench", help="benchmarks that print numbers and write them to a file")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    for module in (kernels, throughput, kv, serve, split, policies, sharing):
+        module.add_parser(bench_sub)

@@ -1,1 +1,0 @@
-"""Generated gRPC stubs of pagedserve.v1 (python proto/generate.py)."""

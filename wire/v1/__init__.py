@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of the pagedserve.v1 protocol (python proto/generate.py)."""
