@@ -137,7 +137,7 @@ def run(args) -> int:
     model_dir = None
     for policy in args.policies.split(","):
         engine = LLMEngine(policy=policy, kv_tokens=kv_tokens, max_model_len=args.max_model_len,
-                           enable_prefix_caching=False, max_num_seqs=256)
+                           prefix_caching=False, max_num_seqs=256)
         model_dir = engine.executor.model_dir
         results[policy] = {}
         for rate in rates:

@@ -142,7 +142,7 @@ def sharing(args) -> dict:
         if beam_count:
             if engine is None:
                 engine = LLMEngine(model=args.model, block_size=args.block_size, kv_tokens=args.kv_tokens,
-                                   enable_prefix_caching=False, max_model_len=args.max_model_len)
+                                   prefix_caching=False, max_model_len=args.max_model_len)
                 corpus = text_corpus(engine.tokenizer)
             for w in SHARING_WIDTHS:
                 row[f"beam={w}"] = beam_saving(engine, beams, w, corpus)
@@ -200,7 +200,7 @@ def swap_vs_recompute(args) -> dict:
     out = {}
     for bs in args.swap_block_sizes:
         engine = LLMEngine(model=args.model, block_size=bs, kv_tokens=args.kv_tokens,
-                           enable_prefix_caching=False, swap_space_gib=args.swap_space)
+                           prefix_caching=False, swap_space=args.swap_space)
         corpus = text_corpus(engine.tokenizer)
         rng = random.Random(args.seed)
         prompt = window(corpus, rng, args.seq_len)
@@ -220,7 +220,7 @@ def swap_vs_recompute(args) -> dict:
         alloc.free("victim")
         # serve a few requests in a pool too small for them; auto chooses per victim
         small = LLMEngine(model=args.model, block_size=bs, kv_tokens=max(4 * bs, args.small_kv_tokens),
-                          enable_prefix_caching=False, swap_space_gib=args.swap_space)
+                          prefix_caching=False, swap_space=args.swap_space)
         small.generate([window(corpus, rng, 48) for _ in range(6)],
                        SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
         counts = small.memory.stats().preemption

@@ -10,7 +10,7 @@ from benchmarks.workloads import WORKLOADS, BenchRequest, random_prompt_ids, sam
 
 
 def add_parser(sub) -> None:
-    from pagedserve.generate_cmd import add_engine_args
+    from pagedserve.engine_config import add_engine_flags
 
     p = sub.add_parser(
         "throughput",
@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--skip-hf", action="store_true", help="run the engine only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_results/throughput.json", help="JSON results file")
-    add_engine_args(p)
+    add_engine_flags(p)
     p.set_defaults(run=run)
 
 
@@ -98,12 +98,12 @@ def run_hf(model_dir: str, reqs: list[BenchRequest], vocab: int, seed: int, batc
 
 def run(args) -> int:
     from pagedserve.engine import LLMEngine
-    from pagedserve.generate_cmd import engine_config
+    from pagedserve.engine_config import EngineConfig
 
     reqs = sample_lengths(args.workload, args.num_requests, seed=args.seed,
                           input_len=args.input_len, output_len=args.output_len,
                           min_len=args.min_len, max_len=args.max_len)
-    engine = LLMEngine(engine_config(args))
+    engine = LLMEngine(EngineConfig.from_args(args))
     info = engine.info
     vocab = info.vocab_size
     cfg = engine.executor.config

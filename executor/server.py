@@ -13,15 +13,14 @@ Service contract:
   into the next pass (executor.step_merger); never two passes at once. A batch that does not fit (bad slots, ids
   outside the vocabulary) is INVALID_ARGUMENT; the executor stays usable.
 - The pool belongs to memsvc: this process only maps it, and must run on memsvc's host.
-  An Execute whose metadata names another pool (`pagedserve-pool`, the epoch memsvc gave
-  with the Reserve) is ABORTED: memsvc restarted and that reservation is gone.
+  An Execute whose `pool_epoch` names another pool (the epoch memsvc gave with the
+  Reserve) is ABORTED: memsvc restarted and that reservation is gone.
 - An Execute that arrives with trace context gets a span (wire.tracing);
   `--metrics-port` serves executor.metrics; `--tls-*` (wire.tls) turn on TLS for
   this server (mutual with `--tls-ca`) and for the registration call to memsvc.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
@@ -31,10 +30,11 @@ import grpc
 
 from opentelemetry import trace
 
+from executor.config import ExecutorConfig
 from executor.metrics import ExecutorMetrics
 from executor.step_merger import StepMerger
 from wire import convert
-from wire.grpc_service import POOL_METADATA, Service, get_logger, open_channel, stop_on_signals, wait
+from wire.grpc_service import Service, get_logger, open_channel, stop_on_signals, wait
 from wire.protocol import ModelInfo
 from wire.v1 import executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
@@ -65,16 +65,16 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def __init__(self):
         self.executor = None
         self.info_message = None
-        self.pool_id: str | None = None
+        self.pool_epoch: str | None = None  # memsvc's name for the pool this process mapped
         self.ready = threading.Event()
         self.metrics = ExecutorMetrics()
 
     def set_ready(self, executor, info: ModelInfo, tokenizer_files: dict[str, bytes],
-                  pool_id: str | None = None) -> None:
+                  pool_epoch: str | None = None) -> None:
         self.executor = executor
         self.merger = StepMerger(executor.execute, self.metrics.merged_calls.inc)
         self.info_message = convert.model_info_to_proto(info, tokenizer_files)
-        self.pool_id = pool_id
+        self.pool_epoch = pool_epoch
         self.ready.set()
 
     def ModelInfo(self, request, context):
@@ -85,11 +85,10 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def Execute(self, request, context):
         if not self.ready.is_set():
             context.abort(grpc.StatusCode.UNAVAILABLE, "the executor is starting: the pool is not mapped yet")
-        wanted = dict(context.invocation_metadata()).get(POOL_METADATA)
-        if wanted and self.pool_id and wanted != self.pool_id:
+        batch = convert.batch_from_proto(request)
+        if batch.pool_epoch and self.pool_epoch and batch.pool_epoch != self.pool_epoch:
             context.abort(grpc.StatusCode.ABORTED, "this step was reserved in a KV pool that is "
                           "gone (memsvc restarted): reserve it again")
-        batch = convert.batch_from_proto(request)
         tokens = sum(len(s.token_ids) for s in batch.seqs)
         try:
             start = time.perf_counter()
@@ -111,11 +110,11 @@ def register(memsvc: str, info: ModelInfo, device: str, timeout: float, tls=None
     Returns the pool handle and the pool's epoch (None from a memsvc that sends none)."""
     with open_channel(memsvc, tls) as channel:
         grpc.channel_ready_future(channel).result(timeout=timeout)
-        response, call = memory_pb2_grpc.MemoryManagerStub(channel).RegisterExecutor.with_call(
+        response = memory_pb2_grpc.MemoryManagerStub(channel).RegisterExecutor(
             memory_pb2.RegisterExecutorRequest(geometry=convert.geometry_to_proto(info.kv),
                                                device=device, max_model_len=info.max_model_len),
             timeout=timeout, wait_for_ready=True)
-    return response.pool, dict(call.trailing_metadata() or ()).get(POOL_METADATA)
+    return response.pool, response.pool_epoch or None
 
 
 def map_pool(handle: memory_pb2.PoolHandle):
@@ -144,37 +143,36 @@ def resolve_device(device: str) -> tuple[str, str]:
     return f"cuda:{index}", gpu_uuids()[index]
 
 
-def bring_up(args, service: Service, servicer: ExecutorService) -> None:
+def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService) -> None:
     """Load, register, map; then SERVING. Runs beside the main thread, which waits for signals."""
     from executor import Executor
-    from wire.tls import tls_from_args
 
-    torch_device, memsvc_device = resolve_device(args.device)
-    executor = Executor(args.model, dtype=args.dtype, block_size=args.block_size, device=torch_device)
+    torch_device, memsvc_device = resolve_device(config.device)
+    executor = Executor(config.model, dtype=config.dtype, block_size=config.block_size,
+                        device=torch_device)
     info = executor.model_info()
-    if args.max_model_len:
-        info.max_model_len = min(info.max_model_len, args.max_model_len)
-    log.info("model %s loaded; registering with memsvc at %s", info.name, args.memsvc)
-    handle, pool_id = register(args.memsvc, info, memsvc_device, args.register_timeout, tls_from_args(args))
+    if config.max_model_len:
+        info.max_model_len = min(info.max_model_len, config.max_model_len)
+    log.info("model %s loaded; registering with memsvc at %s", info.name, config.memsvc)
+    handle, pool_id = register(config.memsvc, info, memsvc_device, config.register_timeout, config.tls)
     executor.attach_pool(map_pool(handle))
     servicer.set_ready(executor, info, read_tokenizer_files(info.tokenizer_dir), pool_id)
     service.set_serving(True)
     log.info("pool mapped (%d blocks of %d tokens); serving", handle.num_blocks, info.kv.block_size)
 
 
-def serve(args) -> int:
+def serve(config: ExecutorConfig) -> int:
     """Run the executor until SIGTERM/SIGINT (or until bring-up fails: status 1)."""
     from wire.metrics import serve_metrics
-    from wire.tls import tls_from_args
     from wire.tracing import setup_tracing, shutdown_tracing
 
     stop = stop_on_signals()
     try:
-        credentials = tls_from_args(args).server_credentials()
+        credentials = config.tls.server_credentials()
     except (ValueError, OSError) as e:
         print(f"executor: {e}", file=sys.stderr)
         return 2
-    setup_tracing("executor")
+    setup_tracing("executor", config.tracing)
     service = Service([SERVICE_NAME], max_workers=4)
     servicer = ExecutorService()
     executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, service.server)
@@ -182,13 +180,13 @@ def serve(args) -> int:
 
     def run_bring_up():
         try:
-            bring_up(args, service, servicer)
+            bring_up(config, service, servicer)
         except Exception as e:  # any failure ends the process with a message
             failed.append(f"{type(e).__name__}: {e}")
             stop.set()
 
-    address = service.start(args.host, args.port, credentials)
-    serve_metrics(servicer.metrics.registry, args.host, getattr(args, "metrics_port", None), log)
+    address = service.start(config.host, config.port, credentials)
+    serve_metrics(servicer.metrics.registry, config.host, config.metrics_port, log)
     log.info("listening on %s (NOT_SERVING until the pool is mapped)", address)
     threading.Thread(target=run_bring_up, name="executor-bring-up", daemon=True).start()
     try:
@@ -200,15 +198,3 @@ def serve(args) -> int:
         log.error("could not start: %s", failed[0])
         return 1
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    from pagedserve.service_cmds import add_executor_arguments
-
-    parser = argparse.ArgumentParser(prog="pagedserve executor", description=__doc__.splitlines()[0])
-    add_executor_arguments(parser)
-    return serve(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,9 +12,9 @@ Service contract:
   longer holds comes back in `preempted` with mode "recompute".
 - Before any executor registered, Reserve/Fork/Stats answer UNAVAILABLE (retry: the pool
   does not exist yet).
-- RegisterExecutor and Reserve answers carry trailing metadata `pagedserve-pool`: the
-  epoch of this process's pool (new with every memsvc process), which the executor checks
-  on Execute so that a step reserved in a pool that is gone never runs.
+- RegisterExecutor and Reserve answers carry `pool_epoch`: the epoch of this process's
+  pool (new with every memsvc process). The gateway sends it back with each Execute and
+  the executor checks it, so that a step reserved in a pool that is gone never runs.
 - Health is SERVING from the moment it listens (its job starts with registration).
 - WatchBlocks streams the prefix-cache keys (wire.block_keys) of the blocks the pool
   holds: a snapshot, then what each Reserve/Free stored and evicted, with the pool's load
@@ -28,21 +28,20 @@ Service contract:
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import threading
 import time
-import uuid
 
 import grpc
 
 from opentelemetry import trace
 
 from memsvc.block_watch import BlockChanges, BlockWatch
-from memsvc.memory_manager import MemoryConfig, MemoryManager
+from memsvc.config import MemsvcConfig
+from memsvc.memory_manager import MemoryManager
 from memsvc.metrics import MemsvcMetrics
 from wire import convert
-from wire.grpc_service import POOL_METADATA, Service, get_logger, stop_on_signals, wait
+from wire.grpc_service import Service, get_logger, stop_on_signals, wait
 from wire.v1 import memory_pb2, memory_pb2_grpc
 
 SERVICE_NAME = "pagedserve.v1.MemoryManager"
@@ -54,7 +53,6 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
     def __init__(self, manager: MemoryManager):
         self.manager = manager
         self.lock = threading.Lock()
-        self.pool_epoch = uuid.uuid4().hex
         self.metrics = MemsvcMetrics(self)
         self.block_changes = BlockChanges()
         self._stopped = threading.Event()
@@ -96,8 +94,8 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
         except (LookupError, RuntimeError) as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot allocate the pool on {device}: {e}")
         log.info("executor registered: pool %s %s on %s", list(pool.shape), geometry.dtype, device)
-        context.set_trailing_metadata(((POOL_METADATA, self.pool_epoch),))
-        return memory_pb2.RegisterExecutorResponse(pool=self._handle(pool))
+        return memory_pb2.RegisterExecutorResponse(pool=self._handle(pool),
+                                                   pool_epoch=self.manager.pool_epoch)
 
     def _handle(self, pool) -> memory_pb2.PoolHandle:
         m = self.manager
@@ -131,7 +129,6 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
                 "pagedserve.preemptions.recompute": modes.count("recompute"),
                 "pagedserve.blocks_free": self.manager.allocator.num_free_blocks(),
             })
-        context.set_trailing_metadata(((POOL_METADATA, self.pool_epoch),))
         return convert.reserve_result_to_proto(result)
 
     def Free(self, request, context):
@@ -153,7 +150,7 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
             self._registered(context)
             stats = self._call(context, self.manager.stats)
             block_size = self.manager.geometry.block_size
-        return convert.stats_to_proto(stats, block_size, stats.num_sequences, stats.num_sessions)
+        return convert.stats_to_proto(stats, block_size)
 
     def WatchBlocks(self, request, context):
         """Stream BlockEvents: a snapshot, then changes after each Reserve/Free (at least
@@ -163,7 +160,7 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
         while context.is_active() and not self._stopped.is_set():
             with self.lock:
                 ready = self.manager.planner is not None
-                events = watch.next_events(self.manager, self.pool_epoch) if ready else None
+                events = watch.next_events(self.manager, self.manager.pool_epoch) if ready else None
             if events is not None:
                 yield events
             seen = self.block_changes.wait(seen, interval)
@@ -190,40 +187,29 @@ def _session(request, context) -> str:
     return request.session_id
 
 
-def config_from_args(args) -> MemoryConfig:
-    return MemoryConfig(
-        policy=args.policy, enable_prefix_caching=not args.no_prefix_caching,
-        kv_tokens=args.kv_tokens, kv_budget_bytes=int(args.kv_memory * (1 << 30)),
-        max_model_len=args.max_model_len, shared=True, shm_name=args.shm_name,
-        session_lease_s=args.session_lease, preemption_mode=args.preemption_mode,
-        swap_space_bytes=int(args.swap_space * (1 << 30)),
-    )
-
-
-def serve(args) -> int:
+def serve(config: MemsvcConfig) -> int:
     """Run memsvc until SIGTERM/SIGINT; the shared-memory segment is unlinked on the way out."""
     from wire.metrics import serve_metrics
-    from wire.tls import tls_from_args
     from wire.tracing import setup_tracing, shutdown_tracing
 
     stop = stop_on_signals()
     try:
-        config = config_from_args(args)
-        tls = tls_from_args(args)
-    except ValueError as e:
+        memory = config.memory_config(shared=True)
+        credentials = config.tls.server_credentials()
+    except (ValueError, OSError) as e:
         print(f"memsvc: {e}", file=sys.stderr)
         return 2
-    setup_tracing("memsvc")
-    servicer = MemoryService(MemoryManager(config))
+    setup_tracing("memsvc", config.tracing)
+    servicer = MemoryService(MemoryManager(memory))
     service = Service([SERVICE_NAME], max_workers=16)  # WatchBlocks streams hold a worker each
     memory_pb2_grpc.add_MemoryManagerServicer_to_server(servicer, service.server)
     try:
-        address = service.start(args.host, args.port, tls.server_credentials())
-        serve_metrics(servicer.metrics.registry, args.host, getattr(args, "metrics_port", None), log)
+        address = service.start(config.host, config.port, credentials)
+        serve_metrics(servicer.metrics.registry, config.host, config.metrics_port, log)
         service.set_serving(True)
         log.info("serving on %s (policy %s, preemption %s, swap space %g GiB, session lease %gs)",
-                 address, config.policy, config.preemption_mode, config.swap_space_bytes / (1 << 30),
-                 config.session_lease_s)
+                 address, memory.policy, memory.preemption_mode, memory.swap_space_bytes / (1 << 30),
+                 memory.session_lease_s)
         wait(stop)
         log.info("stopping")
     finally:
@@ -231,15 +217,3 @@ def serve(args) -> int:
         servicer.close()
         shutdown_tracing()
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    from pagedserve.service_cmds import add_memsvc_arguments
-
-    parser = argparse.ArgumentParser(prog="pagedserve memsvc", description=__doc__.splitlines()[0])
-    add_memsvc_arguments(parser)
-    return serve(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

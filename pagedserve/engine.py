@@ -11,37 +11,11 @@ from typing import Iterator
 
 from executor import Executor
 from gateway.batch_loop import BatchLoop
-from wire.protocol import Delta
-from gateway.scheduler import SchedulerConfig
 from gateway.tokenizer import load_tokenizer
-from memsvc.memory_manager import MemoryConfig, MemoryManager
+from memsvc.memory_manager import MemoryManager
+from pagedserve.engine_config import EngineConfig
+from wire.protocol import Delta
 from wire.protocol import SamplingParams
-
-
-@dataclass
-class EngineConfig:
-    model: str | None = None  # directory or .gguf; None: the built-in default
-    dtype: str = "float32"
-    block_size: int = 16
-    num_blocks: int | None = None  # wins over kv_tokens and kv_memory_gib
-    kv_tokens: int | None = None
-    kv_memory_gib: float = 2.0
-    max_model_len: int | None = None  # cap below the model's own maximum
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    enable_prefix_caching: bool = True
-    policy: str = "paged"
-    preemption_mode: str = "auto"  # recompute | swap | auto
-    swap_space_gib: float = 4.0  # host swap space
-    num_host_blocks: int | None = None  # wins over swap_space_gib
-
-    def __post_init__(self) -> None:
-        if self.swap_space_gib < 0:
-            raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")
-        if self.kv_tokens is not None and self.kv_tokens < self.block_size:
-            raise ValueError(f"kv_tokens={self.kv_tokens} holds no block of {self.block_size} tokens")
-        if self.kv_memory_gib <= 0:
-            raise ValueError(f"kv_memory_gib must be positive, got {self.kv_memory_gib}")
 
 
 @dataclass
@@ -64,28 +38,27 @@ class RequestOutput:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None, **overrides):
-        config = config or EngineConfig(**overrides)
+    def __init__(self, config: EngineConfig | None = None, **settings):
+        config = config or EngineConfig.of(**settings)
         self.config = config
-        self.executor = Executor(config.model, dtype=config.dtype, block_size=config.block_size)
+        ex = config.executor
+        self.executor = Executor(ex.model, dtype=ex.dtype, block_size=ex.block_size)
         info = self.executor.model_info()
-        max_len = min(info.max_model_len, config.max_model_len or info.max_model_len)
+        max_len = min(info.max_model_len, ex.max_model_len or info.max_model_len)
         info.max_model_len = max_len
         num_blocks = config.num_blocks
-        if num_blocks is None and config.kv_tokens is not None:
-            num_blocks = config.kv_tokens // config.block_size
-        self.memory = MemoryManager(MemoryConfig(
-            policy=config.policy, enable_prefix_caching=config.enable_prefix_caching,
-            num_blocks=num_blocks, kv_budget_bytes=int(config.kv_memory_gib * (1 << 30)),
-            max_model_len=max_len, preemption_mode=config.preemption_mode,
-            swap_space_bytes=int(config.swap_space_gib * (1 << 30)), num_host_blocks=config.num_host_blocks,
-        ))
+        if num_blocks is None and config.memsvc.kv_tokens is not None:
+            num_blocks = config.memsvc.kv_tokens // ex.block_size
+            if num_blocks < 1:
+                raise ValueError(f"kv_tokens={config.memsvc.kv_tokens} holds no block of "
+                                 f"{ex.block_size} tokens")
+        self.memory = MemoryManager(config.memsvc.memory_config(
+            num_blocks=num_blocks, max_model_len=max_len, num_host_blocks=config.num_host_blocks))
         self.executor.attach_pool(self.memory.register_executor(info.kv))
         self.info = info
         self.tokenizer = load_tokenizer(info.tokenizer_dir)
-        self.loop = BatchLoop(self.memory, _FixedInfo(self.executor, info), SchedulerConfig(
-            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-        ), self.tokenizer)
+        self.loop = BatchLoop(self.memory, _FixedInfo(self.executor, info), config.gateway.scheduler(),
+                              self.tokenizer)
         self._ids = itertools.count()
 
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:

