@@ -35,10 +35,14 @@ class AppendResult:
 
 
 class KVAllocator(ABC):
-    """Block tables over a pool of `num_blocks` blocks of `block_size` token slots."""
+    """Block tables over a pool of `num_blocks` blocks of `block_size` token slots.
+
+    `supports_swap`: the allocator also has a host swap space and implements `is_swapped`,
+    `can_swap_out` / `swap_out` and `can_swap_in` / `swap_in` (memsvc.paged_allocator)."""
 
     block_size: int
     num_blocks: int
+    supports_swap: bool = False
 
     @abstractmethod
     def admit(

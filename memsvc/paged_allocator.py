@@ -19,6 +19,8 @@ from memsvc.swap_space import SwapSpace
 
 
 class PagedAllocator(KVAllocator):
+    supports_swap = True
+
     def __init__(
         self,
         num_blocks: int,

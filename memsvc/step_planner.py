@@ -49,7 +49,7 @@ class StepPlanner:
         self.policy = policy or PreemptionPolicy("recompute")
         self.watermark_blocks = watermark_blocks
         self.counts = PreemptionCounts()
-        self.can_swap = hasattr(allocator, "swap_out")
+        self.can_swap = allocator.supports_swap
 
     def reserve(self, plan: Plan) -> Reservation:
         alloc = self.allocator
