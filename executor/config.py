@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wire.health_port import health_port_setting
 from wire.metrics import metrics_port_setting
 from wire.settings import setting
 from wire.tls import TlsConfig
@@ -28,7 +29,12 @@ class ExecutorConfig:
                                         "maximum)")
     register_timeout: float = setting(60.0, "how long to keep trying to reach memsvc",
                                       metavar="SECONDS")
+    drain_timeout: float = setting(0.0, "on SIGTERM, say NOT_SERVING at once (gateways route no "
+                                   "new requests here) and keep running steps until no gateway "
+                                   "has called for 2 s, at most this long; 0: stop at once",
+                                   metavar="SECONDS")
     metrics_port: int | None = metrics_port_setting()
+    health_port: int | None = health_port_setting()
     tls: TlsConfig = field(default_factory=TlsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
 
@@ -37,3 +43,5 @@ class ExecutorConfig:
             raise ValueError(f"--block-size must be positive, got {self.block_size}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be positive, got {self.max_model_len}")
+        if self.drain_timeout < 0:
+            raise ValueError(f"--drain-timeout must be >= 0, got {self.drain_timeout}")

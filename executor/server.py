@@ -17,7 +17,14 @@ Service contract:
   Reserve) is ABORTED: memsvc restarted and that reservation is gone.
 - An Execute that arrives with trace context gets a span (wire.tracing);
   `--metrics-port` serves executor.metrics; `--tls-*` (wire.tls) turn on TLS for
-  this server (mutual with `--tls-ca`) and for the registration call to memsvc.
+  this server (mutual with `--tls-ca`) and for the registration call to memsvc; with
+  mutual TLS, Execute and ModelInfo are for callers whose certificate says gateway
+  (wire.peer_auth; others PERMISSION_DENIED). `--health-port` serves the health alone in
+  plaintext (wire.health_port: Kubernetes probes).
+- Drain (`--drain-timeout S`): on SIGTERM the health turns NOT_SERVING at once, so
+  gateways route no new request here (gateway.replica_set), while Execute goes on serving
+  the running ones; the process stops once no Execute has come for DRAIN_IDLE_S (their
+  requests finished) or after S seconds (gateways then recompute what is left elsewhere).
 """
 from __future__ import annotations
 
@@ -33,7 +40,7 @@ from opentelemetry import trace
 from executor.config import ExecutorConfig
 from executor.metrics import ExecutorMetrics
 from executor.step_merger import StepMerger
-from wire import convert
+from wire import convert, peer_auth
 from wire.grpc_service import Service, get_logger, open_channel, stop_on_signals, wait
 from wire.protocol import ModelInfo
 from wire.v1 import executor_pb2_grpc, memory_pb2, memory_pb2_grpc
@@ -44,6 +51,7 @@ TOKENIZER_FILES = (
     "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt",
     "vocab.txt", "config.json", "generation_config.json",
 )
+DRAIN_IDLE_S = 2.0  # longer than a gateway's probe interval (1 s): all have seen NOT_SERVING
 log = get_logger("executor")
 
 
@@ -68,6 +76,14 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self.pool_epoch: str | None = None  # memsvc's name for the pool this process mapped
         self.ready = threading.Event()
         self.metrics = ExecutorMetrics()
+        self.last_call = float("-inf")  # time.monotonic() of the latest Execute's start or end
+        self.active = 0  # Execute calls in progress
+        self._calls = threading.Lock()
+
+    def _enter(self, delta: int) -> None:
+        with self._calls:
+            self.active += delta
+            self.last_call = time.monotonic()
 
     def set_ready(self, executor, info: ModelInfo, tokenizer_files: dict[str, bytes],
                   pool_epoch: str | None = None) -> None:
@@ -90,18 +106,34 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             context.abort(grpc.StatusCode.ABORTED, "this step was reserved in a KV pool that is "
                           "gone (memsvc restarted): reserve it again")
         tokens = sum(len(s.token_ids) for s in batch.seqs)
+        self._enter(1)
         try:
             start = time.perf_counter()
             outputs = self.merger.run(batch, caller=context.peer())
             seconds = time.perf_counter() - start
         except (ValueError, IndexError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}")
+        finally:
+            self._enter(-1)
         self.metrics.observe(len(batch.seqs), tokens, seconds)
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attributes({"pagedserve.batch.sequences": len(batch.seqs),
                                  "pagedserve.batch.tokens": tokens, "pagedserve.forward_seconds": seconds})
         return convert.outputs_to_proto(outputs)
+
+
+def drain(service: Service, servicer: ExecutorService, timeout: float, idle: float = DRAIN_IDLE_S,
+          clock=time.monotonic, sleep=time.sleep) -> bool:
+    """NOT_SERVING, then wait until no Execute has run for `idle` seconds (counted from now at
+    the earliest) or `timeout` passed. True when the gateways went quiet in time."""
+    service.set_serving(False)
+    start = clock()
+    while clock() - start < timeout:
+        if servicer.active == 0 and clock() - max(servicer.last_call, start) >= idle:
+            return True
+        sleep(0.05)
+    return False
 
 
 def register(memsvc: str, info: ModelInfo, device: str, timeout: float, tls=None
@@ -163,6 +195,7 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
 
 def serve(config: ExecutorConfig) -> int:
     """Run the executor until SIGTERM/SIGINT (or until bring-up fails: status 1)."""
+    from wire.health_port import serve_health
     from wire.metrics import serve_metrics
     from wire.tracing import setup_tracing, shutdown_tracing
 
@@ -173,7 +206,8 @@ def serve(config: ExecutorConfig) -> int:
         print(f"executor: {e}", file=sys.stderr)
         return 2
     setup_tracing("executor", config.tracing)
-    service = Service([SERVICE_NAME], max_workers=4)
+    service = Service([SERVICE_NAME], max_workers=4,
+                      interceptors=peer_auth.interceptors(config.tls, peer_auth.EXECUTOR_POLICY))
     servicer = ExecutorService()
     executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, service.server)
     failed: list[str] = []
@@ -187,11 +221,18 @@ def serve(config: ExecutorConfig) -> int:
 
     address = service.start(config.host, config.port, credentials)
     serve_metrics(servicer.metrics.registry, config.host, config.metrics_port, log)
+    health_server = serve_health(service.health, config.host, config.health_port, log)
     log.info("listening on %s (NOT_SERVING until the pool is mapped)", address)
     threading.Thread(target=run_bring_up, name="executor-bring-up", daemon=True).start()
     try:
         wait(stop)
+        if config.drain_timeout and servicer.ready.is_set() and not failed:
+            log.info("draining: NOT_SERVING; running requests go on for up to %gs", config.drain_timeout)
+            quiet = drain(service, servicer, config.drain_timeout)
+            log.info("drained" if quiet else "drain timeout: stopping with steps still coming")
     finally:
+        if health_server is not None:
+            health_server.stop(0)
         service.stop()
         shutdown_tracing()
     if failed:

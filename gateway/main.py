@@ -62,8 +62,10 @@ def _check_serving(addresses: dict[str, str], tls=None) -> None:
         with open_channel(address, tls) as channel:
             status = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=2.0).status
-        if status != SERVING:
-            raise ConnectionError(f"{name} at {address} is not SERVING")
+        if status != SERVING:  # it answers: starting or draining (route nothing new there)
+            from gateway.replica_set import Draining
+
+            raise Draining(f"{name} at {address} is not SERVING")
 
 
 async def serve(config: GatewayConfig) -> int:

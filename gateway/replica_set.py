@@ -11,6 +11,9 @@ unchanged:
   requests are submitted again on another replica: recomputed from the prompt, with the
   tokens already streamed skipped, so greedy output is the same as without the failure.
   Requests that find no replica up wait for one.
+- Drain: a replica whose probe answers NOT_SERVING (`Draining`: an executor told to stop,
+  executor.server's --drain-timeout) gets no new requests; those it runs go on there. If it
+  then fails, they move as above; if it says SERVING again, it is routed to again.
 - With `discover` (gateway.discovery: a DNS name of all replicas), the probe thread asks
   it again every `discover_s` seconds and adds the replicas it has not seen.
 """
@@ -32,6 +35,10 @@ log = logging.getLogger("pagedserve.gateway")
 MAX_ATTEMPTS = 4
 
 
+class Draining(ConnectionError):
+    """A replica answers but says NOT_SERVING: route nothing new to it, let its requests run."""
+
+
 class Replica:
     def __init__(self, name: str, memsvc: str, executor: str):
         self.name, self.memsvc, self.executor = name, memsvc, executor
@@ -39,6 +46,7 @@ class Replica:
         self.runner = None  # gateway.step_runner.StepRunner
         self.index: BlockIndex | None = None
         self.up = False
+        self.draining = False  # up, but takes no new requests
         self.reported = False  # "not up" logged already
 
     def queued(self) -> int:
@@ -145,6 +153,11 @@ class ReplicaSet:
             if not any(r.up for r in self.replicas) and self.on_change is not None:
                 self.on_change(True)
             replica.up = True
+            replica.draining = False
+            self._route_stranded()
+
+    def _route_stranded(self) -> None:
+        if self.routable():
             stranded, self._stranded = self._stranded, []
             for routed in stranded:
                 self._place(routed, "failover")
@@ -157,11 +170,33 @@ class ReplicaSet:
                     return
                 if not replica.up:
                     self._try_connect(replica)
-                    continue
-                try:
-                    replica.backend.probe()
-                except Exception as e:
-                    self._failed(replica, e)
+                else:
+                    self.probe(replica)
+
+    def probe(self, replica: Replica) -> None:
+        """Check a replica that is up: draining, serving again, or failed."""
+        try:
+            replica.backend.probe()
+        except Draining as e:
+            with self._lock:
+                if replica.up and not replica.draining:
+                    replica.draining = True
+                    running = sum(r.replica is replica for r in self._requests.values())
+                    log.info("replica %s draining (%s): no new requests, %d running go on",
+                             replica.name, describe(e), running)
+            return
+        except Exception as e:
+            self._failed(replica, e)
+            return
+        if replica.draining:
+            with self._lock:
+                replica.draining = False
+                self._route_stranded()
+            log.info("replica %s serving again", replica.name)
+
+    def routable(self) -> list[Replica]:
+        """The replicas that take new requests: up and not draining."""
+        return [r for r in self.replicas if r.up and not r.draining]
 
     # -- the StepRunner face ------------------------------------------------------------------------
     def submit(self, request_id: str, prompt_token_ids: list[int], sampling, sink, priority: int = 0
@@ -169,7 +204,7 @@ class ReplicaSet:
         routed = Routed(request_id, list(prompt_token_ids), sampling, sink, priority)
         with self._lock:
             self._requests[request_id] = routed
-            up = [r for r in self.replicas if r.up]
+            up = self.routable()
             if not up:  # wait for one (the client's deadline still applies)
                 self._stranded.append(routed)
                 done: Future = Future()
@@ -226,8 +261,8 @@ class ReplicaSet:
                                      lambda item: self._deliver(routed, attempt, item), routed.priority)
 
     def _place(self, routed: Routed, reason: str) -> None:
-        """Submit a request again on a replica that is up (or keep it until one is)."""
-        up = [r for r in self.replicas if r.up]
+        """Submit a request again on a replica that takes requests (or keep it until one does)."""
+        up = self.routable()
         if routed.attempt >= MAX_ATTEMPTS or not up:
             if routed.attempt >= MAX_ATTEMPTS:
                 self._requests.pop(routed.request_id, None)
@@ -248,6 +283,7 @@ class ReplicaSet:
             if not replica.up:
                 return
             replica.up = False
+            replica.draining = False
             if not any(r.up for r in self.replicas) and self.on_change is not None:
                 self.on_change(False)
             moving = [r for r in self._requests.values() if r.replica is replica]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wire.health_port import health_port_setting
 from wire.metrics import metrics_port_setting
 from wire.settings import setting
 from wire.tls import TlsConfig
@@ -35,6 +36,7 @@ class MemsvcConfig:
     shm_name: str | None = setting(None, "name of the CPU pool's shared-memory segment under "
                                    "/dev/shm (off: pagedserve-kv-<pid>-<random>)")
     metrics_port: int | None = metrics_port_setting()
+    health_port: int | None = health_port_setting()
     tls: TlsConfig = field(default_factory=TlsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
 

@@ -24,7 +24,9 @@ Service contract:
 - One lock serializes every MemoryManager call (request handlers and the lease sweep).
 - A Reserve that arrives with trace context gets a span (wire.tracing) with what it
   decided; `--metrics-port` serves memsvc.metrics; `--tls-*` (wire.tls) turn on TLS,
-  mutual with `--tls-ca`.
+  mutual with `--tls-ca`, and then callers' roles are checked (wire.peer_auth):
+  RegisterExecutor only from an executor, the rest only from gateways (PERMISSION_DENIED).
+  `--health-port` serves the health alone in plaintext (wire.health_port: probes).
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ from memsvc.block_watch import BlockChanges, BlockWatch
 from memsvc.config import MemsvcConfig
 from memsvc.memory_manager import MemoryManager
 from memsvc.metrics import MemsvcMetrics
-from wire import convert
+from wire import convert, peer_auth
 from wire.grpc_service import Service, get_logger, stop_on_signals, wait
 from wire.v1 import memory_pb2, memory_pb2_grpc
 
@@ -189,6 +191,7 @@ def _session(request, context) -> str:
 
 def serve(config: MemsvcConfig) -> int:
     """Run memsvc until SIGTERM/SIGINT; the shared-memory segment is unlinked on the way out."""
+    from wire.health_port import serve_health
     from wire.metrics import serve_metrics
     from wire.tracing import setup_tracing, shutdown_tracing
 
@@ -201,11 +204,15 @@ def serve(config: MemsvcConfig) -> int:
         return 2
     setup_tracing("memsvc", config.tracing)
     servicer = MemoryService(MemoryManager(memory))
-    service = Service([SERVICE_NAME], max_workers=16)  # WatchBlocks streams hold a worker each
+    # WatchBlocks streams hold a worker each; callers' roles checked with mutual TLS.
+    service = Service([SERVICE_NAME], max_workers=16,
+                      interceptors=peer_auth.interceptors(config.tls, peer_auth.MEMSVC_POLICY))
     memory_pb2_grpc.add_MemoryManagerServicer_to_server(servicer, service.server)
+    health_server = None
     try:
         address = service.start(config.host, config.port, credentials)
         serve_metrics(servicer.metrics.registry, config.host, config.metrics_port, log)
+        health_server = serve_health(service.health, config.host, config.health_port, log)
         service.set_serving(True)
         log.info("serving on %s (policy %s, preemption %s, swap space %g GiB, session lease %gs)",
                  address, memory.policy, memory.preemption_mode, memory.swap_space_bytes / (1 << 30),
@@ -213,6 +220,8 @@ def serve(config: MemsvcConfig) -> int:
         wait(stop)
         log.info("stopping")
     finally:
+        if health_server is not None:
+            health_server.stop(0)
         service.stop()
         servicer.close()
         shutdown_tracing()

@@ -72,13 +72,16 @@ def open_channel(address: str, tls=None, traced: bool = False) -> grpc.Channel:
 
 class Service:
     """A sync gRPC server with grpc.health.v1 (NOT_SERVING until `set_serving`), reflection,
-    and a SERVER span for each call that carries trace context (wire.tracing)."""
+    a SERVER span for each call that carries trace context (wire.tracing), and before that
+    `interceptors` (wire.peer_auth)."""
 
-    def __init__(self, service_names: list[str], max_workers: int = 8):
+    def __init__(self, service_names: list[str], max_workers: int = 8,
+                 interceptors: list[grpc.ServerInterceptor] = ()):
         from wire.tracing import ServerTracing
 
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                                  options=GRPC_OPTIONS, interceptors=[ServerTracing()])
+                                  options=GRPC_OPTIONS,
+                                  interceptors=[*interceptors, ServerTracing()])
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names = list(service_names)

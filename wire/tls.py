@@ -8,6 +8,9 @@
   asks clients for a certificate: the public API authenticates with --api-key.
 - `--tls-server-name NAME`: the name clients expect in the servers' certificates when it
   differs from the host they dial.
+- `--peer-roles` (on by default): with mutual TLS, memsvc and the executor also check the
+  caller's role in its certificate (wire.peer_auth: a URI SAN `spiffe://pagedserve/<role>`)
+  per method; `--no-peer-roles` admits any certificate the CA signed.
 Give all three services the same CA, and each its own certificate, to run them with
 mutual TLS. Without flags everything is plaintext (the services listen on loopback).
 """
@@ -37,6 +40,10 @@ class TlsConfig:
                              "certificates (mutual TLS)", name="tls_ca", metavar="FILE")
     server_name: str | None = setting(None, "name expected in the servers' certificates, when not "
                                       "the host dialled", name="tls_server_name", metavar="NAME")
+    peer_roles: bool = setting(True, "with mutual TLS, memsvc and the executor accept each method "
+                               "only from callers whose certificate names the right role "
+                               "(URI SAN spiffe://pagedserve/ROLE: gateway, executor)",
+                               name="peer_roles")
 
     def __post_init__(self) -> None:
         if bool(self.cert) != bool(self.key):
