@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -21,8 +22,8 @@ import pytest
 import yaml
 
 from pagedserve.cli import build_parser
+from tests.support import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 KUBE = DEPLOY / "kubernetes"
 OVERLAYS = ["cpu", "gpu"]
@@ -172,6 +173,19 @@ def parse(args: list[str]):
         pytest.fail(f"pagedserve {' '.join(args)}: {err.getvalue().strip()}")
 
 
+def parse_container(c: dict):
+    """A container's command line through the real parser, with its PAGEDSERVE_* variables
+    set (flags fall back to them) and no others from this process."""
+    env = {e["name"]: e["value"] for e in c.get("env", [])
+           if "value" in e and e["name"].startswith("PAGEDSERVE_")}
+    with pytest.MonkeyPatch.context() as mp:
+        for k in [k for k in os.environ if k.startswith("PAGEDSERVE_")]:
+            mp.delenv(k)
+        for k, v in env.items():
+            mp.setenv(k, v)
+        return parse(c["args"])
+
+
 def help_text(command: str) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
@@ -195,16 +209,24 @@ def test_containers_pass_flags_and_ports_that_pagedserve_accepts(rendered):
     sources = "\n".join(p.read_text() for d in ("pagedserve", "gateway", "memsvc", "executor")
                         for p in (ROOT / d).rglob("*.py"))
     for c in pagedserve_containers(objects):
-        args = parse(c["args"])
+        args = parse_container(c)
         assert args.command == c["name"]
         assert args.host == "0.0.0.0", f"{c['name']}: probes and peers reach the pod's address"
         ports = {p["containerPort"] for p in c["ports"]}
         assert args.port in ports, f"{c['name']} listens on {args.port}, declares {ports}"
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             if probe in c:
-                action = c[probe].get("grpc") or c[probe].get("tcpSocket")
+                action = c[probe].get("grpc") or c[probe].get("tcpSocket") or c[probe].get("httpGet")
                 assert action["port"] in ports, f"{c['name']} {probe} port"
-        assert "grpc" in c["readinessProbe"], f"{c['name']}: readiness is the gRPC health"
+        # Readiness is the service's health: gRPC health on the plaintext health port (the
+        # main port wants mutual TLS, which kubelet's probes cannot do), or the gateway's
+        # HTTP /health.
+        ready = c["readinessProbe"]
+        if c["name"] == "gateway":
+            assert ready["httpGet"] == {"path": "/health", "port": args.http_port}
+            assert args.http_host == "0.0.0.0"
+        else:
+            assert ready["grpc"]["port"] == args.health_port != args.port
         for env in c.get("env", []):
             name = env["name"]
             if name.startswith("PAGEDSERVE_"):
@@ -212,21 +234,25 @@ def test_containers_pass_flags_and_ports_that_pagedserve_accepts(rendered):
                     f"{c['name']}: {name} is read by nothing"
 
 
-def test_gateway_reaches_memsvc_and_executor_through_the_headless_service(rendered):
+def test_every_gateway_discovers_every_executor_through_the_headless_service(rendered):
     _, objects = rendered
     by_name = {c["name"]: c for c in pagedserve_containers(objects)}
-    gateway = parse(by_name["gateway"]["args"])
+    gateway = parse_container(by_name["gateway"])
     sts = workload(objects, "StatefulSet", "pagedserve-executor")
     service = workload(objects, "Service", sts["spec"]["serviceName"])
     assert service["spec"]["clusterIP"] == "None"
-    service_ports = {p["port"] for p in service["spec"]["ports"]}
-    for name, address in (("memsvc", gateway.memsvc), ("executor", gateway.executor)):
-        host, port = address.rsplit(":", 1)
-        assert re.fullmatch(rf"{sts['metadata']['name']}-\d+\.{service['metadata']['name']}", host)
-        assert int(port) == parse(by_name[name]["args"]).port
-        assert int(port) in service_ports
-    executor = parse(by_name["executor"]["args"])
-    assert executor.memsvc == f"127.0.0.1:{parse(by_name['memsvc']['args']).port}"
+    assert not service["spec"].get("publishNotReadyAddresses"), "a draining pod must leave DNS"
+    # Every address of the headless Service (every ready executor pod) is a replica; no
+    # replica is named on its own (pagedserve-executor-0 would be the only one driven).
+    assert gateway.discover == service["metadata"]["name"]
+    assert gateway.replica in ([], None)
+    assert "pagedserve-executor-" not in " ".join(by_name["gateway"]["args"])
+    from gateway.discovery import parse_ports
+
+    memsvc, executor = parse_container(by_name["memsvc"]), parse_container(by_name["executor"])
+    assert parse_ports(gateway.discover_ports) == (memsvc.port, executor.port)
+    assert {memsvc.port, executor.port} <= {p["port"] for p in service["spec"]["ports"]}
+    assert executor.memsvc == f"127.0.0.1:{memsvc.port}"
 
 
 def test_executor_pod_shares_what_the_pool_needs(rendered):
@@ -240,7 +266,7 @@ def test_executor_pod_shares_what_the_pool_needs(rendered):
     for name in ("memsvc", "executor"):
         assert {"name": "dshm", "mountPath": "/dev/shm"} in by_name[name]["volumeMounts"]
         assert "runAsUser" not in by_name[name].get("securityContext", {}), "one user for both"
-    executor = parse(by_name["executor"]["args"])
+    executor = parse_container(by_name["executor"])
     mounts = {m["mountPath"]: m["name"] for m in by_name["executor"]["volumeMounts"]}
     assert executor.model.startswith("/models/") and mounts["/models"] == "models"
     gpus = {n: c["resources"].get("limits", {}).get("nvidia.com/gpu") for n, c in by_name.items()}
@@ -269,14 +295,18 @@ def test_objects_refer_to_each_other(rendered):
             assert selected(spec["selector"]["matchLabels"]), o["metadata"]["name"]
         if o["kind"] == "HorizontalPodAutoscaler":
             assert (spec["scaleTargetRef"]["kind"], spec["scaleTargetRef"]["name"]) in names
-            assert "replicas" not in workload(objects, "Deployment", spec["scaleTargetRef"]["name"])["spec"]
+            target = spec["scaleTargetRef"]
+            assert "replicas" not in workload(objects, target["kind"], target["name"])["spec"]
     for p in pods:
         pod = p["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
         assert pod["securityContext"]["runAsNonRoot"] is True
         for c in pod["containers"]:
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
             assert set(c["resources"]) == {"requests", "limits"}, c["name"]
+            assert {"cpu", "memory"} <= set(c["resources"]["limits"]), c["name"]
             for m in c.get("volumeMounts", []):
                 assert m["name"] in volumes, f"{c['name']} mounts {m['name']}"
         for v in volumes.values():
@@ -284,6 +314,8 @@ def test_objects_refer_to_each_other(rendered):
                 assert ("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]) in names
             if "configMap" in v:
                 assert ("ConfigMap", v["configMap"]["name"]) in names
+            if "secret" in v:  # made by you or by deploy/cert-manager (test_deploy_security)
+                assert v["secret"]["secretName"].startswith("pagedserve-tls-")
 
 
 def test_pods_send_telemetry_to_the_collector(rendered):
