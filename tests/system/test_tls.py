@@ -17,11 +17,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from wire.v1 import generation_pb2 as pb
 from wire.v1 import generation_pb2_grpc as pb_grpc
 from wire.v1 import memory_pb2, memory_pb2_grpc
-from tests.gateway_harness import collect, greedy
-from tests.reliability_procs import Stack, health
+from tests.support.gateway_harness import collect, greedy
+from tests.support.health import SERVING, health
+from tests.support.reliability_procs import Stack
 
 KEY = "s3cret-key"
-SERVING = 1
 
 
 def _name(cn):
@@ -133,13 +133,17 @@ def test_internal_services_want_a_client_certificate_from_their_ca(stack, certs)
         with channel:
             return memory_pb2_grpc.MemoryManagerStub(channel).Stats(memory_pb2.StatsRequest(), timeout=5)
 
-    assert stats(client_credentials(certs, "client")).num_blocks == 64
+    assert stats(client_credentials(certs, "gateway")).num_blocks == 64
+    # Signed by the CA but not a gateway (its CN names no role): refused (wire.peer_auth).
+    with pytest.raises(grpc.RpcError) as e:
+        stats(client_credentials(certs, "client"))
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
     for credentials in (None, client_credentials(certs), client_credentials(certs, "rogue")):
         with pytest.raises(grpc.RpcError) as e:
             stats(credentials)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert health(stack.executor, credentials=client_credentials(certs, "client")) == SERVING
-    assert health(stack.executor, credentials=client_credentials(certs)) is None
+    assert health(stack.executor, tls=client_credentials(certs, "client")) == SERVING
+    assert health(stack.executor, tls=client_credentials(certs)) is None
 
 
 def _address(hexhost: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:

@@ -4,6 +4,7 @@ routing beats round-robin on prefix-cache hits; a replica or a gateway killed mi
 import glob
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -14,16 +15,16 @@ from types import SimpleNamespace
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2
 
 from wire.protocol import SamplingParams
 from wire.v1 import generation_pb2 as pb
 from wire.v1 import generation_pb2_grpc as pb_grpc
 from wire.v1 import memory_pb2, memory_pb2_grpc
-from tests.gateway_harness import collect, greedy
-from tests.serve_procs import ROOT, free_port, wait_status
+from tests.support import ROOT
+from tests.support.gateway_harness import collect, greedy
+from tests.support.health import SERVING, wait_for_health
+from tests.support.serve_procs import free_port
 
-SERVING = health_pb2.HealthCheckResponse.SERVING
 GENERATION = "pagedserve.v1.Generation"
 KV_TOKENS = 4096
 LEASE = 2.0
@@ -73,7 +74,8 @@ def start_replica(procs, i, *memsvc_args, executor_args=()):
     memsvc, executor = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     procs.start(f"memsvc{i}", "memsvc", "--port", memsvc.split(":")[1], "--kv-tokens", str(KV_TOKENS),
                 *memsvc_args)
-    wait_status(memsvc, SERVING, procs.procs[f"memsvc{i}"], timeout=60)
+    wait_for_health(memsvc, SERVING, proc=procs.procs[f"memsvc{i}"], timeout=60,
+                    log=lambda: procs.log(f"memsvc{i}"))
     procs.start(f"executor{i}", "executor", "--port", executor.split(":")[1], "--memsvc", memsvc,
                 *executor_args)
     return memsvc, executor
@@ -89,7 +91,8 @@ def start_gateway(procs, name, replicas, *extra):
 
 def wait_all(procs, gateways):
     for name, address in gateways.items():
-        wait_status(address, SERVING, procs.procs[name], service=GENERATION, timeout=300)
+        wait_for_health(address, SERVING, GENERATION, procs.procs[name], timeout=300,
+                        log=lambda: procs.log(name))
 
 
 def stub(address):
@@ -203,14 +206,25 @@ def test_killing_one_of_two_replicas_mid_run_loses_no_request(two_replicas, engi
     jobs = [generate(gateway, p, 24) for p in prompts]
     results = [None]
 
+    r1_memsvc = two_replicas.replicas[1][0]
+    deadline = time.monotonic() + 30
+    while stats(r1_memsvc).num_sequences and time.monotonic() < deadline:  # earlier tests' gone
+        time.sleep(0.1)
     runner = threading.Thread(target=lambda: results.__setitem__(0, run_all(jobs)))
     runner.start()
-    time.sleep(2.0)  # both replicas generating
+    # Kill r1 while it provably holds running sequences (memsvc's count), not after a guess.
+    deadline = time.monotonic() + 300
+    while stats(r1_memsvc).num_sequences == 0:
+        assert runner.is_alive() and time.monotonic() < deadline, "replica r1 never ran a sequence"
+        time.sleep(0.02)
     two_replicas.procs.kill("executor1")
     two_replicas.procs.kill("memsvc1")
     runner.join(300)
     assert_same(expected, results[0])
-    assert "replica r1 down" in two_replicas.procs.log("prefix")
+    log = two_replicas.procs.log("prefix")
+    moved = re.search(r"replica r1 down \(.*\): moving (\d+) requests", log)
+    assert moved and int(moved.group(1)) > 0, "no request was moved: failover not exercised"
+    assert log.count("moves to replica r0") >= int(moved.group(1))
 
 
 @pytest.fixture(scope="module")
