@@ -1,0 +1,84 @@
+"""The model-free executor (tests.support.fake_executor) as a real executor process, for tests that
+need many fast steps: `python -m tests.support.fake_executor_server --port P --memsvc ADDR`.
+
+It is executor.server with the model swapped out: it registers with memsvc, maps the
+shared pool, checks the pool epoch on Execute, serves health, metrics and traces. Its
+ModelInfo names the default model's tokenizer (so the gateway takes text and chat) and
+that tokenizer's vocabulary; its outputs are `reference_next` of the context it reads
+back from the pool, so a wrong slot, block table or re-mapped pool changes them.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+
+from executor.server import SERVICE_NAME, ExecutorService, map_pool, read_tokenizer_files, register
+from wire.grpc_service import Service, stop_on_signals, wait
+from wire.metrics import serve_metrics
+from wire.tls import add_tls_arguments, tls_from_args
+from wire.tracing import setup_tracing, shutdown_tracing
+from wire.v1 import executor_pb2_grpc
+from tests.support.fake_executor import FakeExecutor
+
+TOKENIZER_VOCAB = 49152
+
+
+class SlowFake(FakeExecutor):
+    def __init__(self, block_size: int, max_model_len: int, delay: float):
+        super().__init__(block_size, max_model_len)
+        self.delay = delay
+
+    def execute(self, batch):
+        if self.delay:
+            time.sleep(self.delay)
+        return super().execute(batch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from executor.default_model import resolve_model
+
+    p = argparse.ArgumentParser(prog="fake executor")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--memsvc", required=True)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--step-delay", type=float, default=0.0)
+    p.add_argument("--metrics-port", type=int, default=None)
+    add_tls_arguments(p)
+    args = p.parse_args(argv)
+    tls = tls_from_args(args)
+    setup_tracing("executor")
+    stop = stop_on_signals()
+    service = Service([SERVICE_NAME], max_workers=4)
+    servicer = ExecutorService()
+    executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, service.server)
+    service.start(args.host, args.port, tls.server_credentials())
+    serve_metrics(servicer.metrics.registry, args.host, args.metrics_port)
+
+    def bring_up():
+        try:
+            fake = SlowFake(args.block_size, args.max_model_len, args.step_delay)
+            fake.info.vocab_size = TOKENIZER_VOCAB
+            fake.info.tokenizer_dir = resolve_model(None, progress=False)
+            handle, pool_id = register(args.memsvc, fake.info, "cpu", 60.0, tls)
+            fake.attach_pool(map_pool(handle))
+            servicer.set_ready(fake, fake.info, read_tokenizer_files(fake.info.tokenizer_dir), pool_id)
+            service.set_serving(True)
+        except Exception as e:
+            print(f"fake executor: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            stop.set()
+
+    threading.Thread(target=bring_up, daemon=True).start()
+    try:
+        wait(stop)
+    finally:
+        service.stop()
+        shutdown_tracing()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

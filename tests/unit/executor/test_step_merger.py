@@ -1,0 +1,83 @@
+"""executor.step_merger without processes: one pass at a time, outputs split back to each
+caller, a failed pass fails its callers only, and two gateways' steps share passes."""
+import threading
+import time
+
+from executor.step_merger import StepMerger
+from wire.protocol import SampleOutput, SamplingParams, SeqStep, StepBatch
+
+
+def step(seq_id, sample=True):
+    return SeqStep(seq_id, [1], 0, [0], [0], sample, SamplingParams(), 0)
+
+
+def test_merger_runs_one_pass_at_a_time_and_splits_outputs_by_position():
+    passes, running = [], []
+
+    def execute(batch):
+        assert not running, "two passes at once"
+        running.append(1)
+        time.sleep(0.05)
+        passes.append([s.seq_id for s in batch.seqs])
+        running.pop()
+        return [SampleOutput(s.seq_id, i) for i, s in enumerate(batch.seqs) if s.sample]
+
+    merger = StepMerger(execute)
+    results = {}
+
+    def call(name, n):
+        # the same seq ids from every caller (two gateways both say "0/0")
+        batch = StepBatch([step("0/0"), step("0/1", sample=False), *[step(f"x{i}") for i in range(n)]])
+        results[name] = merger.run(batch)
+
+    threads = [threading.Thread(target=call, args=(f"g{i}", i)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(len(p) for p in passes) == sum(2 + i for i in range(4))
+    assert len(passes) < 4  # calls that arrived during a pass were merged
+    for i in range(4):
+        assert len(results[f"g{i}"]) == 1 + i
+        assert results[f"g{i}"][0].seq_id == "0/0"
+
+
+def test_merger_fails_every_call_of_a_failed_pass_and_goes_on():
+    calls = []
+
+    def execute(batch):
+        calls.append(batch)
+        if len(calls) == 1:
+            raise ValueError("bad slot")
+        return [SampleOutput(s.seq_id, 0) for s in batch.seqs]
+
+    merger = StepMerger(execute)
+    try:
+        merger.run(StepBatch([step("a")]))
+        raise AssertionError("no error")
+    except ValueError:
+        pass
+    assert merger.run(StepBatch([step("b")]))[0].seq_id == "b"
+
+
+def test_merger_waits_briefly_for_an_active_caller_so_two_gateways_share_passes():
+    sizes = []
+
+    def execute(batch):
+        time.sleep(0.02)
+        sizes.append(len(batch.seqs))
+        return [SampleOutput(s.seq_id, 0) for s in batch.seqs]
+
+    merger = StepMerger(execute, window=1.0, max_wait_s=0.05)
+
+    def gateway(name):  # steps in turn: each waits for its answer, then plans for 2 ms
+        for _ in range(10):
+            assert len(merger.run(StepBatch([step(name)]), caller=name)) == 1
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=gateway, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(sizes) == 20 and sizes.count(2) >= 5

@@ -1,0 +1,59 @@
+"""The CPU path (kernels/paged_cpu.py) against the torch reference it stands in for."""
+import pytest
+import torch
+
+from kernels import paged_cpu
+from kernels.paged_attention_ref import paged_attention_ref
+from kernels.store_kv_ref import store_kv_ref
+from tests.unit.kernels.test_kernels_attention import make_batch
+
+
+@pytest.fixture(autouse=True, scope="module")
+def two_threads():
+    """Two threads, so that the decode work is split across the helper pool."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_native_kernel_builds_here():
+    assert paged_cpu.native_available(), "the C++ decode kernel did not build (is g++ installed?)"
+
+
+@pytest.mark.parametrize("specs", [
+    [(37, 1), (5, 1), (1, 1), (33, 1), (160, 1), (16, 1)] * 3,  # decodes only, split across threads
+    [(37, 1), (64, 64), (5, 1), (50, 13), (90, 2), (1, 1)],  # mixed with prefill chunks
+])
+@pytest.mark.parametrize("num_kv_heads,group,head_size", [(3, 3, 64), (2, 1, 16), (1, 4, 128)])
+@pytest.mark.parametrize("padding", ["negative", "random"])
+def test_cpu_attention_matches_reference(specs, num_kv_heads, group, head_size, padding):
+    args, _, _ = make_batch(specs, 16, num_kv_heads, group, head_size, padding=padding)
+    scale = head_size ** -0.5
+    expected = paged_attention_ref(**args, scale=scale)
+    out = torch.full_like(args["q"], float("nan"))
+    got = paged_cpu.paged_attention_cpu(**args, scale=scale, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=2e-5)
+
+
+def test_cpu_attention_strided_query_and_output():
+    args, _, _ = make_batch([(20, 1), (3, 1), (40, 1)], 8, 2, 2, 16)
+    q = args.pop("q")
+    wide = torch.randn(q.shape[0], q.shape[1], 2 * q.shape[2])
+    wide[..., ::2] = q
+    out = torch.zeros(q.shape[0], q.shape[1], 2 * q.shape[2])
+    paged_cpu.paged_attention_cpu(wide[..., ::2], **args, scale=0.25, out=out[..., 1::2])
+    torch.testing.assert_close(out[..., 1::2], paged_attention_ref(q, **args, scale=0.25), atol=2e-6, rtol=2e-5)
+    assert (out[..., ::2] == 0).all()
+
+
+def test_store_kv_cpu_matches_reference():
+    gen = torch.Generator().manual_seed(0)
+    pool = torch.randn(6, 3, 2, 4, 2, 8, generator=gen)
+    expected = pool.clone()
+    key, value = torch.randn(5, 2, 8, generator=gen), torch.randn(5, 2, 8, generator=gen)
+    slots = torch.tensor([3, -1, 23, 8, 0])
+    paged_cpu.store_kv_cpu(key, value, pool[:, 1, 0], pool[:, 1, 1], slots)
+    store_kv_ref(key, value, expected[:, 1, 0], expected[:, 1, 1], slots)
+    assert torch.equal(pool, expected)

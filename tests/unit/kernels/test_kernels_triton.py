@@ -1,0 +1,132 @@
+"""The Triton kernels against the torch references, under TRITON_INTERPRET=1 on the CPU,
+and compiled ahead of time for an sm_90 GPU (which needs no GPU).
+
+The interpreter has to be switched on before triton is first imported, so each check runs
+in a fresh Python process (this file run as a script) started by its test.
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import ROOT
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+def run_check(name, **extra):
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1", **extra)
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), name], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"ok {name}" in done.stdout
+
+
+@needs_triton
+@pytest.mark.parametrize("name", ["paged_attention", "store_kv", "copy_blocks"])
+def test_triton_kernel_matches_reference(name):
+    run_check(name, TRITON_INTERPRET="1")
+
+
+@needs_triton
+def test_triton_kernels_compile_for_sm90(tmp_path):
+    run_check("compile", TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+
+
+def check_paged_attention():
+    import torch
+    from kernels.paged_attention_ref import paged_attention_ref
+    from kernels.paged_attention_triton import paged_attention_triton
+    from test_kernels_attention import make_batch
+
+    specs = [(19, 1), (4, 1), (23, 23), (30, 7), (9, 0), (40, 1)]
+    cases = [
+        (1, 2, 1, torch.float32, "negative", 32),
+        (8, 1, 3, torch.float32, "random", 16),
+        (16, 1, 8, torch.float32, "negative", 32),
+        (5, 2, 3, torch.float16, "random", 16),
+        (8, 1, 3, torch.bfloat16, "negative", 16),
+    ]
+    tolerance = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+    for block_size, num_kv_heads, group, dtype, padding, tile in cases:
+        args, _, _ = make_batch(specs, block_size, num_kv_heads, group, head_size=8, dtype=dtype,
+                                padding=padding, seed=block_size)
+        expected = paged_attention_ref(**args, scale=0.35)
+        storage = torch.full((*args["q"].shape[:2], 11), float("nan"), dtype=dtype)
+        out = storage[..., :8]
+        paged_attention_triton(**args, scale=0.35, out=out, tile=tile)
+        tol = tolerance[dtype]
+        torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
+        assert storage[..., 8:].isnan().all()
+
+
+def check_store_kv():
+    import torch
+    from kernels.store_kv_ref import store_kv_ref
+    from kernels.store_kv_triton import store_kv_triton
+
+    for dtype in (torch.float32, torch.bfloat16):
+        gen = torch.Generator().manual_seed(3)
+        pool = torch.randn(5, 2, 2, 4, 3, 6, generator=gen).to(dtype)
+        expected = pool.clone()
+        slots = torch.tensor([7, -1, 0, 19, 12, -5, 3], dtype=torch.int32)
+        key = torch.randn(7, 3, 6, generator=gen).to(dtype)
+        value = torch.randn(7, 3, 6, generator=gen).to(dtype)
+        store_kv_triton(key, value, pool[:, 1, 0], pool[:, 1, 1], slots)
+        store_kv_ref(key, value, expected[:, 1, 0], expected[:, 1, 1], slots)
+        assert torch.equal(pool, expected)
+
+
+def check_copy_blocks():
+    import torch
+    from kernels.copy_blocks_ref import copy_blocks_ref
+    from kernels.copy_blocks_triton import copy_blocks_triton
+
+    gen = torch.Generator().manual_seed(4)
+    pool = torch.randn(8, 2, 2, 4, 3, 5, generator=gen)
+    other = torch.randn(6, 2, 2, 4, 3, 5, generator=gen)
+    expected_pool, expected_other = pool.clone(), other.clone()
+    copy_blocks_triton(pool, pool, [1, 6], [4, 0], chunk=64)
+    copy_blocks_ref(expected_pool, expected_pool, [1, 6], [4, 0])
+    assert torch.equal(pool, expected_pool)
+    copy_blocks_triton(pool, other, torch.tensor([7, 2, 3]), torch.tensor([5, 0, 1]), chunk=64)
+    copy_blocks_ref(expected_pool, expected_other, [7, 2, 3], [5, 0, 1])
+    assert torch.equal(other, expected_other) and torch.equal(pool, expected_pool)
+
+
+def check_compile():
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.copy_blocks_triton import _copy_blocks_kernel
+    from kernels.paged_attention_triton import _paged_attention_kernel
+    from kernels.store_kv_triton import _store_kv_kernel
+
+    def compile_for_sm90(kernel, pointers, constants):
+        signature = {name: "constexpr" if name in constants else pointers.get(name, "i32") for name in kernel.arg_names}
+        constexprs = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm["ptx"]
+
+    for dtype, precision in (("fp32", "ieee"), ("bf16", "tf32")):
+        pointers = {name: "*" + dtype for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+        pointers.update(block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32", scale="fp32")
+        compile_for_sm90(_paged_attention_kernel, pointers, dict(
+            GROUP=3, BLOCK_Q=5, BLOCK_M=16, HEAD_SIZE=64, HEAD_PAD=64, BLOCK_SIZE=16, TILE=32, DOT_PRECISION=precision))
+    pointers = {name: "*bf16" for name in ("key_ptr", "value_ptr", "k_ptr", "v_ptr")}
+    compile_for_sm90(_store_kv_kernel, dict(pointers, slot_mapping_ptr="*i64"), dict(
+        NUM_KV_HEADS=3, HEAD_SIZE=64, HEADS_PAD=4, HEAD_PAD=64, BLOCK_SIZE=16))
+    pointers = dict(src_ptr="*bf16", dst_ptr="*bf16", src_ids_ptr="*i64", dst_ids_ptr="*i64",
+                    stride_srcb="i64", stride_dstb="i64")
+    compile_for_sm90(_copy_blocks_kernel, pointers, dict(CHUNK=4096))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] != "compile":
+        assert os.environ.get("TRITON_INTERPRET") == "1", "run through pytest, or with TRITON_INTERPRET=1"
+    globals()["check_" + sys.argv[1]]()
+    print("ok", sys.argv[1])
