@@ -3,9 +3,9 @@ from __future__ import annotations
 
 
 def add_parser(sub) -> None:
-    from benchmarks import kernels, kv, policies, serve, sharing, split, throughput
+    from benchmarks import kernels, kv, policies, profile, serve, sharing, split, throughput
 
     bench = sub.add_parser("bench", help="benchmarks that print numbers and write them to a file")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    for module in (kernels, throughput, kv, serve, split, policies, sharing):
+    for module in (kernels, throughput, profile, kv, serve, split, policies, sharing):
         module.add_parser(bench_sub)

@@ -7,8 +7,10 @@ contiguous; the kernels take these views as they are. Slot `s` is block `s // bl
 offset `s % block_size`.
 
 Every op dispatches on the device of its tensors: CUDA tensors go to a Triton kernel
-(when triton is importable), anything else to a torch implementation, which is also the
-CPU serving path and the reference the Triton kernels are tested against.
+(when triton is importable), anything else to the CPU path (kernels/paged_cpu.py:
+decode attention in place over the pool in a small C++ kernel, the rest in torch), which
+falls back to the torch reference implementations (the *_ref modules, the reference the
+Triton and CPU kernels are tested against) for what it does not cover.
 
 paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None)
     q: `[T, num_heads, head_size]`, the query tokens of all sequences packed in batch order.
@@ -43,8 +45,7 @@ from __future__ import annotations
 import importlib.util
 
 from kernels.copy_blocks_ref import copy_blocks_ref
-from kernels.paged_attention_ref import paged_attention_ref
-from kernels.store_kv_ref import store_kv_ref
+from kernels.paged_cpu import paged_attention_cpu, store_kv_cpu
 
 __all__ = ["paged_attention", "store_kv", "copy_blocks"]
 
@@ -60,7 +61,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
         from kernels.paged_attention_triton import paged_attention_triton
 
         return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
-    return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
+    return paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
 
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
@@ -68,7 +69,7 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
         from kernels.store_kv_triton import store_kv_triton
 
         return store_kv_triton(key, value, k_cache, v_cache, slot_mapping)
-    store_kv_ref(key, value, k_cache, v_cache, slot_mapping)
+    store_kv_cpu(key, value, k_cache, v_cache, slot_mapping)
 
 
 def copy_blocks(src_pool, dst_pool, src_ids, dst_ids) -> None:
