@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO as ROOT
+
 LAYER = {"wire": 0, "kernels": 1, "memsvc": 2, "executor": 2, "gateway": 2, "pagedserve": 3,
          "benchmarks": 4}
 SERVICES = {"memsvc", "executor", "gateway"}
