@@ -17,7 +17,8 @@ import time
 from executor.server import SERVICE_NAME, ExecutorService, map_pool, read_tokenizer_files, register
 from wire.grpc_service import Service, stop_on_signals, wait
 from wire.metrics import serve_metrics
-from wire.tls import add_tls_arguments, tls_from_args
+from wire.settings import add_flags, from_args
+from wire.tls import TlsConfig
 from wire.tracing import setup_tracing, shutdown_tracing
 from wire.v1 import executor_pb2_grpc
 from tests.support.fake_executor import FakeExecutor
@@ -47,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--step-delay", type=float, default=0.0)
     p.add_argument("--metrics-port", type=int, default=None)
-    add_tls_arguments(p)
+    add_flags(p, TlsConfig)
     args = p.parse_args(argv)
-    tls = tls_from_args(args)
+    tls = from_args(TlsConfig, args)
     setup_tracing("executor")
     stop = stop_on_signals()
     service = Service([SERVICE_NAME], max_workers=4)

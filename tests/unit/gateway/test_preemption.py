@@ -155,13 +155,12 @@ def test_auto_compares_copy_time_with_recompute_time():
 def test_memsvc_flags(monkeypatch):
     import argparse
 
-    from memsvc.server import config_from_args
     from pagedserve import service_cmds
 
     def parse(argv):
         parser = argparse.ArgumentParser()
         service_cmds.add_parsers(parser.add_subparsers(dest="command", required=True))
-        return config_from_args(parser.parse_args(argv))
+        return service_cmds.config_from("memsvc", parser.parse_args(argv)).memory_config()
 
     config = parse(["memsvc", "--preemption-mode", "swap", "--swap-space", "0.5"])
     assert config.preemption_mode == "swap" and config.swap_space_bytes == 1 << 29

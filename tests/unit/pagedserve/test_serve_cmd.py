@@ -1,25 +1,131 @@
-"""pagedserve.serve_cmd: the services `serve` starts, with replicas and several gateways."""
-import argparse
+"""pagedserve.serve_cmd: every flag of every service works on `serve` and reaches its service."""
+import dataclasses
 
-from pagedserve.serve_cmd import add_parsers, service_specs, with_reliability
+import pytest
+
+from executor.config import ExecutorConfig
+from gateway.config import GatewayConfig
+from memsvc.config import MemsvcConfig
+from pagedserve import service_cmds
+from pagedserve.cli import build_parser
+from pagedserve.serve_cmd import service_specs
+from wire.settings import _kind, dest, flag_name, settings_of
+
+SERVICES = {"memsvc": MemsvcConfig, "executor": ExecutorConfig, "gateway": GatewayConfig}
+
+
+def odd_value(owner, f):
+    """A value for the field that differs from its default and passes validation."""
+    kind, is_list = _kind(owner, f)
+    if f.metadata["choices"]:
+        return next(c for c in reversed(f.metadata["choices"]) if c != f.default)
+    if kind is bool:
+        return not f.default
+    if kind is int:
+        return {"max_num_seqs": 24, "max_num_batched_tokens": 4096, "block_size": 32,
+                "http_port": 18123, "metrics_port": 19123}.get(dest(f), 37)
+    if kind is float:
+        return 3.25
+    return f"/tmp/x-{dest(f)}"
+
+
+def service_settings():
+    """(service, field's dest, value) for every non-wiring setting of every service."""
+    for name, cls in SERVICES.items():
+        for owner, f in settings_of(cls):
+            if not f.metadata["wiring"]:
+                yield name, owner, f
+
+
+def serve_argv():
+    argv, seen = ["serve", "--port", "7000"], set()
+    for _, owner, f in service_settings():
+        if dest(f) in seen:
+            continue
+        seen.add(dest(f))
+        value = odd_value(owner, f)
+        if isinstance(value, bool):
+            argv.append(flag_name(f) if value else "--no-" + flag_name(f)[2:])
+        else:
+            argv += [flag_name(f), str(value)]
+    return argv
+
+
+def child_config(spec):
+    """The config the child process builds from its command line."""
+    argv = spec.argv[spec.argv.index("pagedserve.cli") + 1:]
+    args = build_parser().parse_args(argv)
+    return argv[0], service_cmds.config_from(argv[0], args)
+
+
+def test_every_flag_of_every_service_reaches_that_service_through_serve(monkeypatch):
+    specs = service_specs(build_parser().parse_args(serve_argv()))
+    configs = {}
+    for spec in specs:
+        for key, value in spec.env.items():  # secrets travel by environment
+            monkeypatch.setenv(key, value)
+        configs[spec.name] = child_config(spec)
+    assert [s.name for s in specs] == ["memsvc", "executor", "gateway"]
+    checked = 0
+    for service, owner, f in service_settings():
+        _, config = configs[service]
+        holder = config
+        if owner is not type(config):
+            holder = next(getattr(config, g.name) for g in dataclasses.fields(config)
+                          if isinstance(getattr(config, g.name), owner))
+        got = getattr(holder, f.name)
+        want = odd_value(owner, f)
+        if dest(f) == "metrics_port" and service != "gateway":
+            want = 0  # the gateway's port; memsvc and the executor get free ones
+        assert got == want, f"{service} {flag_name(f)}: {got!r} != {want!r}"
+        checked += 1
+    assert checked >= 40
+
+
+def test_wiring_points_the_services_at_each_other():
+    specs = service_specs(build_parser().parse_args(["serve", "--port", "7100"]))
+    memsvc, executor, gateway = (child_config(s)[1] for s in specs)
+    assert executor.memsvc == f"127.0.0.1:{memsvc.port}"
+    assert (gateway.memsvc, gateway.executor) == (f"127.0.0.1:{memsvc.port}", f"127.0.0.1:{executor.port}")
+    assert gateway.port == 7100 and specs[-1].address == "127.0.0.1:7100"
+
+
+def test_the_api_key_travels_by_environment_not_on_the_command_line():
+    gateway = service_specs(build_parser().parse_args(["serve", "--api-key", "s3cret"]))[-1]
+    assert "s3cret" not in " ".join(gateway.argv)
+    assert gateway.env == {"PAGEDSERVE_API_KEY": "s3cret"}
 
 
 def test_serve_with_replicas_and_gateways_starts_each_pair_then_every_gateway_on_all_of_them():
-    parser = argparse.ArgumentParser()
-    add_parsers(parser.add_subparsers())
-    args = parser.parse_args(["serve", "--replicas", "2", "--gateways", "2", "--port", "7000",
-                              "--routing", "round-robin", "--session-lease", "3", "--metrics-port", "9000"])
-    specs = with_reliability(service_specs(args), args)
+    args = build_parser().parse_args(["serve", "--replicas", "2", "--gateways", "2", "--port", "7000",
+                                      "--routing", "round-robin", "--session-lease", "3",
+                                      "--metrics-port", "9000"])
+    specs = service_specs(args)
     assert [s.name for s in specs] == ["memsvc", "executor", "memsvc-1", "executor-1", "gateway", "gateway-1"]
     assert specs[0].restart_with == ["executor"] and specs[2].restart_with == ["executor-1"]
     pairs = [f"{specs[i].address},{specs[i + 1].address}" for i in (0, 2)]
-    for i, gateway in enumerate(specs[4:]):
-        argv = gateway.argv
-        assert gateway.address == f"127.0.0.1:{7000 + i}"
-        assert [argv[j + 1] for j, a in enumerate(argv) if a == "--replica"] == pairs
-        assert argv[argv.index("--routing") + 1] == "round-robin"
-        assert argv[argv.index("--http-port") + 1] == ("8000" if i == 0 else "0")
-        assert argv[argv.index("--metrics-port") + 1] == ("9000" if i == 0 else "0")
-    assert float(specs[2].argv[specs[2].argv.index("--session-lease") + 1]) == 3
-    single = service_specs(parser.parse_args(["serve"]))
-    assert [s.name for s in single] == ["memsvc", "executor", "gateway"]
+    for i, spec in enumerate(specs[4:]):
+        gateway = child_config(spec)[1]
+        assert spec.address == f"127.0.0.1:{7000 + i}"
+        assert gateway.replica == pairs and gateway.routing == "round-robin"
+        assert gateway.http_port == (8000 if i == 0 else 0)
+        assert gateway.metrics_port == (9000 if i == 0 else 0)
+    assert child_config(specs[2])[1].session_lease == 3
+    assert child_config(specs[1])[1].metrics_port == 0
+
+
+def test_bad_settings_exit_2_before_anything_starts(capsys):
+    args = build_parser().parse_args(["serve", "--replicas", "0"])
+    assert args.run(args) == 2
+    assert "--replicas" in capsys.readouterr().err
+
+
+def test_serve_help_groups_flags_by_service(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    out = capsys.readouterr().out
+    headings = [line.rstrip(":") for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert {"memsvc", "executor", "gateway"} <= set(headings)
+    for flag in ("--preemption-mode", "--swap-space", "--policy", "--device", "--tls-cert",
+                 "--trace-file", "--otlp-endpoint", "--max-num-seqs", "--api-key"):
+        assert flag in out, flag

@@ -1,16 +1,16 @@
-"""`pagedserve memsvc|executor` flags: defaults, PAGEDSERVE_* fallbacks, help text."""
+"""`pagedserve memsvc|executor|gateway` flags: defaults, PAGEDSERVE_* fallbacks, help text."""
 import argparse
 
 import pytest
 
-from memsvc.server import config_from_args
 from pagedserve import service_cmds
 
 
 def parse(argv):
     parser = argparse.ArgumentParser(prog="pagedserve")
     service_cmds.add_parsers(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    return service_cmds.config_from(argv[0], args)
 
 
 def test_defaults_listen_on_loopback():
@@ -18,28 +18,52 @@ def test_defaults_listen_on_loopback():
     assert (m.host, m.port, m.policy, m.session_lease, m.kv_tokens) == ("127.0.0.1", 50052, "paged", 10.0, None)
     e = parse(["executor"])
     assert (e.host, e.port, e.memsvc, e.block_size, e.dtype) == ("127.0.0.1", 50053, "127.0.0.1:50052", 16, "float32")
-    assert callable(m.run) and callable(e.run)
+    g = parse(["gateway"])
+    assert (g.host, g.port, g.http_host, g.replica) == ("127.0.0.1", 50051, "127.0.0.1", [])
 
 
 def test_environment_fills_in_what_flags_leave_out(monkeypatch):
     monkeypatch.setenv("PAGEDSERVE_MEMSVC_PORT", "6000")
     monkeypatch.setenv("PAGEDSERVE_KV_TOKENS", "4096")
-    monkeypatch.setenv("PAGEDSERVE_NO_PREFIX_CACHING", "1")
+    monkeypatch.setenv("PAGEDSERVE_PREFIX_CACHING", "0")
     monkeypatch.setenv("PAGEDSERVE_SESSION_LEASE", "2.5")
     monkeypatch.setenv("PAGEDSERVE_MEMSVC", "10.0.0.5:6000")
+    monkeypatch.setenv("PAGEDSERVE_REPLICAS", "a:1,b:2 c:3,d:4")
     m = parse(["memsvc", "--policy", "contiguous-max"])
-    assert (m.port, m.kv_tokens, m.no_prefix_caching, m.session_lease) == (6000, 4096, True, 2.5)
-    config = config_from_args(m)
+    assert (m.port, m.kv_tokens, m.prefix_caching, m.session_lease) == (6000, 4096, False, 2.5)
+    config = m.memory_config(shared=True)
     assert config.shared and config.kv_tokens == 4096 and not config.enable_prefix_caching
     assert config.policy == "contiguous-max" and config.session_lease_s == 2.5
     assert parse(["memsvc", "--port", "7"]).port == 7
+    assert parse(["memsvc", "--prefix-caching"]).prefix_caching
     assert parse(["executor"]).memsvc == "10.0.0.5:6000"
+    assert parse(["gateway"]).replica_addresses() == [("a:1", "b:2"), ("c:3", "d:4")]
+    assert parse(["gateway", "--replica", "e:5,f:6"]).replica == ["e:5,f:6"]
 
 
-def test_kv_size_flags_exclude_each_other(capsys):
-    with pytest.raises(SystemExit):
-        parse(["memsvc", "--kv-tokens", "10", "--kv-memory", "1"])
-    assert "not allowed with" in capsys.readouterr().err
+def test_kv_tokens_wins_over_kv_memory():
+    m = parse(["memsvc", "--kv-tokens", "160", "--kv-memory", "1"])
+    assert m.memory_config().kv_tokens == 160
+
+
+@pytest.mark.parametrize("argv,word", [
+    (["memsvc", "--kv-tokens", "0"], "--kv-tokens"),
+    (["memsvc", "--swap-space", "-1"], "--swap-space"),
+    (["executor", "--block-size", "0"], "--block-size"),
+    (["gateway", "--max-waiting", "-1"], "--max-waiting"),
+    (["gateway", "--replica", "only-one-address"], "--replica"),
+])
+def test_bad_settings_name_the_flag(argv, word):
+    with pytest.raises(ValueError, match=word):
+        parse(argv)
+
+
+def test_a_bad_setting_exits_2_with_the_message(capsys):
+    parser = argparse.ArgumentParser(prog="pagedserve")
+    service_cmds.add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["memsvc", "--kv-tokens", "-3"])
+    assert args.run(args) == 2
+    assert "--kv-tokens must be positive" in capsys.readouterr().err
 
 
 def test_help_names_the_environment_variables(capsys):
