@@ -272,16 +272,17 @@ _memo_entry: tuple | None = None
 
 
 def _memo(key: tuple, build):
-    """build() once for the same metadata tensors (same objects, unmodified) in a row: every
-    layer of a step passes the same ones. Holds weak references only."""
+    """build() once for the same metadata tensors (the same objects) in a row: every layer of
+    a step passes the same ones, and nothing modifies them (inference tensors have no version
+    counter to check). Holds weak references only."""
     global _memo_entry
     tag, *tensors = key
     e = _memo_entry
     if (e is not None and e[0] == tag and len(e[1]) == len(tensors)
-            and all(r() is t and v == t._version for (r, v), t in zip(e[1], tensors))):
+            and all(r() is t for r, t in zip(e[1], tensors))):
         return e[2]
     value = build()
-    _memo_entry = (tag, [(weakref.ref(t), t._version) for t in tensors], value)
+    _memo_entry = (tag, [weakref.ref(t) for t in tensors], value)
     return value
 
 
@@ -315,7 +316,7 @@ def _memo_store(key, block_size, rows_per_block, slot_mapping):
     per step's slot_mapping and geometry."""
     global _store_entry
     e = _store_entry
-    if (e is not None and e[0]() is slot_mapping and e[1] == (slot_mapping._version, block_size, rows_per_block)):
+    if e is not None and e[0]() is slot_mapping and e[1] == (block_size, rows_per_block):
         return e[2]
     slots = slot_mapping.to(dtype=torch.long)
     keep = None
@@ -325,5 +326,5 @@ def _memo_store(key, block_size, rows_per_block, slot_mapping):
     # row r of the strided 2-D view is block r // block_size, offset r % block_size
     index = (slots // block_size) * rows_per_block + slots % block_size
     value = (index, keep)
-    _store_entry = (weakref.ref(slot_mapping), (slot_mapping._version, block_size, rows_per_block), value)
+    _store_entry = (weakref.ref(slot_mapping), (block_size, rows_per_block), value)
     return value

@@ -57,3 +57,18 @@ def test_store_kv_cpu_matches_reference():
     paged_cpu.store_kv_cpu(key, value, pool[:, 1, 0], pool[:, 1, 1], slots)
     store_kv_ref(key, value, expected[:, 1, 0], expected[:, 1, 1], slots)
     assert torch.equal(pool, expected)
+
+
+def test_cpu_path_under_inference_mode():
+    """The model runs under inference_mode: its metadata tensors are inference tensors."""
+    with torch.inference_mode():
+        args, _, _ = make_batch([(20, 1), (3, 1), (40, 5)], 8, 2, 2, 16)
+        expected = paged_attention_ref(**args, scale=0.25)
+        for _ in range(2):  # the second call reuses the step's plan
+            torch.testing.assert_close(paged_cpu.paged_attention_cpu(**args, scale=0.25), expected,
+                                       atol=2e-6, rtol=2e-5)
+        pool = torch.zeros(4, 2, 2, 4, 2, 8)
+        slots = torch.tensor([1, 6])
+        for _ in range(2):
+            paged_cpu.store_kv_cpu(torch.ones(2, 2, 8), torch.ones(2, 2, 8), pool[:, 0, 0], pool[:, 0, 1], slots)
+        assert pool[0, 0, :, 1].eq(1).all() and pool[1, 0, :, 2].eq(1).all() and pool.sum() == 2 * 2 * 2 * 8
