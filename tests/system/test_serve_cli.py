@@ -67,3 +67,34 @@ def test_serve_restarts_a_crash_and_stops_cleanly_on_sigterm():
         for p in pids:
             if alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_serve_takes_every_memsvc_flag_and_swaps_under_a_tiny_pool():
+    """The command the restructuring issue quoted, refused before: `serve` copied flags by hand."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from wire.v1 import memory_pb2, memory_pb2_grpc
+
+    port, mem_port = free_port(), free_port()
+    proc = start("serve", "--preemption-mode", "swap", "--swap-space", "1", "--kv-tokens", "160",
+                 "--port", str(port), "--memsvc-port", str(mem_port), "--http-port", "0",
+                 stdout=subprocess.PIPE)
+    prompts = [f"Story {i}: once upon a time, in a land far away, there lived a" for i in range(4)]
+
+    def run(prompt):
+        with GenerationClient(f"127.0.0.1:{port}", timeout=300) as c:
+            return "".join(d.text for d in c.generate(prompt, SamplingParams(
+                max_tokens=40, temperature=0, ignore_eos=True)))
+    try:
+        assert read_line(proc).startswith("pagedserve: serving ")
+        alone = [run(p) for p in prompts]
+        with ThreadPoolExecutor(len(prompts)) as pool:  # 4 x ~60 tokens > 160 slots: preemption
+            together = list(pool.map(run, prompts))
+        assert together == alone and all(alone)
+        with grpc.insecure_channel(f"127.0.0.1:{mem_port}") as channel:
+            stats = memory_pb2_grpc.MemoryManagerStub(channel).Stats(memory_pb2.StatsRequest(), timeout=10)
+        assert stats.preemption_mode == "swap" and stats.num_blocks == 10
+        assert stats.num_swapped_out > 0 and stats.num_swapped_in == stats.num_swapped_out
+        assert stats.blocks_referenced == 0
+    finally:
+        stop([proc])
