@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass, field
 
 from gateway.beam_search import BeamSearch, beam_sampling
-from gateway.clients import ExecutorClient, MemoryClient
 from gateway.output_stream import OutputStream
 from wire.protocol import Delta
 from gateway.scheduler import BeamDone, Scheduler, SchedulerConfig, SeqUpdate
 from gateway.sequence import Sequence
+from wire.clients import ExecutorClient, MemoryClient
 from wire.protocol import SamplingParams
 
 
@@ -104,6 +104,11 @@ class BatchLoop:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
+
+    def request_of(self, seq_id: str) -> str | None:
+        """The request of a sequence this loop holds (None once it is gone)."""
+        seq = self.scheduler.seqs.get(seq_id)
+        return seq.request_id if seq is not None else None
 
     def step(self) -> list[Delta]:
         plan = self.scheduler.plan()

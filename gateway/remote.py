@@ -1,4 +1,4 @@
-"""The gateway's clients of memsvc and the executor over gRPC (gateway.clients interfaces).
+"""The gateway's clients of memsvc and the executor over gRPC (wire.clients interfaces).
 
 `RemoteMemoryClient` speaks for one gateway session: every call carries its session_id,
 and a background heartbeat (an empty Reserve) keeps the session's lease alive while the
@@ -7,9 +7,8 @@ server's status code and message.
 
 Both clients carry the caller's trace context in every call, speak TLS when given a
 wire.tls.TlsConfig that asks for it, and reconnect quickly to a restarted service.
-`RemoteMemoryClient.pool_id` is the epoch of the pool the last Reserve was answered from;
-`RemoteExecutorClient.execute(batch, pool_id=...)` asks the executor to refuse (ABORTED)
-a batch reserved in another pool.
+The pool's epoch travels in the messages (ReserveResult.pool_epoch, StepBatch.pool_epoch):
+the executor refuses (ABORTED) a batch reserved in another pool.
 """
 from __future__ import annotations
 
@@ -24,13 +23,13 @@ import uuid
 import grpc
 
 from wire import convert
-from wire.convert import PoolStats
-from wire.grpc_service import POOL_METADATA, open_channel
-from wire.protocol import ModelInfo, Plan, ReserveResult, SampleOutput, StepBatch
+from wire.clients import ExecutorClient, MemoryClient
+from wire.grpc_service import open_channel
+from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, StepBatch
 from wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 
-class RemoteMemoryClient:
+class RemoteMemoryClient(MemoryClient):
     def __init__(self, address: str, session_id: str | None = None, *, timeout: float = 60.0,
                  heartbeat_s: float = 2.0, tls=None):
         self.address = address
@@ -38,7 +37,6 @@ class RemoteMemoryClient:
         self.timeout = timeout
         self.channel = open_channel(address, tls, traced=True)
         self.stub = memory_pb2_grpc.MemoryManagerStub(self.channel)
-        self.pool_id: str | None = None
         self._last_call = time.monotonic()
         self._closed = threading.Event()
         self._heartbeat_s = heartbeat_s
@@ -48,9 +46,7 @@ class RemoteMemoryClient:
     def reserve(self, plan: Plan) -> ReserveResult:
         request = convert.plan_to_proto(plan, self.session_id)
         self._last_call = time.monotonic()
-        response, call = self.stub.Reserve.with_call(request, timeout=self.timeout)
-        self.pool_id = dict(call.trailing_metadata() or ()).get(POOL_METADATA)
-        return convert.reserve_result_from_proto(response)
+        return convert.reserve_result_from_proto(self.stub.Reserve(request, timeout=self.timeout))
 
     def free(self, seq_ids: list[str]) -> None:
         self._last_call = time.monotonic()
@@ -81,7 +77,7 @@ class RemoteMemoryClient:
         self.channel.close()
 
 
-class RemoteExecutorClient:
+class RemoteExecutorClient(ExecutorClient):
     """`model_info()` is fetched once; its tokenizer files land in a temporary directory
     (removed by `close()` or at exit) that the returned ModelInfo names."""
 
@@ -102,9 +98,8 @@ class RemoteExecutorClient:
             self._tokenizer_dir = self._info.tokenizer_dir
         return self._info
 
-    def execute(self, batch: StepBatch, pool_id: str | None = None) -> list[SampleOutput]:
-        metadata = [(POOL_METADATA, pool_id)] if pool_id else None
-        response = self.stub.Execute(convert.batch_to_proto(batch), timeout=self.timeout, metadata=metadata)
+    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+        response = self.stub.Execute(convert.batch_to_proto(batch), timeout=self.timeout)
         return convert.outputs_from_proto(response)
 
     def close(self) -> None:

@@ -149,7 +149,8 @@ class Scheduler:
         return plan
 
     def on_reserved(self, result: ReserveResult) -> tuple[StepBatch, list[Sequence]]:
-        """Apply memsvc's answer; return the batch to execute and the sequences rejected."""
+        """Apply memsvc's answer; return the batch to execute (in the answer's pool) and the
+        sequences rejected."""
         for p in result.preempted:
             seq = self.seqs[p.seq_id]
             for queue in (self.running, self.swapped):
@@ -196,7 +197,7 @@ class Scheduler:
                 prompt_token_ids=seq.prompt_token_ids if needs_history else [],
                 output_token_ids=seq.output_token_ids if needs_history else [],
             ))
-        return StepBatch(steps), rejected
+        return StepBatch(steps, pool_epoch=result.pool_epoch), rejected
 
     def on_sampled(self, batch: StepBatch, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
         by_id = {o.seq_id: o for o in outputs}

@@ -67,8 +67,8 @@ class Backend:
     `check` raises unless both services can do their job (default: ask each for its state).
     """
 
-    memory: Any  # gateway.clients.MemoryClient
-    executor: Any  # gateway.clients.ExecutorClient
+    memory: Any  # wire.clients.MemoryClient
+    executor: Any  # wire.clients.ExecutorClient
     tokenizer: Any = None
     check: Callable[[], None] | None = None
 
@@ -129,6 +129,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         memory = ObservedMemory(retry.memory, self.telemetry, block_size)
         executor = ObservedExecutor(retry.executor, self.telemetry, memory)
         loop = BatchLoop(memory, executor, self.scheduler_config, backend.tokenizer)
+        memory.request_of = loop.request_of
         return StepRunner(loop, on_step_error, on_step_ok, max_waiting=self.max_waiting)
 
     def attach_replicas(self, replicas) -> None:

@@ -17,8 +17,9 @@ the slots hold nothing until an Execute writes them. So:
   Execute never succeeded is kept and run again before the next Reserve, so blocks memsvc
   keyed for the prefix cache never stay unwritten.
 
-The pool is named by the epoch memsvc sends with every Reserve (`pool_id` of the remote
-memory client) and checked by the executor; in-process backends have none and skip this.
+The pool is named by the epoch memsvc puts in every ReserveResult, which the gateway
+copies into the StepBatch (`pool_epoch`) and the executor checks; a batch kept for a re-run
+keeps its epoch. In process, the executor does not check it (nothing restarts).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from typing import Callable
 
 import grpc
 
-from wire.protocol import Plan, ReserveResult, SampleOutput, StepBatch
+from wire.clients import ExecutorClient, MemoryClient
+from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, StepBatch
 
 log = logging.getLogger("pagedserve.gateway")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
@@ -43,46 +45,42 @@ def _code(error: BaseException):
 
 
 class StepRetry:
-    def __init__(self, memory, executor, timeout_s: float = 60.0, interval_s: float = 0.2,
-                 on_retry: Callable[[str, BaseException], None] | None = None):
+    """`memory` and `executor` are the retrying faces of the clients given."""
+
+    def __init__(self, memory: MemoryClient, executor: ExecutorClient, timeout_s: float = 60.0,
+                 interval_s: float = 0.2, on_retry: Callable[[str, BaseException], None] | None = None):
         self.inner_memory = memory
         self.inner_executor = executor
         self.timeout_s = timeout_s
         self.interval_s = interval_s
         self.on_retry = on_retry
-        self.pool_id: str | None = None
-        self.dirty: tuple[StepBatch, str | None] | None = None
+        self.dirty: StepBatch | None = None  # an Execute that never succeeded
         self.memory = _Memory(self)
         self.executor = _Executor(self)
 
     def reserve(self, plan: Plan) -> ReserveResult:
         if self.dirty is not None:
-            batch, pool = self.dirty
+            batch = self.dirty
             try:
-                self._retry("execute", lambda: self._execute(batch, pool))
+                self._retry("execute", lambda: self._execute(batch))
             except PoolChanged:
                 pass
             self.dirty = None
-        result = self._retry("reserve", lambda: self.inner_memory.reserve(plan))
-        self.pool_id = getattr(self.inner_memory, "pool_id", None)
-        return result
+        return self._retry("reserve", lambda: self.inner_memory.reserve(plan))
 
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
-        pool = self.pool_id
         try:
-            return self._retry("execute", lambda: self._execute(batch, pool))
+            return self._retry("execute", lambda: self._execute(batch))
         except PoolChanged:
             raise
         except grpc.RpcError as e:
             if _code(e) in RETRYABLE:
-                self.dirty = (batch, pool)
+                self.dirty = batch
             raise
 
-    def _execute(self, batch: StepBatch, pool: str | None) -> list[SampleOutput]:
-        if pool is None:
-            return self.inner_executor.execute(batch)
+    def _execute(self, batch: StepBatch) -> list[SampleOutput]:
         try:
-            return self.inner_executor.execute(batch, pool_id=pool)
+            return self.inner_executor.execute(batch)
         except grpc.RpcError as e:
             if _code(e) == grpc.StatusCode.ABORTED:
                 raise PoolChanged(e.details()) from None
@@ -108,7 +106,7 @@ class StepRetry:
                 time.sleep(self.interval_s)
 
 
-class _Memory:
+class _Memory(MemoryClient):
     """The MemoryClient face of StepRetry (reserve retried; the rest passed through)."""
 
     def __init__(self, retry: StepRetry):
@@ -117,18 +115,24 @@ class _Memory:
     def reserve(self, plan: Plan) -> ReserveResult:
         return self._retry.reserve(plan)
 
-    def __getattr__(self, name):
-        return getattr(self._retry.inner_memory, name)
+    def free(self, seq_ids: list[str]) -> None:
+        self._retry.inner_memory.free(seq_ids)
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        self._retry.inner_memory.fork(parent_id, child_id)
+
+    def stats(self) -> PoolStats:
+        return self._retry.inner_memory.stats()
 
 
-class _Executor:
-    """The ExecutorClient face of StepRetry."""
+class _Executor(ExecutorClient):
+    """The ExecutorClient face of StepRetry (execute retried; model_info passed through)."""
 
     def __init__(self, retry: StepRetry):
         self._retry = retry
 
+    def model_info(self) -> ModelInfo:
+        return self._retry.inner_executor.model_info()
+
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         return self._retry.execute(batch)
-
-    def __getattr__(self, name):
-        return getattr(self._retry.inner_executor, name)

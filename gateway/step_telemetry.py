@@ -6,22 +6,25 @@ first request in the step and linked to the spans of all its requests
 tokens, blocks allocated, preemptions by mode, cached prompt tokens, rejections); the
 Execute span what ran. The remote call below it carries the span's trace context, so
 memsvc's and the executor's server spans are its children. Preemptions are counted and
-the first grant of each request is reported as its end of queueing.
+the first grant of each request is reported as its end of queueing. Which request a
+sequence belongs to is asked of `request_of` (the batching loop's BatchLoop.request_of),
+never read from the sequence id.
 """
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from opentelemetry.trace import SpanKind
 
 from gateway.request_telemetry import RequestTelemetry
-from wire.protocol import Plan, ReserveResult, SampleOutput, StepBatch
+from wire.clients import ExecutorClient, MemoryClient
+from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, StepBatch
 from wire.tracing import tracer
 
 
-def request_of(seq_id: str) -> str:
-    """The request id of a sequence id `<request>/<index>`."""
-    return seq_id.rpartition("/")[0] or seq_id
+def _unknown(seq_id: str) -> str | None:
+    return None
 
 
 def blocks_allocated(result: ReserveResult, block_size: int) -> int:
@@ -33,15 +36,21 @@ def blocks_allocated(result: ReserveResult, block_size: int) -> int:
     return n
 
 
-class ObservedMemory:
-    def __init__(self, inner, telemetry: RequestTelemetry, block_size: int):
+class ObservedMemory(MemoryClient):
+    """`request_of(seq_id)`: the request id of a sequence the loop holds (None: unknown);
+    set it once the loop exists."""
+
+    def __init__(self, inner: MemoryClient, telemetry: RequestTelemetry, block_size: int,
+                 request_of: Callable[[str], str | None] = _unknown):
         self.inner = inner
         self.telemetry = telemetry
         self.block_size = block_size
+        self.request_of = request_of
         self.step = 0
 
     def reserve(self, plan: Plan) -> ReserveResult:
         self.step += 1
+        request_of = self.request_of
         parent, links = self.telemetry.step_context(request_of(e.seq_id) for e in plan.entries)
         attrs = {"pagedserve.step": self.step, "pagedserve.plan.sequences": len(plan.entries),
                  "pagedserve.plan.new_sequences": sum(1 for e in plan.entries if e.new),
@@ -66,18 +75,30 @@ class ObservedMemory:
         self.telemetry.scheduled([request_of(g.seq_id) for g in result.grants], time.monotonic())
         return result
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    def free(self, seq_ids: list[str]) -> None:
+        self.inner.free(seq_ids)
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        self.inner.fork(parent_id, child_id)
+
+    def stats(self) -> PoolStats:
+        return self.inner.stats()
 
 
-class ObservedExecutor:
-    def __init__(self, inner, telemetry: RequestTelemetry, memory: ObservedMemory):
+class ObservedExecutor(ExecutorClient):
+    """Shares the step count and `request_of` of the ObservedMemory of the same loop."""
+
+    def __init__(self, inner: ExecutorClient, telemetry: RequestTelemetry, memory: ObservedMemory):
         self.inner = inner
         self.telemetry = telemetry
         self.memory = memory
 
+    def model_info(self) -> ModelInfo:
+        return self.inner.model_info()
+
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         seqs = batch.seqs
+        request_of = self.memory.request_of
         parent, links = self.telemetry.step_context(request_of(s.seq_id) for s in seqs)
         attrs = {"pagedserve.step": self.memory.step, "pagedserve.batch.sequences": len(seqs),
                  "pagedserve.batch.tokens": sum(len(s.token_ids) for s in seqs),
@@ -88,6 +109,3 @@ class ObservedExecutor:
             outputs = self.inner.execute(batch)
         self.telemetry.metrics.step_time.observe(time.perf_counter() - start)
         return outputs
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)

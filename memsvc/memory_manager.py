@@ -4,7 +4,9 @@ Contract (the same in process and across gRPC): an executor registers its KV geo
 a budget and gets the pool; `reserve(plan)` grants slots in plan order, performs every
 block copy it decided (copy-on-write, swap-out to the host swap space, swap-in) before it
 returns, and reports preemptions (by swap or recompute, see memsvc.preemption_policy) and
-resumed sequences; `free`, `fork` and `stats` act on sequences by id.
+resumed sequences; `free`, `fork` and `stats` act on sequences by id. Every ReserveResult
+carries `pool_epoch`, which names this manager's pool (a new one with every manager, so
+with every memsvc process): a step reserved in one pool never runs on another.
 
 The host swap space (`swap_space_bytes`) is a block-major tensor like the pool (pinned when
 the pool is on a GPU); block-copy time is measured when it is allocated and with every
@@ -21,7 +23,8 @@ Not thread-safe: memsvc's server serializes every call with one lock.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass
 
 import torch
 
@@ -33,7 +36,7 @@ from memsvc.kv_pool import allocate_pool, num_blocks_for_budget
 from memsvc.preemption_policy import PREEMPTION_MODES, PreemptionPolicy
 from memsvc.sessions import Sessions
 from memsvc.step_planner import StepPlanner
-from wire.protocol import KVGeometry, Plan, Preemption, ReserveResult
+from wire.protocol import KVGeometry, Plan, PoolStats, Preemption, ReserveResult
 
 
 @dataclass
@@ -75,17 +78,6 @@ class MemoryConfig:
             raise ValueError(f"session_lease_s must be positive, got {self.session_lease_s}")
 
 
-@dataclass
-class MemoryStats:
-    snapshot: dict
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_preemptions: int
-    num_sequences: int = 0
-    num_sessions: int = 0
-    preemption: dict = field(default_factory=dict)  # swap/recompute counters and cost estimates
-
-
 class MemoryManager:
     def __init__(self, config: MemoryConfig):
         self.config = config
@@ -100,6 +92,7 @@ class MemoryManager:
         self.num_preemptions = 0
         self.host_pool: torch.Tensor | None = None
         self.policy = PreemptionPolicy(config.preemption_mode)
+        self.pool_epoch = uuid.uuid4().hex  # names this manager's pool in every ReserveResult
 
     def register_executor(self, geometry: KVGeometry, budget_bytes: int = 0,
                           device: str | None = None, max_model_len: int = 0) -> torch.Tensor:
@@ -169,7 +162,7 @@ class MemoryManager:
         planner = self._planner()
         lost = []
         if session_id:
-            self.sessions.enter(session_id, plan)
+            back = self.sessions.enter(session_id, plan)
             entries = plan.entries
             has = self.allocator.has_sequence
             lost = [e for e in entries if not e.new and not has(e.seq_id)]
@@ -182,15 +175,14 @@ class MemoryManager:
         reservation = planner.reserve(plan)
         self._copy(reservation.copies)
         result = reservation.result
+        result.pool_epoch = self.pool_epoch
         result.preempted[:0] = [Preemption(e.seq_id, "recompute") for e in lost]
         if session_id:
             result.waiting.extend(held_back)
         self.num_preemptions += len(reservation.result.preempted)
         if session_id:
             plan.entries.extend(lost)
-            self.sessions.leave(session_id, plan, result, self.allocator.has_sequence)
-            cut = len(session_id) + 1
-            result.resumed = [s[cut:] for s in result.resumed]
+            self.sessions.leave(session_id, plan, result, self.allocator.has_sequence, back)
         return result
 
     def _copy(self, copies: list[tuple[str, int, int]]) -> None:
@@ -239,10 +231,10 @@ class MemoryManager:
             freed[session.session_id] = len(alive)
         return freed
 
-    def stats(self) -> MemoryStats:
+    def stats(self) -> PoolStats:
         self._planner()
         alloc = self.allocator
-        return MemoryStats(
+        return PoolStats(
             snapshot=alloc.snapshot().as_dict(),
             prefix_cache_queries=getattr(alloc, "prefix_cache_queries", 0),
             prefix_cache_hits=getattr(alloc, "prefix_cache_hits", 0),

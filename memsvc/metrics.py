@@ -50,7 +50,7 @@ class MemsvcCollector:
                                   "the prefix cache.", value=stats.prefix_cache_queries)
         yield CounterMetricFamily("pagedserve:prefix_cache_hits", "Prompt tokens found in the "
                                   "prefix cache.", value=stats.prefix_cache_hits)
-        p = getattr(stats, "preemption", {}) or {}
+        p = stats.preemption
         c = CounterMetricFamily("pagedserve:memsvc_preemptions", "Sequences preempted by memsvc, "
                                 "by mode.", labels=["mode"])
         swapped = p.get("num_swapped_out", 0)

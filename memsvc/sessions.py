@@ -2,8 +2,10 @@
 
 A session is any Reserve/Free/Fork that carries its id; each one renews its lease. A
 session's sequence ids live in their own namespace (two gateways may both use "0/0"):
-memsvc keys them internally as `<session>|<seq_id>`. When a session is not heard from for
-a lease, `lapsed` names it and the memory manager frees what it owned.
+memsvc keys them internally as `<session>|<seq_id>` (`internal`), and maps a Reserve's
+answer back through the table `enter` returns, never by reading an internal key. When a
+session is not heard from for a lease, `lapsed` names it and the memory manager frees what
+it owned.
 
 Not thread-safe: the caller serializes access (memsvc's server holds one lock).
 """
@@ -39,22 +41,28 @@ class Sessions:
 
     @staticmethod
     def internal(session_id: str, seq_id: str) -> str:
+        """The key memsvc holds the session's sequence under."""
         return f"{session_id}|{seq_id}"
 
-    def enter(self, session_id: str, plan: Plan) -> None:
-        """Rewrite the plan's sequence ids in place into the session's namespace."""
-        prefix = session_id + "|"
+    def enter(self, session_id: str, plan: Plan) -> dict[str, str]:
+        """Rewrite the plan's sequence ids in place into the session's namespace; return the
+        way back for `leave`: internal key -> the session's sequence id."""
+        back = {}
         for entry in plan.entries:
-            entry.seq_id = prefix + entry.seq_id
-        plan.free = [prefix + s for s in plan.free]
+            key = self.internal(session_id, entry.seq_id)
+            back[key] = entry.seq_id
+            entry.seq_id = key
+        plan.free = [self.internal(session_id, s) for s in plan.free]
+        return back
 
-    def leave(self, session_id: str, plan: Plan, result: ReserveResult, alive) -> None:
-        """Record what the session owns after a reserve and map the result's ids back.
+    def leave(self, session_id: str, plan: Plan, result: ReserveResult, alive,
+              back: dict[str, str]) -> None:
+        """Record what the session owns after a reserve and map the result's ids back
+        through `back` (what `enter` returned for this plan).
 
         `alive(internal_id)` says whether memsvc still holds the sequence.
         """
         session = self.touch(session_id)
-        cut = len(session_id) + 1
         session.seqs.difference_update(plan.free)
         for entry in plan.entries:
             if alive(entry.seq_id):
@@ -62,8 +70,9 @@ class Sessions:
             else:
                 session.seqs.discard(entry.seq_id)
         for item in (*result.grants, *result.preempted, *result.rejected):
-            item.seq_id = item.seq_id[cut:]
-        result.waiting = [s[cut:] for s in result.waiting]
+            item.seq_id = back[item.seq_id]
+        result.waiting = [back[s] for s in result.waiting]
+        result.resumed = [back[s] for s in result.resumed]
 
     def own(self, session_id: str, internal_id: str) -> None:
         self.touch(session_id).seqs.add(internal_id)

@@ -1,4 +1,4 @@
-"""Protobuf <-> dataclass conversion for the messages of pagedserve/protocol.py.
+"""Protobuf <-> dataclass conversion for the messages of wire/protocol.py.
 
 Runs on every step for every sequence, so it stays close to the metal: messages are built
 with keyword constructors (repeated fields filled from lists in C) and read back with
@@ -11,14 +11,13 @@ the default for max_tokens and n; unset optional fields mean their defaults).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from wire.protocol import (
     Grant,
     KVGeometry,
     ModelInfo,
     Plan,
     PlanEntry,
+    PoolStats,
     Preemption,
     Rejection,
     ReserveResult,
@@ -129,7 +128,7 @@ def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
                   num_cached_tokens=g.num_cached_tokens) for g in r.grants],
         preempted=[memory_pb2.Preemption(seq_id=p.seq_id, mode=p.mode) for p in r.preempted],
         rejected=[memory_pb2.Rejection(seq_id=x.seq_id, reason=x.reason) for x in r.rejected],
-        waiting=r.waiting, resumed=r.resumed,
+        waiting=r.waiting, resumed=r.resumed, pool_epoch=r.pool_epoch,
     )
 
 
@@ -141,6 +140,7 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
         rejected=[Rejection(x.seq_id, x.reason) for x in m.rejected],
         waiting=list(m.waiting),
         resumed=list(m.resumed),
+        pool_epoch=m.pool_epoch,
     )
 
 
@@ -159,7 +159,7 @@ def batch_to_proto(batch: StepBatch) -> executor_pb2.ExecuteRequest:
                       slot_mapping=s.slot_mapping, block_table=s.block_table, sample=s.sample,
                       sampling=sp, seed=s.seed, prompt_token_ids=s.prompt_token_ids,
                       output_token_ids=s.output_token_ids))
-    return executor_pb2.ExecuteRequest(seqs=seqs)
+    return executor_pb2.ExecuteRequest(seqs=seqs, pool_epoch=batch.pool_epoch)
 
 
 def batch_from_proto(m: executor_pb2.ExecuteRequest) -> StepBatch:
@@ -172,7 +172,7 @@ def batch_from_proto(m: executor_pb2.ExecuteRequest) -> StepBatch:
         seqs.append(SeqStep(s.seq_id, list(s.token_ids), s.start_pos, list(s.slot_mapping),
                             list(s.block_table), s.sample, sp, s.seed,
                             list(s.prompt_token_ids), list(s.output_token_ids)))
-    return StepBatch(seqs)
+    return StepBatch(seqs, m.pool_epoch)
 
 
 def outputs_to_proto(outputs: list[SampleOutput]) -> executor_pb2.ExecuteResponse:
@@ -196,31 +196,20 @@ def outputs_from_proto(m: executor_pb2.ExecuteResponse) -> list[SampleOutput]:
 
 _SNAPSHOT_FIELDS = ("num_blocks", "blocks_free", "blocks_cached", "blocks_referenced", "token_state",
                     "reserved", "internal_fragmentation", "external_fragmentation", "free")
-
-
-@dataclass
-class PoolStats:
-    """memsvc's accounting snapshot as a client sees it (the attributes of MemoryStats)."""
-
-    snapshot: dict = field(default_factory=dict)
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_preemptions: int = 0
-    num_sequences: int = 0
-    num_sessions: int = 0
-    preemption: dict = field(default_factory=dict)  # _PREEMPTION_FIELDS
-
-
 _PREEMPTION_FIELDS = ("num_swapped_out", "num_swapped_in", "num_recomputed", "num_swap_fallbacks",
                       "host_blocks", "host_blocks_free", "swap_seconds_per_block",
                       "recompute_seconds_per_token", "preemption_mode")
 
 
-def stats_to_proto(stats, block_size: int, num_sequences: int = 0, num_sessions: int = 0
-                   ) -> memory_pb2.StatsResponse:
-    """`stats`: anything with MemoryStats' attributes (snapshot dict and counters)."""
+def stats_to_proto(stats: PoolStats, block_size: int, num_sequences: int | None = None,
+                   num_sessions: int | None = None) -> memory_pb2.StatsResponse:
+    """`num_sequences` / `num_sessions`: instead of the stats' own."""
     snap = stats.snapshot
-    preemption = {k: v for k, v in getattr(stats, "preemption", {}).items() if k in _PREEMPTION_FIELDS}
+    preemption = {k: v for k, v in stats.preemption.items() if k in _PREEMPTION_FIELDS}
+    if num_sequences is None:
+        num_sequences = stats.num_sequences
+    if num_sessions is None:
+        num_sessions = stats.num_sessions
     return memory_pb2.StatsResponse(
         block_size=block_size, **{k: int(snap[k]) for k in _SNAPSHOT_FIELDS},
         prefix_cache_queries=stats.prefix_cache_queries, prefix_cache_hits=stats.prefix_cache_hits,

@@ -25,10 +25,6 @@ CLIENT_OPTIONS = GRPC_OPTIONS + [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
-# Metadata naming the KV pool: memsvc sends its pool's epoch with RegisterExecutor and
-# Reserve answers; the gateway sends it with Execute; the executor refuses a step reserved
-# in another pool (ABORTED).
-POOL_METADATA = "pagedserve-pool"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 

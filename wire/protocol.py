@@ -154,7 +154,12 @@ class SeqStep:
 
 @dataclass
 class StepBatch:
+    """One step for the executor. `pool_epoch` names the KV pool the step's slots were
+    reserved in (ReserveResult.pool_epoch); the executor refuses a batch from another pool.
+    Empty: not checked."""
+
     seqs: list[SeqStep]
+    pool_epoch: str = ""
 
 
 @dataclass
@@ -224,6 +229,23 @@ class ReserveResult:
     rejected: list[Rejection] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)  # new sequences that fit later, not now
     resumed: list[str] = field(default_factory=list)  # swapped-out sequences back on the device
+    pool_epoch: str = ""  # the pool the grants are in: new with every memsvc process
+
+
+@dataclass
+class PoolStats:
+    """memsvc's accounting: `snapshot` is memsvc.accounting's PoolSnapshot as a dict (slot
+    counts; across the wire the fields of StatsResponse plus total_slots and
+    token_state_fraction), `preemption` the swap/recompute counters and cost estimates
+    (the preemption fields of StatsResponse)."""
+
+    snapshot: dict = field(default_factory=dict)
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    num_sequences: int = 0
+    num_sessions: int = 0
+    preemption: dict = field(default_factory=dict)
 
 
 @dataclass

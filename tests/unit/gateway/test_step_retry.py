@@ -22,13 +22,12 @@ class Memory:
     def __init__(self, failures=()):
         self.failures = list(failures)
         self.plans = []
-        self.pool_id = "epoch-1"
 
     def reserve(self, plan):
         if self.failures:
             raise Err(self.failures.pop(0))
         self.plans.append(plan)
-        return ReserveResult(grants=[])
+        return ReserveResult(grants=[], pool_epoch="epoch-1")
 
 
 class Executor:
@@ -36,8 +35,8 @@ class Executor:
         self.failures = list(failures)
         self.calls = []
 
-    def execute(self, batch, pool_id=None):
-        self.calls.append((batch, pool_id))
+    def execute(self, batch):
+        self.calls.append((batch, batch.pool_epoch))
         if self.failures:
             raise Err(self.failures.pop(0))
         return [SampleOutput("a/0", 7)]
@@ -56,7 +55,7 @@ def test_an_unavailable_executor_gets_the_same_batch_again_without_a_new_reserve
     memory, executor = Memory(), Executor([U, U])
     retry, retries = make(memory, executor)
     retry.memory.reserve(Plan([]))
-    batch = StepBatch([])
+    batch = StepBatch([], pool_epoch="epoch-1")
     assert retry.executor.execute(batch) == [SampleOutput("a/0", 7)]
     assert [c for c in executor.calls] == [(batch, "epoch-1")] * 3
     assert len(memory.plans) == 1 and retries == ["execute", "execute"]
@@ -89,10 +88,10 @@ def test_a_batch_that_never_ran_runs_before_the_next_reserve():
     memory, executor = Memory(), Executor([U] * 1000)
     retry, _ = make(memory, executor, timeout=0.01)
     retry.memory.reserve(Plan([]))
-    batch = StepBatch([])
+    batch = StepBatch([], pool_epoch="epoch-1")
     with pytest.raises(grpc.RpcError):
         retry.executor.execute(batch)
-    assert retry.dirty == (batch, "epoch-1")
+    assert retry.dirty is batch
     executor.failures = []  # the executor is back
     calls = len(executor.calls)
     retry.memory.reserve(Plan([]))

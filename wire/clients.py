@@ -1,0 +1,61 @@
+"""The two interfaces through which the gateway sees memsvc and the executor: the contract
+between the services.
+
+In process they are implemented by direct calls (memsvc.memory_manager.MemoryManager,
+executor.Executor); across processes by the gRPC clients (gateway.remote). Wrappers
+(retrying, telemetry, timing) implement them too, method by method. The batching loop
+only ever talks to these.
+
+Errors: in process, a bad argument is a ValueError (or KeyError, IndexError) and a pool
+that does not exist yet a RuntimeError; across processes they are grpc.RpcError with
+INVALID_ARGUMENT, FAILED_PRECONDITION or UNAVAILABLE (see memsvc.server, executor.server).
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, StepBatch
+
+
+class MemoryClient(Protocol):
+    """memsvc: owns the KV pool and decides which sequence gets which slots."""
+
+    def reserve(self, plan: Plan) -> ReserveResult:
+        """Free `plan.free`, then grant slots to `plan.entries` in order (priority order).
+
+        Every running entry is granted, preempted (mode "swap" or "recompute") or, when
+        memsvc no longer holds it, reported preempted for recompute; a new entry is granted
+        (its cached prompt prefix in `num_cached_tokens`), left `waiting` or `rejected`
+        (it can never fit); swapped-out entries brought back are `resumed`. Block copies
+        are done before it returns. `pool_epoch` names the pool the grants are in: the
+        caller puts it in the StepBatch it executes.
+        """
+        ...
+
+    def free(self, seq_ids: list[str]) -> None:
+        """Release the sequences' blocks now; unknown ids are ignored."""
+        ...
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """`child_id` shares every block of `parent_id` (copy-on-write from here on)."""
+        ...
+
+    def stats(self) -> PoolStats:
+        """The pool's accounting and memsvc's counters."""
+        ...
+
+
+class ExecutorClient(Protocol):
+    """The executor: runs the model over the pool memsvc shares with it."""
+
+    def model_info(self) -> ModelInfo:
+        """The model: name, maximum length, vocabulary, EOS ids, chat template, KV geometry,
+        and where its tokenizer is. Constant for the executor's life."""
+        ...
+
+    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+        """Run one step: write each sequence's K/V into its slots and return one
+        SampleOutput per sequence with `sample` set, in batch order. A batch whose
+        `pool_epoch` names a pool other than the executor's is refused (ABORTED across
+        processes): its reservation is gone."""
+        ...
