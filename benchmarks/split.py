@@ -16,7 +16,8 @@ import threading
 import time
 from collections import defaultdict
 
-from wire.protocol import SamplingParams
+from wire.clients import ExecutorClient, MemoryClient
+from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, SamplingParams, StepBatch
 from benchmarks.workloads import random_prompt_ids
 
 
@@ -34,28 +35,45 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-class Timed:
-    """Wraps a client; every method call's wall time is added up by name."""
+class _Timed:
+    """Wraps a client; every call's wall time is added up by method name."""
 
     def __init__(self, inner):
         self.inner = inner
         self.seconds: dict[str, float] = defaultdict(float)
 
-    def __getattr__(self, name):
-        fn = getattr(self.inner, name)
+    def _timed(self, name: str, fn, *args):
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds[name] += time.perf_counter() - t
 
-        def timed(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.seconds[name] += time.perf_counter() - t
 
-        return timed
+class TimedMemory(_Timed, MemoryClient):
+    def reserve(self, plan: Plan) -> ReserveResult:
+        return self._timed("reserve", self.inner.reserve, plan)
+
+    def free(self, seq_ids: list[str]) -> None:
+        self._timed("free", self.inner.free, seq_ids)
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        self._timed("fork", self.inner.fork, parent_id, child_id)
+
+    def stats(self) -> PoolStats:
+        return self._timed("stats", self.inner.stats)
+
+
+class TimedExecutor(_Timed, ExecutorClient):
+    def model_info(self) -> ModelInfo:
+        return self._timed("model_info", self.inner.model_info)
+
+    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+        return self._timed("execute", self.inner.execute, batch)
 
 
 def drive(loop, prompts: list[list[int]], sampling: SamplingParams) -> dict:
-    """Run every prompt through a BatchLoop whose clients are Timed; return the step numbers."""
+    """Run every prompt through a BatchLoop whose clients are timed; return the step numbers."""
     memory, executor = loop.memory, loop.executor
     memory.seconds.clear()
     executor.seconds.clear()
@@ -109,7 +127,7 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict, int]:
         prompts = prompts_for(vocab)
         through_gateway(gateway, warm(vocab), sampling)
         via_gateway = through_gateway(gateway, prompts, sampling)
-        loop = BatchLoop(Timed(RemoteMemoryClient(memsvc)), Timed(remote_ex), SchedulerConfig(
+        loop = BatchLoop(TimedMemory(RemoteMemoryClient(memsvc)), TimedExecutor(remote_ex), SchedulerConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens))
         drive(loop, warm(vocab), sampling)
         split = drive(loop, prompts, sampling)
@@ -151,7 +169,7 @@ def run(args) -> int:
 
     via_gateway, split, vocab = split_runs(args, prompts_for, sampling, warm)
     engine = LLMEngine(engine_config(args))
-    loop = BatchLoop(Timed(engine.memory), Timed(engine.loop.executor), engine.loop.scheduler.config,
+    loop = BatchLoop(TimedMemory(engine.memory), TimedExecutor(engine.loop.executor), engine.loop.scheduler.config,
                      engine.tokenizer)
     drive(loop, warm(vocab), sampling)
     local = drive(loop, prompts_for(vocab), sampling)
