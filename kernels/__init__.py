@@ -7,7 +7,7 @@ contiguous; the kernels take these views as they are. Slot `s` is block `s // bl
 offset `s % block_size`.
 
 Every op dispatches on the device of its tensors: CUDA tensors go to a Triton kernel
-(when triton is importable), anything else to the CPU path (kernels/paged_cpu.py:
+(when triton is importable), launched with their GPU current, anything else to the CPU path (kernels/paged_cpu.py:
 decode attention in place over the pool in a small C++ kernel, the rest in torch), which
 falls back to the torch reference implementations (the *_ref modules, the reference the
 Triton and CPU kernels are tested against) for what it does not cover.
@@ -73,7 +73,7 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 
 def copy_blocks(src_pool, dst_pool, src_ids, dst_ids) -> None:
-    if _use_triton(src_pool, dst_pool):
+    if _use_triton(src_pool, dst_pool) and src_pool.device == dst_pool.device:
         from kernels.copy_blocks_triton import copy_blocks_triton
 
         return copy_blocks_triton(src_pool, dst_pool, src_ids, dst_ids)

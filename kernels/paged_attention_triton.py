@@ -1,12 +1,27 @@
-"""Paged attention as a Triton kernel: one program per (tile of one sequence's queries, kv head).
+"""Paged attention as Triton kernels: one program per (tile of one sequence's queries, kv
+head, split of the context), and a reduction over the splits when there are several.
 
-A program's rows are BLOCK_Q query tokens x GROUP query heads sharing one kv head, padded
-to BLOCK_M >= 16 rows for tl.dot. It walks the sequence's context in tiles of TILE
-positions, looking up each position's block in the block table, with an online softmax in
-float32. Tiles are upcast to float32 after loading; the dots run in IEEE float32 for float32
-caches and in TF32 for 16-bit ones (exact for their inputs, float32 accumulation; the
-interpreter also miscomputes bfloat16 dots). Programs are numbered as in `query_start_loc[b] // BLOCK_Q + b`, so the grid
-size is known on the host without reading any device tensor.
+Rows. A program's rows are BLOCK_Q query tokens x GROUP query heads sharing one kv head,
+BLOCK_M rows in all: at least 64 when the batch holds prefill chunks (a K/V tile is read
+once for 64 rows, not re-read by every 16-row tile of a long prompt), at least 16 (tl.dot's
+minimum) for decode-only batches, where each sequence has one query token. Programs are
+numbered as in `query_start_loc[b] // BLOCK_Q + b`, so the grid size is known on the host
+without reading any device tensor.
+
+Context. A program walks its context in tiles of TILE positions (a multiple of the block
+size): the tile's BLOCKS_PER_TILE block ids are loaded once, one per block, and each
+block's positions are addressed from its id. Online softmax in float32 (exp2, with the
+scale folded into log2 e). The dots take their inputs in the cache's dtype: bfloat16 and
+float16 multiply natively (tensor cores) and accumulate in float32; float32 uses IEEE
+float32 (exact against the reference). P is cast to V's dtype for the second dot, as
+flash-attention does.
+
+Split context (flash-decoding). When few programs would walk long contexts (decode-only
+batches of a few long sequences), the context is cut into NUM_SPLITS contiguous ranges
+of tiles: each (query tile, kv head, split) program writes its unnormalized partial output
+with its running max and sum in float32, and `_reduce_splits_kernel` combines them. The
+split count is chosen on the host from shapes only (the block table's width bounds the
+context), so it is fixed for a CUDA graph; `num_splits=` forces it (tests).
 """
 from __future__ import annotations
 
@@ -14,11 +29,19 @@ import torch
 import triton
 import triton.language as tl
 
+from wire.device import on_device
+
+LOG2E = 1.4426950408889634
+MIN_SPLIT_TOKENS = 512  # a split walks at least this much context
+MAX_SPLITS = 64
+_SM_COUNT: dict[int, int] = {}
+
 
 @triton.jit
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    scale, num_seqs,
+    part_acc_ptr, part_ml_ptr,
+    qk_scale, num_seqs, tiles_per_split,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
@@ -26,10 +49,12 @@ def _paged_attention_kernel(
     stride_btb, stride_btn,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+    BLOCKS_PER_TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, NUM_HEADS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     program = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
 
     lo = 0
     hi = num_seqs
@@ -59,40 +84,116 @@ def _paged_attention_kernel(
     q = tl.load(
         q_ptr + tokens[:, None].to(tl.int64) * stride_qt + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
         mask=row_ok[:, None] & dim_ok[None, :], other=0.0,
-    ).to(tl.float32)
+    )
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
 
     last_pos = context_start + tl.minimum(tile_start + BLOCK_Q, seq_end) - 1 - seq_start
-    for tile in range(0, last_pos // TILE + 1):
-        positions = tile * TILE + tl.arange(0, TILE)
+    num_tiles = last_pos // TILE + 1
+    first_tile = split * tiles_per_split
+    end_tile = tl.minimum(first_tile + tiles_per_split, num_tiles)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_btb
+    in_tile = tl.arange(0, TILE)
+    for tile in range(first_tile, end_tile):
+        positions = tile * TILE + in_tile
         kv_ok = positions <= last_pos
-        blocks = tl.load(block_tables_ptr + seq * stride_btb + (positions // BLOCK_SIZE) * stride_btn,
-                         mask=kv_ok, other=0).to(tl.int64)
+        if BLOCKS_PER_TILE > 0:  # one block id per block: [BLOCKS_PER_TILE] loads, broadcast
+            block_index = tile * BLOCKS_PER_TILE + tl.arange(0, BLOCKS_PER_TILE)
+            ids = tl.load(table + block_index * stride_btn,
+                          mask=block_index * BLOCK_SIZE <= last_pos, other=0).to(tl.int64)
+            blocks = tl.reshape(tl.broadcast_to(ids[:, None], (BLOCKS_PER_TILE, BLOCK_SIZE)), (TILE,))
+        else:  # a block size that is not a power of two: one id per position
+            blocks = tl.load(table + (positions // BLOCK_SIZE) * stride_btn, mask=kv_ok, other=0).to(tl.int64)
         offsets = positions % BLOCK_SIZE
         kv_mask = kv_ok[:, None] & dim_ok[None, :]
         k = tl.load(k_ptr + blocks[:, None] * stride_kb + offsets[:, None] * stride_ko + kv_head * stride_kh
-                    + dims[None, :] * stride_kd, mask=kv_mask, other=0.0).to(tl.float32)
+                    + dims[None, :] * stride_kd, mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + blocks[:, None] * stride_vb + offsets[:, None] * stride_vo + kv_head * stride_vh
-                    + dims[None, :] * stride_vd, mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+                    + dims[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(kv_ok[None, :] & (positions[None, :] <= row_pos[:, None]), s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
 
-    result = acc / l[:, None]
-    tl.store(
-        out_ptr + tokens[:, None].to(tl.int64) * stride_ot + heads[:, None] * stride_oh + dims[None, :] * stride_od,
-        result.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :],
-    )
+    out_mask = row_ok[:, None] & dim_ok[None, :]
+    if NUM_SPLITS == 1:
+        result = acc / l[:, None]
+        tl.store(
+            out_ptr + tokens[:, None].to(tl.int64) * stride_ot + heads[:, None] * stride_oh
+            + dims[None, :] * stride_od,
+            result.to(out_ptr.dtype.element_ty), mask=out_mask,
+        )
+    else:  # partials: acc [T, H, S, HEAD_PAD], (m, l) [T, H, S, 2], contiguous float32
+        part = (tokens.to(tl.int64) * NUM_HEADS + heads) * NUM_SPLITS + split
+        tl.store(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :], acc, mask=out_mask)
+        tl.store(part_ml_ptr + part * 2, m, mask=row_ok)
+        tl.store(part_ml_ptr + part * 2 + 1, l, mask=row_ok)
 
 
-def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None, tile=32):
+@triton.jit
+def _reduce_splits_kernel(
+    out_ptr, part_acc_ptr, part_ml_ptr, stride_ot, stride_oh, stride_od,
+    NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    HEAD_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    split_ok = splits < NUM_SPLITS
+    dims = tl.arange(0, HEAD_PAD)
+    part = (token * NUM_HEADS + head) * NUM_SPLITS + splits
+    m = tl.load(part_ml_ptr + part * 2, mask=split_ok, other=float("-inf"))
+    l = tl.load(part_ml_ptr + part * 2 + 1, mask=split_ok, other=0.0)
+    m_max = tl.max(m, axis=0)
+    weight = tl.where(split_ok & (m > float("-inf")), tl.exp2(m - m_max), 0.0)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :], mask=split_ok[:, None], other=0.0)
+    result = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + dims * stride_od,
+             result.to(out_ptr.dtype.element_ty), mask=dims < HEAD_SIZE)
+
+
+def _sm_count(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def choose_splits(num_programs: int, max_context: int, decode_only: bool, sm_count: int) -> int:
+    """How many context splits: 1 unless a decode-only batch has fewer programs than twice
+    the GPU's SMs and a long enough context to share (at least MIN_SPLIT_TOKENS a split)."""
+    if not decode_only or num_programs >= 2 * sm_count:
+        return 1
+    by_context = max_context // MIN_SPLIT_TOKENS
+    by_fill = -(-2 * sm_count // max(num_programs, 1))
+    return max(1, min(by_context, by_fill, MAX_SPLITS))
+
+
+def launch_config(num_tokens: int, num_seqs: int, group: int, block_size: int, head_size: int,
+                  tile: int | None = None) -> dict:
+    """Rows, tile and warps for a batch: decode-only batches (at most one query token a
+    sequence on average) get 16-row programs, others at least 64 rows."""
+    decode_only = num_tokens <= num_seqs
+    block_m = max(16 if decode_only else 64, triton.next_power_of_2(group))
+    pow2_block = block_size & (block_size - 1) == 0
+    if tile is None:
+        tile = max(64 if head_size <= 128 else 32, block_size) if pow2_block else 32
+        if not decode_only and head_size > 128:
+            tile = max(32, block_size) if pow2_block else 32
+    assert tile >= 16 and tile & (tile - 1) == 0, "tile: a power of two >= 16"
+    blocks_per_tile = tile // block_size if pow2_block and tile % block_size == 0 else 0
+    return dict(decode_only=decode_only, block_m=block_m, block_q=block_m // group, tile=tile,
+                blocks_per_tile=blocks_per_tile, num_warps=4 if block_m <= 64 else 8)
+
+
+def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None,
+                           tile=None, num_splits=None):
     num_blocks, block_size, num_kv_heads, head_size = k_cache.shape
     num_tokens, num_heads, _ = q.shape
     assert v_cache.shape == k_cache.shape, "k_cache and v_cache: [num_blocks, block_size, num_kv_heads, head_size]"
@@ -101,27 +202,59 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
     assert block_tables.dim() == 2 and block_tables.dtype == torch.int32
     assert seq_lens.dtype == torch.int32 and query_start_loc.dtype == torch.int32
     assert query_start_loc.shape[0] == seq_lens.shape[0] + 1 == block_tables.shape[0] + 1
-    assert tile >= 16 and tile & (tile - 1) == 0
     if out is None:
         out = torch.empty_like(q)
     assert out.shape == q.shape
     if num_tokens == 0:
         return out
     group = num_heads // num_kv_heads
-    block_m = max(16, triton.next_power_of_2(group))
-    block_q = block_m // group
     num_seqs = seq_lens.shape[0]
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
-    _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
-        scale, num_seqs,
+    cfg = launch_config(num_tokens, num_seqs, group, block_size, head_size, tile)
+    grid_q = num_tokens // cfg["block_q"] + num_seqs
+    head_pad = max(16, triton.next_power_of_2(head_size))
+    max_context = block_tables.shape[1] * block_size
+    if num_splits is None:
+        num_splits = 1
+        if q.is_cuda:
+            num_splits = choose_splits(grid_q * num_kv_heads, max_context, cfg["decode_only"], _sm_count(q.device))
+    max_tiles = -(-max_context // cfg["tile"])
+    tiles_per_split = max(1, -(-max_tiles // num_splits))
+    num_splits = -(-max_tiles // tiles_per_split) if num_splits > 1 else 1
+    if num_splits > 1:
+        part_acc = torch.empty((num_tokens, num_heads, num_splits, head_pad), dtype=torch.float32, device=q.device)
+        part_ml = torch.empty((num_tokens, num_heads, num_splits, 2), dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_ml = out  # unused
+        tiles_per_split = max(max_tiles, 1 << 30)  # never the bound: the context is
+    with on_device(q.device):  # launch on q's GPU, not the thread's current one
+        _launch(q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, scale, cfg, grid_q,
+                num_kv_heads, num_splits, tiles_per_split, head_pad, part_acc, part_ml)
+    return out
+
+
+def _launch(q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, scale, cfg, grid_q,
+            num_kv_heads, num_splits, tiles_per_split, head_pad, part_acc, part_ml):
+    num_tokens, num_heads, head_size = q.shape
+    block_size = k_cache.shape[1]
+    num_seqs = seq_lens.shape[0]
+    group = num_heads // num_kv_heads
+    _paged_attention_kernel[(grid_q, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, part_acc, part_ml,
+        scale * LOG2E, num_seqs, tiles_per_split,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
         out.stride(0), out.stride(1), out.stride(2),
         block_tables.stride(0), block_tables.stride(1),
-        GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m,
-        HEAD_SIZE=head_size, HEAD_PAD=max(16, triton.next_power_of_2(head_size)), BLOCK_SIZE=block_size, TILE=tile,
+        GROUP=group, BLOCK_Q=cfg["block_q"], BLOCK_M=cfg["block_m"],
+        HEAD_SIZE=head_size, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, TILE=cfg["tile"],
+        BLOCKS_PER_TILE=cfg["blocks_per_tile"], NUM_SPLITS=num_splits, NUM_HEADS=num_heads,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"],
     )
-    return out
+    if num_splits > 1:
+        _reduce_splits_kernel[(num_tokens, num_heads)](
+            out, part_acc, part_ml, out.stride(0), out.stride(1), out.stride(2),
+            NUM_HEADS=num_heads, NUM_SPLITS=num_splits, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
+            HEAD_SIZE=head_size, HEAD_PAD=head_pad,
+        )

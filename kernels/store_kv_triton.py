@@ -5,6 +5,8 @@ import torch
 import triton
 import triton.language as tl
 
+from wire.device import on_device
+
 
 @triton.jit
 def _store_kv_kernel(
@@ -40,6 +42,12 @@ def store_kv_triton(key, value, k_cache, v_cache, slot_mapping):
     assert slot_mapping.shape == key.shape[:1] and not slot_mapping.is_floating_point()
     if key.shape[0] == 0:
         return
+    with on_device(k_cache.device):  # launch on the pool's GPU, not the thread's current one
+        _launch(key, value, k_cache, v_cache, slot_mapping)
+
+
+def _launch(key, value, k_cache, v_cache, slot_mapping):
+    num_blocks, block_size, num_kv_heads, head_size = k_cache.shape
     _store_kv_kernel[(key.shape[0],)](
         key, value, k_cache, v_cache, slot_mapping,
         key.stride(0), key.stride(1), key.stride(2),

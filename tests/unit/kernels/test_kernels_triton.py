@@ -1,5 +1,6 @@
 """The Triton kernels against the torch references, under TRITON_INTERPRET=1 on the CPU,
-and compiled ahead of time for an sm_90 GPU (which needs no GPU).
+and compiled ahead of time for an sm_90 GPU (which needs no GPU). The GPU itself, at real
+shapes and in bfloat16, is scripts/gpu_check.py's part 1.
 
 The interpreter has to be switched on before triton is first imported, so each check runs
 in a fresh Python process (this file run as a script) started by its test.
@@ -26,7 +27,7 @@ def run_check(name, **extra):
 
 
 @needs_triton
-@pytest.mark.parametrize("name", ["paged_attention", "store_kv", "copy_blocks"])
+@pytest.mark.parametrize("name", ["paged_attention", "paged_attention_split_decode", "store_kv", "copy_blocks"])
 def test_triton_kernel_matches_reference(name):
     run_check(name, TRITON_INTERPRET="1")
 
@@ -42,25 +43,46 @@ def check_paged_attention():
     from kernels.paged_attention_triton import paged_attention_triton
     from test_kernels_attention import make_batch
 
+    # (seq_len, q_len): decodes, whole prompts, prefill chunks over a prefix, an empty entry
     specs = [(19, 1), (4, 1), (23, 23), (30, 7), (9, 0), (40, 1)]
+    # block size, kv heads, group, dtype, padding, tile, splits. bfloat16 is not here: the
+    # interpreter miscomputes bfloat16 dots (it is compiled below and checked on the GPU).
     cases = [
-        (1, 2, 1, torch.float32, "negative", 32),
-        (8, 1, 3, torch.float32, "random", 16),
-        (16, 1, 8, torch.float32, "negative", 32),
-        (5, 2, 3, torch.float16, "random", 16),
-        (8, 1, 3, torch.bfloat16, "negative", 16),
+        (1, 2, 1, torch.float32, "negative", 32, None),  # per-position block ids (tile > 16 blocks)
+        (8, 1, 3, torch.float32, "random", 16, None),
+        (16, 1, 8, torch.float32, "negative", 32, 2),  # split context, prefill rows too
+        (5, 2, 3, torch.float16, "random", 16, None),  # block size not a power of two
+        (4, 1, 3, torch.float16, "negative", 16, 3),  # split context, 16-bit
+        (8, 2, 4, torch.float32, "negative", None, None),  # host-chosen tile
     ]
-    tolerance = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
-    for block_size, num_kv_heads, group, dtype, padding, tile in cases:
+    tolerance = {torch.float32: 1e-5, torch.float16: 2e-3}
+    for block_size, num_kv_heads, group, dtype, padding, tile, splits in cases:
         args, _, _ = make_batch(specs, block_size, num_kv_heads, group, head_size=8, dtype=dtype,
                                 padding=padding, seed=block_size)
         expected = paged_attention_ref(**args, scale=0.35)
         storage = torch.full((*args["q"].shape[:2], 11), float("nan"), dtype=dtype)
         out = storage[..., :8]
-        paged_attention_triton(**args, scale=0.35, out=out, tile=tile)
+        paged_attention_triton(**args, scale=0.35, out=out, tile=tile, num_splits=splits)
         tol = tolerance[dtype]
         torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
         assert storage[..., 8:].isnan().all()
+
+
+def check_paged_attention_split_decode():
+    """Decode-only batches of few long sequences, as the split-context path sees them: every
+    split count from 1 to more than the context has tiles, GQA 4, float32 and float16."""
+    import torch
+    from kernels.paged_attention_ref import paged_attention_ref
+    from kernels.paged_attention_triton import paged_attention_triton
+    from test_kernels_attention import make_batch
+
+    specs = [(150, 1), (7, 1), (96, 1)]
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
+        args, _, _ = make_batch(specs, 16, 2, 4, head_size=16, dtype=dtype, seed=5)
+        expected = paged_attention_ref(**args, scale=0.25)
+        for splits in (1, 2, 3, 5, 64):
+            out = paged_attention_triton(**args, scale=0.25, tile=16, num_splits=splits)
+            torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
 
 
 def check_store_kv():
@@ -112,11 +134,20 @@ def check_compile():
         compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
         assert compiled.asm["ptx"]
 
-    for dtype, precision in (("fp32", "ieee"), ("bf16", "tf32")):
+    from kernels.paged_attention_triton import _reduce_splits_kernel
+
+    for dtype, precision in (("fp32", "ieee"), ("bf16", "tf32"), ("fp16", "tf32")):
         pointers = {name: "*" + dtype for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
-        pointers.update(block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32", scale="fp32")
-        compile_for_sm90(_paged_attention_kernel, pointers, dict(
-            GROUP=3, BLOCK_Q=5, BLOCK_M=16, HEAD_SIZE=64, HEAD_PAD=64, BLOCK_SIZE=16, TILE=32, DOT_PRECISION=precision))
+        pointers.update(block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32",
+                        part_acc_ptr="*fp32", part_ml_ptr="*fp32", qk_scale="fp32")
+        for block_m, block_q, head, tile, per_tile, splits in ((16, 1, 128, 64, 4, 1), (16, 1, 128, 64, 2, 8),
+                                                              (64, 8, 64, 64, 4, 1), (64, 16, 128, 64, 2, 1)):
+            compile_for_sm90(_paged_attention_kernel, pointers, dict(
+                GROUP=block_m // block_q, BLOCK_Q=block_q, BLOCK_M=block_m, HEAD_SIZE=head, HEAD_PAD=head,
+                BLOCK_SIZE=tile // per_tile, TILE=tile, BLOCKS_PER_TILE=per_tile, NUM_SPLITS=splits,
+                NUM_HEADS=32, DOT_PRECISION=precision))
+        compile_for_sm90(_reduce_splits_kernel, dict(out_ptr="*" + dtype, part_acc_ptr="*fp32", part_ml_ptr="*fp32"),
+                         dict(NUM_HEADS=32, NUM_SPLITS=6, SPLITS_PAD=8, HEAD_SIZE=128, HEAD_PAD=128))
     pointers = {name: "*bf16" for name in ("key_ptr", "value_ptr", "k_ptr", "v_ptr")}
     compile_for_sm90(_store_kv_kernel, dict(pointers, slot_mapping_ptr="*i64"), dict(
         NUM_KV_HEADS=3, HEAD_SIZE=64, HEADS_PAD=4, HEAD_PAD=64, BLOCK_SIZE=16))
