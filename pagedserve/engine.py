@@ -14,6 +14,7 @@ from gateway.batch_loop import BatchLoop
 from gateway.tokenizer import load_tokenizer
 from memsvc.memory_manager import MemoryManager
 from pagedserve.engine_config import EngineConfig
+from wire.device import resolve_device, resolve_dtype
 from wire.protocol import Delta
 from wire.protocol import SamplingParams
 
@@ -42,7 +43,9 @@ class LLMEngine:
         config = config or EngineConfig.of(**settings)
         self.config = config
         ex = config.executor
-        self.executor = Executor(ex.model, dtype=ex.dtype, block_size=ex.block_size)
+        self.device = resolve_device(ex.device)
+        self.dtype = resolve_dtype(ex.dtype, self.device)
+        self.executor = Executor(ex.model, dtype=self.dtype, block_size=ex.block_size, device=self.device)
         info = self.executor.model_info()
         max_len = min(info.max_model_len, ex.max_model_len or info.max_model_len)
         info.max_model_len = max_len
@@ -54,7 +57,7 @@ class LLMEngine:
                                  f"{ex.block_size} tokens")
         self.memory = MemoryManager(config.memsvc.memory_config(
             num_blocks=num_blocks, max_model_len=max_len, num_host_blocks=config.num_host_blocks))
-        self.executor.attach_pool(self.memory.register_executor(info.kv))
+        self.executor.attach_pool(self.memory.register_executor(info.kv, device=self.device))
         self.info = info
         self.tokenizer = load_tokenizer(info.tokenizer_dir)
         self.loop = BatchLoop(self.memory, _FixedInfo(self.executor, info), config.gateway.scheduler(),

@@ -117,23 +117,33 @@ def export_cuda_tensor(tensor: torch.Tensor, gpu_uuid: str) -> CudaIpcHandle:
 
 def allocate_cuda_pool(geometry: KVGeometry, num_blocks: int, gpu_uuid: str
                        ) -> tuple[torch.Tensor, CudaIpcHandle]:
-    """A zeroed pool on the GPU with this UUID, and the handle that exports it."""
-    device = torch.device("cuda", device_index_for_uuid(gpu_uuid))
-    pool = torch.zeros(geometry.pool_shape(num_blocks), dtype=getattr(torch, geometry.dtype),
-                       device=device)
-    torch.cuda.synchronize(device)
-    return pool, export_cuda_tensor(pool, gpu_uuid)
+    """A zeroed pool on the GPU with this UUID, and the handle that exports it. Every CUDA
+    call runs with that GPU current (no context is created on another GPU), and the zeroing
+    is complete before the handle exists."""
+    from wire.device import on_device
+
+    index = device_index_for_uuid(gpu_uuid)
+    device = torch.device("cuda", index)
+    with on_device(device):
+        pool = torch.zeros(geometry.pool_shape(num_blocks), dtype=getattr(torch, geometry.dtype),
+                           device=device)
+        torch.cuda.synchronize(device)
+        return pool, export_cuda_tensor(pool, gpu_uuid)
 
 
 def attach_cuda_pool(handle: CudaIpcHandle) -> torch.Tensor:
-    """Map the pool memsvc exported, on this process's index of the handle's GPU."""
+    """Map the pool memsvc exported, on this process's index of the handle's GPU (made
+    current for the mapping, which also waits on memsvc's IPC event when it sent one)."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
+    from wire.device import on_device
+
     index = device_index_for_uuid(handle.gpu_uuid)
-    return rebuild_cuda_tensor(
-        torch.Tensor, torch.Size(handle.shape), tuple(handle.stride), handle.tensor_offset,
-        torch.UntypedStorage, getattr(torch, handle.dtype), index, handle.storage_handle,
-        handle.storage_size_bytes, handle.storage_offset_bytes, False,
-        handle.ref_counter_handle, handle.ref_counter_offset, handle.event_handle,
-        handle.event_sync_required,
-    )
+    with on_device(torch.device("cuda", index)):
+        return rebuild_cuda_tensor(
+            torch.Tensor, torch.Size(handle.shape), tuple(handle.stride), handle.tensor_offset,
+            torch.UntypedStorage, getattr(torch, handle.dtype), index, handle.storage_handle,
+            handle.storage_size_bytes, handle.storage_offset_bytes, False,
+            handle.ref_counter_handle, handle.ref_counter_offset, handle.event_handle,
+            handle.event_sync_required,
+        )

@@ -17,7 +17,8 @@ def test_defaults_listen_on_loopback():
     m = parse(["memsvc"])
     assert (m.host, m.port, m.policy, m.session_lease, m.kv_tokens) == ("127.0.0.1", 50052, "paged", 10.0, None)
     e = parse(["executor"])
-    assert (e.host, e.port, e.memsvc, e.block_size, e.dtype) == ("127.0.0.1", 50053, "127.0.0.1:50052", 16, "float32")
+    assert (e.host, e.port, e.memsvc, e.block_size, e.dtype, e.device) == (
+        "127.0.0.1", 50053, "127.0.0.1:50052", 16, "auto", "auto")
     g = parse(["gateway"])
     assert (g.host, g.port, g.http_host, g.replica) == ("127.0.0.1", 50051, "127.0.0.1", [])
 

@@ -49,7 +49,12 @@ def test_the_executor_names_its_gpu_to_memsvc_by_uuid(monkeypatch):
     import wire.cuda_ipc
     from executor.server import resolve_device
 
+    import torch
+
     monkeypatch.setattr(wire.cuda_ipc, "gpu_uuids", lambda: list(UUIDS))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(UUIDS))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     assert resolve_device("cpu") == ("cpu", "cpu")
     assert resolve_device("cuda:1") == ("cuda:1", UUIDS[1])
     assert resolve_device("cuda") == ("cuda:0", UUIDS[0])
