@@ -31,7 +31,8 @@ import torch
 from kernels import copy_blocks
 from memsvc import make_allocator
 from memsvc.fair_share import over_share
-from memsvc.host_pool import allocate_host_pool, host_blocks_for, measure_block_copy, timed_copy
+from memsvc.host_pool import (allocate_host_pool, finish_copies, host_blocks_for, measure_block_copy,
+                              timed_copy)
 from memsvc.kv_pool import allocate_pool, num_blocks_for_budget
 from memsvc.preemption_policy import PREEMPTION_MODES, PreemptionPolicy
 from memsvc.sessions import Sessions
@@ -203,6 +204,8 @@ class MemoryManager:
                 pools = (self.pool, self.host_pool) if kind == "out" else (self.host_pool, self.pool)
                 self.policy.costs.observe_copy(j - i, timed_copy(*pools, src, dst))
             i = j
+        if copies:  # complete before Reserve answers: the executor reads from another context
+            finish_copies(self.pool)
 
     def free(self, seq_ids: list[str], session_id: str = "") -> None:
         for seq_id in seq_ids:
