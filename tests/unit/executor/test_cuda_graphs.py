@@ -1,0 +1,92 @@
+"""Decode CUDA graphs: buckets, eligibility, and the static-buffer replay path, with an eager
+stand-in for torch.cuda.CUDAGraph (no GPU here; the GPU run is scripts/gpu_check.py's)."""
+import contextlib
+
+import torch
+
+from executor.attention_metadata import AttentionMetadata
+from executor.cuda_graphs import DecodeGraphs, bucket_for, buckets
+from wire.protocol import SamplingParams, SeqStep, StepBatch
+
+
+def test_buckets():
+    sizes = buckets(256)
+    assert sizes[:8] == [1, 2, 4, 8, 16, 24, 32, 48] and sizes[-1] == 256
+    assert sizes == sorted(set(sizes))
+    assert buckets(5) == [1, 2, 4, 5]
+    assert bucket_for(3, sizes) == 4 and bucket_for(33, sizes) == 48 and bucket_for(257, sizes) is None
+
+
+class EagerGraph:
+    """Records the captured call and runs it again on replay."""
+
+    current = None
+
+    def __init__(self):
+        self.fn = None
+
+    def replay(self):
+        self.fn()
+
+
+def eager_capture(graph):
+    @contextlib.contextmanager
+    def cm():
+        EagerGraph.current = graph
+        yield
+    return cm()
+
+
+def batch(n, start=5):
+    seqs = [SeqStep(seq_id=str(i), token_ids=[10 + i], start_pos=start + i, slot_mapping=[100 + i],
+                    block_table=[i, i + 1] if i % 2 else [i], sample=True, sampling=SamplingParams(), seed=0)
+            for i in range(n)]
+    return StepBatch(seqs=seqs)
+
+
+def test_replay_pads_to_the_bucket_and_returns_the_batch_rows():
+    calls = []
+    pool = torch.zeros(8, 1, 2, 4, 1, 2)
+
+    def raw(input_ids, positions, meta):
+        return torch.stack([input_ids.float(), positions.float(), meta.slot_mapping.float(),
+                            meta.seq_lens.float(), meta.block_tables.float().sum(1)], 1)
+
+    class Model:
+        def __call__(self, input_ids, positions, meta, kv_pool):
+            calls.append(len(input_ids))
+            out = raw(input_ids, positions, meta)
+            graph, EagerGraph.current = EagerGraph.current, None
+            if graph is not None:  # being captured: replay recomputes from the static buffers
+                graph.fn = lambda: out.copy_(raw(input_ids, positions, meta))
+            return out
+
+    graphs = DecodeGraphs(Model(), pool, AttentionMetadata, max_blocks=4, max_batch=8,
+                          graph_cls=EagerGraph, capture=eager_capture, warmup=0)
+    meta = AttentionMetadata.from_batch(batch(3))
+    assert graphs.eligible(meta)
+    hidden = graphs.run(meta)
+    assert calls == [4]  # captured once at bucket 4
+    expected = raw(meta.input_ids, meta.positions, meta)
+    assert torch.equal(hidden, expected)
+    step = graphs.steps[4]
+    assert step.slot_mapping[3] == -1 and step.seq_lens[3] == 1 and step.block_tables[3].sum() == 0
+    meta2 = AttentionMetadata.from_batch(batch(2, start=40))
+    hidden2 = graphs.run(meta2)  # same bucket? 2 -> bucket 2: a new capture
+    assert torch.equal(hidden2, raw(meta2.input_ids, meta2.positions, meta2))
+    meta3 = AttentionMetadata.from_batch(batch(4, start=9))
+    hidden3 = graphs.run(meta3)  # bucket 4 again: replay over new inputs, no capture
+    assert calls == [4, 2] and graphs.replays == 3
+    assert torch.equal(hidden3, raw(meta3.input_ids, meta3.positions, meta3))
+
+
+def test_prefill_and_oversized_steps_are_not_eligible():
+    pool = torch.zeros(8, 1, 2, 4, 1, 2)
+    graphs = DecodeGraphs(lambda *a: None, pool, AttentionMetadata, max_blocks=1, max_batch=2,
+                          graph_cls=EagerGraph, capture=eager_capture)
+    prefill = StepBatch(seqs=[SeqStep(seq_id="a", token_ids=[1, 2], start_pos=0, slot_mapping=[0, 1],
+                                      block_table=[0], sample=True, sampling=SamplingParams(), seed=0)])
+    assert not graphs.eligible(AttentionMetadata.from_batch(prefill))
+    assert not graphs.eligible(AttentionMetadata.from_batch(batch(3)))  # past the largest bucket
+    assert not graphs.eligible(AttentionMetadata.from_batch(batch(2)))  # a table wider than captured
+    assert DecodeGraphs.for_pool(None, None, pool) is None  # CPU pool: no graphs
