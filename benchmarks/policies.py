@@ -14,6 +14,7 @@ import time
 
 from benchmarks.serve_metrics import RequestTiming, summarize
 from benchmarks.workloads import WORKLOADS, poisson_arrivals, sample_lengths
+from wire.device import DEVICE_HELP
 
 POLICIES = ("paged", "contiguous-max", "contiguous-oracle")
 
@@ -114,6 +115,7 @@ def add_parser(sub) -> None:
     p.add_argument("--num-requests", type=int, default=60)
     p.add_argument("--rates", default="1,2,4,8", help="comma-separated request rates (req/s)")
     p.add_argument("--max-model-len", type=int, default=256)
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--reservations", type=int, default=8,
                    help="KV budget = this many maximum-length requests (default: 8)")
     p.add_argument("--latency-bound", type=float, default=0.2, help="normalized latency bound, s/token")
@@ -137,7 +139,7 @@ def run(args) -> int:
     model_dir = None
     for policy in args.policies.split(","):
         engine = LLMEngine(policy=policy, kv_tokens=kv_tokens, max_model_len=args.max_model_len,
-                           prefix_caching=False, max_num_seqs=256)
+                           prefix_caching=False, max_num_seqs=256, device=args.device)
         model_dir = engine.executor.model_dir
         results[policy] = {}
         for rate in rates:

@@ -23,6 +23,7 @@ import os
 import random
 import statistics
 import time
+from wire.device import DEVICE_HELP
 
 SHARING_WIDTHS = (2, 4, 6)
 
@@ -141,7 +142,7 @@ def sharing(args) -> dict:
         beams = [r for r in requests if r.output_len <= args.beam_max_output][:beam_count]
         if beam_count:
             if engine is None:
-                engine = LLMEngine(model=args.model, block_size=args.block_size, kv_tokens=args.kv_tokens,
+                engine = LLMEngine(model=args.model, device=args.device, block_size=args.block_size, kv_tokens=args.kv_tokens,
                                    prefix_caching=False, max_model_len=args.max_model_len)
                 corpus = text_corpus(engine.tokenizer)
             for w in SHARING_WIDTHS:
@@ -165,7 +166,7 @@ def first_token_seconds(engine, prompt: list[int]) -> tuple[float, int]:
 def prefix_caching(args) -> dict:
     from pagedserve.engine import LLMEngine
 
-    engine = LLMEngine(model=args.model, block_size=args.block_size, kv_tokens=args.kv_tokens)
+    engine = LLMEngine(model=args.model, device=args.device, block_size=args.block_size, kv_tokens=args.kv_tokens)
     corpus = text_corpus(engine.tokenizer)
     rng = random.Random(args.seed)
     questions = [window(corpus, rng, rng.randint(16, 32)) for _ in range(args.prefix_requests)]
@@ -199,7 +200,7 @@ def swap_vs_recompute(args) -> dict:
 
     out = {}
     for bs in args.swap_block_sizes:
-        engine = LLMEngine(model=args.model, block_size=bs, kv_tokens=args.kv_tokens,
+        engine = LLMEngine(model=args.model, device=args.device, block_size=bs, kv_tokens=args.kv_tokens,
                            prefix_caching=False, swap_space=args.swap_space)
         corpus = text_corpus(engine.tokenizer)
         rng = random.Random(args.seed)
@@ -219,7 +220,7 @@ def swap_vs_recompute(args) -> dict:
                 for _ in range(args.repeats)]
         alloc.free("victim")
         # serve a few requests in a pool too small for them; auto chooses per victim
-        small = LLMEngine(model=args.model, block_size=bs, kv_tokens=max(4 * bs, args.small_kv_tokens),
+        small = LLMEngine(model=args.model, device=args.device, block_size=bs, kv_tokens=max(4 * bs, args.small_kv_tokens),
                           prefix_caching=False, swap_space=args.swap_space)
         small.generate([window(corpus, rng, 48) for _ in range(6)],
                        SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
@@ -252,6 +253,7 @@ def add_parser(sub) -> None:
     p.add_argument("--parts", default="sharing,prefix,swap", help="comma-separated: sharing,prefix,swap")
     p.add_argument("--model", default=None, help="model directory or .gguf (default: the built-in model)")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--kv-tokens", type=int, default=65536, help="pool size of the real-model engines")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--num-requests", type=int, default=200, help="requests per workload (parallel sampling)")
