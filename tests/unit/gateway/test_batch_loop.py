@@ -116,3 +116,18 @@ def test_stop_token_and_max_len():
     loop.add_request("a", list(range(15)), greedy(10))
     out = run_all(loop)
     assert len(out[("a", 0)]) == 5
+
+
+def test_the_batch_carries_the_pool_of_its_reservation_and_the_loop_knows_each_sequence():
+    loop, mem, ex = make_loop()
+    batches = []
+    execute = ex.execute
+    ex.execute = lambda batch: batches.append(batch) or execute(batch)
+    loop.add_request("a/b", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0, n=2))
+    seen = {}
+    while loop.has_work():
+        seen.update({s: loop.request_of(s) for s in loop.scheduler.seqs})
+        loop.step()
+    assert batches and {b.pool_epoch for b in batches} == {mem.pool_epoch}
+    assert seen == {"a/b/0": "a/b", "a/b/1": "a/b"}
+    assert loop.request_of("a/b/0") is None  # finished: gone

@@ -88,3 +88,13 @@ def test_ids_and_validation():
         a.free("s")
     assert a.num_free_blocks() == 8
     a.check_integrity()
+
+
+def test_only_the_paged_allocator_swaps():
+    from memsvc import make_allocator
+    from memsvc.step_planner import StepPlanner
+
+    for policy, swaps in (("paged", True), ("contiguous-max", False), ("contiguous-oracle", False)):
+        allocator = make_allocator(policy, 16, 4, max_model_len=64, num_host_blocks=8)
+        assert allocator.supports_swap is swaps
+        assert StepPlanner(allocator).can_swap is swaps

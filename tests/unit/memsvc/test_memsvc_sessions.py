@@ -101,3 +101,24 @@ def test_memsvc_admits_no_new_sequence_for_a_session_over_its_share():
     later = mem.reserve(Plan([new("1", 1000)]), session_id="other")  # the other one still starts
     assert [g.seq_id for g in later.grants] == ["1"]
     mem.check_integrity()
+
+
+def test_a_swapped_sequence_comes_back_under_the_session_id():
+    mem = MemoryManager(MemoryConfig(num_blocks=4, num_host_blocks=8, preemption_mode="swap"))
+    mem.register_executor(KVGeometry(1, 1, 1, 4))
+    mem.reserve(Plan([new("a/0", 4, max_len=16), new("b/0", 4, first=50, max_len=16)]), session_id="g")
+    running = [PlanEntry("a/0", [1] * 4, False, 16), PlanEntry("b/0", [2] * 4, False, 16)]
+    mem.reserve(Plan(running), session_id="g")
+    running = [PlanEntry("a/0", [3], False, 16), PlanEntry("b/0", [4], False, 16)]
+    r = mem.reserve(Plan(running), session_id="g")
+    assert [(p.seq_id, p.mode) for p in r.preempted] == [("b/0", "swap")]
+    r = mem.reserve(Plan([PlanEntry("b/0", [4], False, 16)], free=["a/0"]), session_id="g")
+    assert r.resumed == ["b/0"] and [g.seq_id for g in r.grants] == ["b/0"]
+    mem.check_integrity()
+
+
+def test_every_answer_names_the_pool_in_process_too():
+    mem, other = manager(), manager()
+    r = mem.reserve(Plan([new("a/0")]), session_id="g")
+    assert r.pool_epoch == mem.pool_epoch == mem.reserve(Plan([])).pool_epoch
+    assert r.pool_epoch and r.pool_epoch != other.pool_epoch

@@ -4,7 +4,7 @@ import pytest
 from memsvc.memory_manager import MemoryConfig, MemoryManager
 from wire import convert
 from wire.protocol import (
-    Grant, KVGeometry, ModelInfo, Plan, PlanEntry, Preemption, Rejection, ReserveResult,
+    Grant, KVGeometry, ModelInfo, Plan, PlanEntry, PoolStats, Preemption, Rejection, ReserveResult,
     SampleOutput, SamplingParams, SeqStep, StepBatch,
 )
 from wire.v1 import executor_pb2, generation_pb2, memory_pb2
@@ -57,7 +57,8 @@ def test_reserve_result():
     r = ReserveResult(
         grants=[Grant("a/0", 16, 3, [2**40, 5, 6], [1, 7], 16), Grant("b/0", 0, 1, [0], [0])],
         preempted=[Preemption("c/0", "recompute"), Preemption("d/0", "swap")],
-        rejected=[Rejection("e/0", "too long")], waiting=["f/0", "g/0"],
+        rejected=[Rejection("e/0", "too long")], waiting=["f/0", "g/0"], resumed=["h/0"],
+        pool_epoch="0123abcd",
     )
     assert convert.reserve_result_from_proto(wire(convert.reserve_result_to_proto(r))) == r
     assert convert.reserve_result_from_proto(memory_pb2.ReserveResponse()) == ReserveResult([])
@@ -69,7 +70,7 @@ def test_step_batch_shares_sampling():
         SeqStep("a/0", [5, 6], 0, [0, 1], [0], False, a, 7),
         SeqStep("b/0", [8], 3, [40], [2, 9], True, a, 2**63 - 1),
         SeqStep("c/0", [9], 1, [41], [3], True, b, 0, prompt_token_ids=[1, 2], output_token_ids=[3]),
-    ])
+    ], pool_epoch="0123abcd")
     back = convert.batch_from_proto(wire(convert.batch_to_proto(batch)))
     assert back == batch
     assert back.seqs[0].sampling is back.seqs[1].sampling
@@ -93,3 +94,7 @@ def test_stats_from_a_memory_manager():
     assert back.snapshot["blocks_referenced"] == 2
     assert (back.num_sequences, back.num_sessions) == (1, 2)
     assert back.num_preemptions == stats.num_preemptions
+    assert type(stats) is type(back) is PoolStats
+    assert back.preemption == pytest.approx(stats.preemption)
+    own = convert.stats_from_proto(wire(convert.stats_to_proto(stats, 4)))
+    assert (own.num_sequences, own.num_sessions) == (stats.num_sequences, stats.num_sessions) == (1, 0)
