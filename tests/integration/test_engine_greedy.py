@@ -54,7 +54,7 @@ def run(engine, prompt_ids, batched):
 def test_greedy_matches_transformers(default_model_dir, reference, block_size, prefix, batched):
     prompt_ids, expected = reference
     engine = LLMEngine(model=default_model_dir, block_size=block_size, kv_tokens=4096,
-                       enable_prefix_caching=prefix)
+                       prefix_caching=prefix)
     assert run(engine, prompt_ids, batched) == expected
     engine.memory.check_integrity()
     assert engine.memory.stats().snapshot["blocks_referenced"] == 0
@@ -64,7 +64,7 @@ def test_greedy_matches_under_preemption_by_recompute(default_model_dir, referen
     prompt_ids, expected = reference
     longest = max(len(p) for p in prompt_ids) + NEW_TOKENS
     engine = LLMEngine(model=default_model_dir, block_size=4, kv_tokens=2 * longest + 8,
-                       enable_prefix_caching=False)
+                       prefix_caching=False)
     assert run(engine, prompt_ids, batched=True) == expected
     assert engine.loop.scheduler.num_preemptions > 0
     engine.memory.check_integrity()

@@ -78,10 +78,10 @@ def test_prefix_cache_hits_are_counted(stack):
 def test_no_metrics_listener_unless_asked():
     import argparse
 
-    from gateway.main import add_gateway_args, add_reliability_args
-    from pagedserve.service_cmds import add_executor_arguments, add_memsvc_arguments
+    from pagedserve.service_cmds import SERVICES
+    from wire.settings import add_flags
 
-    for add in (add_memsvc_arguments, add_executor_arguments, lambda p: (add_gateway_args(p), add_reliability_args(p))):
+    for cls, _, _ in SERVICES.values():
         p = argparse.ArgumentParser()
-        add(p)
+        add_flags(p, cls)
         assert p.parse_args([]).metrics_port is None

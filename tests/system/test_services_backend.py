@@ -32,13 +32,13 @@ def backend(tmp_path_factory):
     mem_addr, ex_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     procs = []
     try:
-        memsvc = ServiceProcess("memsvc", "memsvc.server", [
-            "--port", mem_addr.split(":")[1], "--kv-tokens", str(KV_TOKENS),
+        memsvc = ServiceProcess("memsvc", "pagedserve.cli", [
+            "memsvc", "--port", mem_addr.split(":")[1], "--kv-tokens", str(KV_TOKENS),
             "--session-lease", str(LEASE), "--shm-name", shm_name], logs)
         procs.append(memsvc)
         memsvc.wait_serving(mem_addr, timeout=60)
-        executor = ServiceProcess("executor", "executor.server", [
-            "--port", ex_addr.split(":")[1], "--memsvc", mem_addr], logs)
+        executor = ServiceProcess("executor", "pagedserve.cli", [
+            "executor", "--port", ex_addr.split(":")[1], "--memsvc", mem_addr], logs)
         procs.append(executor)
         executor.wait_serving(ex_addr)
         memory = RemoteMemoryClient(mem_addr, heartbeat_s=0.5)

@@ -168,12 +168,12 @@ def _listening_hosts(port: int) -> set:
 def test_services_listen_on_loopback_by_default(stack):
     import argparse
 
-    from gateway.main import add_gateway_args
-    from pagedserve.service_cmds import add_executor_arguments, add_memsvc_arguments
+    from pagedserve.service_cmds import SERVICES
+    from wire.settings import add_flags
 
-    for add in (add_memsvc_arguments, add_executor_arguments, add_gateway_args):
+    for cls, _, _ in SERVICES.values():
         p = argparse.ArgumentParser()
-        add(p)
+        add_flags(p, cls)
         assert p.parse_args([]).host == "127.0.0.1"
     for name in ("memsvc", "executor", "gateway", "memsvc_metrics", "executor_metrics", "gateway_metrics"):
         assert _listening_hosts(stack.ports[name]) == {ipaddress.ip_address("127.0.0.1")}, name

@@ -189,7 +189,7 @@ def test_real_model_greedy_is_the_same_whatever_preempts(default_model_dir, one_
     roomy = [o.completions[0].token_ids for o in engine.generate(prompt_ids, sp)]
     for mode in ("swap", "recompute", "auto"):
         engine = LLMEngine(model=default_model_dir, block_size=4, kv_tokens=112,
-                           enable_prefix_caching=False, preemption_mode=mode)
+                           prefix_caching=False, preemption_mode=mode)
         assert [o.completions[0].token_ids for o in engine.generate(prompt_ids, sp)] == roomy, mode
         s = engine.memory.stats().preemption
         assert s["num_swapped_out"] + s["num_recomputed"] == engine.memory.num_preemptions > 0
