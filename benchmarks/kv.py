@@ -11,12 +11,16 @@ import json
 import os
 import random
 
+from executor.config import ExecutorConfig
 from gateway.batch_loop import BatchLoop
+from gateway.config import GatewayConfig
+from memsvc.config import MemsvcConfig
 from gateway.scheduler import SchedulerConfig
 from memsvc import POLICIES, make_allocator
 from memsvc.step_planner import StepPlanner
 from wire.protocol import KVGeometry, ModelInfo, SampleOutput, SamplingParams
 from benchmarks.workloads import WORKLOADS, load_trace, sample_lengths
+from wire.settings import add_flags
 
 _FIELDS = ("token_state", "reserved", "internal_fragmentation", "external_fragmentation", "free")
 _VOCAB = 32000
@@ -98,11 +102,10 @@ def add_parser(sub) -> None:
     p.add_argument("--workload", default="sharegpt", choices=WORKLOADS)
     p.add_argument("--trace", default=None, help="a JSONL trace instead of --workload")
     p.add_argument("--num-requests", type=int, default=300)
-    p.add_argument("--kv-tokens", type=int, default=15700, help="pool size in tokens")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    add_flags(p, MemsvcConfig, only={"kv_tokens"})
+    add_flags(p, ExecutorConfig, only={"block_size", "max_model_len"})
+    add_flags(p, GatewayConfig, only={"max_num_seqs", "max_num_batched_tokens"})
+    p.set_defaults(kv_tokens=15700, max_model_len=2048, max_num_seqs=256, max_num_batched_tokens=4096)
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")

@@ -23,10 +23,12 @@ import time
 
 import grpc
 
+from memsvc.config import MemsvcConfig
 from pagedserve.serve_cmd import free_port
 from pagedserve.supervisor import health_status
 from wire.v1 import generation_pb2 as pb
 from wire.v1 import generation_pb2_grpc as pb_grpc
+from wire.settings import add_flags
 from wire.v1 import memory_pb2, memory_pb2_grpc
 
 CLI = [sys.executable, "-m", "pagedserve.cli"]
@@ -97,7 +99,8 @@ def measured(memsvcs, address, prompts, max_tokens, concurrency) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kv-tokens", type=int, default=4096)
+    add_flags(p, MemsvcConfig, only={"kv_tokens"})
+    p.set_defaults(kv_tokens=4096)
     p.add_argument("--json", default=None)
     p.add_argument("--sections", default="routing,replicas,gateways",
                    help="comma-separated: routing, replicas, gateways (default: all)")

@@ -23,7 +23,10 @@ import os
 import random
 import statistics
 import time
-from wire.device import DEVICE_HELP
+
+from executor.config import ExecutorConfig
+from memsvc.config import MemsvcConfig
+from wire.settings import add_flags
 
 SHARING_WIDTHS = (2, 4, 6)
 
@@ -251,11 +254,9 @@ def add_parser(sub) -> None:
                     "of preemption by swap and by recompute per block size.",
     )
     p.add_argument("--parts", default="sharing,prefix,swap", help="comma-separated: sharing,prefix,swap")
-    p.add_argument("--model", default=None, help="model directory or .gguf (default: the built-in model)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument("--kv-tokens", type=int, default=65536, help="pool size of the real-model engines")
-    p.add_argument("--max-model-len", type=int, default=2048)
+    add_flags(p, ExecutorConfig, only={"model", "block_size", "device", "max_model_len"})
+    add_flags(p, MemsvcConfig, only={"kv_tokens", "swap_space"})
+    p.set_defaults(kv_tokens=65536, max_model_len=2048, swap_space=1.0)  # the real-model engines
     p.add_argument("--num-requests", type=int, default=200, help="requests per workload (parallel sampling)")
     p.add_argument("--beam-requests", type=int, default=6, help="requests per workload (beam search, real model)")
     p.add_argument("--beam-max-output", type=int, default=400,
@@ -265,7 +266,6 @@ def add_parser(sub) -> None:
     p.add_argument("--swap-block-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 16, 32, 64])
     p.add_argument("--seq-len", type=int, default=256, help="tokens of the preempted sequence")
     p.add_argument("--small-kv-tokens", type=int, default=256, help="pool of the served-under-pressure run")
-    p.add_argument("--swap-space", type=float, default=1.0, metavar="GiB")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
