@@ -115,8 +115,7 @@ def add_parser(sub) -> None:
     p.add_argument("--workload", default="alpaca", choices=WORKLOADS)
     p.add_argument("--num-requests", type=int, default=60)
     p.add_argument("--rates", default="1,2,4,8", help="comma-separated request rates (req/s)")
-    add_flags(p, ExecutorConfig, only={"max_model_len", "device"})
-    p.set_defaults(max_model_len=256)
+    add_flags(p, ExecutorConfig, only={"max_model_len", "device"}, defaults={"max_model_len": 256})
     p.add_argument("--reservations", type=int, default=8,
                    help="KV budget = this many maximum-length requests (default: 8)")
     p.add_argument("--latency-bound", type=float, default=0.2, help="normalized latency bound, s/token")

@@ -99,8 +99,7 @@ def measured(memsvcs, address, prompts, max_tokens, concurrency) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_flags(p, MemsvcConfig, only={"kv_tokens"})
-    p.set_defaults(kv_tokens=4096)
+    add_flags(p, MemsvcConfig, only={"kv_tokens"}, defaults={"kv_tokens": 4096})
     p.add_argument("--json", default=None)
     p.add_argument("--sections", default="routing,replicas,gateways",
                    help="comma-separated: routing, replicas, gateways (default: all)")

@@ -254,9 +254,9 @@ def add_parser(sub) -> None:
                     "of preemption by swap and by recompute per block size.",
     )
     p.add_argument("--parts", default="sharing,prefix,swap", help="comma-separated: sharing,prefix,swap")
-    add_flags(p, ExecutorConfig, only={"model", "block_size", "device", "max_model_len"})
-    add_flags(p, MemsvcConfig, only={"kv_tokens", "swap_space"})
-    p.set_defaults(kv_tokens=65536, max_model_len=2048, swap_space=1.0)  # the real-model engines
+    add_flags(p, ExecutorConfig, only={"model", "block_size", "device", "max_model_len"},
+              defaults={"max_model_len": 2048})
+    add_flags(p, MemsvcConfig, only={"kv_tokens", "swap_space"}, defaults={"kv_tokens": 65536, "swap_space": 1.0})
     p.add_argument("--num-requests", type=int, default=200, help="requests per workload (parallel sampling)")
     p.add_argument("--beam-requests", type=int, default=6, help="requests per workload (beam search, real model)")
     p.add_argument("--beam-max-output", type=int, default=400,

@@ -83,9 +83,11 @@ def _env_value(cls, f: dataclasses.Field):
 
 
 def add_flags(parser, cls, *, only: typing.Iterable[str] | None = None,
-              skip_wiring: bool = False, seen: set[str] | None = None) -> None:
+              skip_wiring: bool = False, seen: set[str] | None = None,
+              defaults: dict[str, Any] | None = None) -> None:
     """Add the flags of `cls` to `parser` (or an argument group). `only` limits them to
-    those field names; `seen` (dest names) skips flags already added by another config."""
+    those names; `seen` (names) skips flags already added by another config; `defaults`
+    replaces a default where a command (a benchmark) needs its own."""
     only = set(only) if only is not None else None
     for owner, f in settings_of(cls):
         if (only is not None and dest(f) not in only) or (skip_wiring and f.metadata["wiring"]):
@@ -96,6 +98,8 @@ def add_flags(parser, cls, *, only: typing.Iterable[str] | None = None,
             seen.add(dest(f))
         kind, is_list = _kind(owner, f)
         default = _env_value(owner, f)
+        if defaults and dest(f) in defaults and os.environ.get(env_name(f)) in (None, ""):
+            default = defaults[dest(f)]
         shown = "off" if default is None else default
         if kind is bool:
             shown = "on" if default else "off"
