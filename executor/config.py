@@ -35,6 +35,9 @@ class ExecutorConfig:
                                    "new requests here) and keep running steps until no gateway "
                                    "has called for 2 s, at most this long; 0: stop at once",
                                    metavar="SECONDS")
+    zero_cost: bool = setting(False, "serve a zero-cost stand-in for the model (one fixed token "
+                              "per sequence, nothing computed): for measuring the control plane "
+                              "(pagedserve bench control-plane)")
     metrics_port: int | None = metrics_port_setting()
     health_port: int | None = health_port_setting()
     tls: TlsConfig = field(default_factory=TlsConfig)

@@ -199,12 +199,21 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
 
     from wire.device import on_device, resolve_dtype
 
-    torch_device, memsvc_device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, torch_device)
-    log.info("device %s (%s), dtype %s", torch_device, memsvc_device, dtype)
-    with on_device(torch_device):
-        executor = Executor(config.model, dtype=dtype, block_size=config.block_size,
-                            device=torch_device)
+    if config.zero_cost:
+        from executor.default_model import resolve_model
+        from executor.zero_cost import ZeroCostExecutor
+
+        torch_device, memsvc_device = "cpu", "cpu"
+        executor = ZeroCostExecutor(config.block_size, config.max_model_len or 8192,
+                                    resolve_model(None, progress=False))
+        log.info("zero-cost executor: one fixed token per sequence, no model")
+    else:
+        torch_device, memsvc_device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, torch_device)
+        log.info("device %s (%s), dtype %s", torch_device, memsvc_device, dtype)
+        with on_device(torch_device):
+            executor = Executor(config.model, dtype=dtype, block_size=config.block_size,
+                                device=torch_device)
     info = executor.model_info()
     if config.max_model_len:
         info.max_model_len = min(info.max_model_len, config.max_model_len)

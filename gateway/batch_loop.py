@@ -44,6 +44,23 @@ class _RequestState:
     sampling: SamplingParams | None = None  # as the request asked
 
 
+@dataclass
+class StepTimes:
+    """Wall seconds the loop spent per phase, summed over `steps` (perf_counter, cheap
+    enough to stay on): scheduling (plan, applying memsvc's answer), Reserve (and forks:
+    the wire and memsvc), Execute (the wire and the executor) and outputs (applying the
+    tokens, detokenizing, stop rules, deltas)."""
+
+    steps: int = 0
+    schedule: float = 0.0
+    reserve: float = 0.0
+    execute: float = 0.0
+    output: float = 0.0
+
+    def clear(self) -> None:
+        self.steps, self.schedule, self.reserve, self.execute, self.output = 0, 0.0, 0.0, 0.0, 0.0
+
+
 class BatchLoop:
     def __init__(self, memory: MemoryClient, executor: ExecutorClient, config: SchedulerConfig,
                  tokenizer=None):
@@ -55,6 +72,7 @@ class BatchLoop:
         self.requests: dict[str, _RequestState] = {}
         self.num_steps = 0
         self._last_step = (0, 0.0)  # tokens computed, executor seconds
+        self.times = StepTimes()
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     *, priority: int = 0, final_len: int | None = None, salt: str | None = None,
@@ -111,26 +129,38 @@ class BatchLoop:
         return seq.request_id if seq is not None else None
 
     def step(self) -> list[Delta]:
+        clock, times = time.perf_counter, self.times
+        t0 = clock()
         plan = self.scheduler.plan()
         if not plan.entries and not plan.free:
             return []
         plan.step_tokens, plan.step_seconds = self._last_step
         self._last_step = (0, 0.0)
+        t1 = clock()
         result = self.memory.reserve(plan)
+        t2 = clock()
         batch, rejected = self.scheduler.on_reserved(result)
         deltas = [self._rejected(seq) for seq in rejected]
+        t3 = clock()
+        times.steps += 1
+        times.schedule += (t1 - t0) + (t3 - t2)
+        times.reserve += t2 - t1
         if not batch.seqs:
             stuck = not (plan.free or result.preempted or result.rejected)  # the next try is the same
             if stuck and not self.scheduler.release_idle_beams():
                 raise RuntimeError("scheduler stalled: requests wait but nothing can run")
             return [d for d in deltas if d]
-        start = time.perf_counter()
         outputs = self.executor.execute(batch)
-        self._last_step = (sum(len(s.token_ids) for s in batch.seqs), time.perf_counter() - start)
+        t4 = clock()
+        self._last_step = (sum(len(s.token_ids) for s in batch.seqs), t4 - t3)
+        times.execute += t4 - t3
         self.num_steps += 1
         updates = self.scheduler.on_sampled(batch, outputs)
+        t5 = clock()
         for parent, child in self.scheduler.take_forks():
             self.memory.fork(parent, child)
+        t6 = clock()
+        times.reserve += t6 - t5
         for update in updates:
             if isinstance(update, BeamDone):
                 deltas.extend(self._beam_done(update))
@@ -138,6 +168,7 @@ class BatchLoop:
             delta = self._apply(update)
             if delta is not None:
                 deltas.append(delta)
+        times.output += (t5 - t4) + (clock() - t6)
         return [d for d in deltas if d]
 
     def _apply(self, update: SeqUpdate) -> Delta | None:

@@ -1,0 +1,134 @@
+"""`pagedserve bench control-plane`: what the services cost per step when the model costs nothing.
+
+memsvc and a zero-cost executor (`pagedserve executor --zero-cost`: one fixed token per
+sequence, nothing computed) run as real processes; the gateway's batching loop runs here
+over its gRPC clients (with the step retry around them, as in the gateway). Each batch size
+B submits B requests at once (`--input-len` prompt tokens, `--output-len` output tokens,
+ignore_eos, max_num_seqs = B), after one warm-up round, and reports milliseconds per step
+split into gateway scheduling, Reserve (wire + memsvc, forks included), Execute (wire +
+the executor's bookkeeping) and output handling (tokens applied, detokenized, deltas).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+
+from wire.protocol import SamplingParams
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("control-plane", help="per-step cost of the gateway loop, memsvc and the wire "
+                       "with a zero-cost executor", description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch-sizes", default="64,256,1024", help="comma-separated batch sizes")
+    p.add_argument("--input-len", type=int, default=32, help="prompt tokens per request")
+    p.add_argument("--output-len", type=int, default=64, help="output tokens per request")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="memsvc without the prefix cache")
+    p.add_argument("--serial", action="store_true",
+                   help="the serial loop even where the gateway would overlap steps")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object keyed by batch size, nothing else")
+    p.add_argument("--out", default="bench_results/control_plane.json", help="JSON results file")
+    p.set_defaults(run=run)
+
+
+def start_services(block_size: int, kv_tokens: int, prefix_caching: bool = True):
+    """memsvc and a zero-cost executor as processes under a Supervisor (started)."""
+    from executor.config import ExecutorConfig
+    from memsvc.config import MemsvcConfig
+    from pagedserve.serve_cmd import free_port
+    from pagedserve.supervisor import ServiceSpec, Supervisor
+    from wire.settings import to_argv
+
+    cli = [sys.executable, "-m", "pagedserve.cli"]
+    m = MemsvcConfig(port=free_port(), kv_tokens=kv_tokens, prefix_caching=prefix_caching,
+                     preemption_mode="recompute")
+    e = ExecutorConfig(port=free_port(), memsvc=f"127.0.0.1:{m.port}", block_size=block_size,
+                       zero_cost=True, max_model_len=8192)
+    sup = Supervisor([
+        ServiceSpec("memsvc", cli + ["memsvc", *to_argv(m)], f"127.0.0.1:{m.port}",
+                    shm_patterns=["/dev/shm/pagedserve-kv-{pid}-*"]),
+        ServiceSpec("executor", cli + ["executor", *to_argv(e)], f"127.0.0.1:{e.port}"),
+    ], log=lambda *a: None)
+    sup.start()
+    return sup, f"127.0.0.1:{m.port}", f"127.0.0.1:{e.port}"
+
+
+def build_loop(memsvc: str, executor: str, batch: int, input_len: int, serial: bool = False):
+    """The gateway's loop over the services (retry wrapper and all), with the tokenizer."""
+    from gateway.batch_loop import BatchLoop
+    from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
+    from gateway.scheduler import SchedulerConfig
+    from gateway.step_retry import StepRetry
+    from gateway.tokenizer import load_tokenizer
+
+    ex = RemoteExecutorClient(executor)
+    mem = RemoteMemoryClient(memsvc)
+    info = ex.model_info()
+    retry = StepRetry(mem, ex)
+    config = SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * input_len))
+    if serial and hasattr(config, "overlap"):
+        config = dataclasses.replace(config, overlap=False)
+    loop = BatchLoop(retry.memory, retry.executor, config, load_tokenizer(info.tokenizer_dir))
+    return loop, (mem, ex)
+
+
+def measure(loop, batch: int, input_len: int, output_len: int, tag: str) -> dict:
+    sampling = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    vocab = loop.info.vocab_size
+    for i in range(batch):  # fresh prompts: nothing from the prefix cache
+        prompt = [(hash((tag, i, j)) % (vocab - 1000)) + 500 for j in range(input_len)]
+        loop.add_request(f"{tag}-{i}", prompt, sampling)
+    loop.times.clear()
+    t0 = time.perf_counter()
+    tokens = 0
+    while loop.has_work():
+        tokens += sum(len(d.token_ids) for d in loop.step())
+    seconds = time.perf_counter() - t0
+    t = loop.times
+    steps = max(t.steps, 1)
+    if tokens != batch * output_len:
+        raise RuntimeError(f"{tokens} tokens came out, {batch * output_len} expected")
+    return {"ms_per_step": 1e3 * seconds / steps, "schedule_ms": 1e3 * t.schedule / steps,
+            "reserve_ms": 1e3 * t.reserve / steps, "execute_ms": 1e3 * t.execute / steps,
+            "output_ms": 1e3 * t.output / steps, "steps": t.steps, "output_tokens": tokens}
+
+
+def run(args) -> int:
+    sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+    biggest = max(sizes)
+    per_seq = args.input_len + args.output_len
+    kv_tokens = (biggest * (-(-per_seq // args.block_size)) + 64) * args.block_size
+    sup, memsvc, executor = start_services(args.block_size, kv_tokens, not args.no_prefix_caching)
+    results: dict[str, dict] = {}
+    try:
+        for batch in sizes:
+            loop, clients = build_loop(memsvc, executor, batch, args.input_len, args.serial)
+            measure(loop, min(batch, 64), args.input_len, 8, f"warm{batch}")
+            results[str(batch)] = measure(loop, batch, args.input_len, args.output_len, f"b{batch}")
+            close = getattr(loop, "close", None)
+            if close:
+                close()
+            for c in clients:
+                c.close()
+    finally:
+        sup.stop()
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print(f"control plane: zero-cost executor, {args.input_len} in / {args.output_len} out, "
+              f"all requests at once ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f})")
+        print(f"{'batch':>6} {'ms/step':>8} {'schedule':>9} {'reserve':>8} {'execute':>8} {'output':>7}")
+        for batch, r in results.items():
+            print(f"{batch:>6} {r['ms_per_step']:8.2f} {r['schedule_ms']:9.2f} {r['reserve_ms']:8.2f} "
+                  f"{r['execute_ms']:8.2f} {r['output_ms']:7.2f}")
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"input_len": args.input_len, "output_len": args.output_len,
+                       "load": os.getloadavg()[0], "results": results}, f, indent=1)
+    return 0
