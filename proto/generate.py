@@ -1,7 +1,7 @@
 """Regenerate the gRPC stubs in wire/v1/ from proto/wire/v1/*.proto.
 
 Run from anywhere: `python proto/generate.py` (or pass an output root, for the staleness
-test). The stubs are committed; tests/test_proto_stubs.py fails when they are stale.
+test). The stubs are committed; tests/unit/wire/test_proto_stubs.py fails when they are stale.
 """
 from __future__ import annotations
 
