@@ -34,10 +34,17 @@ class GatewayConfig:
     max_num_seqs: int = setting(64, "sequences per step")
     max_num_batched_tokens: int = setting(2048, "tokens per step; longer prompts are prefilled "
                                           "in chunks")
-    max_waiting: int = setting(0, "refuse a request (RESOURCE_EXHAUSTED, HTTP 429) while N "
+    max_waiting: int = setting(1024, "refuse a request (RESOURCE_EXHAUSTED, HTTP 429) while N "
                                "sequences wait for a step; 0: no bound", metavar="N")
+    max_request_bytes: int = setting(4 << 20, "largest request either API accepts: a gRPC message "
+                                     "(RESOURCE_EXHAUSTED) or an HTTP body (413)", metavar="BYTES")
     http_host: str = setting("127.0.0.1", "address of the OpenAI-compatible HTTP API")
-    http_port: int = setting(8000, "port of the OpenAI-compatible HTTP API, 0 to turn it off")
+    http_port: int = setting(8000, "port of the OpenAI-compatible HTTP API (also serves /metrics), "
+                             "0 to turn it off; with --tls-cert it is HTTPS")
+    metrics_upstream: list[str] = setting([], "another service's Prometheus endpoint to include in "
+                                          "the HTTP API's /metrics, each sample labelled "
+                                          "service=NAME (serve sets memsvc's and the executor's)",
+                                          metavar="NAME=URL", wiring=True)
     api_key: str | None = setting(None, "require this key from clients on both APIs, as "
                                   "'Authorization: Bearer KEY' (off: no key)", secret=True)
     step_retry_timeout: float = setting(60.0, "keep retrying a step while memsvc or the executor "
@@ -52,12 +59,25 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.max_waiting < 0:
             raise ValueError(f"--max-waiting must be >= 0, got {self.max_waiting}")
+        if self.max_request_bytes < 1024:
+            raise ValueError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
+        self.upstreams()
         self.scheduler()
         self.replica_addresses()
 
     def scheduler(self) -> SchedulerConfig:
         return SchedulerConfig(max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens)
+
+    def upstreams(self) -> list[tuple[str, str]]:
+        """The (name, url) pairs of --metrics-upstream."""
+        pairs = []
+        for item in self.metrics_upstream:
+            name, sep, url = item.partition("=")
+            if not sep or not name or not url.startswith(("http://", "https://")):
+                raise ValueError(f"--metrics-upstream wants NAME=http://HOST:PORT/metrics, got {item!r}")
+            pairs.append((name, url))
+        return pairs
 
     def replica_addresses(self) -> list[tuple[str, str]]:
         """The (memsvc, executor) pairs of --replica; [] when none."""

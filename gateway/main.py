@@ -78,7 +78,8 @@ async def serve(config: GatewayConfig) -> int:
     gateway = Gateway(lambda: connect_remote(config.memsvc, config.executor, tls), config.scheduler(),
                       host=config.host, port=config.port, max_waiting=config.max_waiting,
                       step_retry_s=config.step_retry_timeout, api_key=config.api_key or None,
-                      credentials=tls.server_credentials(require_client_cert=False))
+                      credentials=tls.server_credentials(require_client_cert=False),
+                      max_message_bytes=config.max_request_bytes)
     if config.replica or config.discover:
         gateway.connect = replica_set(config, gateway.service, tls)
     try:
@@ -102,13 +103,17 @@ async def serve(config: GatewayConfig) -> int:
 
         try:
             http = await start_openai(gateway, config.http_host, config.http_port, config.api_key,
-                                      grace=config.shutdown_grace)
+                                      grace=config.shutdown_grace, tls=tls,
+                                      max_body_bytes=config.max_request_bytes,
+                                      metrics_upstreams=config.upstreams())
         except OSError as e:
             log.error("cannot listen on %s:%d (HTTP): %s", config.http_host, config.http_port, e)
             await gateway.stop(grace=0)
             return 1
-        log.info("OpenAI-compatible HTTP API on http://%s:%d/v1%s", config.http_host, http.port,
-                 " (API key required)" if config.api_key else "")
+        scheme = "https" if tls.cert else "http"
+        log.info("OpenAI-compatible HTTP API on %s://%s:%d/v1%s, metrics on %s://%s:%d/metrics",
+                 scheme, config.http_host, http.port, " (API key required)" if config.api_key else "",
+                 scheme, config.http_host, http.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

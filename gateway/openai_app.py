@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP API as a Starlette app over a running gRPC Gateway.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (streaming or not), GET /v1/models,
-GET /v1/models/{model}, GET /health (200 once the backend answers, 503 before and while
-it recovers). The app shares the Gateway's StepRunner, so HTTP and gRPC requests are
+GET /v1/models/{model}, POST /tokenize, POST /detokenize, GET /health (200 once the backend
+answers, 503 before and while it recovers), GET /metrics (Prometheus: the gateway's and its
+upstreams', gateway.metrics_proxy; no API key, like /health). The app shares the Gateway's StepRunner, so HTTP and gRPC requests are
 batched together.
 
 Contract:
@@ -14,12 +15,15 @@ Contract:
   event and `data: [DONE]`.
 - 429 when the gateway's waiting queue is full (`--max-waiting`); without a bound,
   requests wait for KV blocks. 429 and 503 carry Retry-After.
+- 413 for a body over `max_body_bytes` (`--max-request-bytes`, as the gRPC API's limit),
+  told by Content-Length or counted while reading.
 - A client that disconnects, streaming or not, has its sequences aborted before the
   next step; their blocks are freed by the next reserve.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 
@@ -29,12 +33,36 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from gateway.metrics_proxy import CONTENT_TYPE, ReplicaMetrics
 from gateway.openai_errors import OpenAIError, bad_request, model_not_found, unavailable
-from gateway.openai_request import parse_chat, parse_completion
+from gateway.openai_request import parse_chat, parse_completion, tokenize_body
 from gateway.openai_response import DONE, Formatter, sse
 from gateway.openai_run import Run
 
 CLIENT_CLOSED = 499
+MAX_BODY_BYTES = 4 << 20
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The request's JSON object body; OpenAIError 413 past `limit` bytes, 400 if not JSON."""
+    too_large = OpenAIError(413, f"the request body exceeds {limit} bytes (--max-request-bytes)",
+                            code="request_too_large")
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError):
+        raise bad_request("the request body is not valid JSON", None) from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object", None)
+    return body
 
 
 def error_response(e: OpenAIError) -> JSONResponse:
@@ -75,18 +103,24 @@ async def _unless_disconnected(request: Request, coro):
 
 
 class OpenAIApi:
-    def __init__(self, gateway, api_key: str | None = None):
+    def __init__(self, gateway, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+                 metrics_upstreams: list[tuple[str, str]] | None = None):
         self.gateway = gateway
         self.api_key = api_key or None
+        self.max_body_bytes = max_body_bytes
+        self.metrics = ReplicaMetrics(gateway.service.metrics.registry, metrics_upstreams)
         self.created = int(time.time())
 
     def app(self) -> Starlette:
         routes = [
             Route("/health", self.health),
+            Route("/metrics", self.prometheus),
             Route("/v1/models", self.models),
             Route("/v1/models/{model:path}", self.model),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
         ]
         return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
 
@@ -98,6 +132,9 @@ class OpenAIApi:
         if self.serving():
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable"}, status_code=503)
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(await self.metrics.render(), media_type=CONTENT_TYPE)
 
     async def models(self, request: Request) -> Response:
         try:
@@ -116,6 +153,39 @@ class OpenAIApi:
         except OpenAIError as e:
             return error_response(e)
 
+    async def tokenize(self, request: Request) -> Response:
+        """{prompt} or {messages}: the token ids the completions or chat API would use
+        ({"count", "max_model_len", "tokens"}); `add_special_tokens` (prompt only, default
+        false as in completions), `add_generation_prompt` (messages, default true)."""
+        try:
+            self._authorize(request)
+            service = self._service()
+            body = await read_json(request, self.max_body_bytes)
+            _check_model(body, service.info)
+            tokens = tokenize_body(body, service.backend.tokenizer)
+            return JSONResponse({"count": len(tokens), "max_model_len": service.info.max_model_len,
+                                 "tokens": tokens})
+        except OpenAIError as e:
+            return error_response(e)
+
+    async def detokenize(self, request: Request) -> Response:
+        """{tokens: [ids]} -> {"prompt": text}."""
+        try:
+            self._authorize(request)
+            service = self._service()
+            body = await read_json(request, self.max_body_bytes)
+            _check_model(body, service.info)
+            tokens = body.get("tokens")
+            if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                       and 0 <= t < service.info.vocab_size for t in tokens):
+                raise bad_request(f"tokens must be a list of token ids in [0, {service.info.vocab_size})",
+                                  "tokens")
+            if service.backend.tokenizer is None:
+                raise bad_request("this model has no tokenizer", "tokens")
+            return JSONResponse({"prompt": service.backend.tokenizer.decode(tokens)})
+        except OpenAIError as e:
+            return error_response(e)
+
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, parse_completion)
 
@@ -127,14 +197,11 @@ class OpenAIApi:
         try:
             self._authorize(request)
             service = self._service()
-            try:
-                body = await request.json()
-            except (ValueError, UnicodeDecodeError):
-                raise bad_request("the request body is not valid JSON", None) from None
-            if not isinstance(body, dict):
-                raise bad_request("the request body must be a JSON object", None)
+            body = await read_json(request, self.max_body_bytes)
             req = parse(body, service.info, service.backend.tokenizer)
-            run = Run(service.runner, req.prompts, req.sampling, "messages" if req.chat else "prompt")
+            run = Run(service.runner, req.prompts, req.sampling, "messages" if req.chat else "prompt",
+                      priority=req.priority, salt=req.cache_salt, telemetry=service.telemetry,
+                      model=service.info.name, headers=list(request.headers.items()))
             await run.start()
             fmt = Formatter(req, service.backend.tokenizer)
             first = await _unless_disconnected(request, run.next_batch())
@@ -203,12 +270,19 @@ class OpenAIApi:
                 "max_model_len": info.max_model_len}
 
 
+def _check_model(body: dict, info) -> None:
+    model = body.get("model")
+    if model not in (None, "") and model != info.name:
+        raise model_not_found(str(model), info.name)
+
+
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on "
                f"{request.url.path}"}.get(exc.status_code, str(exc.detail))
     return error_response(OpenAIError(exc.status_code, message, code=str(exc.status_code)))
 
 
-def build_app(gateway, api_key: str | None = None) -> Starlette:
-    return OpenAIApi(gateway, api_key).app()
+def build_app(gateway, api_key: str | None = None, **options) -> Starlette:
+    """`options`: max_body_bytes, metrics_upstreams (OpenAIApi)."""
+    return OpenAIApi(gateway, api_key, **options).app()
 

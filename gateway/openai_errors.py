@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-         405: "invalid_request_error", 429: "rate_limit_error"}
+         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
 
 @dataclass

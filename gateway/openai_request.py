@@ -21,7 +21,7 @@ from wire.protocol import ModelInfo, SamplingParams
 
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")
 BEAM_FIELDS = ("beam_width", "length_penalty", "early_stopping")
-REFUSED = ("suffix", "echo", "logit_bias", "tools", "functions", "audio")
+REFUSED = ("suffix", "logit_bias", "tools", "functions", "audio")
 
 
 @dataclass
@@ -33,13 +33,35 @@ class OpenAIRequest:
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
+    echo: bool = False  # completions: each choice's text starts with its prompt
+    prompt_texts: list[str] = dataclasses.field(default_factory=list)  # with echo
+    priority: int = 0  # lower runs first (the scheduler's queue order)
+    cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share
 
 
 def parse_completion(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
     _check_common(body, info)
     prompts = _completion_prompts(body.get("prompt"), tokenizer)
     sampling = _sampling(body, info, chat=False, default_max_tokens=16)
-    return _finish(body, info, False, prompts, sampling)
+    req = _finish(body, info, False, prompts, sampling)
+    req.echo = _get(body, "echo", bool, False)
+    if req.echo:
+        if sampling.logprobs is not None:
+            raise bad_request("echo with logprobs is not supported (prompt logprobs are not "
+                              "computed)", "echo")
+        if sampling.beam_search:
+            raise bad_request("echo is not supported with beam search", "echo")
+        prompt = body.get("prompt")
+        texts = [prompt] if isinstance(prompt, str) else prompt if all(isinstance(p, str) for p in prompt) \
+            else None
+        req.prompt_texts = texts or [_decode(p, tokenizer) for p in prompts]
+    return req
+
+
+def _decode(ids: list[int], tokenizer) -> str:
+    if tokenizer is None:
+        raise bad_request("echo of token-id prompts needs the model's tokenizer", "echo")
+    return tokenizer.decode(ids)
 
 
 def parse_chat(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
@@ -49,6 +71,37 @@ def parse_chat(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
     prompt = _chat_prompt(body.get("messages"), tokenizer)
     sampling = _sampling(body, info, chat=True, default_max_tokens=max(info.max_model_len - len(prompt), 1))
     return _finish(body, info, True, [prompt], sampling)
+
+
+def tokenize_body(body: dict, tokenizer) -> list[int]:
+    """The tokens of a /tokenize body: {prompt} as completions tokenize it, or {messages}
+    rendered by the chat template as chat does."""
+    if tokenizer is None:
+        raise bad_request("this model has no tokenizer", None)
+    if body.get("messages") is not None:
+        turns = _chat_turns(body.get("messages"))
+        if not _get(body, "add_generation_prompt", bool, True):
+            try:
+                return list(tokenizer.apply_chat_template(turns, add_generation_prompt=False,
+                                                          tokenize=True, return_dict=False))
+            except Exception as e:
+                raise bad_request(f"messages: the chat template refused them: {e}", "messages") from None
+        return _chat_prompt(body.get("messages"), tokenizer)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise bad_request("send prompt (a string) or messages", "prompt")
+    return list(tokenizer.encode(prompt, add_special_tokens=_get(body, "add_special_tokens", bool, False)))
+
+
+def _chat_turns(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
+    turns = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad_request(f"messages[{i}] must be an object with a string role", f"messages[{i}]")
+        turns.append({"role": m["role"], "content": _content(m.get("content"), i)})
+    return turns
 
 
 def _check_common(body: dict, info: ModelInfo) -> None:
@@ -71,7 +124,12 @@ def _finish(body: dict, info: ModelInfo, chat: bool, prompts, sampling) -> OpenA
         raise bad_request("stream_options must be an object", "stream_options")
     include_usage = _get(options or {}, "include_usage", bool, False, "stream_options.include_usage")
     user = _get(body, "user", str, None)
-    return OpenAIRequest(chat, info.name, prompts, sampling, stream, include_usage, user)
+    priority = _get(body, "priority", int, 0)
+    if not -2 ** 31 <= priority < 2 ** 31:
+        raise bad_request("priority must fit in 32 bits", "priority")
+    salt = _get(body, "cache_salt", str, None)
+    return OpenAIRequest(chat, info.name, prompts, sampling, stream, include_usage, user,
+                         priority=priority, cache_salt=salt or None)
 
 
 def _completion_prompts(prompt, tokenizer) -> list[list[int]]:

@@ -36,6 +36,7 @@ class Choice:
     prompt: int = 0  # index of its prompt
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    echo_pending: bool = False  # streaming with echo: the prompt text is not sent yet
 
 
 @dataclass
@@ -56,7 +57,12 @@ class Formatter:
 
     def add(self, index: int, d: Delta) -> Choice:
         """Account for a delta of choice `index` (text, logprobs, finish, usage)."""
-        c = self.choices.setdefault(index, Choice(prompt=index // self.request.sampling.n))
+        c = self.choices.get(index)
+        if c is None:
+            c = self.choices[index] = Choice(prompt=index // self.request.sampling.n)
+            if self.request.echo:
+                c.text = self.request.prompt_texts[c.prompt]
+                c.echo_pending = True
         c.text += d.text
         c.finish_reason = d.finish_reason or c.finish_reason
         c.completion_tokens = d.completion_tokens
@@ -88,7 +94,10 @@ class Formatter:
             choice = {"index": index, "delta": delta, "logprobs": logprobs,
                       "finish_reason": d.finish_reason}
         else:
-            choice = {"index": index, "text": d.text, "logprobs": logprobs,
+            text = d.text
+            if c.echo_pending:
+                text, c.echo_pending = self.request.prompt_texts[c.prompt] + text, False
+            choice = {"index": index, "text": text, "logprobs": logprobs,
                       "finish_reason": d.finish_reason}
         return [sse(self._chunk([choice]))]
 

@@ -1,4 +1,4 @@
-"""uvicorn serving the OpenAI app inside the gateway's running (uvloop) event loop.
+"""uvicorn serving the OpenAI app (HTTP or HTTPS) inside the gateway's running (uvloop) event loop.
 
 Contract: `start()` binds host:port (OSError if it cannot; port 0 picks a free one), starts
 serving as a task of the current loop and returns the bound port. uvicorn installs no
@@ -26,9 +26,11 @@ class _Server(uvicorn.Server):
 
 
 class HttpServer:
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 8000, grace: float = 2.0):
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 8000, grace: float = 2.0,
+                 tls_cert: str | None = None, tls_key: str | None = None):
         config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=grace)
+                                timeout_graceful_shutdown=grace, ssl_certfile=tls_cert,
+                                ssl_keyfile=tls_key)
         self.server = _Server(config)
         self.host = host
         self.port = port
@@ -65,8 +67,11 @@ class HttpServer:
 
 
 async def start_openai(gateway, host: str, port: int, api_key: str | None = None,
-                       grace: float = 2.0) -> HttpServer:
-    """Serve the OpenAI API of `gateway` (a gateway.server.Gateway) on host:port."""
-    server = HttpServer(build_app(gateway, api_key), host, port, grace)
+                       grace: float = 2.0, tls=None, **options) -> HttpServer:
+    """Serve the OpenAI API of `gateway` (a gateway.server.Gateway) on host:port; HTTPS with
+    `tls` (a wire.tls.TlsConfig with a certificate: the gRPC API's own --tls-cert/--tls-key;
+    clients are not asked for certificates). `options` go to gateway.openai_app.OpenAIApi."""
+    cert, key = (tls.cert, tls.key) if tls is not None and tls.cert else (None, None)
+    server = HttpServer(build_app(gateway, api_key, **options), host, port, grace, cert, key)
     await server.start()
     return server

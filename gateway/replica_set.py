@@ -61,6 +61,7 @@ class Routed:
     sampling: Any
     sink: Callable
     priority: int
+    salt: str | None = None
     replica: Replica | None = None
     attempt: int = 0
     emitted: dict[int, int] = field(default_factory=dict)  # tokens streamed, per completion
@@ -199,9 +200,9 @@ class ReplicaSet:
         return [r for r in self.replicas if r.up and not r.draining]
 
     # -- the StepRunner face ------------------------------------------------------------------------
-    def submit(self, request_id: str, prompt_token_ids: list[int], sampling, sink, priority: int = 0
-               ) -> Future:
-        routed = Routed(request_id, list(prompt_token_ids), sampling, sink, priority)
+    def submit(self, request_id: str, prompt_token_ids: list[int], sampling, sink, priority: int = 0,
+               salt: str | None = None) -> Future:
+        routed = Routed(request_id, list(prompt_token_ids), sampling, sink, priority, salt)
         with self._lock:
             self._requests[request_id] = routed
             up = self.routable()
@@ -210,7 +211,7 @@ class ReplicaSet:
                 done: Future = Future()
                 done.set_result(None)
                 return done
-            route = self.router.choose(up, routed.prompt)
+            route = self.router.choose(up, routed.prompt, salt=routed.salt)
             self._record(request_id, route)
             done = self._submit_to(routed, route.replica)
         done.add_done_callback(lambda f: f.exception() is not None and self._forget(routed))
@@ -258,7 +259,8 @@ class ReplicaSet:
         routed.seen = {}
         attempt = routed.attempt
         return replica.runner.submit(routed.request_id, routed.prompt, routed.sampling,
-                                     lambda item: self._deliver(routed, attempt, item), routed.priority)
+                                     lambda item: self._deliver(routed, attempt, item), routed.priority,
+                                     **({"salt": routed.salt} if routed.salt is not None else {}))
 
     def _place(self, routed: Routed, reason: str) -> None:
         """Submit a request again on a replica that takes requests (or keep it until one does)."""
@@ -271,7 +273,7 @@ class ReplicaSet:
                 routed.replica = None
                 self._stranded.append(routed)
             return
-        route = self.router.choose(up, routed.prompt, reason)
+        route = self.router.choose(up, routed.prompt, reason, salt=routed.salt)
         log.info("request %s moves to replica %s", routed.request_id, route.replica.name)
         done = self._submit_to(routed, route.replica)
         done.add_done_callback(lambda f: f.exception() and self._deliver(routed, routed.attempt,

@@ -63,12 +63,13 @@ class Router:
     def load(self, replica) -> float:
         return replica.index.kv_usage() + replica.queued() / self.max_num_seqs
 
-    def choose(self, replicas: Sequence, prompt: list[int], reason: str | None = None) -> Route:
-        """The replica for `prompt` among `replicas` (all up, at least one)."""
+    def choose(self, replicas: Sequence, prompt: list[int], reason: str | None = None,
+               salt: str | None = None) -> Route:
+        """The replica for `prompt` (under cache `salt`) among `replicas` (all up, at least one)."""
         if not replicas:
             raise LookupError("no replica is up")
         turn = next(self._turn)
-        keys = prompt_block_keys(prompt, self.block_size,
+        keys = prompt_block_keys(prompt, self.block_size, salt,
                                  max_blocks=cacheable_blocks(len(prompt), self.block_size))
         if self.policy == "round-robin":
             replica = replicas[turn % len(replicas)]

@@ -143,13 +143,13 @@ class GenerationService(pb_grpc.GenerationServicer):
     async def Generate(self, request, context):
         async for r in self._guarded(context, lambda: generate_prompt(request, self._tokenizer()),
                                      request.model, request.sampling, request.priority,
-                                     request.request_id, "text_completion"):
+                                     request.request_id, "text_completion", request.cache_salt):
             yield r
 
     async def Chat(self, request, context):
         async for r in self._guarded(context, lambda: chat_prompt(request, self._tokenizer()),
                                      request.model, request.sampling, request.priority,
-                                     request.request_id, "chat"):
+                                     request.request_id, "chat", request.cache_salt):
             yield r
 
     async def ListModels(self, request, context):
@@ -183,7 +183,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                            "the gateway is starting: waiting for the executor and memsvc")
 
     async def _guarded(self, context, prompt: Callable[[], list[int]], model: str, sampling_pb,
-                       priority: int, client_request_id: str, operation: str):
+                       priority: int, client_request_id: str, operation: str, salt: str = ""):
         try:
             self._ready_or_raise_sync()
             check_model(model, self.info)
@@ -195,12 +195,13 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.active += 1
         try:
             async for r in self._stream(context, prompt_ids, sampling, priority, client_request_id,
-                                        operation):
+                                        operation, salt or None):
                 yield r
         finally:
             self.active -= 1
 
-    async def _stream(self, context, prompt_ids, sampling, priority, client_request_id, operation):
+    async def _stream(self, context, prompt_ids, sampling, priority, client_request_id, operation,
+                      salt: str | None = None):
         runner = self.runner
         request_id = uuid.uuid4().hex
         public_id = client_request_id or request_id
@@ -222,7 +223,9 @@ class GenerationService(pb_grpc.GenerationServicer):
         done = False
         try:
             try:
-                await asyncio.wrap_future(runner.submit(request_id, prompt_ids, sampling, sink, priority))
+                extra = {"salt": salt} if salt is not None else {}
+                await asyncio.wrap_future(runner.submit(request_id, prompt_ids, sampling, sink, priority,
+                                                        **extra))
             except RequestError as e:
                 done = True
                 await fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))

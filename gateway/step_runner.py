@@ -65,10 +65,11 @@ class StepRunner:
         self._thread.start()
 
     def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-               sink: Sink, priority: int = 0) -> Future:
-        """Queue a request. The future resolves once it is accepted, or raises RequestError."""
+               sink: Sink, priority: int = 0, salt: str | None = None) -> Future:
+        """Queue a request (`priority`: lower runs first; `salt`: its prefix-cache
+        namespace). The future resolves once it is accepted, or raises RequestError."""
         done: Future = Future()
-        self._post(("add", request_id, prompt_token_ids, sampling, sink, priority, done))
+        self._post(("add", request_id, prompt_token_ids, sampling, sink, priority, done, salt))
         return done
 
     def abort(self, request_id: str) -> None:
@@ -116,7 +117,7 @@ class StepRunner:
                 self._sinks.pop(command[1], None)
                 self.loop.abort(command[1])
                 continue
-            _, request_id, prompt, sampling, sink, priority, done = command
+            _, request_id, prompt, sampling, sink, priority, done, salt = command
             if not done.set_running_or_notify_cancel():
                 continue  # the caller went away (cancelled, deadline) before its turn
             waiting = len(self.loop.scheduler.waiting)
@@ -126,7 +127,7 @@ class StepRunner:
                     "retry later or on another replica"))
                 continue
             try:
-                self.loop.add_request(request_id, prompt, sampling, priority=priority)
+                self.loop.add_request(request_id, prompt, sampling, priority=priority, salt=salt)
             except Exception as e:
                 done.set_exception(e)
                 continue

@@ -85,14 +85,21 @@ def service_specs(args, host: str = "127.0.0.1"):
     executor = from_args(ExecutorConfig, args, host=host)
     gateway = from_args(GatewayConfig, args, host=host)
     metrics_elsewhere = None if gateway.metrics_port is None else 0
+    # the first gateway's HTTP /metrics includes every replica's memsvc and executor, so
+    # they always get a (free) metrics port the gateway is told about
+    scrape = bool(gateway.http_port)
     cli = [sys.executable, "-m", "pagedserve.cli"]
-    specs, pairs = [], []
+    specs, pairs, upstreams = [], [], []
     for i in range(serve.replicas):
         scaled = serve.replicas > 1
         m = dataclasses.replace(memsvc, port=(0 if scaled else serve.memsvc_port) or free_port(host),
-                                metrics_port=metrics_elsewhere)
+                                metrics_port=free_port(host) if scrape else metrics_elsewhere)
         e = dataclasses.replace(executor, port=(0 if scaled else serve.executor_port) or free_port(host),
-                                memsvc=f"{host}:{m.port}", metrics_port=metrics_elsewhere)
+                                memsvc=f"{host}:{m.port}",
+                                metrics_port=free_port(host) if scrape else metrics_elsewhere)
+        if scrape:
+            upstreams += [f"memsvc{suffix(i)}=http://{host}:{m.metrics_port}/metrics",
+                          f"executor{suffix(i)}=http://{host}:{e.metrics_port}/metrics"]
         specs.append(ServiceSpec(f"memsvc{suffix(i)}", cli + ["memsvc", *to_argv(m)], f"{host}:{m.port}",
                                  restart_with=[f"executor{suffix(i)}"], tls=_client_tls(memsvc.tls),
                                  shm_patterns=["/dev/shm/pagedserve-kv-{pid}-*"]))
@@ -102,7 +109,8 @@ def service_specs(args, host: str = "127.0.0.1"):
     for i in range(serve.gateways):
         g = dataclasses.replace(gateway, port=serve.port + i,
                                 http_port=gateway.http_port if i == 0 else 0,
-                                metrics_port=gateway.metrics_port if i == 0 else metrics_elsewhere)
+                                metrics_port=gateway.metrics_port if i == 0 else metrics_elsewhere,
+                                metrics_upstream=upstreams if i == 0 else [])
         if serve.replicas > 1 or serve.gateways > 1:
             g = dataclasses.replace(g, replica=[f"{host}:{m.port},{host}:{e.port}" for m, e in pairs])
         else:
@@ -152,7 +160,8 @@ def run_serve(args) -> int:
                   + (f" ({replicas} replicas, {gateway.routing} routing)" if replicas > 1 else ""),
                   flush=True)
             if gateway.http_port:
-                print(f"pagedserve: OpenAI-compatible API on http://{gateway.http_host}:{gateway.http_port}/v1",
+                url = f"{'https' if gateway.tls.cert else 'http'}://{gateway.http_host}:{gateway.http_port}"
+                print(f"pagedserve: OpenAI-compatible API on {url}/v1, metrics on {url}/metrics",
                       flush=True)
             sup.run()
     except ServiceFailed as e:

@@ -198,7 +198,7 @@ BAD = [
     ({"prompt": "Hi", "seed": -1}, "seed"),
     ({"prompt": "Hi", "logprobs": 30}, "logprobs"),
     ({"prompt": "Hi", "presence_penalty": 3}, "presence_penalty"),
-    ({"prompt": "Hi", "echo": True}, "echo"),
+    ({"prompt": "Hi", "echo": True, "logprobs": 2}, "echo"),
     ({"prompt": "Hi", "suffix": "x"}, "suffix"),
     ({"prompt": "Hi", "best_of": 3}, "best_of"),
     ({"prompt": "Hi", "stream_options": {"include_usage": True}}, "stream_options"),

@@ -23,7 +23,8 @@ def odd_value(owner, f):
         return not f.default
     if kind is int:
         return {"max_num_seqs": 24, "max_num_batched_tokens": 4096, "block_size": 32,
-                "http_port": 18123, "metrics_port": 19123}.get(dest(f), 37)
+                "http_port": 18123, "metrics_port": 19123,
+                "max_request_bytes": 8192}.get(dest(f), 37)
     if kind is float:
         return 3.25
     return f"/tmp/x-{dest(f)}"
@@ -76,7 +77,9 @@ def test_every_flag_of_every_service_reaches_that_service_through_serve(monkeypa
         got = getattr(holder, f.name)
         want = odd_value(owner, f)
         if dest(f) == "metrics_port" and service != "gateway":
-            want = 0  # the gateway's port; memsvc and the executor get free ones
+            # memsvc and the executor get free ones, scraped by the gateway's HTTP /metrics
+            assert got and f"{service}=http://127.0.0.1:{got}/metrics" in configs["gateway"][1].metrics_upstream
+            want = got
         assert got == want, f"{service} {flag_name(f)}: {got!r} != {want!r}"
         checked += 1
     assert checked >= 40
@@ -111,7 +114,12 @@ def test_serve_with_replicas_and_gateways_starts_each_pair_then_every_gateway_on
         assert gateway.http_port == (8000 if i == 0 else 0)
         assert gateway.metrics_port == (9000 if i == 0 else 0)
     assert child_config(specs[2])[1].session_lease == 3
-    assert child_config(specs[1])[1].metrics_port == 0
+    # every memsvc and executor gets a metrics port that the first gateway's /metrics scrapes
+    ports = [child_config(s)[1].metrics_port for s in specs[:4]]
+    assert all(ports) and child_config(specs[4])[1].metrics_upstream == [
+        f"{name}=http://127.0.0.1:{port}/metrics"
+        for name, port in zip(["memsvc", "executor", "memsvc-1", "executor-1"], ports)]
+    assert child_config(specs[5])[1].metrics_upstream == []
 
 
 def test_bad_settings_exit_2_before_anything_starts(capsys):

@@ -1,0 +1,52 @@
+"""`pagedserve serve` with no extra flag, through the unmodified `openai` client and curl-like
+GETs: /metrics on the API port shows the whole replica (the gateway's request metrics and
+memsvc's KV usage, the executor's steps), and the OpenAI extras work on the default model."""
+import time
+from types import SimpleNamespace
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.serve_procs import free_port, start, stop
+from tests.system.test_openai_serve import wait_healthy
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def served():
+    port, http_port = free_port(), free_port()
+    proc = start("serve", "--port", str(port), "--kv-tokens", "4096", "--max-num-seqs", "8",
+                 "--http-port", str(http_port))
+    try:
+        url = f"http://127.0.0.1:{http_port}"
+        wait_healthy(url, proc)
+        yield SimpleNamespace(url=url, client=openai.OpenAI(base_url=url + "/v1", api_key="none",
+                                                            max_retries=0, timeout=300))
+    finally:
+        stop([proc])
+
+
+def scrape(url: str) -> dict:
+    out = {}
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        for s in fam.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return out
+
+
+def test_metrics_on_the_api_port_show_the_whole_replica(served):
+    served.client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4,
+                                     temperature=0)
+    time.sleep(0.2)
+    m = scrape(served.url)
+    assert m["pagedserve:time_to_first_token_seconds_count"] >= 1
+    assert "pagedserve:time_to_first_token_seconds_bucket{le=\"0.1\"}" in m
+    assert m["pagedserve:num_requests_running"] == 0 and m["pagedserve:num_requests_waiting"] == 0
+    assert 'pagedserve:kv_cache_usage_perc{service="memsvc"}' in m
+    assert m['pagedserve:metrics_upstream_up{service="memsvc"}'] == 1
+    assert m['pagedserve:metrics_upstream_up{service="executor"}'] == 1
+    assert m['pagedserve:execute_steps_total{service="executor"}'] >= 4
