@@ -49,6 +49,40 @@ def matmul_ceiling(hidden: int, intermediate: int, flops_per_token: float) -> di
             "ceiling_tokens_per_s": rate / flops_per_token}
 
 
+def copy_bandwidth(nbytes: int = 512 << 20) -> float:
+    """Measured memory bandwidth in bytes/s: bytes read per second by a large tensor copy
+    (the source is read once, the destination written once), best of a few."""
+    import torch
+
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best
+
+
+def one_sequence(engine, vocab: int, seed: int, prompt_len: int = 128, steps: int = 32) -> dict:
+    """Decode step time for a single sequence (median over its decode steps)."""
+    from wire.protocol import SamplingParams
+
+    rng = random.Random(seed + 1)
+    engine.add_request(random_prompt_ids(rng, prompt_len, vocab),
+                       SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True),
+                       request_id="one-sequence")
+    loop, times = engine.loop, []
+    loop.step()  # the prefill
+    while loop.has_work():
+        t = time.perf_counter()
+        loop.step()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return {"decode_steps": len(times), "step_s_median": times[len(times) // 2],
+            "step_s_min": times[0]}
+
+
 def run_engine(engine, reqs: list[BenchRequest], vocab: int, seed: int) -> dict:
     from wire.protocol import SamplingParams
 
@@ -125,6 +159,17 @@ def run(args) -> int:
     print(f"ceiling      {c['ceiling_tokens_per_s']:8.1f} tok/s  (matmul {c['matmul_flops_per_s']/1e9:.1f}"
           f" GFLOP/s / {c['flops_per_token']/1e9:.2f} GFLOP per token); engine at "
           f"{e['output_tokens_per_s'] / c['ceiling_tokens_per_s']:.0%} of it")
+    one = one_sequence(engine, vocab, args.seed)
+    weight_bytes = sum(t.numel() * t.element_size() for t in engine.executor.model.parameters())
+    bandwidth = copy_bandwidth()
+    one.update(weight_bytes=weight_bytes, copy_bytes_per_s=bandwidth, floor_s=weight_bytes / bandwidth)
+    one["over_floor"] = one["step_s_median"] / one["floor_s"]
+    result["one_sequence"] = one
+    print(f"one sequence {one['step_s_median'] * 1e3:8.1f} ms per decode step (median of "
+          f"{one['decode_steps']}); weight-read floor {one['floor_s'] * 1e3:.1f} ms "
+          f"({weight_bytes / 1e6:.0f} MB of weights / {bandwidth / 1e9:.1f} GB/s copy bandwidth): "
+          f"{one['over_floor']:.2f}x the floor")
+    result["load_avg"] = os.getloadavg()
     if not args.skip_hf:
         engine_model_dir = engine.executor.model_dir
         del engine

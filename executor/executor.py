@@ -25,6 +25,8 @@ class Executor:
     def __init__(self, model: str | None = None, dtype: str = "float32", block_size: int = 16,
                  device: str = "cpu"):
         parse_dtype(dtype)
+        if torch.device(device).type == "cpu":
+            use_owned_cores()
         self.dtype = dtype
         self.block_size = block_size
         self.device = torch.device(device)
@@ -66,6 +68,18 @@ class Executor:
         if self.runner is None:
             raise RuntimeError("no KV pool attached: call attach_pool first")
         return self.runner.execute(batch)
+
+
+def use_owned_cores() -> None:
+    """At most one torch compute thread per core this process may run on: its CPU affinity,
+    which a container or taskset narrows below the machine's cores torch counts by default
+    (more threads than cores only wait on each other). Never raises a count someone set
+    lower; OMP_NUM_THREADS wins."""
+    if os.environ.get("OMP_NUM_THREADS") or not hasattr(os, "sched_getaffinity"):
+        return
+    cores = len(os.sched_getaffinity(0))
+    if cores and torch.get_num_threads() > cores:
+        torch.set_num_threads(cores)
 
 
 def _model_name(model: str | None, model_dir: str) -> str:

@@ -76,6 +76,13 @@ def apply_truncation(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def _plain_greedy(p) -> bool:
+    """Greedy with nothing that could change the argmax (penalties; truncation, on ties) or
+    asks for the distribution (logprobs)."""
+    return (p.greedy and not p.uses_penalties and p.logprobs is None
+            and p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0)
+
+
 def uniform(seed: int, position: int) -> float:
     """A uniform number in [0, 1) that depends only on (seed, position)."""
     return (mix_seed(seed, position) >> 10) / float(1 << 53)
@@ -86,8 +93,12 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[SeqStep]) -> list[SampleOutput]:
         assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
-        logits = logits.float().clone()
         params = [s.sampling for s in seqs]
+        if all(_plain_greedy(p) for p in params):
+            # the common serving case: one argmax over the batch, no copy of the logits
+            tokens = logits.argmax(-1).tolist()
+            return [SampleOutput(seq_id=s.seq_id, token_id=t) for s, t in zip(seqs, tokens)]
+        logits = logits.float().clone()
         apply_penalties(logits, seqs)
         dev = logits.device
         temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=dev)

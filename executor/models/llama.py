@@ -19,9 +19,13 @@ from executor.model_config import ModelConfig
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32, like the reference implementation, then cast back."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    if x.dtype != torch.float32:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * xf.to(x.dtype)
+    # float32: the same arithmetic, in place on the temporaries (fewer ops and allocations)
+    scale = x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    return (x * scale).mul_(weight)
 
 
 def rotary_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -71,22 +75,25 @@ class DecoderLayer(nn.Module):
         c = self.config
         t = x.shape[0]
         h = rms_norm(x, self.input_norm, c.rms_norm_eps)
-        q, k, v = F.linear(h, self.qkv, self.qkv_bias).split([c.q_size, c.kv_size, c.kv_size], -1)
-        q = q.view(t, c.num_heads, c.head_dim)
-        k = k.view(t, c.num_kv_heads, c.head_dim)
-        v = v.view(t, c.num_kv_heads, c.head_dim)
+        qkv = F.linear(h, self.qkv, self.qkv_bias)
+        heads = c.num_heads + c.num_kv_heads
         if self.q_norm is not None:
-            q = rms_norm(q, self.q_norm, c.rms_norm_eps)
-            k = rms_norm(k, self.k_norm, c.rms_norm_eps)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], -1)
+            q = rms_norm(q.view(t, c.num_heads, c.head_dim), self.q_norm, c.rms_norm_eps)
+            k = rms_norm(k.view(t, c.num_kv_heads, c.head_dim), self.k_norm, c.rms_norm_eps)
+            qk = torch.cat((q, k), 1)
+        else:  # q and k side by side in one view: one rotary pass over both
+            qk = qkv[:, : c.q_size + c.kv_size].view(t, heads, c.head_dim)
+        qk = apply_rotary(qk, cos, sin)
+        q, k = qk.split([c.num_heads, c.num_kv_heads], 1)
+        v = qkv[:, c.q_size + c.kv_size:].view(t, c.num_kv_heads, c.head_dim)
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.query_start_loc, c.head_dim ** -0.5)
-        x = x + F.linear(o.reshape(t, c.q_size), self.o, self.o_bias)
+        x = x + F.linear(o.reshape(t, c.q_size), self.o, self.o_bias)  # x is the caller's: not in place
         h = rms_norm(x, self.post_attn_norm, c.rms_norm_eps)
         gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down)
+        return x.add_(F.linear(F.silu(gate).mul_(up), self.down))
 
 
 class LlamaForCausalLM(nn.Module):
