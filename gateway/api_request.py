@@ -24,7 +24,18 @@ def invalid(message: str) -> ApiError:
 
 
 def sampling_from_proto(p) -> SamplingParams:
-    return convert.sampling_from_proto(p)
+    sp = convert.sampling_from_proto(p)
+    if sp.guided_kind:
+        from gateway import structured
+
+        try:
+            if sp.guided_kind not in ("json_schema", "json_object", "regex", "choice", "grammar",
+                                      "structural_tag"):
+                raise ValueError(f"unknown kind {sp.guided_kind!r}")
+            structured.check(sp.guided_kind, sp.guided_spec)
+        except ValueError as e:
+            raise invalid(f"sampling.guided_spec ({sp.guided_kind}): {e}") from None
+    return sp
 
 
 def check_model(requested: str, info: ModelInfo) -> None:

@@ -16,12 +16,15 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from gateway.api_request import ApiError, chat_prompt, generate_prompt
+from gateway import structured
 from gateway.openai_errors import OpenAIError, bad_request, from_api_error, model_not_found
+from gateway.tool_calls import guided as guided_tools
+from gateway.tool_calls import parse_tools, render
 from wire.protocol import ModelInfo, SamplingParams
 
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")
 BEAM_FIELDS = ("beam_width", "length_penalty", "early_stopping")
-REFUSED = ("suffix", "logit_bias", "tools", "functions", "audio")
+REFUSED = ("suffix", "logit_bias", "functions", "audio")
 
 
 @dataclass
@@ -35,6 +38,7 @@ class OpenAIRequest:
     user: str | None = None
     echo: bool = False  # completions: each choice's text starts with its prompt
     prompt_texts: list[str] = dataclasses.field(default_factory=list)  # with echo
+    tools: object = None  # gateway.tool_calls.Tools, chat only
     priority: int = 0  # lower runs first (the scheduler's queue order)
     cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share
 
@@ -43,6 +47,9 @@ def parse_completion(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
     _check_common(body, info)
     prompts = _completion_prompts(body.get("prompt"), tokenizer)
     sampling = _sampling(body, info, chat=False, default_max_tokens=16)
+    if body.get("response_format") is not None:
+        raise bad_request("response_format is a chat parameter; use guided_json here", "response_format")
+    _guided(body, sampling, info)
     req = _finish(body, info, False, prompts, sampling)
     req.echo = _get(body, "echo", bool, False)
     if req.echo:
@@ -66,11 +73,51 @@ def _decode(ids: list[int], tokenizer) -> str:
 
 def parse_chat(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
     _check_common(body, info)
-    if body.get("response_format") not in (None, {"type": "text"}):
-        raise bad_request("response_format: only {'type': 'text'} is supported", "response_format")
-    prompt = _chat_prompt(body.get("messages"), tokenizer)
+    tools = parse_tools(body)
+    if tools is not None:
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise bad_request("this model has no chat template", "messages")
+        prompt = render(_tool_messages(body.get("messages")), tools, tokenizer)
+    else:
+        prompt = _chat_prompt(body.get("messages"), tokenizer)
     sampling = _sampling(body, info, chat=True, default_max_tokens=max(info.max_model_len - len(prompt), 1))
-    return _finish(body, info, True, [prompt], sampling)
+    _guided(body, sampling, info)
+    if tools is not None and tools.forced:
+        if sampling.guided:
+            raise bad_request("tool_choice required or named cannot be combined with response_format "
+                              "or guided_*", "tool_choice")
+        sampling.guided_kind, sampling.guided_spec = guided_tools(tools)
+    req = _finish(body, info, True, [prompt], sampling)
+    req.tools = tools if tools is not None and tools.active else None
+    return req
+
+
+def _tool_messages(messages) -> list[dict]:
+    """Messages with tool calls and tool results, checked, as dicts for the chat template."""
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad_request(f"messages[{i}] must be an object with a string role", f"messages[{i}]")
+        msg = {"role": m["role"], "content": _content(m.get("content"), i)}
+        if m.get("tool_calls") is not None:
+            if not isinstance(m["tool_calls"], list):
+                raise bad_request(f"messages[{i}].tool_calls must be a list", f"messages[{i}].tool_calls")
+            msg["tool_calls"] = m["tool_calls"]
+        if m.get("tool_call_id") is not None:
+            msg["tool_call_id"] = m["tool_call_id"]
+        if m.get("name") is not None:
+            msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+def _guided(body: dict, sampling: SamplingParams, info: ModelInfo) -> None:
+    try:
+        sampling.guided_kind, sampling.guided_spec = structured.from_openai(body)
+    except structured.GuidedError as e:
+        raise bad_request(str(e), e.param) from None
 
 
 def tokenize_body(body: dict, tokenizer) -> list[int]:

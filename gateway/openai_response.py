@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from gateway.openai_request import OpenAIRequest
+from gateway.tool_calls import parse
 from wire.protocol import Delta
 
 DONE = "data: [DONE]\n\n"
@@ -86,6 +87,8 @@ class Formatter:
         logprobs = c.last_logprobs
         if not (d.text or d.finish_reason or logprobs):
             return []
+        if self.request.chat and self.request.tools is not None:
+            return self._tool_chunks(index, c, d)  # the calls are parsed once the output is whole
         if self.request.chat:
             delta = {"content": d.text}
             if not c.started:
@@ -123,7 +126,30 @@ class Formatter:
             chunk["usage"] = None
         return chunk
 
+    def _tool_chunks(self, index: int, c: Choice, d: Delta) -> list[str]:
+        if not d.finish_reason:
+            return []
+        content, calls = parse(c.text, self.request.tools)
+        delta = {"role": "assistant", "content": content}
+        events = [sse(self._chunk([{"index": index, "delta": delta, "logprobs": None,
+                                    "finish_reason": None}]))]
+        if calls:
+            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+            events.append(sse(self._chunk([{"index": index, "delta": delta, "logprobs": None,
+                                            "finish_reason": None}])))
+        reason = "tool_calls" if calls else d.finish_reason
+        events.append(sse(self._chunk([{"index": index, "delta": {}, "logprobs": None,
+                                        "finish_reason": reason}])))
+        return events
+
     def _choice(self, index: int, c: Choice) -> dict:
+        if self.request.chat and self.request.tools is not None:
+            content, calls = parse(c.text, self.request.tools)
+            message = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = calls
+            return {"index": index, "message": message, "logprobs": c.logprobs,
+                    "finish_reason": "tool_calls" if calls else c.finish_reason}
         if self.request.chat:
             return {"index": index, "message": {"role": "assistant", "content": c.text},
                     "logprobs": c.logprobs, "finish_reason": c.finish_reason}

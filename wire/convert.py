@@ -39,6 +39,7 @@ def sampling_to_proto(sp: SamplingParams) -> generation_pb2.SamplingParams:
         repetition_penalty=sp.repetition_penalty, presence_penalty=sp.presence_penalty,
         frequency_penalty=sp.frequency_penalty, beam_width=sp.beam_width,
         length_penalty=sp.length_penalty, early_stopping=sp.early_stopping,
+        guided_kind=sp.guided_kind, guided_spec=sp.guided_spec,
     )
 
 
@@ -67,6 +68,8 @@ def sampling_from_proto(m: generation_pb2.SamplingParams) -> SamplingParams:
         beam_width=m.beam_width or 1,
         length_penalty=_f32(m.length_penalty) if has("length_penalty") else 1.0,
         early_stopping=m.early_stopping,
+        guided_kind=m.guided_kind,
+        guided_spec=m.guided_spec,
     )
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 
 MAX_BEAM_WIDTH = 10  # each beam asks for 2 * beam_width top logprobs, at most 20
+GUIDED_KINDS = ("", "json_schema", "json_object", "regex", "choice", "grammar", "structural_tag")
 MAX_N = 128  # completions per request (OpenAI's bound): each is a sequence the gateway holds
 
 
@@ -34,6 +35,16 @@ class SamplingParams:
     beam_width: int = 1  # > 1: beam search (deterministic; temperature, top_*, seed unused)
     length_penalty: float = 1.0  # beam score = sum of logprobs / length ** length_penalty
     early_stopping: bool = False  # True: stop once beam_width hypotheses finished
+    # structured output: the executor masks every token the grammar does not allow
+    # (executor.logits_mask); kind "" is off, else one of GUIDED_KINDS with its spec:
+    # json_schema (the schema as JSON text), json_object (""), regex, choice (a JSON list of
+    # strings), grammar (EBNF/GBNF text), structural_tag (xgrammar's, as JSON text)
+    guided_kind: str = ""
+    guided_spec: str = ""
+
+    @property
+    def guided(self) -> bool:
+        return bool(self.guided_kind)
 
     @property
     def greedy(self) -> bool:
@@ -42,8 +53,12 @@ class SamplingParams:
 
     @property
     def uses_penalties(self) -> bool:
+        """Penalties, or a grammar: the executor needs the sequence's token history (a
+        grammar's state is replayed from the output tokens, so it survives preemption,
+        recompute, swap and forks)."""
         return (
-            self.repetition_penalty != 1.0
+            self.guided
+            or self.repetition_penalty != 1.0
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
@@ -83,6 +98,9 @@ class SamplingParams:
             raise ValueError(f"n must be between 1 and {MAX_N}, got {self.n}")
         if not 1 <= self.beam_width <= MAX_BEAM_WIDTH:
             raise ValueError(f"beam_width must be between 1 and {MAX_BEAM_WIDTH}, got {self.beam_width}")
+        if self.guided_kind not in GUIDED_KINDS:
+            raise ValueError(f"guided_kind must be one of {', '.join(k for k in GUIDED_KINDS if k)}, "
+                             f"got {self.guided_kind!r}")
         if self.beam_width > 1 and self.n > self.beam_width:
             raise ValueError(f"n={self.n} exceeds beam_width={self.beam_width}: beam search returns "
                              "at most beam_width completions")

@@ -1,0 +1,202 @@
+"""Structured output on the executor: the grammar's token mask, applied to the logits before
+sampling (xgrammar; see BENCHMARKS.md for why this engine).
+
+Contract:
+- `GuidedDecoding(tokenizer_dir, vocab_size, stop_token_ids)`; `prepare(seqs)` starts
+  computing the masks of the sampled sequences whose SamplingParams carry a grammar
+  (`guided_kind`), on a worker thread, so that it overlaps the forward pass; `apply(logits,
+  pending)` waits for them and sets every token the grammar does not allow to -inf in place
+  (rows in `seqs` order; rows without a grammar untouched). Call both from one thread.
+- A sequence's grammar state is a function of its output tokens only (SeqStep
+  .output_token_ids, sent because SamplingParams.uses_penalties is true with a grammar).
+  Matchers are cached per sequence id and advanced by the new tokens; when the cached
+  matcher's tokens are not a prefix of the outputs (preemption with recompute, a fork's
+  first step, a beam that took a sibling's continuation, another gateway reusing an id) it
+  is rebuilt by replaying the outputs. So the state survives preemption, recompute, swap,
+  forks (n > 1, beam search) and executor restarts.
+- Once the grammar is complete only the stop tokens (EOS) are allowed. A token the grammar
+  refused (impossible through this mask, unless the request changed its grammar) leaves the
+  sequence unconstrained rather than failing the step.
+- Grammars are compiled once per (kind, spec) and cached (bounded).
+
+The model runner's hook (executor/model_runner.py, ModelRunner.execute):
+
+    sampled = [s for s in batch.seqs if s.sample]
+    pending = self.guided.prepare(sampled) if self.guided is not None else None
+    ... forward, logits = compute_logits(...) ...
+    if pending is not None:
+        self.guided.apply(logits, pending)
+    return self.sampler(logits, sampled)
+"""
+from __future__ import annotations
+
+import collections
+import json
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from wire.protocol import SeqStep
+
+MAX_MATCHERS = 4096
+MAX_GRAMMARS = 256
+
+
+def compile_grammar(compiler, kind: str, spec: str):
+    """The xgrammar CompiledGrammar of a guided (kind, spec); ValueError when it is invalid."""
+    import xgrammar as xgr
+
+    try:
+        if kind == "json_schema":
+            return compiler.compile_json_schema(spec, any_whitespace=False)
+        if kind == "json_object":
+            return compiler.compile_builtin_json_grammar()
+        if kind == "regex":
+            return compiler.compile_regex(spec)
+        if kind == "choice":
+            choices = json.loads(spec)
+            return compiler.compile_grammar(choice_grammar(choices))
+        if kind == "grammar":
+            return compiler.compile_grammar(spec)
+        if kind == "structural_tag":
+            return compiler.compile_structural_tag(spec)
+    except (RuntimeError, ValueError, TypeError, xgr.exception.InvalidJSONError) as e:
+        raise ValueError(str(e)) from None
+    except Exception as e:  # xgrammar's own errors for bad grammars
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+    raise ValueError(f"unknown guided_kind {kind!r}")
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """EBNF that matches exactly one of `choices`."""
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
+        raise ValueError("guided_choice must be a non-empty list of strings")
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+
+
+class _Matcher:
+    __slots__ = ("matcher", "tokens", "broken")
+
+    def __init__(self, matcher):
+        self.matcher = matcher
+        self.tokens: list[int] = []
+        self.broken = False
+
+
+class GuidedDecoding:
+    def __init__(self, tokenizer_dir: str, vocab_size: int, stop_token_ids: list[int] | None = None,
+                 tokenizer=None):
+        self.tokenizer_dir = tokenizer_dir
+        self.vocab_size = vocab_size
+        self.stop_token_ids = list(stop_token_ids or [])
+        self._tokenizer = tokenizer
+        self._compiler = None
+        self._grammars: collections.OrderedDict = collections.OrderedDict()
+        self._matchers: collections.OrderedDict[str, _Matcher] = collections.OrderedDict()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-grammar")
+        self._lock = threading.Lock()
+
+    # -- compiling -----------------------------------------------------------------------------
+    def compiler(self):
+        if self._compiler is None:
+            import xgrammar as xgr
+
+            tokenizer = self._tokenizer
+            if tokenizer is None:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
+            info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self.stop_token_ids or None)
+            self._compiler = xgr.GrammarCompiler(info)
+        return self._compiler
+
+    def grammar(self, kind: str, spec: str):
+        key = (kind, spec)
+        g = self._grammars.get(key)
+        if g is None:
+            g = self._grammars[key] = compile_grammar(self.compiler(), kind, spec)
+            while len(self._grammars) > MAX_GRAMMARS:
+                self._grammars.popitem(last=False)
+        else:
+            self._grammars.move_to_end(key)
+        return g
+
+    # -- per sequence ------------------------------------------------------------------------------
+    def _matcher(self, s: SeqStep) -> _Matcher:
+        import xgrammar as xgr
+
+        sp = s.sampling
+        key = f"{s.seq_id}\0{sp.guided_kind}\0{hash(sp.guided_spec)}"
+        outputs = s.output_token_ids
+        m = self._matchers.get(key)
+        if m is not None:
+            n = len(m.tokens)
+            if n > len(outputs) or m.tokens != outputs[:n]:
+                m = None  # another history (recompute, fork, beam): replay
+        if m is None:
+            m = _Matcher(xgr.GrammarMatcher(self.grammar(sp.guided_kind, sp.guided_spec)))
+            self._matchers[key] = m
+            while len(self._matchers) > MAX_MATCHERS:
+                self._matchers.popitem(last=False)
+        else:
+            self._matchers.move_to_end(key)
+        for t in outputs[len(m.tokens):]:
+            if not m.broken and not m.matcher.is_terminated() and not m.matcher.accept_token(t):
+                m.broken = True
+            m.tokens.append(t)
+        return m
+
+    def _masks(self, seqs: list[SeqStep]):
+        import xgrammar as xgr
+
+        rows = [i for i, s in enumerate(seqs) if s.sampling.guided]
+        bitmask = xgr.allocate_token_bitmask(len(seqs), self.vocab_size)
+        masked = []
+        for i in rows:
+            m = self._matcher(seqs[i])
+            if m.broken or m.matcher.is_terminated():  # finishing: the stop token is in
+                continue
+            m.matcher.fill_next_token_bitmask(bitmask, i)
+            masked.append(i)
+        return bitmask, masked
+
+    def prepare(self, seqs: list[SeqStep]) -> Future | None:
+        """Start computing the masks of `seqs` (the sampled ones, in order); None if none is
+        guided."""
+        if not any(s.sampling.guided for s in seqs):
+            return None
+        return self._pool.submit(self._guarded_masks, seqs)
+
+    def _guarded_masks(self, seqs):
+        with self._lock:
+            return self._masks(seqs)
+
+    def apply(self, logits: torch.Tensor, pending: Future | None) -> None:
+        """Disallowed tokens of the guided rows of `logits` [S, vocab] to -inf, in place."""
+        if pending is None:
+            return
+        import xgrammar as xgr
+
+        bitmask, rows = pending.result()
+        if rows:
+            xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+
+    def forget(self, seq_ids) -> None:
+        for key in [k for k in self._matchers if k.split("\0", 1)[0] in set(seq_ids)]:
+            self._matchers.pop(key, None)
+
+
+class GuidedSampler:
+    """A sampler that applies the grammar masks first: the hook without the overlap with the
+    forward pass, for wherever the model runner's own hook is not in place
+    (`runner.sampler = GuidedSampler(runner.sampler, guided)`)."""
+
+    def __init__(self, inner, guided: GuidedDecoding):
+        self.inner = inner
+        self.guided = guided
+
+    def __call__(self, logits: torch.Tensor, seqs: list[SeqStep]):
+        self.guided.apply(logits, self.guided.prepare(seqs))
+        return self.inner(logits, seqs)

@@ -1,0 +1,98 @@
+"""Structured-output requests into SamplingParams.guided_kind / guided_spec, checked here so a
+bad schema, regex or grammar is a 400 / INVALID_ARGUMENT, never a failed step. The executor
+compiles and applies them (executor.logits_mask, xgrammar).
+
+OpenAI: response_format {"type": "text" | "json_object" | "json_schema", "json_schema":
+{"name", "schema", "strict"}}; extensions (vLLM's names): guided_json (a schema),
+guided_regex, guided_choice (list of strings), guided_grammar (EBNF/GBNF). At most one.
+`strict` false is accepted and enforced all the same (the output always follows the schema).
+"""
+from __future__ import annotations
+
+import json
+import re
+
+GUIDED_PARAMS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+class GuidedError(ValueError):
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+def check(kind: str, spec: str) -> None:
+    """Raise ValueError if (kind, spec) does not compile (tokenizer-independent check)."""
+    if not kind:
+        return
+    import xgrammar as xgr
+
+    try:
+        if kind == "json_schema":
+            xgr.Grammar.from_json_schema(spec, any_whitespace=False)
+        elif kind == "regex":
+            xgr.Grammar.from_regex(spec)
+        elif kind == "choice":
+            choices = json.loads(spec)
+            if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
+                raise ValueError("must be a non-empty list of strings")
+        elif kind == "grammar":
+            xgr.Grammar.from_ebnf(spec)
+        elif kind == "structural_tag":
+            xgr.Grammar.from_structural_tag(spec)
+        elif kind != "json_object":
+            raise ValueError(f"unknown kind {kind!r}")
+    except Exception as e:  # xgrammar raises its own types for bad input
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(re.sub(r"^\[[^\]]*\] \S+: ", "", text)) from None
+
+
+def from_openai(body: dict) -> tuple[str, str]:
+    """(guided_kind, guided_spec) of an OpenAI request body; ("", "") when unconstrained."""
+    found = []
+    rf = body.get("response_format")
+    if rf is not None:
+        if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+            raise GuidedError("response_format.type must be text, json_object or json_schema",
+                              "response_format")
+        if rf["type"] == "json_object":
+            found.append(("json_object", "", "response_format"))
+        elif rf["type"] == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+                raise GuidedError("response_format.json_schema must be an object with a schema",
+                                  "response_format")
+            if "name" in js and not isinstance(js["name"], str):
+                raise GuidedError("response_format.json_schema.name must be a string", "response_format")
+            schema = js.get("schema") or {}
+            found.append(("json_schema", json.dumps(schema), "response_format"))
+    for name in GUIDED_PARAMS:
+        value = body.get(name)
+        if value is None:
+            continue
+        if name == "guided_json":
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    raise GuidedError("guided_json must be a JSON schema", name) from None
+            if not isinstance(value, dict):
+                raise GuidedError("guided_json must be a JSON schema object", name)
+            found.append(("json_schema", json.dumps(value), name))
+        elif name == "guided_choice":
+            found.append(("choice", json.dumps(value), name))
+        elif not isinstance(value, str) or not value:
+            raise GuidedError(f"{name} must be a non-empty string", name)
+        else:
+            found.append(("regex" if name == "guided_regex" else "grammar", value, name))
+    if not found:
+        return "", ""
+    if len(found) > 1:
+        raise GuidedError(f"give one of response_format and {', '.join(GUIDED_PARAMS)}, not "
+                          f"{' and '.join(p for _, _, p in found)}", found[1][2])
+    kind, spec, param = found[0]
+    try:
+        check(kind, spec)
+    except ValueError as e:
+        raise GuidedError(f"{param}: {e}", param) from None
+    return kind, spec
