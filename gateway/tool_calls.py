@@ -60,13 +60,13 @@ def parse_tools(body: dict) -> Tools | None:
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
                 or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise bad_request(f"tools[{i}] must be {{type: function, function: {{name, parameters}}}}",
-                              f"tools[{i}]")
+                              "tools")
         params = fn.get("parameters")
         if params is None:
             params = {"type": "object", "properties": {}}
         if not isinstance(params, dict):
             raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object",
-                              f"tools[{i}]")
+                              "tools")
         functions.append({"name": fn["name"], "description": fn.get("description") or "",
                           "parameters": params})
     names = {f["name"] for f in functions}
