@@ -8,8 +8,12 @@ Service contract:
 - ModelInfo: name, maximum length (capped by --max-model-len), vocabulary size, EOS ids,
   chat template, KV geometry, and the tokenizer files themselves, so a gateway on another
   host needs no copy of the model. UNAVAILABLE until SERVING.
-- Execute runs one StepBatch and returns one SampleOutput per sequence with sample=True, in
-  batch order. Calls that arrive while a forward pass runs (several gateways) are merged
+- Execute runs one step and returns one SampleOutput per sequence with sample=True, in
+  batch order. A step carries only what changed per sequence: the executor keeps each
+  running sequence's block table, sampling parameters and (for penalties) token history
+  (executor.sequence_state), scoped by the gateway's session; a request that relies on
+  state this process does not hold (it restarted) is FAILED_PRECONDITION, and the gateway
+  sends everything again. Calls that arrive while a forward pass runs (several gateways) are merged
   into the next pass (executor.step_merger); never two passes at once. A batch that does not fit (bad slots, ids
   outside the vocabulary) is INVALID_ARGUMENT; the executor stays usable.
 - The pool belongs to memsvc: this process only maps it, and must run on memsvc's host.
@@ -39,6 +43,7 @@ from opentelemetry import trace
 
 from executor.config import ExecutorConfig
 from executor.metrics import ExecutorMetrics
+from executor.sequence_state import SequenceStates, StateLost
 from executor.step_merger import StepMerger
 from wire import convert, peer_auth
 from wire.grpc_service import Service, get_logger, open_channel, stop_on_signals, wait
@@ -91,6 +96,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self.merger = StepMerger(_on_device_of(executor), self.metrics.merged_calls.inc)
         self.info_message = convert.model_info_to_proto(info, tokenizer_files)
         self.pool_epoch = pool_epoch
+        self.states = SequenceStates(info.kv.block_size)
         self.ready.set()
 
     def ModelInfo(self, request, context):
@@ -101,10 +107,15 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def Execute(self, request, context):
         if not self.ready.is_set():
             context.abort(grpc.StatusCode.UNAVAILABLE, "the executor is starting: the pool is not mapped yet")
-        batch = convert.batch_from_proto(request)
-        if batch.pool_epoch and self.pool_epoch and batch.pool_epoch != self.pool_epoch:
+        if request.pool_epoch and self.pool_epoch and request.pool_epoch != self.pool_epoch:
             context.abort(grpc.StatusCode.ABORTED, "this step was reserved in a KV pool that is "
                           "gone (memsvc restarted): reserve it again")
+        try:
+            batch = self.states.expand(request)
+        except StateLost as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except (ValueError, IndexError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}")
         tokens = sum(len(s.token_ids) for s in batch.seqs)
         self._enter(1)
         try:
@@ -120,7 +131,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         if span.is_recording():
             span.set_attributes({"pagedserve.batch.sequences": len(batch.seqs),
                                  "pagedserve.batch.tokens": tokens, "pagedserve.forward_seconds": seconds})
-        return convert.outputs_to_proto(outputs)
+        return convert.outputs_to_proto(outputs, self.states.incarnation)
 
 
 def drain(service: Service, servicer: ExecutorService, timeout: float, idle: float = DRAIN_IDLE_S,

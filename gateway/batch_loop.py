@@ -1,9 +1,10 @@
 """The batching loop of one executor replica: requests in, deltas out, one step at a time.
 
 One step: plan (scheduler) -> reserve (memsvc) -> execute (executor) -> apply tokens,
-fork (n > 1 samples, beams), detokenize, apply stop rules. Finished and cancelled
-sequences are freed in the next reserve, which also reports the previous step's computed
-tokens and executor seconds (memsvc's recompute cost). Beam search streams nothing until
+detokenize, apply stop rules. Finished and cancelled sequences are freed, and the forks a
+step queued (n > 1 samples, beams) made, by the next reserve, which also reports the
+previous step's computed tokens and executor seconds (memsvc's recompute cost); the
+executor hears of finished and preempted sequences with the next batch (`forget`). Beam search streams nothing until
 it ends; then each of its n best completions comes as one delta, best first (index 0).
 The loop is synchronous; the gRPC gateway drives it from its event loop.
 """
@@ -47,8 +48,8 @@ class _RequestState:
 @dataclass
 class StepTimes:
     """Wall seconds the loop spent per phase, summed over `steps` (perf_counter, cheap
-    enough to stay on): scheduling (plan, applying memsvc's answer), Reserve (and forks:
-    the wire and memsvc), Execute (the wire and the executor) and outputs (applying the
+    enough to stay on): scheduling (plan, applying memsvc's answer), Reserve (forks
+    included: the wire and memsvc), Execute (the wire and the executor) and outputs (applying the
     tokens, detokenizing, stop rules, deltas)."""
 
     steps: int = 0
@@ -68,11 +69,12 @@ class BatchLoop:
         self.executor = executor
         self.info = executor.model_info()
         self.tokenizer = tokenizer
-        self.scheduler = Scheduler(config, self.info.eos_token_ids)
+        self.scheduler = Scheduler(config, self.info.eos_token_ids, self.info.kv.block_size)
         self.requests: dict[str, _RequestState] = {}
         self.num_steps = 0
         self._last_step = (0, 0.0)  # tokens computed, executor seconds
         self.times = StepTimes()
+        self._forget: list[str] = []  # for the executor: finished or preempted since its last batch
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     *, priority: int = 0, final_len: int | None = None, salt: str | None = None,
@@ -132,14 +134,17 @@ class BatchLoop:
         clock, times = time.perf_counter, self.times
         t0 = clock()
         plan = self.scheduler.plan()
-        if not plan.entries and not plan.free:
+        if not plan.entries and not plan.free and not plan.forks:
             return []
         plan.step_tokens, plan.step_seconds = self._last_step
         self._last_step = (0, 0.0)
         t1 = clock()
+        freed = list(plan.free)
         result = self.memory.reserve(plan)
         t2 = clock()
         batch, rejected = self.scheduler.on_reserved(result)
+        self._forget.extend(freed)
+        self._forget.extend(p.seq_id for p in result.preempted)
         deltas = [self._rejected(seq) for seq in rejected]
         t3 = clock()
         times.steps += 1
@@ -150,17 +155,15 @@ class BatchLoop:
             if stuck and not self.scheduler.release_idle_beams():
                 raise RuntimeError("scheduler stalled: requests wait but nothing can run")
             return [d for d in deltas if d]
+        batch.forget = list(self._forget)
         outputs = self.executor.execute(batch)
+        self._forget.clear()
         t4 = clock()
         self._last_step = (sum(len(s.token_ids) for s in batch.seqs), t4 - t3)
         times.execute += t4 - t3
         self.num_steps += 1
         updates = self.scheduler.on_sampled(batch, outputs)
-        t5 = clock()
-        for parent, child in self.scheduler.take_forks():
-            self.memory.fork(parent, child)
         t6 = clock()
-        times.reserve += t6 - t5
         for update in updates:
             if isinstance(update, BeamDone):
                 deltas.extend(self._beam_done(update))
@@ -168,7 +171,7 @@ class BatchLoop:
             delta = self._apply(update)
             if delta is not None:
                 deltas.append(delta)
-        times.output += (t5 - t4) + (clock() - t6)
+        times.output += clock() - t4
         return [d for d in deltas if d]
 
     def _apply(self, update: SeqUpdate) -> Delta | None:

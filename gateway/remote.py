@@ -26,6 +26,7 @@ from wire import convert
 from wire.clients import ExecutorClient, MemoryClient
 from wire.grpc_service import open_channel
 from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, StepBatch
+from wire.step_delta import STATE_LOST, commit, encode_step
 from wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 
@@ -82,8 +83,12 @@ class RemoteExecutorClient(ExecutorClient):
     (removed by `close()` or at exit) that the returned ModelInfo names."""
 
     def __init__(self, address: str, *, timeout: float | None = None, info_timeout: float = 60.0,
-                 tls=None):
+                 tls=None, session_id: str | None = None):
         self.address = address
+        self.session_id = session_id or f"gateway-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.incarnation = ""  # the executor process that holds our sequences' state
+        self._sent: dict[str, list[int]] = {}  # seq id -> block table the executor holds
+        self.num_resyncs = 0
         self.timeout = timeout
         self.info_timeout = info_timeout
         self.channel = open_channel(address, tls, traced=True)
@@ -99,8 +104,27 @@ class RemoteExecutorClient(ExecutorClient):
         return self._info
 
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
-        response = self.stub.Execute(convert.batch_to_proto(batch), timeout=self.timeout)
-        return convert.outputs_from_proto(response)
+        """Sends only what changed since the executor last heard of each sequence
+        (wire.step_delta); an executor that lost that state (it restarted) gets all of it."""
+        try:
+            return self._execute(batch)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.FAILED_PRECONDITION or STATE_LOST not in (e.details() or ""):
+                raise
+        self._sent.clear()
+        self.incarnation = ""
+        self.num_resyncs += 1
+        return self._execute(batch)
+
+    def _execute(self, batch: StepBatch) -> list[SampleOutput]:
+        request, updates = encode_step(batch, self._sent, self.session_id, self.incarnation)
+        response = self.stub.Execute(request, timeout=self.timeout)
+        if response.incarnation != self.incarnation:
+            if self.incarnation:  # answered by another process than the one holding our state
+                self._sent.clear()
+            self.incarnation = response.incarnation
+        commit(self._sent, batch, updates)
+        return convert.outputs_from_proto(response, [s.seq_id for s in batch.seqs if s.sample])
 
     def close(self) -> None:
         self.channel.close()

@@ -9,7 +9,9 @@ then forks the others from it (memsvc Fork: the prompt's blocks are shared, the 
 last one copied on write); each sample computes the last prompt token itself and draws its
 first token with its own seed. Beam search (gateway.beam_search) forks a beam for each
 extra continuation of a parent and frees the beams that are pruned. Forks are queued in
-`forks` and made by the loop right after the step, before the next reserve frees anything.
+`forks` and travel in the next plan (`Plan.forks`): memsvc makes them before it frees
+anything. The scheduler keeps each sequence's block table from the grants' changes
+(`Grant.table_start`, `new_blocks`) and derives the slots of the batch from it.
 """
 from __future__ import annotations
 
@@ -61,8 +63,9 @@ def _insert(queue: list[Sequence], seq: Sequence) -> None:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, eos_token_ids: list[int]):
+    def __init__(self, config: SchedulerConfig, eos_token_ids: list[int], block_size: int = 16):
         self.config = config
+        self.block_size = block_size
         self.eos_token_ids = set(eos_token_ids)
         self.waiting: list[Sequence] = []  # sorted by sort_key
         self.running: list[Sequence] = []  # sorted by sort_key
@@ -132,7 +135,10 @@ class Scheduler:
             if n < 1 or len(entries) >= self.config.max_num_seqs:
                 continue
             start = seq.num_computed
-            entries.append(PlanEntry(seq.seq_id, seq.all_token_ids[start : start + n], False,
+            plen = len(seq.prompt_token_ids)
+            tokens = (seq.output_token_ids[start - plen : start - plen + n] if start >= plen
+                      else seq.all_token_ids[start : start + n])
+            entries.append(PlanEntry(seq.seq_id, tokens, False,
                                      seq.max_len, final_len=seq.final_len, salt=seq.salt))
             budget -= n
         for seq in self.waiting:
@@ -144,8 +150,8 @@ class Scheduler:
                                      seq.max_len, max_new_tokens=budget, final_len=seq.final_len,
                                      salt=seq.salt))
             budget -= min(seq.compute_limit, budget)
-        plan = Plan(entries=entries, free=self.to_free)
-        self.to_free = []
+        plan = Plan(entries=entries, free=self.to_free, forks=self.forks)
+        self.to_free, self.forks = [], []
         return plan
 
     def on_reserved(self, result: ReserveResult) -> tuple[StepBatch, list[Sequence]]:
@@ -157,6 +163,7 @@ class Scheduler:
                 if seq in queue:
                     queue.remove(seq)
             seq.num_preemptions += 1
+            seq.block_table = []
             self.num_preemptions += 1
             if p.mode == "swap":
                 seq.status = SeqStatus.SWAPPED
@@ -178,6 +185,7 @@ class Scheduler:
             seq.finish("error", r.reason)
             rejected.append(seq)
         steps = []
+        bs = self.block_size
         for g in result.grants:
             seq = self.seqs[g.seq_id]
             if seq.status is SeqStatus.WAITING:
@@ -188,11 +196,23 @@ class Scheduler:
                 if seq.num_cached_tokens < 0:
                     seq.num_cached_tokens = g.num_cached_tokens
             assert g.start_pos == seq.num_computed, (g, seq.num_computed)
-            end = g.start_pos + g.num_tokens
+            start = g.start_pos
+            end = start + g.num_tokens
+            table = seq.block_table
+            if g.new_blocks or g.table_start < len(table):
+                del table[g.table_start:]
+                table.extend(g.new_blocks)
             needs_history = seq.sampling.uses_penalties
+            prompt = seq.prompt_token_ids
+            if start >= len(prompt):  # decode: no copy of the whole context
+                out = seq.output_token_ids
+                tokens = out[start - len(prompt):end - len(prompt)]
+            else:
+                tokens = seq.all_token_ids[start:end]
             steps.append(SeqStep(
-                seq_id=seq.seq_id, token_ids=seq.all_token_ids[g.start_pos:end],
-                start_pos=g.start_pos, slot_mapping=g.slot_mapping, block_table=g.block_table,
+                seq_id=seq.seq_id, token_ids=tokens, start_pos=start,
+                slot_mapping=[table[p // bs] * bs + p % bs for p in range(start, end)],
+                block_table=table,
                 sample=end == seq.num_tokens, sampling=seq.sampling, seed=seq.seed,
                 prompt_token_ids=seq.prompt_token_ids if needs_history else [],
                 output_token_ids=seq.output_token_ids if needs_history else [],
@@ -229,6 +249,7 @@ class Scheduler:
         parent.fork_at = None
         for sample in self.held.pop(parent.seq_id, []):
             sample.num_computed = parent.num_computed
+            sample.block_table = list(parent.block_table)
             sample.num_cached_tokens = parent.num_cached_tokens
             sample.status = SeqStatus.RUNNING
             _insert(self.running, sample)

@@ -102,6 +102,12 @@ class KVAllocator(ABC):
     def block_table(self, seq_id: str) -> list[int]:
         """Block ids holding the sequence's tokens, in position order."""
 
+    def table_changes(self, seq_id: str) -> tuple[int, list[int]]:
+        """(start, blocks): the sequence's block table from index `start` on, where it
+        changed since the last call for it (the whole table the first time, after a swap-in
+        or ...); what a Grant carries. This default always says the whole table."""
+        return 0, self.block_table(seq_id)
+
     @abstractmethod
     def num_tokens(self, seq_id: str) -> int:
         """Tokens that have slots (a cached prefix included)."""

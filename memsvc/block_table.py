@@ -32,6 +32,7 @@ class BlockTable:
     tail_tokens: list[int] = field(default_factory=list)
     host_blocks: list[int] = field(default_factory=list)
     swapped: bool = False
+    synced: int = 0  # leading blocks the gateway was told about (the rest changed since)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -89,4 +90,5 @@ class BlockTable:
             num_tokens=self.num_tokens,
             block_keys=list(self.block_keys),
             tail_tokens=list(self.tail_tokens),
+            synced=self.synced,  # the gateway copies the parent's table for the child
         )

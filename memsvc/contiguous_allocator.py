@@ -34,6 +34,7 @@ class ContiguousSeq:
     max_len: int
     final_len: int | None = None
     num_tokens: int = 0
+    synced: int = 0  # leading blocks of its table the gateway was told about
 
     def __post_init__(self) -> None:
         if self.final_len is not None and not 1 <= self.final_len <= self.max_len:
@@ -160,6 +161,12 @@ class ContiguousAllocator(KVAllocator):
 
     def num_tokens(self, seq_id: str) -> int:
         return self._get(seq_id).num_tokens
+
+    def table_changes(self, seq_id: str) -> tuple[int, list[int]]:
+        seq = self._get(seq_id)
+        start, end = seq.synced, blocks_for(seq.num_tokens, self.block_size)
+        seq.synced = end
+        return start, list(range(seq.run.start + start, seq.run.start + end))
 
     def num_free_blocks(self) -> int:
         """All free blocks, in any run (a request may still need a longer run than exists)."""

@@ -164,11 +164,21 @@ class MemoryManager:
         lost = []
         if session_id:
             back = self.sessions.enter(session_id, plan)
+        if plan.forks:  # first; a parent memsvc no longer holds leaves its child lost (recompute)
+            has = self.allocator.has_sequence
+            for parent, child in plan.forks:
+                if has(parent) and not has(child):
+                    self.allocator.fork(parent, child)
+                    if session_id:
+                        self.sessions.own(session_id, child)
+            plan.forks = []
+        if session_id:
             entries = plan.entries
             has = self.allocator.has_sequence
             lost = [e for e in entries if not e.new and not has(e.seq_id)]
             if lost:
-                plan = Plan([e for e in entries if e.new or has(e.seq_id)], plan.free)
+                plan = Plan([e for e in entries if e.new or has(e.seq_id)], plan.free,
+                            plan.step_tokens, plan.step_seconds)
             held_back = [e.seq_id for e in plan.entries if e.new] if over_share(self, session_id) else []
             if held_back:  # this session holds its share of a shared pool: no new sequence now
                 plan.entries = [e for e in plan.entries if not e.new]

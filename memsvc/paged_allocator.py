@@ -84,6 +84,12 @@ class PagedAllocator(KVAllocator):
     def block_table(self, seq_id: str) -> list[int]:
         return self._get(seq_id).block_ids
 
+    def table_changes(self, seq_id: str) -> tuple[int, list[int]]:
+        table = self._get(seq_id)
+        start = table.synced
+        table.synced = len(table.blocks)
+        return start, [b.block_id for b in table.blocks[start:]]
+
     def num_tokens(self, seq_id: str) -> int:
         return self._get(seq_id, on_device=False).num_tokens
 
@@ -161,6 +167,7 @@ class PagedAllocator(KVAllocator):
             (dst,) = self.pool.allocate(1)
             self.pool.free([src])  # still held by the other sharers
             table.blocks[-1] = dst
+            table.synced = min(table.synced, len(table.blocks) - 1)
             copies.append((src.block_id, dst.block_id))
         table.blocks.extend(self.pool.allocate(needed - len(copies)))
         start = table.num_tokens
@@ -210,6 +217,7 @@ class PagedAllocator(KVAllocator):
         pairs = [(b.block_id, h) for b, h in zip(table.blocks, host)]
         self.pool.free(reversed(table.blocks))
         table.blocks, table.host_blocks, table.swapped = [], host, True
+        table.synced = 0
         return pairs
 
     def can_swap_in(self, seq_id: str) -> bool:
@@ -226,6 +234,7 @@ class PagedAllocator(KVAllocator):
         pairs = [(h, b.block_id) for h, b in zip(table.host_blocks, device)]
         self.swap_space.free(table.host_blocks)
         table.blocks, table.host_blocks, table.swapped = device, [], False
+        table.synced = 0
         for block, key in zip(device, table.block_keys):
             self.pool.cache(block, key)  # no-op where the key is still cached elsewhere
         return pairs

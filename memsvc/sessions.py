@@ -53,6 +53,7 @@ class Sessions:
             back[key] = entry.seq_id
             entry.seq_id = key
         plan.free = [self.internal(session_id, s) for s in plan.free]
+        plan.forks = [(self.internal(session_id, p), self.internal(session_id, c)) for p, c in plan.forks]
         return back
 
     def leave(self, session_id: str, plan: Plan, result: ReserveResult, alive,

@@ -53,6 +53,8 @@ class StepPlanner:
 
     def reserve(self, plan: Plan) -> Reservation:
         alloc = self.allocator
+        for parent, child in plan.forks:
+            alloc.fork(parent, child)
         for seq_id in plan.free:
             if alloc.has_sequence(seq_id):
                 alloc.free(seq_id)
@@ -138,12 +140,8 @@ class StepPlanner:
     def _grant(self, entry: PlanEntry, start: int, tokens: list[int], cached: int, out: Reservation) -> None:
         appended = self.allocator.append(entry.seq_id, tokens)
         out.copies.extend(("cow", src, dst) for src, dst in appended.copies)
-        out.result.grants.append(Grant(
-            seq_id=entry.seq_id, start_pos=start, num_tokens=len(tokens),
-            slot_mapping=appended.slot_mapping,
-            block_table=self.allocator.block_table(entry.seq_id),
-            num_cached_tokens=cached,
-        ))
+        table_start, new_blocks = self.allocator.table_changes(entry.seq_id)
+        out.result.grants.append(Grant(entry.seq_id, start, len(tokens), table_start, new_blocks, cached))
 
     def _pick_victim(self, entries: list[PlanEntry], current: int, preempted: set[str]) -> str:
         for entry in reversed(entries[current + 1 :]):

@@ -21,7 +21,9 @@ class MemoryClient(Protocol):
     """memsvc: owns the KV pool and decides which sequence gets which slots."""
 
     def reserve(self, plan: Plan) -> ReserveResult:
-        """Free `plan.free`, then grant slots to `plan.entries` in order (priority order).
+        """Fork `plan.forks` (parent, child) and free `plan.free`, then grant slots to
+        `plan.entries` in order (priority order). A grant carries the change to the
+        sequence's block table since its last grant (`table_start`, `new_blocks`).
 
         Every running entry is granted, preempted (mode "swap" or "recompute") or, when
         memsvc no longer holds it, reported preempted for recompute; a new entry is granted
@@ -57,5 +59,7 @@ class ExecutorClient(Protocol):
         """Run one step: write each sequence's K/V into its slots and return one
         SampleOutput per sequence with `sample` set, in batch order. A batch whose
         `pool_epoch` names a pool other than the executor's is refused (ABORTED across
-        processes): its reservation is gone."""
+        processes): its reservation is gone. `batch.forget` names sequences finished or
+        preempted since the last batch (an executor that keeps per-sequence state drops
+        theirs; across processes the client sends only what changed, wire.step_delta)."""
         ...

@@ -110,7 +110,9 @@ def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest
                   max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt)
                for e in plan.entries]
     return memory_pb2.ReserveRequest(session_id=session_id, entries=entries, free=plan.free,
-                                     step_tokens=plan.step_tokens, step_seconds=plan.step_seconds)
+                                     step_tokens=plan.step_tokens, step_seconds=plan.step_seconds,
+                                     fork_parents=[p for p, _ in plan.forks],
+                                     fork_children=[c for _, c in plan.forks])
 
 
 def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
@@ -120,14 +122,14 @@ def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
                          salt=e.salt if e.HasField("salt") else None)
                for e in m.entries]
     return Plan(entries=entries, free=list(m.free), step_tokens=m.step_tokens,
-                step_seconds=m.step_seconds)
+                step_seconds=m.step_seconds, forks=list(zip(m.fork_parents, m.fork_children)))
 
 
 def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
     G = memory_pb2.Grant
     return memory_pb2.ReserveResponse(
         grants=[G(seq_id=g.seq_id, start_pos=g.start_pos, num_tokens=g.num_tokens,
-                  slot_mapping=g.slot_mapping, block_table=g.block_table,
+                  table_start=g.table_start, new_blocks=g.new_blocks,
                   num_cached_tokens=g.num_cached_tokens) for g in r.grants],
         preempted=[memory_pb2.Preemption(seq_id=p.seq_id, mode=p.mode) for p in r.preempted],
         rejected=[memory_pb2.Rejection(seq_id=x.seq_id, reason=x.reason) for x in r.rejected],
@@ -137,8 +139,8 @@ def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
 
 def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
     return ReserveResult(
-        grants=[Grant(g.seq_id, g.start_pos, g.num_tokens, list(g.slot_mapping),
-                      list(g.block_table), g.num_cached_tokens) for g in m.grants],
+        grants=[Grant(g.seq_id, g.start_pos, g.num_tokens, g.table_start, list(g.new_blocks),
+                      g.num_cached_tokens) for g in m.grants],
         preempted=[Preemption(p.seq_id, p.mode) for p in m.preempted],
         rejected=[Rejection(x.seq_id, x.reason) for x in m.rejected],
         waiting=list(m.waiting),
@@ -150,44 +152,33 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
 # -- Execute -----------------------------------------------------------------------------
 
 
-def batch_to_proto(batch: StepBatch) -> executor_pb2.ExecuteRequest:
-    S = executor_pb2.SeqStep
-    sampling: dict[int, generation_pb2.SamplingParams] = {}
-    seqs = []
-    for s in batch.seqs:
-        sp = sampling.get(id(s.sampling))
-        if sp is None:
-            sp = sampling[id(s.sampling)] = sampling_to_proto(s.sampling)
-        seqs.append(S(seq_id=s.seq_id, token_ids=s.token_ids, start_pos=s.start_pos,
-                      slot_mapping=s.slot_mapping, block_table=s.block_table, sample=s.sample,
-                      sampling=sp, seed=s.seed, prompt_token_ids=s.prompt_token_ids,
-                      output_token_ids=s.output_token_ids))
-    return executor_pb2.ExecuteRequest(seqs=seqs, pool_epoch=batch.pool_epoch)
+def seq_state_to_proto(step: SeqStep, history: list[int], prompt_len: int,
+                       sampling: generation_pb2.SamplingParams) -> executor_pb2.SeqState:
+    return executor_pb2.SeqState(seq_id=step.seq_id, sampling=sampling, seed=step.seed,
+                                 prompt_len=prompt_len, history=history)
 
 
-def batch_from_proto(m: executor_pb2.ExecuteRequest) -> StepBatch:
-    prev, sp = None, None
-    seqs = []
-    for s in m.seqs:
-        if prev is None or s.sampling != prev:
-            prev = s.sampling
-            sp = sampling_from_proto(prev)
-        seqs.append(SeqStep(s.seq_id, list(s.token_ids), s.start_pos, list(s.slot_mapping),
-                            list(s.block_table), s.sample, sp, s.seed,
-                            list(s.prompt_token_ids), list(s.output_token_ids)))
-    return StepBatch(seqs, m.pool_epoch)
-
-
-def outputs_to_proto(outputs: list[SampleOutput]) -> executor_pb2.ExecuteResponse:
+def outputs_to_proto(outputs: list[SampleOutput], incarnation: str = "") -> executor_pb2.ExecuteResponse:
+    """Tokens alone (packed) when no output carries logprobs."""
+    if all(o.logprob is None and not o.top_logprobs for o in outputs):
+        return executor_pb2.ExecuteResponse(tokens=[o.token_id for o in outputs], incarnation=incarnation)
     SO, TL = executor_pb2.SampleOutput, generation_pb2.TopLogprob
     return executor_pb2.ExecuteResponse(outputs=[
         SO(seq_id=o.seq_id, token_id=o.token_id, logprob=o.logprob,
            top_logprobs=[TL(token_id=t, logprob=lp) for t, lp in o.top_logprobs] if o.top_logprobs else None)
         for o in outputs
-    ])
+    ], incarnation=incarnation)
 
 
-def outputs_from_proto(m: executor_pb2.ExecuteResponse) -> list[SampleOutput]:
+def outputs_from_proto(m: executor_pb2.ExecuteResponse, sampled_ids: list[str] | None = None
+                       ) -> list[SampleOutput]:
+    """`sampled_ids`: the ids of the batch's sequences with sample set, in order (for a
+    response that carries tokens alone)."""
+    if m.tokens:
+        if sampled_ids is None or len(sampled_ids) != len(m.tokens):
+            raise ValueError(f"the executor sent {len(m.tokens)} tokens for "
+                             f"{'?' if sampled_ids is None else len(sampled_ids)} sampled sequences")
+        return [SampleOutput(i, t) for i, t in zip(sampled_ids, m.tokens)]
     return [
         SampleOutput(o.seq_id, o.token_id, o.logprob if o.HasField("logprob") else None,
                      [(t.token_id, t.logprob) for t in o.top_logprobs])

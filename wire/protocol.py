@@ -178,6 +178,8 @@ class StepBatch:
 
     seqs: list[SeqStep]
     pool_epoch: str = ""
+    forget: list[str] = field(default_factory=list)  # finished or preempted since the last batch:
+    # an executor that keeps per-sequence state (across processes) drops theirs first
 
 
 @dataclass
@@ -216,15 +218,22 @@ class Plan:
     free: list[str] = field(default_factory=list)  # finished or cancelled: release their blocks first
     step_tokens: int = 0
     step_seconds: float = 0.0
+    forks: list[tuple[str, str]] = field(default_factory=list)  # (parent, child), done before
+    # anything else: the child shares every block of the parent (copy-on-write from here on)
 
 
 @dataclass
 class Grant:
+    """Slots for `num_tokens` tokens from `start_pos` on. The block table travels as a change:
+    the sequence's table from index `table_start` on is now `new_blocks` (a new or resumed
+    sequence: the whole table from 0; a decode step that fills no new block: nothing). The
+    slot of position p is table[p // block_size] * block_size + p % block_size."""
+
     seq_id: str
     start_pos: int  # position of the first granted token
     num_tokens: int
-    slot_mapping: list[int]
-    block_table: list[int]
+    table_start: int = 0
+    new_blocks: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # new sequences: prompt tokens found in the prefix cache
 
 

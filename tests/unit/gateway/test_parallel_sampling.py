@@ -27,8 +27,8 @@ def test_samples_share_the_prompt_blocks(prompt_len, shared, own):
     out = steps(loop, 1)  # the prefill up to the last prompt token, once
     assert ex.num_executed_tokens == prompt_len - 1 and out == {}
     assert mem.stats().snapshot["blocks_referenced"] == -(-(prompt_len - 1) // 4)
-    tables = [mem.allocator.block_table(f"r/{i}") for i in range(4)]
-    assert all(t == tables[0] for t in tables)  # forked: the same blocks
+    # the forks travel inside the next Reserve's plan (no Fork call each)
+    assert loop.scheduler.forks == [("r/0", f"r/{i}") for i in range(1, 4)]
     out = steps(loop, 1)  # each sample computes the last prompt token and draws its first token
     assert ex.num_executed_tokens == prompt_len - 1 + 4
     assert mem.stats().snapshot["blocks_referenced"] == shared + own

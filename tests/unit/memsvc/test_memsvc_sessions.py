@@ -22,7 +22,7 @@ def test_two_sessions_may_use_the_same_ids():
     ra = mem.reserve(Plan([new("0/0")]), session_id="a")
     rb = mem.reserve(Plan([new("0/0", 9)]), session_id="b")
     assert [g.seq_id for g in ra.grants] == ["0/0"] and [g.seq_id for g in rb.grants] == ["0/0"]
-    assert ra.grants[0].block_table != rb.grants[0].block_table
+    assert ra.grants[0].new_blocks != rb.grants[0].new_blocks
     stats = mem.stats()
     assert (stats.num_sequences, stats.num_sessions) == (2, 2)
     mem.free(["0/0"], session_id="a")

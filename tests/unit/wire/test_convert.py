@@ -47,7 +47,7 @@ def test_plan():
         PlanEntry("a/0", [1, 2, 3], True, 100, max_new_tokens=2, final_len=0, salt=""),
         PlanEntry("b/0", [9], False, 50, final_len=42, salt="s"),
         PlanEntry("c/0", [], False, 10),
-    ], free=["x/0", "y/1"])
+    ], free=["x/0", "y/1"], forks=[("b/0", "b/1"), ("b/0", "b/2")])
     msg = wire(convert.plan_to_proto(plan, "session-1"))
     assert msg.session_id == "session-1"
     assert convert.plan_from_proto(msg) == plan
@@ -55,7 +55,7 @@ def test_plan():
 
 def test_reserve_result():
     r = ReserveResult(
-        grants=[Grant("a/0", 16, 3, [2**40, 5, 6], [1, 7], 16), Grant("b/0", 0, 1, [0], [0])],
+        grants=[Grant("a/0", 16, 3, 1, [7], 16), Grant("b/0", 0, 1, 0, [0]), Grant("c/1", 5, 1)],
         preempted=[Preemption("c/0", "recompute"), Preemption("d/0", "swap")],
         rejected=[Rejection("e/0", "too long")], waiting=["f/0", "g/0"], resumed=["h/0"],
         pool_epoch="0123abcd",
@@ -64,22 +64,14 @@ def test_reserve_result():
     assert convert.reserve_result_from_proto(memory_pb2.ReserveResponse()) == ReserveResult([])
 
 
-def test_step_batch_shares_sampling():
-    a, b = SAMPLINGS[1], SAMPLINGS[2]
-    batch = StepBatch([
-        SeqStep("a/0", [5, 6], 0, [0, 1], [0], False, a, 7),
-        SeqStep("b/0", [8], 3, [40], [2, 9], True, a, 2**63 - 1),
-        SeqStep("c/0", [9], 1, [41], [3], True, b, 0, prompt_token_ids=[1, 2], output_token_ids=[3]),
-    ], pool_epoch="0123abcd")
-    back = convert.batch_from_proto(wire(convert.batch_to_proto(batch)))
-    assert back == batch
-    assert back.seqs[0].sampling is back.seqs[1].sampling
-
-
 def test_sample_outputs():
     outs = [SampleOutput("a/0", 5), SampleOutput("b/0", 0, -0.5, [(0, -0.5), (3, -1.25)])]
     assert convert.outputs_from_proto(wire(convert.outputs_to_proto(outs))) == outs
     assert convert.outputs_from_proto(executor_pb2.ExecuteResponse()) == []
+    plain = [SampleOutput("a/0", 5), SampleOutput("b/0", 0)]
+    msg = wire(convert.outputs_to_proto(plain, "inc"))
+    assert list(msg.tokens) == [5, 0] and not msg.outputs and msg.incarnation == "inc"
+    assert convert.outputs_from_proto(msg, ["a/0", "b/0"]) == plain
 
 
 def test_stats_from_a_memory_manager():
