@@ -5,7 +5,9 @@ Three runs of the same requests (greedy, ignore_eos, all submitted at once):
 - split loop: the batching loop in this process over the gRPC clients of memsvc and the
   executor, each call timed, so a step's reserve and execute times include their RPCs.
 - in process: the offline engine, the same loop over direct calls, each call timed.
-Per-step RPC overhead is the split loop's step time minus the in-process one.
+Per-step RPC overhead is the split loop's step time minus the in-process one. Each run
+(and each warm-up) gets its own fresh random prompts, so no run finds another's prompt
+blocks in the prefix cache (the split loop shares memsvc with the gateway run before it).
 """
 from __future__ import annotations
 
@@ -124,13 +126,12 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict, int]:
         gateway = sup.by_name["gateway"].spec.address
         remote_ex = RemoteExecutorClient(executor)
         vocab = remote_ex.model_info().vocab_size
-        prompts = prompts_for(vocab)
-        through_gateway(gateway, warm(vocab), sampling)
-        via_gateway = through_gateway(gateway, prompts, sampling)
+        through_gateway(gateway, warm(vocab, 0), sampling)
+        via_gateway = through_gateway(gateway, prompts_for(vocab, 0), sampling)
         loop = BatchLoop(TimedMemory(RemoteMemoryClient(memsvc)), TimedExecutor(remote_ex), SchedulerConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens))
-        drive(loop, warm(vocab), sampling)
-        split = drive(loop, prompts, sampling)
+        drive(loop, warm(vocab, 1), sampling)
+        split = drive(loop, prompts_for(vocab, 1), sampling)
         loop.memory.inner.close()
         remote_ex.close()
     finally:
@@ -160,19 +161,21 @@ def run(args) -> int:
 
     sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
 
-    def prompts_for(vocab):
-        rng = random.Random(args.seed)
-        return [random_prompt_ids(rng, args.input_len, vocab) for _ in range(args.num_requests)]
+    def prompts_for(vocab, run: int, n: int | None = None):
+        """Fresh prompts for each run (0 gateway, 1 split loop, 2 in process); warm-ups
+        draw their own (run + 10): nothing measured is in the prefix cache beforehand."""
+        rng = random.Random(args.seed * 1000 + run)
+        return [random_prompt_ids(rng, args.input_len, vocab) for _ in range(n or args.num_requests)]
 
-    def warm(vocab):
-        return prompts_for(vocab)[:2]
+    def warm(vocab, run: int):
+        return prompts_for(vocab, run + 10, 2)
 
     via_gateway, split, vocab = split_runs(args, prompts_for, sampling, warm)
     engine = LLMEngine(engine_config(args))
     loop = BatchLoop(TimedMemory(engine.memory), TimedExecutor(engine.loop.executor), engine.loop.scheduler.config,
                      engine.tokenizer)
-    drive(loop, warm(vocab), sampling)
-    local = drive(loop, prompts_for(vocab), sampling)
+    drive(loop, warm(vocab, 2), sampling)
+    local = drive(loop, prompts_for(vocab, 2), sampling)
     result = {"num_requests": args.num_requests, "input_len": args.input_len,
               "output_len": args.output_len, "max_num_seqs": args.max_num_seqs,
               "machine": f"{os.cpu_count()} CPUs", "in_process": local, "split_loop": split,
