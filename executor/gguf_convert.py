@@ -3,7 +3,8 @@
 The directory holds config.json, generation_config.json, model.safetensors (float32,
 dequantized) and the tokenizer files (with the chat template). It lives under
 `$PAGEDSERVE_CACHE` (default `~/.cache/pagedserve/models`) in `<file stem>-<key>`, where the
-key hashes the file's size and mtime and the converter version, and it is written to a
+key is a SHA-256 of the file's whole content and the converter version (never its name, size
+or modification time: two different files must not share a cache), and it is written to a
 temporary directory renamed into place, so a crash never leaves a half-written cache.
 """
 from __future__ import annotations
@@ -53,9 +54,17 @@ def cache_root() -> str:
     )
 
 
+def content_key(gguf_path: str) -> str:
+    """SHA-256 of the converter version and every byte of the file (about 0.2 s per 100 MB)."""
+    h = hashlib.sha256(f"pagedserve-gguf-converter:{CONVERTER_VERSION}\n".encode())
+    with open(gguf_path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def cache_dir_for(gguf_path: str) -> str:
-    st = os.stat(gguf_path)
-    key = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}:{CONVERTER_VERSION}".encode()).hexdigest()
+    key = content_key(gguf_path)
     stem = os.path.splitext(os.path.basename(gguf_path))[0]
     return os.path.join(cache_root(), f"{stem}-{key[:12]}")
 

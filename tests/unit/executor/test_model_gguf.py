@@ -112,3 +112,38 @@ def test_default_model_answers_a_chat_prompt(default_model_dir):
         if token in config.eos_token_ids:
             break
     assert tok.decode(out) == "The capital of France is Paris.<|im_end|>"
+
+
+def test_cache_is_keyed_by_content(tmp_path, monkeypatch):
+    """Two different files with the same name, size and modification time get two caches;
+    the same bytes under another name share one."""
+    monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
+    converted = []
+
+    def fake_convert(gguf_path, out_dir, progress=True):
+        data = open(gguf_path, "rb").read()
+        converted.append(data)
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump({"content": data.decode()}, f)
+
+    monkeypatch.setattr(gguf_convert, "convert", fake_convert)
+    paths = []
+    for sub, content in (("one", "GGUF weights A"), ("two", "GGUF weights B")):
+        (tmp_path / sub).mkdir()
+        path = tmp_path / sub / "model.gguf"
+        path.write_text(content)
+        os.utime(path, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+        paths.append(str(path))
+    a, b = (os.stat(p) for p in paths)
+    assert (a.st_size, a.st_mtime_ns) == (b.st_size, b.st_mtime_ns)
+    dir_a, dir_b = (gguf_convert.ensure_converted(p, progress=False) for p in paths)
+    assert dir_a != dir_b
+    for d, content in ((dir_a, "GGUF weights A"), (dir_b, "GGUF weights B")):
+        assert json.load(open(os.path.join(d, "config.json")))["content"] == content
+    assert len(converted) == 2
+    # the same bytes elsewhere, under the same name: the first cache, not converted again
+    (tmp_path / "three").mkdir()
+    copy = tmp_path / "three" / "model.gguf"
+    copy.write_text("GGUF weights A")
+    assert gguf_convert.ensure_converted(str(copy), progress=False) == dir_a
+    assert len(converted) == 2
