@@ -196,7 +196,16 @@ class GuidedSampler:
     def __init__(self, inner, guided: GuidedDecoding):
         self.inner = inner
         self.guided = guided
+        self.mask_seconds = 0.0  # spent computing and applying masks (steps with a grammar)
+        self.mask_steps = 0
 
     def __call__(self, logits: torch.Tensor, seqs: list[SeqStep]):
-        self.guided.apply(logits, self.guided.prepare(seqs))
+        import time
+
+        start = time.perf_counter()
+        pending = self.guided.prepare(seqs)
+        if pending is not None:
+            self.guided.apply(logits, pending)
+            self.mask_seconds += time.perf_counter() - start
+            self.mask_steps += 1
         return self.inner(logits, seqs)

@@ -50,3 +50,51 @@ def test_metrics_on_the_api_port_show_the_whole_replica(served):
     assert m['pagedserve:metrics_upstream_up{service="memsvc"}'] == 1
     assert m['pagedserve:metrics_upstream_up{service="executor"}'] == 1
     assert m['pagedserve:execute_steps_total{service="executor"}'] >= 4
+
+
+def _hook_in_place() -> bool:
+    import inspect
+
+    import executor.model_runner
+
+    return "guided" in inspect.getsource(executor.model_runner)
+
+
+needs_hook = pytest.mark.skipif(not _hook_in_place(), reason="the model runner does not apply "
+                                "executor.logits_mask yet (hook lines in its docstring)")
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                           "population": {"type": "integer", "minimum": 0}},
+          "required": ["city", "population"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                   "required": ["city"], "additionalProperties": False}}}
+
+
+@needs_hook
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_schema_and_tool_calls_on_the_default_model(served, stream):
+    import json
+
+    import jsonschema
+
+    kw = dict(model=MODEL, max_tokens=60, messages=[{"role": "user", "content": "Paris as JSON"}],
+              response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA,
+                                                                      "strict": True}})
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in served.client.chat.completions.create(
+            stream=True, **kw) if c.choices)
+    else:
+        text = served.client.chat.completions.create(**kw).choices[0].message.content
+    jsonschema.validate(json.loads(text), SCHEMA)
+    kw = dict(model=MODEL, max_tokens=60, tools=[WEATHER], tool_choice="required",
+              messages=[{"role": "user", "content": "Weather in Paris?"}])
+    if stream:
+        chunks = list(served.client.chat.completions.create(stream=True, **kw))
+        calls = [t for c in chunks if c.choices for t in (c.choices[0].delta.tool_calls or [])]
+        reason = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+    else:
+        r = served.client.chat.completions.create(**kw)
+        calls, reason = r.choices[0].message.tool_calls, r.choices[0].finish_reason
+    assert reason == "tool_calls" and calls[0].function.name == "get_weather"
+    jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER["function"]["parameters"])
