@@ -24,6 +24,9 @@ paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, sc
       chunk, 0 a sequence with nothing to compute. Causal: position p sees 0..p.
     num_heads must be a multiple of num_kv_heads (head h reads kv head
       `h // (num_heads // num_kv_heads)`). float32, bfloat16 or float16, softmax in float32.
+    window (optional int): sliding-window attention, position p sees p - window + 1 .. p only;
+      blocks wholly before every query's window are never read (their table entries may be
+      stale). softcap (optional float): scores s -> softcap * tanh(s / softcap) (Gemma 2).
     Returns `[T, num_heads, head_size]` in q's dtype, written into `out` when given.
     Cache slots that are read but masked out (the tail of a sequence's last block, blocks
     named by padding entries) must hold finite numbers: the torch path reads whole blocks.
@@ -56,12 +59,15 @@ def _use_triton(*tensors) -> bool:
     return _HAS_TRITON and all(t.is_cuda for t in tensors)
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None):
+def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None,
+                    window=None, softcap=None):
     if _use_triton(q, k_cache, v_cache):
         from kernels.paged_attention_triton import paged_attention_triton
 
-        return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
-    return paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
+        return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
+                                      window=window, softcap=softcap)
+    return paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
+                               window=window, softcap=softcap)
 
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:

@@ -5,14 +5,27 @@ import torch
 import torch.nn.functional as F
 
 
-def paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None):
-    """Decodes (q_len 1) of the batch together in one masked SDPA call, prefill chunks one by one."""
+def paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None,
+                        window=None, softcap=None):
+    """Decodes (q_len 1) of the batch together in one masked SDPA call, prefill chunks one by one.
+
+    window: position p sees only p - window + 1 .. p (a sliding window of `window` positions,
+    itself included; transformers' `kv_idx > q_idx - sliding_window`); blocks wholly before
+    every query's window are not read, so their table entries may name any block.
+    softcap: attention scores s become softcap * tanh(s / softcap) before the softmax (Gemma 2).
+    With either, every sequence takes the explicit per-sequence path (_windowed)."""
     if out is None:
         out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     gqa = q.shape[1] != k_cache.shape[2]
     q_lens = [end - start for start, end in zip(starts, starts[1:])]
+    if window is not None or softcap is not None:
+        for b, q_len in enumerate(q_lens):
+            if q_len > 0:
+                _windowed(q, k_cache, v_cache, block_tables[b], lens[b], starts[b], starts[b + 1],
+                          scale, window, softcap, out)
+        return out
     decodes = [b for b, q_len in enumerate(q_lens) if q_len == 1]
     if decodes:
         _decode(q, k_cache, v_cache, block_tables, seq_lens, starts, lens, decodes, scale, gqa, out)
@@ -71,3 +84,30 @@ def _prefill(q, k_cache, v_cache, table, length, start, end, scale, gqa, out):
         queries[None], keys[None], values[None], attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa
     )
     out[start:end] = result[0].transpose(0, 1)
+
+
+def _windowed(q, k_cache, v_cache, table, length, start, end, scale, window, softcap, out):
+    """One sequence's queries with a sliding window and/or score soft-capping, in float32."""
+    num_blocks, block_size, kv_heads, _ = k_cache.shape
+    q_len = end - start
+    first_pos = 0 if window is None else max(0, length - q_len - window + 1)
+    first_block = first_pos // block_size
+    n_blocks = -(-length // block_size)
+    base = first_block * block_size
+    keys = _gather(k_cache, table[first_block:n_blocks], num_blocks)[: length - base].float()
+    values = _gather(v_cache, table[first_block:n_blocks], num_blocks)[: length - base].float()
+    group = q.shape[1] // kv_heads
+    if group > 1:
+        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    queries = q[start:end].float()
+    scores = torch.einsum("qhd,khd->hqk", queries, keys) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    rows = torch.arange(length - q_len, length, device=q.device)[:, None]
+    cols = torch.arange(base, length, device=q.device)[None, :]
+    visible = cols <= rows
+    if window is not None:
+        visible &= cols > rows - window
+    scores = scores.masked_fill(~visible[None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out[start:end] = torch.einsum("hqk,khd->qhd", probs, values).to(out.dtype)

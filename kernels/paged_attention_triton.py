@@ -41,7 +41,7 @@ _SM_COUNT: dict[int, int] = {}
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     part_acc_ptr, part_ml_ptr,
-    qk_scale, num_seqs, tiles_per_split,
+    qk_scale, num_seqs, tiles_per_split, window, cap_in, cap_out,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
@@ -50,7 +50,7 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     BLOCKS_PER_TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, NUM_HEADS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):
     program = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -93,15 +93,20 @@ def _paged_attention_kernel(
     num_tiles = last_pos // TILE + 1
     first_tile = split * tiles_per_split
     end_tile = tl.minimum(first_tile + tiles_per_split, num_tiles)
+    first_pos = 0  # the first position any row of this program sees
+    if HAS_WINDOW:
+        first_pos = tl.maximum(context_start + tile_start - seq_start - window + 1, 0)
+        first_tile = tl.maximum(first_tile, first_pos // TILE)
     table = block_tables_ptr + seq.to(tl.int64) * stride_btb
     in_tile = tl.arange(0, TILE)
     for tile in range(first_tile, end_tile):
         positions = tile * TILE + in_tile
-        kv_ok = positions <= last_pos
+        kv_ok = (positions <= last_pos) & (positions >= first_pos)
         if BLOCKS_PER_TILE > 0:  # one block id per block: [BLOCKS_PER_TILE] loads, broadcast
             block_index = tile * BLOCKS_PER_TILE + tl.arange(0, BLOCKS_PER_TILE)
             ids = tl.load(table + block_index * stride_btn,
-                          mask=block_index * BLOCK_SIZE <= last_pos, other=0).to(tl.int64)
+                          mask=(block_index * BLOCK_SIZE <= last_pos)
+                          & ((block_index + 1) * BLOCK_SIZE > first_pos), other=0).to(tl.int64)
             blocks = tl.reshape(tl.broadcast_to(ids[:, None], (BLOCKS_PER_TILE, BLOCK_SIZE)), (TILE,))
         else:  # a block size that is not a power of two: one id per position
             blocks = tl.load(table + (positions // BLOCK_SIZE) * stride_btn, mask=kv_ok, other=0).to(tl.int64)
@@ -111,8 +116,15 @@ def _paged_attention_kernel(
                     + dims[None, :] * stride_kd, mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + blocks[:, None] * stride_vb + offsets[:, None] * stride_vo + kv_head * stride_vh
                     + dims[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(kv_ok[None, :] & (positions[None, :] <= row_pos[:, None]), s, float("-inf"))
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if HAS_SOFTCAP:  # cap * tanh(s * scale / cap), in log2 units; tanh(x) = 2 sigmoid(2x) - 1
+            s = (2.0 * tl.sigmoid(2.0 * s * cap_in) - 1.0) * cap_out
+        else:
+            s = s * qk_scale
+        visible = kv_ok[None, :] & (positions[None, :] <= row_pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (positions[None, :] > row_pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
         alpha = tl.exp2(m - m_safe)
@@ -193,7 +205,7 @@ def launch_config(num_tokens: int, num_seqs: int, group: int, block_size: int, h
 
 
 def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None,
-                           tile=None, num_splits=None):
+                           tile=None, num_splits=None, window=None, softcap=None):
     num_blocks, block_size, num_kv_heads, head_size = k_cache.shape
     num_tokens, num_heads, _ = q.shape
     assert v_cache.shape == k_cache.shape, "k_cache and v_cache: [num_blocks, block_size, num_kv_heads, head_size]"
@@ -228,12 +240,12 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
         tiles_per_split = max(max_tiles, 1 << 30)  # never the bound: the context is
     with on_device(q.device):  # launch on q's GPU, not the thread's current one
         _launch(q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, scale, cfg, grid_q,
-                num_kv_heads, num_splits, tiles_per_split, head_pad, part_acc, part_ml)
+                num_kv_heads, num_splits, tiles_per_split, head_pad, part_acc, part_ml, window, softcap)
     return out
 
 
 def _launch(q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, scale, cfg, grid_q,
-            num_kv_heads, num_splits, tiles_per_split, head_pad, part_acc, part_ml):
+            num_kv_heads, num_splits, tiles_per_split, head_pad, part_acc, part_ml, window=None, softcap=None):
     num_tokens, num_heads, head_size = q.shape
     block_size = k_cache.shape[1]
     num_seqs = seq_lens.shape[0]
@@ -241,6 +253,7 @@ def _launch(q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, s
     _paged_attention_kernel[(grid_q, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, part_acc, part_ml,
         scale * LOG2E, num_seqs, tiles_per_split,
+        int(window or 0), float(scale / softcap) if softcap else 0.0, float(softcap * LOG2E) if softcap else 0.0,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
@@ -250,6 +263,7 @@ def _launch(q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, s
         HEAD_SIZE=head_size, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, TILE=cfg["tile"],
         BLOCKS_PER_TILE=cfg["blocks_per_tile"], NUM_SPLITS=num_splits, NUM_HEADS=num_heads,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None,
         num_warps=cfg["num_warps"],
     )
     if num_splits > 1:

@@ -219,9 +219,13 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, rows, scale, out) 
     _run_split(lambda w0, w1: kernel(*args, w0, w1), work, _threads(work))
 
 
-def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None):
+def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None,
+                        window=None, softcap=None):
     """kernels.paged_attention on the CPU: decodes in place through the C++ kernel, prefill
-    chunks as in the reference."""
+    chunks as in the reference. A sliding window or soft-capping takes the reference path."""
+    if window is not None or softcap is not None:
+        return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
+                                   window=window, softcap=softcap)
     if (q.dtype != torch.float32 or k_cache.dtype != torch.float32 or k_cache.stride(3) != 1
             or k_cache.stride() != v_cache.stride() or not native_available()):
         return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)

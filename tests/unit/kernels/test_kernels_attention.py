@@ -51,8 +51,9 @@ def make_batch(specs, block_size, num_kv_heads, group, head_size=16, dtype=torch
                 seq_lens=seq_lens, query_start_loc=starts), keys, values
 
 
-def dense_attention(q, keys, values, query_start_loc, scale):
-    """Causal attention per sequence over contiguous K/V, explicit softmax in float64."""
+def dense_attention(q, keys, values, query_start_loc, scale, window=None, softcap=None):
+    """Causal attention per sequence over contiguous K/V, explicit softmax in float64
+    (optionally a sliding window of `window` positions and soft-capped scores)."""
     num_heads = q.shape[1]
     out = torch.empty(q.shape, dtype=torch.float64)
     starts = query_start_loc.tolist()
@@ -64,8 +65,11 @@ def dense_attention(q, keys, values, query_start_loc, scale):
         for i in range(q_len):
             pos = seq_len - q_len + i
             query = q[starts[b] + i].double()
-            scores = torch.einsum("hd,nhd->hn", query, k[: pos + 1]) * scale
-            out[starts[b] + i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v[: pos + 1])
+            lo = 0 if window is None else max(0, pos - window + 1)
+            scores = torch.einsum("hd,nhd->hn", query, k[lo: pos + 1]) * scale
+            if softcap is not None:
+                scores = torch.tanh(scores / softcap) * softcap
+            out[starts[b] + i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v[lo: pos + 1])
     return out
 
 
@@ -160,3 +164,28 @@ def test_store_then_attend_in_chunks():
                               torch.tensor([0, chunk], dtype=torch.int32), 0.25)
         expected = dense_attention(queries[new], [keys[:done]], [values[:done]], torch.tensor([0, chunk]), 0.25)
         torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)
+
+
+def poison_outside_window(args, window):
+    """NaN in every block that lies wholly before all of its sequence's query windows: a
+    kernel that reads one (even masked out) returns NaN."""
+    block_size = args["k_cache"].shape[1]
+    starts = args["query_start_loc"].tolist()
+    for b, length in enumerate(args["seq_lens"].tolist()):
+        q_len = starts[b + 1] - starts[b]
+        first_pos = max(0, length - q_len - window + 1) if q_len else length
+        for i in range(first_pos // block_size):
+            blk = int(args["block_tables"][b, i])
+            args["k_cache"][blk] = float("nan")
+            args["v_cache"][blk] = float("nan")
+
+
+@pytest.mark.parametrize("window,softcap", [(5, None), (16, None), (1, None), (None, 2.0), (7, 1.5)])
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_sliding_window_and_softcap(window, softcap, block_size):
+    args, keys, values = make_batch(MIXED, block_size, 2, 3, head_size=8, seed=block_size)
+    if window is not None:
+        poison_outside_window(args, window)
+    out = paged_attention(**args, scale=0.4, window=window, softcap=softcap)
+    expected = dense_attention(args["q"], keys, values, args["query_start_loc"], 0.4, window, softcap)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=2e-5)

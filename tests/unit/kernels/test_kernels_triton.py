@@ -27,7 +27,8 @@ def run_check(name, **extra):
 
 
 @needs_triton
-@pytest.mark.parametrize("name", ["paged_attention", "paged_attention_split_decode", "store_kv", "copy_blocks"])
+@pytest.mark.parametrize("name", ["paged_attention", "paged_attention_split_decode", "paged_attention_window",
+                                  "store_kv", "copy_blocks"])
 def test_triton_kernel_matches_reference(name):
     run_check(name, TRITON_INTERPRET="1")
 
@@ -83,6 +84,26 @@ def check_paged_attention_split_decode():
         for splits in (1, 2, 3, 5, 64):
             out = paged_attention_triton(**args, scale=0.25, tile=16, num_splits=splits)
             torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
+
+
+def check_paged_attention_window():
+    """Sliding window and soft-capping against the reference, with the blocks wholly before
+    every window poisoned with NaN (never read); mixed prefill and decode, and split decode."""
+    import torch
+    from kernels.paged_attention_ref import paged_attention_ref
+    from kernels.paged_attention_triton import paged_attention_triton
+    from test_kernels_attention import make_batch, poison_outside_window
+
+    specs = [(19, 1), (4, 1), (23, 23), (30, 7), (9, 0), (40, 1)]
+    for block_size, window, softcap, tile, splits in ((4, 6, None, 16, None), (8, 13, 1.5, 16, None),
+                                                       (1, 3, None, 16, None), (4, 5, 2.0, 16, 3)):
+        args, _, _ = make_batch(specs if splits is None else [(70, 1), (9, 1)], block_size, 2, 2,
+                                head_size=8, seed=block_size + window)
+        poison_outside_window(args, window)
+        expected = paged_attention_ref(**args, scale=0.35, window=window, softcap=softcap)
+        assert not expected.isnan().any()
+        out = paged_attention_triton(**args, scale=0.35, tile=tile, num_splits=splits, window=window, softcap=softcap)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
 def check_store_kv():
