@@ -8,6 +8,7 @@ import torch
 
 from executor.default_model import DEFAULT_GGUF, resolve_model
 from executor.model_loader import load_model
+from executor.logits_mask import GuidedDecoding
 from executor.model_runner import ModelRunner
 from executor.weights import parse_dtype
 from wire.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
@@ -35,6 +36,8 @@ class Executor:
         self.model.to(self.device)
         self.name = _model_name(model, self.model_dir)
         self.runner: ModelRunner | None = None
+        self.guided = GuidedDecoding(self.model_dir, self.config.vocab_size,
+                                     list(self.config.eos_token_ids))  # loads on first use
 
     def kv_geometry(self) -> KVGeometry:
         c = self.config
@@ -44,7 +47,7 @@ class Executor:
     def model_info(self) -> ModelInfo:
         return ModelInfo(
             name=self.name,
-            max_model_len=self.config.max_position_embeddings,
+            max_model_len=self.config.max_model_len,
             vocab_size=self.config.vocab_size,
             eos_token_ids=list(self.config.eos_token_ids),
             chat_template=read_chat_template(self.model_dir),
@@ -60,6 +63,7 @@ class Executor:
             raise ValueError(f"KV pool block size {pool.shape[3]} differs from {self.block_size}")
         if self.runner is None:
             self.runner = ModelRunner(self.model, self.config, pool)
+            self.runner.guided = self.guided
         else:
             self.runner.attach_pool(pool)
 

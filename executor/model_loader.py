@@ -4,8 +4,14 @@ from __future__ import annotations
 import torch
 
 from executor.model_config import ModelConfig
+from executor.models.gemma import GemmaForCausalLM
 from executor.models.llama import LlamaForCausalLM
+from executor.models.mixtral import MixtralForCausalLM
+from executor.models.phi3 import Phi3ForCausalLM
 from executor.weights import load_weights, parse_dtype
+
+MODEL_CLASSES = {"llama": LlamaForCausalLM, "gemma2": GemmaForCausalLM, "gemma3": GemmaForCausalLM,
+                 "phi3": Phi3ForCausalLM, "mixtral": MixtralForCausalLM}
 
 
 def load_model(model_dir: str, dtype: str | torch.dtype = "float32") -> tuple[LlamaForCausalLM, ModelConfig]:
@@ -13,5 +19,5 @@ def load_model(model_dir: str, dtype: str | torch.dtype = "float32") -> tuple[Ll
     file and what was expected when something is missing, corrupt or the wrong shape."""
     config = ModelConfig.from_dir(model_dir)
     weights = load_weights(model_dir, config, parse_dtype(dtype))
-    model = LlamaForCausalLM(config, weights).eval()
+    model = MODEL_CLASSES[config.family](config, weights).eval()
     return model, config

@@ -1,8 +1,10 @@
-"""The decoder of Llama, Mistral, Qwen2 and Qwen3, over the paged KV pool.
+"""The decoder of Llama, Mistral, Qwen2 and Qwen3, over the paged KV pool, and the base the
+other families (gemma.py, phi3.py, mixtral.py) extend.
 
 All tokens of a step are packed in one dimension T. Each layer does one fused QKV
 projection and one fused gate/up projection; per-sequence attention is the kernels'
-business (`kernels.paged_attention` walks each sequence's block table).
+business (`kernels.paged_attention` walks each sequence's block table, within the layer's
+sliding window when it has one).
 """
 from __future__ import annotations
 
@@ -28,11 +30,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (x * scale).mul_(weight)
 
 
-def rotary_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies [head_dim/2] in float32, with llama3 scaling when configured."""
+def rotary_inv_freq(config: ModelConfig, theta: float | None = None, rs=None) -> torch.Tensor:
+    """Inverse frequencies [head_dim/2] in float32, with llama3, linear or longrope scaling
+    when configured (theta and rs default to the config's global ones)."""
     d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    rs = config.rope_scaling
+    theta = config.rope_theta if theta is None else theta
+    rs = config.rope_scaling if rs is None else rs
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if rs.rope_type == "linear":
+        return inv_freq / rs.factor
+    if rs.rope_type == "longrope":  # Phi-3: the short factors (contexts up to the original length)
+        return 1.0 / (torch.tensor(rs.short_factor, dtype=torch.float32)
+                      * theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     if rs.rope_type != "llama3":
         return inv_freq
     # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between
@@ -52,35 +61,62 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def activation(name: str):
+    if name == "gelu_pytorch_tanh":
+        return lambda x: F.gelu(x, approximate="tanh")
+    return F.silu
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, w: dict[str, torch.Tensor], prefix: str):
+    norm = staticmethod(rms_norm)  # Gemma: (1 + w) in float32
+
+    def __init__(self, config: ModelConfig, w: dict[str, torch.Tensor], prefix: str, index: int = 0):
         super().__init__()
         self.config = config
-        a, m = prefix + "self_attn.", prefix + "mlp."
+        self.window = config.layer_window(index)
+        self.rope_key = "local" if self.window is not None and config.local_rope_theta is not None else "global"
+        self.act = activation(config.hidden_act)
+        a = prefix + "self_attn."
         p = lambda t: nn.Parameter(t, requires_grad=False)  # noqa: E731
-        self.input_norm = p(w[prefix + "input_layernorm.weight"])
-        self.post_attn_norm = p(w[prefix + "post_attention_layernorm.weight"])
-        self.qkv = p(torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]]))
+        self.input_norm = p(self.norm_weight(w[prefix + "input_layernorm.weight"]))
+        self.post_attn_norm = p(self.norm_weight(w[prefix + "post_attention_layernorm.weight"]))
+        self.qkv = p(self.qkv_weight(w, a))
         self.qkv_bias = None
         if config.qkv_bias:
             self.qkv_bias = p(torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]]))
         self.o = p(w[a + "o_proj.weight"])
         self.o_bias = p(w[a + "o_proj.bias"]) if config.o_bias else None
-        self.q_norm = p(w[a + "q_norm.weight"]) if config.qk_norm else None
-        self.k_norm = p(w[a + "k_norm.weight"]) if config.qk_norm else None
+        self.q_norm = p(self.norm_weight(w[a + "q_norm.weight"])) if config.qk_norm else None
+        self.k_norm = p(self.norm_weight(w[a + "k_norm.weight"])) if config.qk_norm else None
+        self.init_mlp(w, prefix)
+
+    @staticmethod
+    def norm_weight(weight: torch.Tensor) -> torch.Tensor:
+        return weight
+
+    def qkv_weight(self, w, a: str) -> torch.Tensor:
+        return torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]])
+
+    def init_mlp(self, w, prefix: str) -> None:
+        m = prefix + "mlp."
+        p = lambda t: nn.Parameter(t, requires_grad=False)  # noqa: E731
         self.gate_up = p(torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]))
         self.down = p(w[m + "down_proj.weight"])
 
-    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
+        return F.linear(self.act(gate).mul_(up), self.down)
+
+    def attention(self, h, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
+        """The attention block on the normed input h [T, hidden]: o_proj's output."""
         c = self.config
-        t = x.shape[0]
-        h = rms_norm(x, self.input_norm, c.rms_norm_eps)
+        t = h.shape[0]
         qkv = F.linear(h, self.qkv, self.qkv_bias)
         heads = c.num_heads + c.num_kv_heads
         if self.q_norm is not None:
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], -1)
-            q = rms_norm(q.view(t, c.num_heads, c.head_dim), self.q_norm, c.rms_norm_eps)
-            k = rms_norm(k.view(t, c.num_kv_heads, c.head_dim), self.k_norm, c.rms_norm_eps)
+            q = self.norm(q.view(t, c.num_heads, c.head_dim), self.q_norm, c.rms_norm_eps)
+            k = self.norm(k.view(t, c.num_kv_heads, c.head_dim), self.k_norm, c.rms_norm_eps)
             qk = torch.cat((q, k), 1)
         else:  # q and k side by side in one view: one rotary pass over both
             qk = qkv[:, : c.q_size + c.kv_size].view(t, heads, c.head_dim)
@@ -89,41 +125,69 @@ class DecoderLayer(nn.Module):
         v = qkv[:, c.q_size + c.kv_size:].view(t, c.num_kv_heads, c.head_dim)
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                    meta.query_start_loc, c.head_dim ** -0.5)
-        x = x + F.linear(o.reshape(t, c.q_size), self.o, self.o_bias)  # x is the caller's: not in place
+                                    meta.query_start_loc, c.attn_scale, window=self.window,
+                                    softcap=c.attn_softcap)
+        return F.linear(o.reshape(t, c.q_size), self.o, self.o_bias)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
+        c = self.config
+        h = rms_norm(x, self.input_norm, c.rms_norm_eps)
+        x = x + self.attention(h, cos, sin, k_cache, v_cache, meta)  # x is the caller's: not in place
         h = rms_norm(x, self.post_attn_norm, c.rms_norm_eps)
-        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
-        return x.add_(F.linear(F.silu(gate).mul_(up), self.down))
+        return x.add_(self.mlp(h))
 
 
 class LlamaForCausalLM(nn.Module):
     """forward(input_ids [T], positions [T], meta, kv_pool) -> final hidden states [T, H];
     compute_logits(hidden [N, H]) -> float32 logits [N, vocab]."""
 
+    layer_class = DecoderLayer
+    final_norm = staticmethod(rms_norm)
+
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]):
         super().__init__()
         self.config = config
         self.embed = nn.Parameter(weights["model.embed_tokens.weight"], requires_grad=False)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, weights, f"model.layers.{n}.") for n in range(config.num_layers)
+            self.layer_class(config, weights, f"model.layers.{n}.", n) for n in range(config.num_layers)
         )
-        self.norm = nn.Parameter(weights["model.norm.weight"], requires_grad=False)
+        self.norm = nn.Parameter(self.layer_class.norm_weight(weights["model.norm.weight"]), requires_grad=False)
         head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
         self.lm_head = head if config.tie_word_embeddings else nn.Parameter(head, requires_grad=False)
         self.register_buffer("inv_freq", rotary_inv_freq(config), persistent=False)
+        self.rope_scale = config.rope_scaling.attention_factor  # longrope scales cos and sin
+        local = None
+        if config.local_rope_theta is not None:
+            local = rotary_inv_freq(config, config.local_rope_theta, config.local_rope_scaling)
+        self.register_buffer("local_inv_freq", local, persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.embed.dtype
 
+    def _cos_sin(self, positions, inv_freq, scale: float = 1.0):
+        freqs = positions.float()[:, None] * inv_freq[None, :]
+        cos, sin = freqs.cos(), freqs.sin()
+        if scale != 1.0:
+            cos, sin = cos * scale, sin * scale
+        return cos.to(self.dtype)[:, None, :], sin.to(self.dtype)[:, None, :]
+
+    def embed_tokens(self, input_ids):
+        return F.embedding(input_ids, self.embed)
+
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_pool: torch.Tensor):
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        cos = freqs.cos().to(self.dtype)[:, None, :]
-        sin = freqs.sin().to(self.dtype)[:, None, :]
-        x = F.embedding(input_ids, self.embed)
+        rope = {"global": self._cos_sin(positions, self.inv_freq, self.rope_scale)}
+        if self.local_inv_freq is not None:
+            rope["local"] = self._cos_sin(positions, self.local_inv_freq)
+        x = self.embed_tokens(input_ids)
         for n, layer in enumerate(self.layers):
+            cos, sin = rope[layer.rope_key]
             x = layer(x, cos, sin, kv_pool[:, n, 0], kv_pool[:, n, 1], meta)
-        return rms_norm(x, self.norm, self.config.rms_norm_eps)
+        return self.final_norm(x, self.norm, self.config.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        logits = F.linear(hidden, self.lm_head).float()
+        cap = self.config.final_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

@@ -27,6 +27,25 @@ TINY_ARCHS = {
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=4096)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1000000.0)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),
+    # sliding windows far shorter than the test contexts (40 tokens)
+    "mistral_swa": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=7)),
+    "qwen2_swa": ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=6,
+                                                          max_window_layers=1)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        head_dim=16, sliding_window=8, query_pre_attn_scalar=24, attn_logit_softcapping=1.5,
+        final_logit_softcapping=4.0, bos_token_id=2, eos_token_id=1, pad_token_id=0)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        head_dim=16, sliding_window=8, query_pre_attn_scalar=24, num_hidden_layers=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        bos_token_id=2, eos_token_id=1, pad_token_id=0)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        sliding_window=10, original_max_position_embeddings=64, bos_token_id=2, eos_token_id=1, pad_token_id=0,
+        rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                      "long_factor": [4.0] * 8, "original_max_position_embeddings": 64})),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2,
+                                                            sliding_window=9)),
 }
 
 

@@ -74,7 +74,8 @@ def test_unsupported_architecture(broken):
         load_model(str(broken))
     msg = str(e.value)
     assert str(broken / "config.json") in msg and "GPT2LMHeadModel" in msg
-    for arch in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    for arch in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
         assert arch in msg
 
 
@@ -150,3 +151,52 @@ def test_half_dtypes(tiny_dir, dtype):
 def test_unknown_dtype(tiny_dir):
     with pytest.raises(ValueError, match="float32"):
         load_model(str(tiny_dir), dtype="int8")
+
+
+# Each family's config with one field that changes the computation and is not implemented.
+UNIMPLEMENTED = {
+    "llama3": ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 5e5}}, "yarn"),
+    "mistral": ({"hidden_act": "relu"}, "hidden_act"),
+    "qwen2": ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quantization_config"),
+    "qwen3": ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}}, "dynamic"),
+    "gemma2": ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    "gemma3": ({"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 1e6},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "yarn"),
+    "phi3": ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    "mixtral": ({"hidden_act": "gelu"}, "hidden_act"),
+    "qwen2_swa": ({"layer_types": ["chunked_attention", "full_attention"]}, "chunked_attention"),
+    "llama_bias": ({"mlp_bias": True}, "mlp_bias"),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(UNIMPLEMENTED))
+def test_unimplemented_config_field_fails_loading(tmp_path, arch):
+    make_tiny_model(tmp_path, arch, tie=arch.startswith("gemma"))
+    load_model(str(tmp_path))  # as saved: loads
+    changes, name = UNIMPLEMENTED[arch]
+    edit_config(tmp_path, **changes)
+    with pytest.raises(ModelLoadError) as e:
+        load_model(str(tmp_path))
+    assert name in str(e.value) and str(tmp_path / "config.json") in str(e.value)
+
+
+def test_mixtral_unimplemented_field(tmp_path):
+    make_tiny_model(tmp_path, "mixtral")
+    edit_config(tmp_path, rope_parameters={"rope_type": "longrope", "short_factor": [1.0] * 8,
+                                           "long_factor": [1.0] * 8, "partial_rotary_factor": 0.25})
+    with pytest.raises(ModelLoadError, match="partial_rotary_factor"):
+        load_model(str(tmp_path))
+
+
+def test_sliding_window_layers_as_transformers():
+    base = {"vocab_size": 10, "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "intermediate_size": 8, "sliding_window": 16}
+    mistral = ModelConfig.from_dict({**base, "architectures": ["MistralForCausalLM"]})
+    assert [mistral.layer_window(n) for n in range(4)] == [16] * 4 and mistral.kv_window == 16
+    qwen2 = ModelConfig.from_dict({**base, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True,
+                                   "max_window_layers": 2})
+    assert [qwen2.layer_window(n) for n in range(4)] == [None, None, 16, 16] and qwen2.kv_window is None
+    gemma2 = ModelConfig.from_dict({**base, "architectures": ["Gemma2ForCausalLM"]})
+    assert [gemma2.layer_window(n) for n in range(4)] == [16, None, 16, None]
+    llama = ModelConfig.from_dict({**base, "architectures": ["LlamaForCausalLM"]})
+    assert llama.sliding_window is None  # transformers' Llama has no sliding window

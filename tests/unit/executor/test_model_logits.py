@@ -47,7 +47,9 @@ def check_against_hf(hf, runner, prompts, block_size, num_blocks, tol=TOL):
 
 
 CASES = [("llama3", False), ("llama3", True), ("llama_bias", False), ("mistral", True),
-         ("qwen2", False), ("qwen2", True), ("qwen3", False), ("qwen3", True)]
+         ("qwen2", False), ("qwen2", True), ("qwen3", False), ("qwen3", True),
+         ("mistral_swa", False), ("qwen2_swa", True), ("gemma2", True), ("gemma3", True),
+         ("phi3", False), ("mixtral", False)]
 
 
 @pytest.mark.parametrize("arch,tie", CASES, ids=[f"{a}-{'tied' if t else 'untied'}" for a, t in CASES])
