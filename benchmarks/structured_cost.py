@@ -55,6 +55,7 @@ def main(argv=None) -> None:
     engine = LLMEngine(kv_tokens=65536, max_num_seqs=max(args.batches), device=args.device)
     info = engine.info
     guided = GuidedDecoding(info.tokenizer_dir, info.vocab_size, info.eos_token_ids, tokenizer=engine.tokenizer)
+    engine.executor.runner.guided = None  # masks through the wrapper, timed (not overlapped)
     sampler = engine.executor.runner.sampler = GuidedSampler(engine.executor.runner.sampler, guided)
     prompt = "List twenty people with their ages as JSON:"
     engine.generate([prompt], SamplingParams(max_tokens=4, temperature=0))  # warm up

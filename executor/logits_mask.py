@@ -19,14 +19,9 @@ Contract:
   sequence unconstrained rather than failing the step.
 - Grammars are compiled once per (kind, spec) and cached (bounded).
 
-The model runner's hook (executor/model_runner.py, ModelRunner.execute):
-
-    sampled = [s for s in batch.seqs if s.sample]
-    pending = self.guided.prepare(sampled) if self.guided is not None else None
-    ... forward, logits = compute_logits(...) ...
-    if pending is not None:
-        self.guided.apply(logits, pending)
-    return self.sampler(logits, sampled)
+The model runner applies them (ModelRunner.execute: `prepare` before the forward pass,
+`apply` to the sampled rows' logits before the sampler); the Executor gives its runner one
+GuidedDecoding. `GuidedSampler` wraps any sampler with the same masks, not overlapped.
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ class ModelRunner:
         self.model = model
         self.config = config
         self.sampler = Sampler()
+        self.guided = None  # executor.logits_mask.GuidedDecoding: grammar masks (structured output)
         self.kv_pool = None
         self.attach_pool(kv_pool)
 
@@ -50,11 +51,16 @@ class ModelRunner:
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         """One SampleOutput per sequence with sample=True, in batch order. A batch whose
         tokens, slots or blocks are out of range raises ValueError before anything runs."""
+        sampled = [s for s in batch.seqs if s.sample]
+        # grammar masks depend only on the tokens already known: computed during the forward pass
+        pending = self.guided.prepare(sampled) if self.guided is not None else None
         hidden, meta = self._hidden(batch)
         if meta.sample_indices.numel() == 0:
             return []
         logits = self.model.compute_logits(hidden[meta.sample_indices])
-        return self.sampler(logits, [s for s in batch.seqs if s.sample])
+        if pending is not None:
+            self.guided.apply(logits, pending)
+        return self.sampler(logits, sampled)
 
     @torch.inference_mode()
     def logits(self, batch: StepBatch) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Structured outputs and tool calls end to end in one process, on the default model: the
 unmodified `openai` client gets schema-valid JSON (jsonschema), regex / choice / EBNF
 matches, and parsed tool calls (required, named, parallel), streaming and not; n > 1 and
-a preempted-and-recomputed sequence keep their grammar. The executor's masks come in
-through executor.logits_mask.GuidedSampler (the model runner's hook does the same, overlapped)."""
+a preempted-and-recomputed sequence keep their grammar (the pool is small: 48 blocks). The
+model runner applies the executor's masks (executor.logits_mask)."""
 import json
 import re
 
@@ -12,7 +12,6 @@ import jsonschema
 import openai
 import pytest
 
-from executor.logits_mask import GuidedDecoding, GuidedSampler
 from gateway.openai_server import start_openai
 from gateway.scheduler import SchedulerConfig
 from gateway.server import Backend
@@ -22,7 +21,7 @@ from wire.v1 import generation_pb2 as pb
 
 SCHEMA = {"type": "object",
           "properties": {"city": {"type": "string", "maxLength": 20},
-                         "population": {"type": "integer", "minimum": 0},
+                         "population": {"type": "integer", "minimum": 0, "maximum": 99999999},
                          "capital": {"type": "boolean"}},
           "required": ["city", "population", "capital"], "additionalProperties": False}
 WEATHER = {"type": "function", "function": {
@@ -47,8 +46,7 @@ def served(default_model_dir):
     info = executor.model_info()
     memory = MemoryManager(MemoryConfig(num_blocks=48, max_model_len=info.max_model_len))
     executor.attach_pool(memory.register_executor(info.kv))
-    guided = GuidedDecoding(info.tokenizer_dir, info.vocab_size, info.eos_token_ids, tokenizer=tokenizer)
-    executor.runner.sampler = GuidedSampler(executor.runner.sampler, guided)
+    assert executor.runner.guided is executor.guided  # the model runner applies the masks
     g = GatewayThread(lambda: Backend(memory, executor, tokenizer),
                       SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512))
     http = g._call(start_openai(g.gateway, "127.0.0.1", 0))

@@ -63,7 +63,7 @@ def _hook_in_place() -> bool:
 needs_hook = pytest.mark.skipif(not _hook_in_place(), reason="the model runner does not apply "
                                 "executor.logits_mask yet (hook lines in its docstring)")
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                           "population": {"type": "integer", "minimum": 0}},
+                                           "population": {"type": "integer", "minimum": 0, "maximum": 99999999}},
           "required": ["city", "population"], "additionalProperties": False}
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -78,7 +78,7 @@ def test_json_schema_and_tool_calls_on_the_default_model(served, stream):
 
     import jsonschema
 
-    kw = dict(model=MODEL, max_tokens=60, messages=[{"role": "user", "content": "Paris as JSON"}],
+    kw = dict(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Paris as JSON"}],
               response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA,
                                                                       "strict": True}})
     if stream:
