@@ -24,7 +24,7 @@ from benchmarks.workloads import random_prompt_ids
 
 
 def add_parser(sub) -> None:
-    from pagedserve.generate_cmd import add_engine_args
+    from pagedserve.engine_config import add_engine_flags
 
     p = sub.add_parser("split", help="split services vs the in-process engine: throughput and RPC time",
                        description=__doc__.split("\n\n")[0])
@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("--output-len", type=int, default=64, help="output tokens per request")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_results/split.json", help="JSON results file")
-    add_engine_args(p)
+    add_engine_flags(p)
     p.set_defaults(run=run)
 
 
@@ -141,23 +141,21 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict, int]:
 
 def serve_namespace(args, port: int):
     """`pagedserve serve` arguments for the same engine settings, through the real parser."""
-    from pagedserve.cli import build_parser
+    import argparse
 
-    argv = ["serve", "--port", str(port), "--http-port", "0", "--block-size", str(args.block_size),
-            "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
-            "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
-    argv += ["--model", args.model] if args.model else []
-    argv += (["--kv-tokens", str(args.kv_tokens)] if args.kv_tokens is not None
-             else ["--kv-memory", str(args.kv_memory)])
-    argv += ["--max-model-len", str(args.max_model_len)] if args.max_model_len else []
-    argv += ["--no-prefix-caching"] if args.no_prefix_caching else []
-    return build_parser().parse_args(argv)
+    from pagedserve.engine_config import EngineConfig
+    from pagedserve.serve_cmd import add_serve_flags
+
+    parser = argparse.ArgumentParser(prog="pagedserve serve")
+    add_serve_flags(parser)
+    return parser.parse_args(["--port", str(port), "--http-port", "0",
+                              *EngineConfig.from_args(args).to_argv()])
 
 
 def run(args) -> int:
     from gateway.batch_loop import BatchLoop
     from pagedserve.engine import LLMEngine
-    from pagedserve.generate_cmd import engine_config
+    from pagedserve.engine_config import EngineConfig
 
     sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
 
@@ -171,7 +169,7 @@ def run(args) -> int:
         return prompts_for(vocab, run + 10, 2)
 
     via_gateway, split, vocab = split_runs(args, prompts_for, sampling, warm)
-    engine = LLMEngine(engine_config(args))
+    engine = LLMEngine(EngineConfig.from_args(args))
     loop = BatchLoop(TimedMemory(engine.memory), TimedExecutor(engine.loop.executor), engine.loop.scheduler.config,
                      engine.tokenizer)
     drive(loop, warm(vocab, 2), sampling)
