@@ -57,9 +57,11 @@ def run(args) -> int:
     from gateway.batch_loop import RequestError
     from pagedserve.engine import LLMEngine
 
+    from executor.errors import ModelLoadError
+
     try:
         engine = LLMEngine(EngineConfig.from_args(args))
-    except ValueError as e:
+    except (ValueError, ModelLoadError) as e:  # a bad flag, or a model that cannot be loaded
         print(f"pagedserve generate: {e}", file=sys.stderr)
         return 2
     try:

@@ -101,3 +101,27 @@ def paged_batches(chunks, block_size: int, num_blocks: int, seed: int = 0):
                                 slot_mapping=slots, block_table=list(table), sample=True,
                                 sampling=SamplingParams(temperature=0.0), seed=0))
         yield StepBatch(seqs)
+
+
+def save_tiny_tokenizer(path, vocab_size: int = 300, eos_id: int = 1) -> None:
+    """A word-level tokenizer whose tokens are "w0" .. "w{vocab_size-1}" (split on spaces),
+    saved next to a tiny model so the engine and `pagedserve generate` can run it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins tokens with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token=f"w{eos_id}")
+    fast.save_pretrained(str(path))
+    # name the generic class: AutoTokenizer would otherwise pick the model type's own (Qwen2Tokenizer...)
+    import json
+    import os
+
+    config_path = os.path.join(str(path), "tokenizer_config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    with open(config_path, "w") as f:
+        json.dump(config, f, indent=2)
