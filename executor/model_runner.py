@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from executor.attention_metadata import AttentionMetadata
+from executor.cuda_graphs import DecodeGraphs
 from executor.model_config import ModelConfig
 from executor.sampler import Sampler
 from wire.protocol import SampleOutput, StepBatch
@@ -38,12 +39,15 @@ class ModelRunner:
         if kv_pool.dtype != self.model.dtype:
             raise ValueError(f"KV pool dtype {kv_pool.dtype} differs from the model's {self.model.dtype}")
         self.kv_pool = kv_pool
+        self.graphs = DecodeGraphs.for_pool(self.model, self.config, kv_pool)  # None on a CPU
 
     @torch.inference_mode()
     def _hidden(self, batch: StepBatch) -> tuple[torch.Tensor, AttentionMetadata]:
         pool = self.kv_pool
         meta = AttentionMetadata.from_batch(batch, pool.device, self.config.vocab_size,
                                             num_blocks=pool.shape[0], block_size=pool.shape[3])
+        if self.graphs is not None and self.graphs.eligible(meta):
+            return self.graphs.run(meta), meta
         hidden = self.model(meta.input_ids, meta.positions, meta, self.kv_pool)
         return hidden, meta
 
