@@ -42,7 +42,7 @@ class Executor:
     def kv_geometry(self) -> KVGeometry:
         c = self.config
         return KVGeometry(num_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_size=c.head_dim,
-                          block_size=self.block_size, dtype=self.dtype)
+                          block_size=self.block_size, dtype=self.dtype, window=c.kv_window or 0)
 
     def model_info(self) -> ModelInfo:
         return ModelInfo(

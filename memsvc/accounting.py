@@ -75,11 +75,14 @@ def paged_snapshot(
     blocks_free: int,
     blocks_cached: int,
 ) -> PoolSnapshot:
-    """`holders`: (block ids, num_tokens, final_len) of each sequence on the device."""
+    """`holders`: (block ids, num_tokens, final_len) of each sequence on the device; a None
+    id is a block freed because it left every layer's sliding window."""
     filled: dict[int, int] = {}
     target: dict[int, int] = {}
     for block_ids, num_tokens, final_len in holders:
         for i, b in enumerate(block_ids):
+            if b is None:
+                continue
             start = i * block_size
             end = None if final_len is None else final_len - start
             f, r, _ = split_allocation(block_size, num_tokens - start, end)

@@ -19,6 +19,10 @@ class BlockTable:
     `block_keys[i]` is the chained prefix-cache key of full block i (kept only with prefix
     caching); `tail_tokens` are the tokens after the last keyed block, waiting for their
     block to fill. While swapped out, `blocks` is empty and `host_blocks` holds the copies.
+
+    Sliding window: the first `released` entries of `blocks` are None, blocks freed because
+    no layer will read them again (they lie wholly before every future query's window);
+    `host_blocks` then holds the copies of the others only.
     """
 
     seq_id: str
@@ -33,6 +37,7 @@ class BlockTable:
     host_blocks: list[int] = field(default_factory=list)
     swapped: bool = False
     synced: int = 0  # leading blocks the gateway was told about (the rest changed since)
+    released: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -46,11 +51,16 @@ class BlockTable:
 
     @property
     def block_ids(self) -> list[int]:
-        return [b.block_id for b in self.blocks]
+        """The table as the gateway and executor see it: a released entry is 0 (never read)."""
+        return [0 if b is None else b.block_id for b in self.blocks]
+
+    @property
+    def live_blocks(self) -> list[Block]:
+        return self.blocks[self.released:]
 
     @property
     def num_held_blocks(self) -> int:
-        return len(self.host_blocks) if self.swapped else len(self.blocks)
+        return len(self.host_blocks) if self.swapped else len(self.blocks) - self.released
 
     def last_block_partial(self) -> bool:
         return self.num_tokens % self.block_size != 0
@@ -64,6 +74,11 @@ class BlockTable:
         """Blocks match the token count; with prefix caching, keys match the full blocks."""
         need = blocks_for(self.num_tokens, self.block_size)
         held = self.host_blocks if self.swapped else self.blocks
+        if self.swapped:
+            need -= self.released
+        elif any(b is not None for b in self.blocks[:self.released]) or None in self.live_blocks:
+            raise IntegrityError(f"sequence {self.seq_id!r}: released entries must be exactly the first "
+                                 f"{self.released}")
         if len(held) != need or (self.swapped and self.blocks):
             raise IntegrityError(
                 f"sequence {self.seq_id!r}: {self.num_tokens} tokens need {need} blocks but it"
@@ -91,4 +106,5 @@ class BlockTable:
             block_keys=list(self.block_keys),
             tail_tokens=list(self.tail_tokens),
             synced=self.synced,  # the gateway copies the parent's table for the child
+            released=self.released,
         )

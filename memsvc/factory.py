@@ -14,14 +14,17 @@ def make_allocator(
     max_model_len: int,
     enable_prefix_caching: bool = True,
     num_host_blocks: int = 0,
+    window: int | None = None,
 ) -> KVAllocator:
-    """`policy` in POLICIES. Prefix caching and host blocks apply to `paged` only."""
+    """`policy` in POLICIES. Prefix caching, host blocks and freeing blocks past a sliding
+    `window` apply to `paged` only."""
     if policy == "paged":
         return PagedAllocator(
             num_blocks,
             block_size,
             enable_prefix_caching=enable_prefix_caching,
             num_host_blocks=num_host_blocks,
+            window=window,
         )
     if policy in POLICIES:
         return ContiguousAllocator(num_blocks, block_size, policy, max_model_len)

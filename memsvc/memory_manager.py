@@ -128,7 +128,7 @@ class MemoryManager:
         self.allocator = make_allocator(
             cfg.policy, num_blocks, geometry.block_size,
             max_model_len=max_model_len or cfg.max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
-            num_host_blocks=num_host,
+            num_host_blocks=num_host, window=geometry.window or None,
         )
         if num_host:
             self.host_pool = allocate_host_pool(geometry, num_host, self.pool)

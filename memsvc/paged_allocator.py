@@ -6,6 +6,12 @@ block copies it first (copy-on-write). Full blocks are keyed for the prefix cach
 fill; a new sequence attaches the longest cached run of its prompt's full blocks, always
 leaving at least the last prompt token to compute. Sequences can be swapped out to a
 host SwapSpace and back; every copy is returned as (src, dst) pairs for the caller to do.
+
+With a sliding `window` (every layer's; KVGeometry.window), a step that computes positions
+from p on frees the sequence's blocks that lie wholly before p - window + 1: no query of
+this sequence will read them again. They are freed like any block (a prefix-cached one
+stays cached until evicted, so other prompts still match it); the table keeps a hole (sent
+as block 0, which the kernels never read for it), swap-out copies only the live blocks.
 """
 from __future__ import annotations
 
@@ -28,9 +34,14 @@ class PagedAllocator(KVAllocator):
         *,
         enable_prefix_caching: bool = True,
         num_host_blocks: int = 0,
+        window: int | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be positive, got {window}")
+        self.window = window
+        self.blocks_released = 0  # blocks freed for having left the window, in all
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
@@ -88,7 +99,7 @@ class PagedAllocator(KVAllocator):
         table = self._get(seq_id)
         start = table.synced
         table.synced = len(table.blocks)
-        return start, [b.block_id for b in table.blocks[start:]]
+        return start, table.block_ids[start:]
 
     def num_tokens(self, seq_id: str) -> int:
         return self._get(seq_id, on_device=False).num_tokens
@@ -152,8 +163,23 @@ class PagedAllocator(KVAllocator):
         grow = blocks_for(table.num_tokens + num_new_tokens, self.block_size) - len(table.blocks)
         return grow + int(self._needs_cow(table, num_new_tokens))
 
+    def _release_outside_window(self, table: BlockTable) -> None:
+        """Free the blocks wholly before the window of the next position to compute."""
+        if self.window is None:
+            return
+        first_needed = table.num_tokens - self.window + 1
+        upto = min(max(first_needed, 0) // self.block_size, len(table.blocks) - 1)
+        if upto <= table.released:
+            return
+        gone = table.blocks[table.released:upto]
+        table.blocks[table.released:upto] = [None] * len(gone)
+        table.released = upto
+        self.blocks_released += len(gone)
+        self.pool.free(gone)
+
     def append(self, seq_id: str, new_token_ids: list[int]) -> AppendResult:
         table = self._get(seq_id)
+        self._release_outside_window(table)
         n = len(new_token_ids)
         needed = self.num_new_blocks(seq_id, n)
         if needed > self.pool.num_free:
@@ -191,7 +217,7 @@ class PagedAllocator(KVAllocator):
         if child_id in self._seqs:
             raise ValueError(f"sequence {child_id!r} is already registered")
         child = parent.fork(child_id)
-        self.pool.incref(child.blocks)
+        self.pool.incref(child.live_blocks)
         self._seqs[child_id] = child
 
     def free(self, seq_id: str) -> None:
@@ -199,23 +225,24 @@ class PagedAllocator(KVAllocator):
         if table.swapped:
             self.swap_space.free(table.host_blocks)
         else:
-            self.pool.free(reversed(table.blocks))  # tail blocks become evictable first
+            self.pool.free(reversed(table.live_blocks))  # tail blocks become evictable first
         del self._seqs[seq_id]
 
     # -- swapping ------------------------------------------------------------------------
 
     def can_swap_out(self, seq_id: str) -> bool:
         table = self._get(seq_id, on_device=False)
-        return not table.swapped and len(table.blocks) <= self.swap_space.num_free
+        return not table.swapped and len(table.live_blocks) <= self.swap_space.num_free
 
     def swap_out(self, seq_id: str) -> list[tuple[int, int]]:
         """Move the sequence to host blocks; returns (device_block, host_block) pairs to copy
         before any later allocation reuses the device blocks. Shared blocks are copied too
         (and stay with their other holders)."""
         table = self._get(seq_id)
-        host = self.swap_space.allocate(len(table.blocks))
-        pairs = [(b.block_id, h) for b, h in zip(table.blocks, host)]
-        self.pool.free(reversed(table.blocks))
+        live = table.live_blocks
+        host = self.swap_space.allocate(len(live))
+        pairs = [(b.block_id, h) for b, h in zip(live, host)]
+        self.pool.free(reversed(live))
         table.blocks, table.host_blocks, table.swapped = [], host, True
         table.synced = 0
         return pairs
@@ -233,9 +260,9 @@ class PagedAllocator(KVAllocator):
         device = self.pool.allocate(len(table.host_blocks))
         pairs = [(h, b.block_id) for h, b in zip(table.host_blocks, device)]
         self.swap_space.free(table.host_blocks)
-        table.blocks, table.host_blocks, table.swapped = device, [], False
+        table.blocks, table.host_blocks, table.swapped = [None] * table.released + device, [], False
         table.synced = 0
-        for block, key in zip(device, table.block_keys):
+        for block, key in zip(device, table.block_keys[table.released:]):
             self.pool.cache(block, key)  # no-op where the key is still cached elsewhere
         return pairs
 
@@ -247,7 +274,8 @@ class PagedAllocator(KVAllocator):
         return paged_snapshot(
             block_size=self.block_size,
             num_blocks=self.num_blocks,
-            holders=[(t.block_ids, t.num_tokens, t.final_len) for t in self._seqs.values() if not t.swapped],
+            holders=[([None if b is None else b.block_id for b in t.blocks], t.num_tokens, t.final_len)
+                     for t in self._seqs.values() if not t.swapped],
             blocks_free=free,
             blocks_cached=cached,
         )
@@ -259,7 +287,7 @@ class PagedAllocator(KVAllocator):
         for t in self._seqs.values():
             t.check(keyed=self.enable_prefix_caching)
             host_held.extend(t.host_blocks)
-            for b in t.blocks:
+            for b in t.live_blocks:
                 if self.pool.blocks[b.block_id] is not b:
                     raise IntegrityError(f"sequence {t.seq_id!r} holds a foreign block {b.block_id}")
                 holders.setdefault(b.block_id, []).append(t.seq_id)

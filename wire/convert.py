@@ -75,11 +75,12 @@ def sampling_from_proto(m: generation_pb2.SamplingParams) -> SamplingParams:
 
 def geometry_to_proto(g: KVGeometry) -> memory_pb2.KVGeometry:
     return memory_pb2.KVGeometry(num_layers=g.num_layers, num_kv_heads=g.num_kv_heads,
-                                 head_size=g.head_size, block_size=g.block_size, dtype=g.dtype)
+                                 head_size=g.head_size, block_size=g.block_size, dtype=g.dtype,
+                                 window=g.window)
 
 
 def geometry_from_proto(m: memory_pb2.KVGeometry) -> KVGeometry:
-    return KVGeometry(m.num_layers, m.num_kv_heads, m.head_size, m.block_size, m.dtype or "float32")
+    return KVGeometry(m.num_layers, m.num_kv_heads, m.head_size, m.block_size, m.dtype or "float32", m.window)
 
 
 def model_info_to_proto(info: ModelInfo, tokenizer_files: dict[str, bytes] | None = None

@@ -119,11 +119,16 @@ class KVGeometry:
     head_size: int
     block_size: int
     dtype: str = "float32"  # a torch dtype name
+    # The sliding window every layer has (0: none): a position more than `window - 1` before
+    # the next one to compute is read by no layer, so memsvc may free blocks wholly past it.
+    window: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_size", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.window < 0:
+            raise ValueError(f"window must be >= 0, got {self.window}")
 
     @property
     def element_size(self) -> int:

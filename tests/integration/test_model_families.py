@@ -45,6 +45,10 @@ def test_greedy_matches_transformers_past_the_window(family_dir):
     got = [engine.generate([p], sampling)[0].completions[0].token_ids for p in prompts]
     assert got == expected
     engine.memory.check_integrity()
+    # every layer windowed (Mistral, Phi-3, Mixtral): blocks past the window went back to the pool
+    every_layer = engine.info.kv.window > 0
+    assert every_layer == (arch in ("mistral_swa", "phi3", "mixtral"))
+    assert (engine.memory.allocator.blocks_released > 0) == every_layer
 
 
 def test_pagedserve_generate_runs_each_family(family_dir, capsys):

@@ -19,3 +19,14 @@ def test_paged_holds_token_state_and_contiguous_wastes_most():
     for r in (paged, cmax, oracle):
         assert abs(sum(r["breakdown"].values()) - 1) < 1e-9
         assert r["rejected"] == 0
+
+
+def test_sliding_window_frees_blocks_and_runs_more():
+    reqs = sample_lengths("sharegpt", 80, seed=1)
+    kw = dict(kv_tokens=6000, block_size=16, max_model_len=2048, max_num_seqs=256,
+              max_num_batched_tokens=4096)  # a small pool: memory limits the batch
+    paged = simulate("paged", reqs, **kw)
+    windowed = simulate("paged", reqs, window=256, **kw)
+    assert paged["blocks_released"] == 0 and windowed["blocks_released"] > 0
+    assert windowed["mean_running"] > paged["mean_running"]
+    assert windowed["rejected"] == 0
