@@ -160,13 +160,14 @@ def check_compile():
     for dtype, precision in (("fp32", "ieee"), ("bf16", "tf32"), ("fp16", "tf32")):
         pointers = {name: "*" + dtype for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
         pointers.update(block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32",
-                        part_acc_ptr="*fp32", part_ml_ptr="*fp32", qk_scale="fp32")
-        for block_m, block_q, head, tile, per_tile, splits in ((16, 1, 128, 64, 4, 1), (16, 1, 128, 64, 2, 8),
-                                                              (64, 8, 64, 64, 4, 1), (64, 16, 128, 64, 2, 1)):
+                        part_acc_ptr="*fp32", part_ml_ptr="*fp32", qk_scale="fp32", cap_in="fp32", cap_out="fp32")
+        for block_m, block_q, head, tile, per_tile, splits, windowed in (
+                (16, 1, 128, 64, 4, 1, False), (16, 1, 128, 64, 2, 8, False), (64, 8, 64, 64, 4, 1, False),
+                (64, 16, 128, 64, 2, 1, False), (16, 1, 128, 64, 4, 8, True), (64, 16, 128, 64, 2, 1, True)):
             compile_for_sm90(_paged_attention_kernel, pointers, dict(
                 GROUP=block_m // block_q, BLOCK_Q=block_q, BLOCK_M=block_m, HEAD_SIZE=head, HEAD_PAD=head,
                 BLOCK_SIZE=tile // per_tile, TILE=tile, BLOCKS_PER_TILE=per_tile, NUM_SPLITS=splits,
-                NUM_HEADS=32, DOT_PRECISION=precision))
+                NUM_HEADS=32, DOT_PRECISION=precision, HAS_WINDOW=windowed, HAS_SOFTCAP=windowed))
         compile_for_sm90(_reduce_splits_kernel, dict(out_ptr="*" + dtype, part_acc_ptr="*fp32", part_ml_ptr="*fp32"),
                          dict(NUM_HEADS=32, NUM_SPLITS=6, SPLITS_PAD=8, HEAD_SIZE=128, HEAD_PAD=128))
     pointers = {name: "*bf16" for name in ("key_ptr", "value_ptr", "k_ptr", "v_ptr")}
