@@ -109,8 +109,9 @@ class DecodeGraphs:
     @classmethod
     def for_pool(cls, model, config, kv_pool: torch.Tensor, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
                  max_batch: int = DEFAULT_MAX_BATCH, enabled: bool = True):
-        """Graphs for a model over a CUDA pool; None on the CPU or when disabled."""
-        if not enabled or not kv_pool.is_cuda:
+        """Graphs for a model over a CUDA pool; None on the CPU, when disabled, or for a model
+        whose forward reads device values on the host (cuda_graph_safe = False: Mixtral's routing)."""
+        if not enabled or not kv_pool.is_cuda or not getattr(model, "cuda_graph_safe", True):
             return None
         from executor.attention_metadata import AttentionMetadata
 

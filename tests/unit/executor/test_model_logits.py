@@ -110,3 +110,17 @@ def test_default_model_matches_transformers(default_model_dir):
     prompts = dict(zip("abc", (tok(p)["input_ids"] for p in PROMPTS)))
     assert min(len(p) for p in prompts.values()) > 12
     check_against_hf(hf, runner, prompts, block_size, num_blocks)
+
+
+def test_mixture_of_experts_runs_without_cuda_graphs(tmp_path):
+    """Mixtral's per-expert split reads the routing on the host, which a CUDA graph cannot
+    capture: DecodeGraphs declines it even for a CUDA pool."""
+    from executor.cuda_graphs import DecodeGraphs
+
+    make_tiny_model(tmp_path, "mixtral")
+    model, config = load_model(str(tmp_path))
+
+    class CudaPool:  # stands for a CUDA pool: for_pool must decline before touching it
+        is_cuda = True
+
+    assert DecodeGraphs.for_pool(model, config, CudaPool()) is None
