@@ -52,16 +52,6 @@ def test_metrics_on_the_api_port_show_the_whole_replica(served):
     assert m['pagedserve:execute_steps_total{service="executor"}'] >= 4
 
 
-def _hook_in_place() -> bool:
-    import inspect
-
-    import executor.model_runner
-
-    return "guided" in inspect.getsource(executor.model_runner)
-
-
-needs_hook = pytest.mark.skipif(not _hook_in_place(), reason="the model runner does not apply "
-                                "executor.logits_mask yet (hook lines in its docstring)")
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                            "population": {"type": "integer", "minimum": 0, "maximum": 99999999}},
           "required": ["city", "population"], "additionalProperties": False}
@@ -71,7 +61,6 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city"], "additionalProperties": False}}}
 
 
-@needs_hook
 @pytest.mark.parametrize("stream", [False, True])
 def test_json_schema_and_tool_calls_on_the_default_model(served, stream):
     import json
