@@ -94,22 +94,15 @@ def parse_chat(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
 
 def _tool_messages(messages) -> list[dict]:
     """Messages with tool calls and tool results, checked, as dicts for the chat template."""
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise bad_request(f"messages[{i}] must be an object with a string role", f"messages[{i}]")
-        msg = {"role": m["role"], "content": _content(m.get("content"), i)}
+    out = _chat_turns(messages)
+    for i, (msg, m) in enumerate(zip(out, messages)):
         if m.get("tool_calls") is not None:
             if not isinstance(m["tool_calls"], list):
                 raise bad_request(f"messages[{i}].tool_calls must be a list", f"messages[{i}].tool_calls")
             msg["tool_calls"] = m["tool_calls"]
-        if m.get("tool_call_id") is not None:
-            msg["tool_call_id"] = m["tool_call_id"]
-        if m.get("name") is not None:
-            msg["name"] = m["name"]
-        out.append(msg)
+        for key in ("tool_call_id", "name"):
+            if m.get(key) is not None:
+                msg[key] = m[key]
     return out
 
 

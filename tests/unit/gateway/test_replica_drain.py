@@ -1,32 +1,14 @@
 """Draining a replica (an executor told to stop says NOT_SERVING): the gateway's replica set
 routes nothing new to it while its running requests go on there; the executor waits for its
 gateways to go quiet before it stops."""
-from concurrent.futures import Future
 from types import SimpleNamespace
 
 import grpc
 
 from gateway.replica_set import Draining, ReplicaSet
 from gateway.router import Router
+from tests.support.fake_runner import FakeRunner
 from wire.protocol import SamplingParams
-
-
-class FakeRunner:
-    def __init__(self):
-        self.sinks, self.aborted = {}, []
-        self.loop = SimpleNamespace(info="info", scheduler=SimpleNamespace(running=[], waiting=[]))
-
-    def submit(self, request_id, prompt, sampling, sink, priority=0):
-        self.sinks[request_id] = sink
-        done = Future()
-        done.set_result(None)
-        return done
-
-    def abort(self, request_id):
-        self.aborted.append(request_id)
-
-    def stop(self, timeout=5.0):
-        pass
 
 
 def replica_set(n):

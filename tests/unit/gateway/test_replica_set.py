@@ -3,6 +3,7 @@ to another, waiting for a replica, the routing decision as a metric and a span a
 from types import SimpleNamespace
 
 from gateway.router import Router
+from tests.support.fake_runner import FakeRunner
 from wire.protocol import SamplingParams
 
 
@@ -21,26 +22,6 @@ def test_dns_discovery_names_a_replica_per_address_and_the_set_adds_each_once():
     replicas._discover()
     assert [(r.name, r.memsvc, r.executor) for r in replicas.replicas] == [("r0", "a:1", "a:2"),
                                                                             ("r1", "b:1", "b:2")]
-
-
-class FakeRunner:
-    def __init__(self):
-        self.sinks, self.aborted = {}, []
-        self.loop = SimpleNamespace(info="info", scheduler=SimpleNamespace(running=[], waiting=[]))
-
-    def submit(self, request_id, prompt, sampling, sink, priority=0):
-        from concurrent.futures import Future
-
-        self.sinks[request_id] = sink
-        done = Future()
-        done.set_result(None)
-        return done
-
-    def abort(self, request_id):
-        self.aborted.append(request_id)
-
-    def stop(self, timeout=5.0):
-        pass
 
 
 def fake_replica_set(n):
