@@ -70,9 +70,8 @@ def build_loop(memsvc: str, executor: str, batch: int, input_len: int, serial: b
     mem = RemoteMemoryClient(memsvc)
     info = ex.model_info()
     retry = StepRetry(mem, ex)
-    config = SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * input_len))
-    if serial and hasattr(config, "overlap"):
-        config = dataclasses.replace(config, overlap=False)
+    config = SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * input_len),
+                             overlap=not serial)
     loop = BatchLoop(retry.memory, retry.executor, config, load_tokenizer(info.tokenizer_dir))
     return loop, (mem, ex)
 
@@ -110,9 +109,7 @@ def run(args) -> int:
             loop, clients = build_loop(memsvc, executor, batch, args.input_len, args.serial)
             measure(loop, min(batch, 64), args.input_len, 8, f"warm{batch}")
             results[str(batch)] = measure(loop, batch, args.input_len, args.output_len, f"b{batch}")
-            close = getattr(loop, "close", None)
-            if close:
-                close()
+            loop.close()
             for c in clients:
                 c.close()
     finally:

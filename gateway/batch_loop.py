@@ -7,12 +7,22 @@ previous step's computed tokens and executor seconds (memsvc's recompute cost); 
 executor hears of finished and preempted sequences with the next batch (`forget`). Beam search streams nothing until
 it ends; then each of its n best completions comes as one delta, best first (index 0).
 The loop is synchronous; the gRPC gateway drives it from its event loop.
+
+With `SchedulerConfig.overlap`, `step()` sends the batch to the executor from a helper
+thread and, while it runs, turns the previous step's tokens into deltas (detokenizing,
+stop strings); it returns those deltas, so each step's deltas come out one call later
+(`has_work()` stays true until they have). The scheduler still applies each step's tokens
+before the next plan (EOS, max_tokens and the sequence state are never late); only a stop
+string is seen one step later: that sequence computes one more token, which is dropped.
+Everything touches the loop on the caller's thread; the helper thread only waits on the
+executor. `close()` ends the helper thread.
 """
 from __future__ import annotations
 
 import hashlib
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from gateway.beam_search import BeamSearch, beam_sampling
@@ -75,6 +85,10 @@ class BatchLoop:
         self._last_step = (0, 0.0)  # tokens computed, executor seconds
         self.times = StepTimes()
         self._forget: list[str] = []  # for the executor: finished or preempted since its last batch
+        self.overlap = config.overlap
+        self._unapplied: list[SeqUpdate | BeamDone] = []  # overlap: the last step's, not yet deltas
+        self._pool: ThreadPoolExecutor | None = None
+        self._ready: list[Delta] = []
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     *, priority: int = 0, final_len: int | None = None, salt: str | None = None,
@@ -123,7 +137,12 @@ class BatchLoop:
             self.scheduler.abort_request(request_id)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self._unapplied)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def request_of(self, seq_id: str) -> str | None:
         """The request of a sequence this loop holds (None once it is gone)."""
@@ -131,11 +150,17 @@ class BatchLoop:
         return seq.request_id if seq is not None else None
 
     def step(self) -> list[Delta]:
+        deltas = self._step()
+        if self._ready:  # made by a step that then failed
+            deltas, self._ready = self._ready + deltas, []
+        return deltas
+
+    def _step(self) -> list[Delta]:
         clock, times = time.perf_counter, self.times
         t0 = clock()
         plan = self.scheduler.plan()
         if not plan.entries and not plan.free and not plan.forks:
-            return []
+            return self._deltas(self._take_unapplied())
         plan.step_tokens, plan.step_seconds = self._last_step
         self._last_step = (0, 0.0)
         t1 = clock()
@@ -151,19 +176,45 @@ class BatchLoop:
         times.schedule += (t1 - t0) + (t3 - t2)
         times.reserve += t2 - t1
         if not batch.seqs:
-            stuck = not (plan.free or result.preempted or result.rejected)  # the next try is the same
+            earlier = self._take_unapplied()
+            stuck = not (plan.free or result.preempted or result.rejected or earlier)  # the next try is the same
             if stuck and not self.scheduler.release_idle_beams():
                 raise RuntimeError("scheduler stalled: requests wait but nothing can run")
-            return [d for d in deltas if d]
+            return [d for d in deltas if d] + self._deltas(earlier)
         batch.forget = list(self._forget)
-        outputs = self.executor.execute(batch)
+        if self.overlap:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-execute")
+            running = self._pool.submit(self.executor.execute, batch)
+            t_out = clock()
+            deltas.extend(self._deltas(self._take_unapplied()))  # while the executor runs
+            times.output += clock() - t_out
+            try:
+                outputs = running.result()
+            except BaseException:
+                self._ready.extend(d for d in deltas if d)
+                raise
+        else:
+            outputs = self.executor.execute(batch)
         self._forget.clear()
         t4 = clock()
         self._last_step = (sum(len(s.token_ids) for s in batch.seqs), t4 - t3)
         times.execute += t4 - t3
         self.num_steps += 1
         updates = self.scheduler.on_sampled(batch, outputs)
-        t6 = clock()
+        if self.overlap:
+            self._unapplied = updates
+        else:
+            deltas.extend(self._deltas(updates))
+        times.output += clock() - t4
+        return [d for d in deltas if d]
+
+    def _take_unapplied(self) -> list[SeqUpdate | BeamDone]:
+        updates, self._unapplied = self._unapplied, []
+        return updates
+
+    def _deltas(self, updates: list[SeqUpdate | BeamDone]) -> list[Delta]:
+        deltas: list[Delta] = []
         for update in updates:
             if isinstance(update, BeamDone):
                 deltas.extend(self._beam_done(update))
@@ -171,8 +222,7 @@ class BatchLoop:
             delta = self._apply(update)
             if delta is not None:
                 deltas.append(delta)
-        times.output += clock() - t4
-        return [d for d in deltas if d]
+        return deltas
 
     def _apply(self, update: SeqUpdate) -> Delta | None:
         seq = update.seq
@@ -180,6 +230,8 @@ class BatchLoop:
         if state is None:
             return None
         stream = state.streams[seq.index]
+        if stream.stopped:  # overlap: a token computed before the stop string was seen
+            return None
         text = stream.add(update.token_id)
         finish = seq.finish_reason if update.finished else None
         if stream.stopped and not update.finished:

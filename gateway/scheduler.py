@@ -28,6 +28,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
+    overlap: bool = False  # BatchLoop: turn step N's tokens into text while step N + 1 runs
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

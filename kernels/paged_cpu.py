@@ -2,7 +2,7 @@
 
 Decode tokens (q_len 1) in float32 go to a small C++ kernel that reads each sequence's K/V
 in place from its blocks of the pool (no per-layer gather or copy), split over the torch
-thread count with the GIL released; prefill chunks, other dtypes, and machines where the
+thread count on torch's own OpenMP threads, GIL released; prefill chunks, other dtypes, and machines where the
 kernel cannot be built take the reference path (kernels/paged_attention_ref.py), which
 stays the reference. The kernel is compiled once per source and machine with the system
 C++ compiler (about a second; plain C ABI through ctypes, no torch headers) and cached in
@@ -19,7 +19,6 @@ import subprocess
 import tempfile
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -29,7 +28,9 @@ SOURCE = r"""
 // Decode attention (one query per sequence) over the paged KV pool, in place: each sequence's
 // K/V are read straight from its blocks, nothing is gathered or copied. float32.
 // Built by kernels/paged_attention_cpu.py with the system C++ compiler; plain C ABI (ctypes),
-// no torch headers. The caller splits the (sequence, kv head) work items across threads.
+// no torch headers. Built with -fopenmp: the parallel loop below runs on the OpenMP runtime
+// torch already loaded (same soname), so the kernel shares torch's warm thread pool instead
+// of competing with its spinning threads.
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -40,16 +41,20 @@ extern "C" {
 // q, out: rows indexed by q_rows[b] (row stride q_sr / o_sr, head stride q_sh / o_sh, dim 1).
 // k, v: caches [num_blocks, block_size, kv_heads, head_size] with strides (sb, st, sh, 1).
 // tables: int32 [B, table_stride]; seq_lens: int32 [B].
-// Work items are w in [w0, w1): b = w / kv_heads, kv head = w % kv_heads.
+// Work items w in [0, B * kv_heads): b = w / kv_heads, kv head = w % kv_heads, split over
+// `threads` OpenMP threads.
 void paged_decode_f32(const float* q, int64_t q_sr, int64_t q_sh,
                       const float* k, const float* v, int64_t sb, int64_t st, int64_t sh,
                       const int32_t* tables, int64_t table_stride, const int32_t* seq_lens,
                       const int64_t* q_rows, float* out, int64_t o_sr, int64_t o_sh,
                       int64_t num_heads, int64_t kv_heads, int64_t head_size, int64_t block_size,
-                      float scale, int64_t w0, int64_t w1) {
+                      float scale, int64_t work, int64_t threads) {
     const int64_t group = num_heads / kv_heads;
+#pragma omp parallel num_threads(threads)
+    {
     std::vector<float> scores, qs(group * head_size), acc(group * head_size);
-    for (int64_t w = w0; w < w1; ++w) {
+#pragma omp for schedule(static)
+    for (int64_t w = 0; w < work; ++w) {
         const int64_t b = w / kv_heads, kh = w % kv_heads;
         const int64_t len = seq_lens[b];
         const int32_t* table = tables + b * table_stride;
@@ -107,6 +112,7 @@ void paged_decode_f32(const float* q, int64_t q_sr, int64_t q_sh,
             for (int64_t d = 0; d < head_size; ++d) dst[d] = acc[g * head_size + d];
         }
     }
+    }
 }
 
 }  // extern "C"
@@ -115,8 +121,6 @@ void paged_decode_f32(const float* q, int64_t q_sr, int64_t q_sh,
 _lib = None
 _lib_tried = False
 _lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
 
 
 def _cache_dir() -> str:
@@ -151,7 +155,7 @@ def _build() -> ctypes.CDLL | None:
                 with open(cpp, "w") as f:
                     f.write(SOURCE)
                 so = os.path.join(tmp, "k.so")
-                subprocess.run([compiler, "-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=fast",
+                subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-ffp-contract=fast",
                                 "-shared", "-fPIC", "-o", so, cpp],
                                check=True, capture_output=True, timeout=120)
                 os.replace(so, path)  # atomic: concurrent builders agree
@@ -164,7 +168,7 @@ def _build() -> ctypes.CDLL | None:
     f = lib.paged_decode_f32
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     f.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, ptr, ptr, i64, i64,
-                  i64, i64, i64, i64, ctypes.c_float, i64, i64]
+                  i64, i64, i64, i64, ctypes.c_float, i64, i64]  # ..., work, threads
     f.restype = None
     return lib
 
@@ -184,21 +188,6 @@ def _threads(work: int) -> int:
     return max(1, min(torch.get_num_threads(), work // 8 or 1))
 
 
-def _run_split(fn, work: int, threads: int) -> None:
-    global _pool, _pool_size
-    if threads <= 1:
-        fn(0, work)
-        return
-    if _pool is None or _pool_size < threads - 1:
-        _pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="paged-attn")
-        _pool_size = threads - 1
-    bounds = [work * i // threads for i in range(threads + 1)]
-    futures = [_pool.submit(fn, bounds[i], bounds[i + 1]) for i in range(1, threads)]
-    fn(bounds[0], bounds[1])
-    for fut in futures:
-        fut.result()
-
-
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, rows, scale, out) -> None:
     """Decode attention for the sequences whose single query sits at q[rows[b]], written to
     out[rows[b]]. float32 CPU tensors; k/v caches with a contiguous last dimension."""
@@ -216,7 +205,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, rows, scale, out) 
             out.stride(0), out.stride(1), num_heads, kv_heads, head_size, block_size, float(scale))
     work = rows.numel() * kv_heads
     kernel = _lib.paged_decode_f32
-    _run_split(lambda w0, w1: kernel(*args, w0, w1), work, _threads(work))
+    kernel(*args, work, _threads(work))
 
 
 def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None,

@@ -96,19 +96,20 @@ def reference_beams(prompt: list[int], sp: SamplingParams) -> list[list[int]]:
         search.commit(ids)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("mode, num_blocks, host_blocks, releases", [
     ("swap", 256, None, False),  # no preemption
     ("swap", 24, 16, True),  # swaps, recompute when the swap space is full, idle beams released
     ("recompute", 24, None, True),
 ])
-def test_beams_fork_and_free_blocks_through_memsvc(mode, num_blocks, host_blocks, releases):
+def test_beams_fork_and_free_blocks_through_memsvc(mode, num_blocks, host_blocks, releases, overlap):
     from gateway.batch_loop import BatchLoop
     from gateway.scheduler import SchedulerConfig
 
     ex = BeamFakeExecutor(4)
     mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, preemption_mode=mode, num_host_blocks=host_blocks))
     ex.attach_pool(mem.register_executor(ex.info.kv))
-    loop = BatchLoop(mem, ex, SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=48))
+    loop = BatchLoop(mem, ex, SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=48, overlap=overlap))
     rng = random.Random(1)
     system = [rng.randrange(998) for _ in range(10)]
     reqs = []

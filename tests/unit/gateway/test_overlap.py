@@ -1,0 +1,217 @@
+"""The overlapped batching loop (a step's tokens become deltas while the next step runs)
+gives the same outputs as the serial loop: greedy, seeded sampling, n > 1, preemption by
+swap and by recompute, stop strings (seen one step late, the extra token dropped), aborts,
+and an executor failure in the middle; nothing stays referenced afterwards."""
+import dataclasses
+
+import pytest
+
+from gateway.batch_loop import BatchLoop
+from gateway.scheduler import SchedulerConfig
+from gateway.step_retry import StepRetry
+from memsvc.memory_manager import MemoryConfig, MemoryManager
+from wire.protocol import SamplingParams
+from tests.support.fake_executor import FakeExecutor
+from tests.support.fake_loop import expected, prompts, run_all
+
+
+class LetterTokenizer:
+    """Token t is the letter 'a' + t % 26: stop strings on the fake executor's tokens."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(97 + t % 26) for t in ids)
+
+
+def make(overlap, *, num_blocks=256, mode="recompute", host_blocks=None, prefix=True, max_tokens_step=64,
+         tokenizer=None, executor=None):
+    ex = executor or FakeExecutor(4)
+    mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, enable_prefix_caching=prefix,
+                                     preemption_mode=mode, num_host_blocks=host_blocks))
+    ex.attach_pool(mem.register_executor(ex.info.kv))
+    config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_tokens_step, overlap=overlap)
+    return BatchLoop(mem, ex, config, tokenizer), mem
+
+
+def run(loop):
+    try:
+        out = {}
+        texts = {}
+        finish = {}
+        while loop.has_work():
+            for d in loop.step():
+                out.setdefault((d.request_id, d.index), []).extend(d.token_ids)
+                texts[(d.request_id, d.index)] = texts.get((d.request_id, d.index), "") + d.text
+                if d.finish_reason:
+                    finish[(d.request_id, d.index)] = (d.finish_reason, d.completion_tokens)
+        return out, texts, finish
+    finally:
+        loop.close()
+
+
+def assert_clean(mem):
+    mem.check_integrity()
+    stats = mem.stats()
+    assert stats.snapshot["blocks_referenced"] == 0 and stats.num_sequences == 0
+
+
+def both(workload, computed=None, **kw):
+    results = []
+    for overlap in (False, True):
+        ex = FakeExecutor(4)
+        loop, mem = make(overlap, executor=ex, **kw)
+        workload(loop)
+        results.append(run(loop))
+        assert_clean(mem)
+        assert loop.num_steps > 0
+        if computed is not None:
+            computed.append(ex.num_executed_tokens)
+    return results
+
+
+def test_greedy_seeded_and_n_samples_are_the_same():
+    ps = prompts(10, seed=4)
+
+    def workload(loop):
+        for i, p in enumerate(ps):
+            sp = (SamplingParams(max_tokens=12, temperature=0.0, seed=7) if i % 2 else
+                  SamplingParams(max_tokens=9, temperature=0.8, seed=100 + i, n=3))
+            loop.add_request(str(i), p, sp)
+
+    serial, overlapped = both(workload)
+    assert serial == overlapped
+    out = serial[0]
+    for i, p in enumerate(ps):
+        if i % 2:
+            assert out[(str(i), 0)] == expected(p, 12, 7)
+        else:
+            assert all(len(out[(str(i), j)]) == 9 for j in range(3))
+
+
+@pytest.mark.parametrize("mode, host_blocks", [("recompute", None), ("swap", None), ("swap", 6)])
+def test_preemption_gives_the_same_outputs(mode, host_blocks):
+    ps = prompts(8, lo=10, hi=20, seed=3)
+
+    def workload(loop):
+        for i, p in enumerate(ps):
+            loop.add_request(str(i), p, SamplingParams(max_tokens=30, temperature=0.0, seed=7))
+
+    serial, overlapped = both(workload, num_blocks=24, mode=mode, host_blocks=host_blocks, prefix=False)
+    assert serial == overlapped
+    for i, p in enumerate(ps):
+        assert serial[0][(str(i), 0)] == expected(p, 30, 7)
+
+
+def test_stop_strings_end_at_the_same_token_and_the_extra_token_is_dropped():
+    ps = prompts(12, seed=9)
+    stops = ["e", "ab", "zz", "q"]
+
+    def workload(loop):
+        for i, p in enumerate(ps):
+            loop.add_request(str(i), p, SamplingParams(max_tokens=40, temperature=0.0, seed=7,
+                                                       stop=[stops[i % len(stops)]]))
+
+    computed = []
+    serial, overlapped = both(workload, computed, tokenizer=LetterTokenizer())
+    assert serial == overlapped
+    assert computed[1] > computed[0]  # overlapped: a stopped sequence ran one more step
+    tokens, texts, finish = serial
+    stopped = [k for k, (reason, _) in finish.items() if reason == "stop"]
+    assert stopped  # the workload does hit stop strings
+    for key in stopped:
+        stop = stops[int(key[0]) % len(stops)]
+        assert stop not in texts[key]
+        assert finish[key][1] == len(tokens[key])  # usage counts the tokens delivered
+
+
+def test_aborts_between_steps_free_everything():
+    ps = prompts(6, seed=5)
+    for overlap in (False, True):
+        loop, mem = make(overlap)
+        for i, p in enumerate(ps):
+            loop.add_request(str(i), p, SamplingParams(max_tokens=50, temperature=0.0, seed=7))
+        for _ in range(4):
+            loop.step()
+        loop.abort("1")
+        loop.abort("4")
+        out, _, _ = run(loop)
+        assert ("1", 0) not in out or len(out[("1", 0)]) < 50
+        for i in (0, 2, 3, 5):
+            assert out[(str(i), 0)][-5:] == expected(ps[i], 50, 7)[-5:]
+        assert_clean(mem)
+
+
+class FlakyExecutor(FakeExecutor):
+    """Fails the Execute of its `fail_at`-th call with UNAVAILABLE (then serves again)."""
+
+    def __init__(self, block_size, fail_at):
+        super().__init__(block_size)
+        self.calls, self.fail_at = 0, fail_at
+
+    def execute(self, batch):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            import grpc
+
+            class Unavailable(grpc.RpcError):
+                def code(self):
+                    return grpc.StatusCode.UNAVAILABLE
+
+                def details(self):
+                    return "executor restarting"
+
+            raise Unavailable()
+        return super().execute(batch)
+
+
+def test_an_executor_failure_mid_run_loses_no_token():
+    ps = prompts(5, seed=6)
+    results = []
+    for overlap in (False, True):
+        ex = FlakyExecutor(4, fail_at=5)
+        mem = MemoryManager(MemoryConfig(num_blocks=256))
+        ex.attach_pool(mem.register_executor(ex.info.kv))
+        retry = StepRetry(mem, ex, timeout_s=5.0, interval_s=0.0)
+        loop = BatchLoop(retry.memory, retry.executor,
+                         dataclasses.replace(SchedulerConfig(max_num_seqs=16), overlap=overlap))
+        for i, p in enumerate(ps):
+            loop.add_request(str(i), p, SamplingParams(max_tokens=15, temperature=0.0, seed=7))
+        results.append(run(loop)[0])
+        assert ex.calls > 5
+        assert_clean(mem)
+    assert results[0] == results[1]
+    for i, p in enumerate(ps):
+        assert results[1][(str(i), 0)] == expected(p, 15, 7)
+
+
+def test_deltas_come_one_step_later_and_nothing_is_left_behind():
+    loop, mem = make(True)
+    loop.add_request("r", [1, 2, 3], SamplingParams(max_tokens=3, temperature=0.0, seed=7))
+    assert loop.step() == []  # the prefill ran; its token becomes a delta during the next step
+    got = []
+    while loop.has_work():
+        got.extend(t for d in loop.step() for t in d.token_ids)
+    loop.close()
+    assert got == expected([1, 2, 3], 3, 7)
+    assert run_all(loop) == {}
+    assert_clean(mem)
+
+
+def test_deltas_made_during_a_failed_step_come_with_the_next_call():
+    class Broken(FakeExecutor):
+        calls = 0
+
+        def execute(self, batch):
+            self.calls += 1
+            if self.calls == 3:
+                raise RuntimeError("executor crashed")
+            return super().execute(batch)
+
+    loop, mem = make(True, executor=Broken(4))
+    loop.add_request("r", [5, 6, 7], SamplingParams(max_tokens=10, temperature=0.0, seed=7))
+    got = [t for _ in range(2) for d in loop.step() for t in d.token_ids]
+    with pytest.raises(RuntimeError, match="crashed"):
+        loop.step()
+    loop.abort("r")  # as the step runner does after a failure
+    got += [t for d in loop.step() for t in d.token_ids]
+    loop.close()
+    assert got == expected([5, 6, 7], 2, 7)  # step 2's token was not lost with step 3
