@@ -57,7 +57,8 @@ class ExecutorClient(Protocol):
 
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         """Run one step: write each sequence's K/V into its slots and return one
-        SampleOutput per sequence with `sample` set, in batch order. A batch whose
+        SampleOutput per sequence that `reports` (`sample` set, or prompt logprobs to
+        return for its step: SeqStep.reports), in batch order. A batch whose
         `pool_epoch` names a pool other than the executor's is refused (ABORTED across
         processes): its reservation is gone. `batch.forget` names sequences finished or
         preempted since the last batch (an executor that keeps per-sequence state drops

@@ -19,6 +19,7 @@ from wire.protocol import (
     PlanEntry,
     PoolStats,
     Preemption,
+    PromptLogprob,
     Rejection,
     ReserveResult,
     SampleOutput,
@@ -39,7 +40,7 @@ def sampling_to_proto(sp: SamplingParams) -> generation_pb2.SamplingParams:
         repetition_penalty=sp.repetition_penalty, presence_penalty=sp.presence_penalty,
         frequency_penalty=sp.frequency_penalty, beam_width=sp.beam_width,
         length_penalty=sp.length_penalty, early_stopping=sp.early_stopping,
-        guided_kind=sp.guided_kind, guided_spec=sp.guided_spec,
+        guided_kind=sp.guided_kind, guided_spec=sp.guided_spec, prompt_logprobs=sp.prompt_logprobs,
     )
 
 
@@ -70,6 +71,7 @@ def sampling_from_proto(m: generation_pb2.SamplingParams) -> SamplingParams:
         early_stopping=m.early_stopping,
         guided_kind=m.guided_kind,
         guided_spec=m.guided_spec,
+        prompt_logprobs=m.prompt_logprobs if has("prompt_logprobs") else None,
     )
 
 
@@ -108,7 +110,8 @@ def model_info_from_proto(m: executor_pb2.ModelInfoResponse, tokenizer_dir: str 
 def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest:
     PE = memory_pb2.PlanEntry
     entries = [PE(seq_id=e.seq_id, token_ids=e.token_ids, new=e.new, max_len=e.max_len,
-                  max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt)
+                  max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt,
+                  skip_prefix_cache=e.skip_prefix_cache)
                for e in plan.entries]
     return memory_pb2.ReserveRequest(session_id=session_id, entries=entries, free=plan.free,
                                      step_tokens=plan.step_tokens, step_seconds=plan.step_seconds,
@@ -120,7 +123,8 @@ def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
     entries = [PlanEntry(seq_id=e.seq_id, token_ids=list(e.token_ids), new=e.new, max_len=e.max_len,
                          max_new_tokens=e.max_new_tokens,
                          final_len=e.final_len if e.HasField("final_len") else None,
-                         salt=e.salt if e.HasField("salt") else None)
+                         salt=e.salt if e.HasField("salt") else None,
+                         skip_prefix_cache=e.skip_prefix_cache)
                for e in m.entries]
     return Plan(entries=entries, free=list(m.free), step_tokens=m.step_tokens,
                 step_seconds=m.step_seconds, forks=list(zip(m.fork_parents, m.fork_children)))
@@ -159,14 +163,28 @@ def seq_state_to_proto(step: SeqStep, history: list[int], prompt_len: int,
                                  prompt_len=prompt_len, history=history)
 
 
+def prompt_logprobs_to_proto(entries: list[PromptLogprob]) -> list[generation_pb2.TokenLogprob]:
+    TLP, TL = generation_pb2.TokenLogprob, generation_pb2.TopLogprob
+    return [TLP(token_id=e.token_id, logprob=e.logprob, rank=e.rank,
+                top=[TL(token_id=t, logprob=lp) for t, lp in e.top]) for e in entries]
+
+
+def prompt_logprobs_from_proto(entries) -> list[PromptLogprob]:
+    return [PromptLogprob(e.token_id, e.logprob, e.rank, [(t.token_id, t.logprob) for t in e.top])
+            for e in entries]
+
+
 def outputs_to_proto(outputs: list[SampleOutput], incarnation: str = "") -> executor_pb2.ExecuteResponse:
-    """Tokens alone (packed) when no output carries logprobs."""
-    if all(o.logprob is None and not o.top_logprobs for o in outputs):
+    """Tokens alone (packed) when every output is a sampled token without logprobs."""
+    if all(o.logprob is None and not o.top_logprobs and o.sampled and not o.prompt_logprobs
+           for o in outputs):
         return executor_pb2.ExecuteResponse(tokens=[o.token_id for o in outputs], incarnation=incarnation)
     SO, TL = executor_pb2.SampleOutput, generation_pb2.TopLogprob
     return executor_pb2.ExecuteResponse(outputs=[
-        SO(seq_id=o.seq_id, token_id=o.token_id, logprob=o.logprob,
-           top_logprobs=[TL(token_id=t, logprob=lp) for t, lp in o.top_logprobs] if o.top_logprobs else None)
+        SO(seq_id=o.seq_id, token_id=o.token_id if o.sampled else 0, logprob=o.logprob,
+           top_logprobs=[TL(token_id=t, logprob=lp) for t, lp in o.top_logprobs] if o.top_logprobs else None,
+           prompt_only=not o.sampled,
+           prompt_logprobs=prompt_logprobs_to_proto(o.prompt_logprobs) if o.prompt_logprobs else None)
         for o in outputs
     ], incarnation=incarnation)
 
@@ -174,15 +192,17 @@ def outputs_to_proto(outputs: list[SampleOutput], incarnation: str = "") -> exec
 def outputs_from_proto(m: executor_pb2.ExecuteResponse, sampled_ids: list[str] | None = None
                        ) -> list[SampleOutput]:
     """`sampled_ids`: the ids of the batch's sequences with sample set, in order (for a
-    response that carries tokens alone)."""
+    response that carries tokens alone). A prompt-only output has token_id -1."""
     if m.tokens:
         if sampled_ids is None or len(sampled_ids) != len(m.tokens):
             raise ValueError(f"the executor sent {len(m.tokens)} tokens for "
                              f"{'?' if sampled_ids is None else len(sampled_ids)} sampled sequences")
         return [SampleOutput(i, t) for i, t in zip(sampled_ids, m.tokens)]
     return [
-        SampleOutput(o.seq_id, o.token_id, o.logprob if o.HasField("logprob") else None,
-                     [(t.token_id, t.logprob) for t in o.top_logprobs])
+        SampleOutput(o.seq_id, -1 if o.prompt_only else o.token_id,
+                     o.logprob if o.HasField("logprob") else None,
+                     [(t.token_id, t.logprob) for t in o.top_logprobs], not o.prompt_only,
+                     prompt_logprobs_from_proto(o.prompt_logprobs))
         for o in m.outputs
     ]
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 MAX_BEAM_WIDTH = 10  # each beam asks for 2 * beam_width top logprobs, at most 20
 GUIDED_KINDS = ("", "json_schema", "json_object", "regex", "choice", "grammar", "structural_tag")
 MAX_N = 128  # completions per request (OpenAI's bound): each is a sequence the gateway holds
+MAX_LOGPROBS = 20  # top logprobs per token (sampled or prompt)
 
 
 @dataclass
@@ -31,6 +32,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; 0: the chosen token's; k: plus the top k
+    # per prompt position from the second on: None: none; 0: the prompt token's logprob and
+    # rank; k: plus the top k (raw model distribution). Computing them disables prefix-cache hits
+    prompt_logprobs: int | None = None
     n: int = 1  # completions; with beam search, the n best beams
     beam_width: int = 1  # > 1: beam search (deterministic; temperature, top_*, seed unused)
     length_penalty: float = 1.0  # beam score = sum of logprobs / length ** length_penalty
@@ -92,8 +96,10 @@ class SamplingParams:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         if not -2 <= self.frequency_penalty <= 2:
             raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not 0 <= k <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {k}")
         if not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be between 1 and {MAX_N}, got {self.n}")
         if not 1 <= self.beam_width <= MAX_BEAM_WIDTH:
@@ -101,6 +107,8 @@ class SamplingParams:
         if self.guided_kind not in GUIDED_KINDS:
             raise ValueError(f"guided_kind must be one of {', '.join(k for k in GUIDED_KINDS if k)}, "
                              f"got {self.guided_kind!r}")
+        if self.beam_width > 1 and self.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs is not supported with beam search")
         if self.beam_width > 1 and self.n > self.beam_width:
             raise ValueError(f"n={self.n} exceeds beam_width={self.beam_width}: beam search returns "
                              "at most beam_width completions")
@@ -171,8 +179,21 @@ class SeqStep:
     sample: bool  # False for a prefill chunk that does not reach the end of the prompt
     sampling: SamplingParams
     seed: int  # resolved per request; randomness derives from (seed, position)
-    prompt_token_ids: list[int] = field(default_factory=list)  # only when penalties are used
+    prompt_token_ids: list[int] = field(default_factory=list)  # only when penalties or
+    # prompt logprobs are used (prompt logprobs need the whole prompt: the next chunk's tokens)
     output_token_ids: list[int] = field(default_factory=list)  # only when penalties are used
+
+    def prompt_logprob_positions(self) -> range:
+        """Positions of this step whose next token is a prompt token to score (prompt_logprobs):
+        position p scores prompt token p + 1."""
+        if self.sampling.prompt_logprobs is None:
+            return range(0)
+        return range(self.start_pos, min(self.start_pos + len(self.token_ids), len(self.prompt_token_ids) - 1))
+
+    @property
+    def reports(self) -> bool:
+        """Whether the executor returns a SampleOutput for this step: it samples, or scores prompt tokens."""
+        return self.sample or bool(self.prompt_logprob_positions())
 
 
 @dataclass
@@ -188,11 +209,28 @@ class StepBatch:
 
 
 @dataclass
+class PromptLogprob:
+    """A prompt token's logprob under the model given the tokens before it, its rank (1: the
+    most likely token) and the top k alternatives (token, logprob), most likely first."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
 class SampleOutput:
+    """The output of one SeqStep that `reports`: a sampled token (unless `sampled` is False:
+    a prompt chunk that samples nothing) and the prompt logprobs of the chunk's
+    prompt_logprob_positions, for prompt positions start_pos + 1 on."""
+
     seq_id: str
     token_id: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+    sampled: bool = True
+    prompt_logprobs: list[PromptLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -211,6 +249,8 @@ class PlanEntry:
     max_new_tokens: int = 0  # new sequences only: cap on the tokens granted this step
     final_len: int | None = None  # known final length, for measurement only
     salt: str | None = None
+    skip_prefix_cache: bool = False  # new sequences: attach no cached blocks (prompt logprobs
+    # need every position computed); the blocks it computes are still cached for others
 
 
 @dataclass
@@ -291,6 +331,9 @@ class Delta:
     finish_reason: str | None = None
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # with the first token of each completion when sampling.prompt_logprobs is set: prompt
+    # positions 1.. (position 0 has none)
+    prompt_logprobs: list[PromptLogprob] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0

@@ -2,7 +2,8 @@
 the other): encode a StepBatch as changes against what the executor already holds.
 
 `encode_step(batch, sent, session_id, incarnation)` sends a sequence's constant state once
-(sampling parameters, seed, prompt length, token history when penalties need it) and then
+(sampling parameters, seed, prompt length, token history when penalties need it, the whole
+prompt when prompt logprobs do) and then
 only its tokens to compute and the change to its block table; `sent` is the caller's record
 of the block tables the executor holds. An executor that answers FAILED_PRECONDITION with
 STATE_LOST in the details (it restarted, or lost a sequence) gets everything again: clear
@@ -41,8 +42,9 @@ def encode_step(batch: StepBatch, sent: dict[str, list[int]], session_id: str, i
                 prompt_len = len(s.prompt_token_ids)
             else:
                 history, prompt_len = [], 0
+            prompt = s.prompt_token_ids if s.sampling.prompt_logprobs is not None else None
             states.append(executor_pb2.SeqState(seq_id=seq_id, sampling=sp, seed=s.seed,
-                                                prompt_len=prompt_len, history=history))
+                                                prompt_len=prompt_len, history=history, prompt=prompt))
             updates[seq_id] = list(table)
             tstart, new = 0, table
         else:

@@ -26,7 +26,7 @@ from wire.v1 import generation_pb2 as wire_dot_v1_dot_generation__pb2
 from wire.v1 import memory_pb2 as wire_dot_v1_dot_memory__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16wire/v1/executor.proto\x12\rpagedserve.v1\x1a\x18wire/v1/generation.proto\x1a\x14wire/v1/memory.proto\"\x12\n\x10ModelInfoRequest\".\n\rTokenizerFile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\"\xd8\x01\n\x11ModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x15\n\rchat_template\x18\x05 \x01(\t\x12%\n\x02kv\x18\x06 \x01(\x0b\x32\x19.pagedserve.v1.KVGeometry\x12\x35\n\x0ftokenizer_files\x18\x07 \x03(\x0b\x32\x1c.pagedserve.v1.TokenizerFile\"~\n\x08SeqState\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.pagedserve.v1.SamplingParams\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x12\n\nprompt_len\x18\x04 \x01(\r\x12\x0f\n\x07history\x18\x05 \x03(\r\"\xa2\x02\n\x0e\x45xecuteRequest\x12\x12\n\npool_epoch\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\t\x12\x0e\n\x06\x66orget\x18\x05 \x03(\t\x12\x0f\n\x07seq_ids\x18\x06 \x03(\t\x12\x11\n\tstart_pos\x18\x07 \x03(\r\x12\x12\n\nnum_tokens\x18\x08 \x03(\r\x12\x11\n\ttoken_ids\x18\t \x03(\r\x12\x0e\n\x06sample\x18\n \x03(\x08\x12\x13\n\x0btable_start\x18\x0b \x03(\r\x12\x16\n\x0enum_new_blocks\x18\x0c \x03(\r\x12\x12\n\nnew_blocks\x18\r \x03(\r\x12\'\n\x06states\x18\x0e \x03(\x0b\x32\x17.pagedserve.v1.SeqState\"\x83\x01\n\x0cSampleOutput\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\x12\x14\n\x07logprob\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12/\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x19.pagedserve.v1.TopLogprobB\n\n\x08_logprob\"d\n\x0f\x45xecuteResponse\x12,\n\x07outputs\x18\x01 \x03(\x0b\x32\x1b.pagedserve.v1.SampleOutput\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bincarnation\x18\x03 \x01(\t2\xa4\x01\n\x08\x45xecutor\x12N\n\tModelInfo\x12\x1f.pagedserve.v1.ModelInfoRequest\x1a .pagedserve.v1.ModelInfoResponse\x12H\n\x07\x45xecute\x12\x1d.pagedserve.v1.ExecuteRequest\x1a\x1e.pagedserve.v1.ExecuteResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16wire/v1/executor.proto\x12\rpagedserve.v1\x1a\x18wire/v1/generation.proto\x1a\x14wire/v1/memory.proto\"\x12\n\x10ModelInfoRequest\".\n\rTokenizerFile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\"\xd8\x01\n\x11ModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x15\n\rchat_template\x18\x05 \x01(\t\x12%\n\x02kv\x18\x06 \x01(\x0b\x32\x19.pagedserve.v1.KVGeometry\x12\x35\n\x0ftokenizer_files\x18\x07 \x03(\x0b\x32\x1c.pagedserve.v1.TokenizerFile\"\x8e\x01\n\x08SeqState\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.pagedserve.v1.SamplingParams\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x12\n\nprompt_len\x18\x04 \x01(\r\x12\x0f\n\x07history\x18\x05 \x03(\r\x12\x0e\n\x06prompt\x18\x06 \x03(\r\"\xa2\x02\n\x0e\x45xecuteRequest\x12\x12\n\npool_epoch\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\t\x12\x0e\n\x06\x66orget\x18\x05 \x03(\t\x12\x0f\n\x07seq_ids\x18\x06 \x03(\t\x12\x11\n\tstart_pos\x18\x07 \x03(\r\x12\x12\n\nnum_tokens\x18\x08 \x03(\r\x12\x11\n\ttoken_ids\x18\t \x03(\r\x12\x0e\n\x06sample\x18\n \x03(\x08\x12\x13\n\x0btable_start\x18\x0b \x03(\r\x12\x16\n\x0enum_new_blocks\x18\x0c \x03(\r\x12\x12\n\nnew_blocks\x18\r \x03(\r\x12\'\n\x06states\x18\x0e \x03(\x0b\x32\x17.pagedserve.v1.SeqState\"\xce\x01\n\x0cSampleOutput\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\x12\x14\n\x07logprob\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12/\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x19.pagedserve.v1.TopLogprob\x12\x13\n\x0bprompt_only\x18\x05 \x01(\x08\x12\x34\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1b.pagedserve.v1.TokenLogprobB\n\n\x08_logprob\"d\n\x0f\x45xecuteResponse\x12,\n\x07outputs\x18\x01 \x03(\x0b\x32\x1b.pagedserve.v1.SampleOutput\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bincarnation\x18\x03 \x01(\t2\xa4\x01\n\x08\x45xecutor\x12N\n\tModelInfo\x12\x1f.pagedserve.v1.ModelInfoRequest\x1a .pagedserve.v1.ModelInfoResponse\x12H\n\x07\x45xecute\x12\x1d.pagedserve.v1.ExecuteRequest\x1a\x1e.pagedserve.v1.ExecuteResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,14 +39,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIZERFILE']._serialized_end=155
   _globals['_MODELINFORESPONSE']._serialized_start=158
   _globals['_MODELINFORESPONSE']._serialized_end=374
-  _globals['_SEQSTATE']._serialized_start=376
-  _globals['_SEQSTATE']._serialized_end=502
-  _globals['_EXECUTEREQUEST']._serialized_start=505
-  _globals['_EXECUTEREQUEST']._serialized_end=795
-  _globals['_SAMPLEOUTPUT']._serialized_start=798
-  _globals['_SAMPLEOUTPUT']._serialized_end=929
-  _globals['_EXECUTERESPONSE']._serialized_start=931
-  _globals['_EXECUTERESPONSE']._serialized_end=1031
-  _globals['_EXECUTOR']._serialized_start=1034
-  _globals['_EXECUTOR']._serialized_end=1198
+  _globals['_SEQSTATE']._serialized_start=377
+  _globals['_SEQSTATE']._serialized_end=519
+  _globals['_EXECUTEREQUEST']._serialized_start=522
+  _globals['_EXECUTEREQUEST']._serialized_end=812
+  _globals['_SAMPLEOUTPUT']._serialized_start=815
+  _globals['_SAMPLEOUTPUT']._serialized_end=1021
+  _globals['_EXECUTERESPONSE']._serialized_start=1023
+  _globals['_EXECUTERESPONSE']._serialized_end=1123
+  _globals['_EXECUTOR']._serialized_start=1126
+  _globals['_EXECUTOR']._serialized_end=1290
 # @@protoc_insertion_point(module_scope)

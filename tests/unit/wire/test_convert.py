@@ -4,8 +4,8 @@ import pytest
 from memsvc.memory_manager import MemoryConfig, MemoryManager
 from wire import convert
 from wire.protocol import (
-    Grant, KVGeometry, ModelInfo, Plan, PlanEntry, PoolStats, Preemption, Rejection, ReserveResult,
-    SampleOutput, SamplingParams, SeqStep, StepBatch,
+    Grant, KVGeometry, ModelInfo, Plan, PlanEntry, PoolStats, Preemption, PromptLogprob, Rejection,
+    ReserveResult, SampleOutput, SamplingParams, SeqStep, StepBatch,
 )
 from wire.v1 import executor_pb2, generation_pb2, memory_pb2
 
@@ -20,6 +20,8 @@ SAMPLINGS = [
     SamplingParams(temperature=0.5, top_p=0.25, top_k=40, min_p=0.125, repetition_penalty=1.5,
                    presence_penalty=-0.5, frequency_penalty=2.0, seed=2**63 - 1,
                    stop=["\n\n", "é"], stop_token_ids=[1, 2], logprobs=5),
+    SamplingParams(prompt_logprobs=0),
+    SamplingParams(prompt_logprobs=20, logprobs=1),
 ]
 
 
@@ -47,6 +49,7 @@ def test_plan():
         PlanEntry("a/0", [1, 2, 3], True, 100, max_new_tokens=2, final_len=0, salt=""),
         PlanEntry("b/0", [9], False, 50, final_len=42, salt="s"),
         PlanEntry("c/0", [], False, 10),
+        PlanEntry("d/0", [4, 5], True, 10, skip_prefix_cache=True),
     ], free=["x/0", "y/1"], forks=[("b/0", "b/1"), ("b/0", "b/2")])
     msg = wire(convert.plan_to_proto(plan, "session-1"))
     assert msg.session_id == "session-1"
@@ -74,6 +77,15 @@ def test_sample_outputs():
     assert convert.outputs_from_proto(msg, ["a/0", "b/0"]) == plain
 
 
+def test_sample_outputs_with_prompt_logprobs():
+    entries = [PromptLogprob(7, -1.5, 3, [(2, -0.25), (9, -1.0)]), PromptLogprob(8, -0.125, 1)]
+    outs = [SampleOutput("a/0", -1, sampled=False, prompt_logprobs=entries),
+            SampleOutput("b/0", 4, prompt_logprobs=entries[1:]), SampleOutput("c/0", 5)]
+    msg = wire(convert.outputs_to_proto(outs))
+    assert not msg.tokens and [o.prompt_only for o in msg.outputs] == [True, False, False]
+    assert convert.outputs_from_proto(msg, ["b/0", "c/0"]) == outs
+
+
 def test_stats_from_a_memory_manager():
     mem = MemoryManager(MemoryConfig(num_blocks=8))
     mem.register_executor(KVGeometry(1, 1, 1, 4))
@@ -90,3 +102,28 @@ def test_stats_from_a_memory_manager():
     assert back.preemption == pytest.approx(stats.preemption)
     own = convert.stats_from_proto(wire(convert.stats_to_proto(stats, 4)))
     assert (own.num_sequences, own.num_sessions) == (stats.num_sequences, stats.num_sessions) == (1, 0)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(prompt_logprobs=-1), "prompt_logprobs must be between 0 and 20, got -1"),
+    (dict(prompt_logprobs=21), "prompt_logprobs must be between 0 and 20, got 21"),
+    (dict(prompt_logprobs=2, beam_width=2), "prompt_logprobs is not supported with beam search"),
+])
+def test_prompt_logprobs_validation(kw, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kw).validate()
+
+
+def test_prompt_logprob_positions_of_each_chunk():
+    prompt = [5, 6, 7, 8, 9]
+    sp = SamplingParams(prompt_logprobs=1)
+
+    def step(start, n, sampling=sp, sample=False):
+        return SeqStep("a", prompt[start:start + n] or [1], start, [0] * max(n, 1), [0], sample, sampling, 0,
+                       list(prompt))
+    # chunks [0, 2), [2, 4), [4, 5): positions 0..3 score prompt tokens 1..4
+    assert list(step(0, 2).prompt_logprob_positions()) == [0, 1]
+    assert list(step(2, 2).prompt_logprob_positions()) == [2, 3]
+    assert not step(4, 1, sample=True).prompt_logprob_positions()  # the last token: sampled only
+    assert not step(5, 1, sample=True).prompt_logprob_positions()  # decode
+    assert step(0, 2).reports and not step(0, 2, SamplingParams()).reports
