@@ -52,10 +52,13 @@ class KVAllocator(ABC):
         salt: str | None = None,
         *,
         final_len: int | None = None,
+        use_cache: bool = True,
     ) -> Admission:
         """yes / wait / never for a new request; `max_len` = prompt + max_tokens, already
         capped at the model maximum. `final_len` (optional) sizes the contiguous-oracle
-        reservation; other policies ignore it. Pure: changes nothing, counts no queries."""
+        reservation; other policies ignore it. `use_cache=False`: as if nothing of the
+        prompt were cached (add_sequence will attach nothing). Pure: changes nothing,
+        counts no queries."""
 
     @abstractmethod
     def add_sequence(
@@ -66,10 +69,13 @@ class KVAllocator(ABC):
         max_len: int,
         final_len: int | None = None,
         salt: str | None = None,
+        use_cache: bool = True,
     ) -> int:
         """Register a sequence; return how many prompt tokens are already cached (the first
         `append` starts right after them). `final_len` is for measurement only (and sizes
-        the contiguous-oracle reservation). ValueError if `seq_id` is already registered."""
+        the contiguous-oracle reservation). `use_cache=False`: attach no cached block, the
+        whole prompt is computed (its blocks are still cached for later sequences).
+        ValueError if `seq_id` is already registered."""
 
     @abstractmethod
     def num_new_blocks(self, seq_id: str, num_new_tokens: int) -> int:

@@ -82,6 +82,7 @@ class ContiguousAllocator(KVAllocator):
         salt: str | None = None,
         *,
         final_len: int | None = None,
+        use_cache: bool = True,
     ) -> Admission:
         """`final_len` sizes the contiguous-oracle reservation (max_len when omitted)."""
         return contiguous_admission(
@@ -102,6 +103,7 @@ class ContiguousAllocator(KVAllocator):
         max_len: int,
         final_len: int | None = None,
         salt: str | None = None,
+        use_cache: bool = True,
     ) -> int:
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} is already registered")

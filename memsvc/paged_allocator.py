@@ -119,8 +119,9 @@ class PagedAllocator(KVAllocator):
         salt: str | None = None,
         *,
         final_len: int | None = None,
+        use_cache: bool = True,
     ) -> Admission:
-        cached, _ = self._cached_prefix(prompt_token_ids, salt)
+        cached, _ = self._cached_prefix(prompt_token_ids, salt) if use_cache else ([], [])
         revived = sum(1 for b in cached if b.ref_cnt == 0)  # leave the free queue on attach
         return paged_admission(
             prompt_len=len(prompt_token_ids),
@@ -139,16 +140,17 @@ class PagedAllocator(KVAllocator):
         max_len: int,
         final_len: int | None = None,
         salt: str | None = None,
+        use_cache: bool = True,
     ) -> int:
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} is already registered")
         check_request(len(prompt_token_ids), max_len)
         table = BlockTable(seq_id, self.block_size, max_len, final_len, salt)
-        cached, keys = self._cached_prefix(prompt_token_ids, salt)
+        cached, keys = self._cached_prefix(prompt_token_ids, salt) if use_cache else ([], [])
         self.pool.incref(cached)  # a hit takes the block out of the free queue: it is in use
         table.blocks, table.block_keys = cached, keys
         table.num_tokens = len(cached) * self.block_size
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and use_cache:
             self.prefix_stats.record(len(prompt_token_ids), table.num_tokens)
         self._seqs[seq_id] = table
         return table.num_tokens

@@ -99,7 +99,8 @@ class StepPlanner:
     def _admit(self, entry: PlanEntry, out: Reservation) -> bool:
         """Try to start a new sequence; False means it (and everything after it) waits."""
         alloc = self.allocator
-        admission = alloc.admit(entry.token_ids, entry.max_len, entry.salt, final_len=entry.final_len)
+        admission = alloc.admit(entry.token_ids, entry.max_len, entry.salt, final_len=entry.final_len,
+                                use_cache=not entry.skip_prefix_cache)
         if admission.kind == "never":
             out.result.rejected.append(Rejection(entry.seq_id, admission.reason))
             return True
@@ -110,7 +111,7 @@ class StepPlanner:
         try:
             cached = alloc.add_sequence(
                 entry.seq_id, entry.token_ids, max_len=entry.max_len,
-                final_len=entry.final_len, salt=entry.salt,
+                final_len=entry.final_len, salt=entry.salt, use_cache=not entry.skip_prefix_cache,
             )
         except NoFreeBlocks:
             out.result.waiting.append(entry.seq_id)

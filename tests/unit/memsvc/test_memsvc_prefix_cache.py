@@ -146,3 +146,30 @@ def test_cached_blocks_count_as_free_slots():
     snap = a.snapshot()
     assert (snap.blocks_free, snap.blocks_cached, snap.blocks_referenced) == (2, 2, 0)
     assert snap.free == 16 and snap.token_state == 0
+
+
+def test_use_cache_false_attaches_nothing_and_its_blocks_are_cached_for_others():
+    a = PagedAllocator(8, BS)
+    start(a, "a", A)
+    queries = a.prefix_cache_queries
+    assert a.admit(A, 20, use_cache=False).kind == "yes"
+    assert start(a, "b", A, use_cache=False) == 0  # prompt logprobs: every position computed
+    assert a.block_table("b")[:2] != a.block_table("a")[:2]
+    assert a.prefix_cache_queries == queries  # not a query
+    a.free("a")
+    a.free("b")
+    assert start(a, "c", A) == 8
+    a.check_integrity()
+
+
+def test_a_plan_entry_that_skips_the_prefix_cache():
+    from memsvc.step_planner import StepPlanner
+    from wire.protocol import Plan, PlanEntry
+
+    a = PagedAllocator(16, BS)
+    planner = StepPlanner(a)
+    planner.reserve(Plan([PlanEntry("a", A, True, 20)]))
+    r = planner.reserve(Plan([PlanEntry("b", A, True, 20, skip_prefix_cache=True),
+                              PlanEntry("c", A, True, 20)])).result
+    assert [(g.seq_id, g.start_pos, g.num_cached_tokens) for g in r.grants] == [("b", 0, 0), ("c", 8, 8)]
+    a.check_integrity()
