@@ -19,7 +19,11 @@ Contract (what the rest of pagedserve may rely on):
   `block_table`, and each sequence with sample=True gets one token, in batch order. Sampling
   randomness depends only on (seed, position of the new token); see executor.sampler for
   the order of penalties, temperature and truncation and what logprobs mean. Stop rules
-  (EOS, stop ids, ignore_eos) belong to the gateway; nothing is masked here.
+  (EOS, stop ids, ignore_eos) belong to the gateway; nothing is masked here. A sequence
+  whose sampling asks for prompt_logprobs also gets, for the prompt positions of its step,
+  the logprob, rank and top k of each next prompt token (executor.prompt_logprobs): on its
+  sampled output, or on an output with `sampled=False` for a prompt chunk that samples
+  nothing; the outputs are those of the sequences that `report` (SeqStep.reports).
 """
 from executor.errors import ModelLoadError
 from executor.executor import Executor

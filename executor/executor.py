@@ -68,7 +68,8 @@ class Executor:
             self.runner.attach_pool(pool)
 
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
-        """Run one step: one SampleOutput per sequence with sample=True, in batch order."""
+        """Run one step: one SampleOutput per sequence that reports (samples, or returns
+        prompt logprobs: SeqStep.reports), in batch order."""
         if self.runner is None:
             raise RuntimeError("no KV pool attached: call attach_pool first")
         return self.runner.execute(batch)

@@ -6,6 +6,7 @@ import torch
 from executor.attention_metadata import AttentionMetadata
 from executor.cuda_graphs import DecodeGraphs
 from executor.model_config import ModelConfig
+from executor.prompt_logprobs import PromptScoring, attach
 from executor.sampler import Sampler
 from wire.protocol import SampleOutput, StepBatch
 
@@ -53,18 +54,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
-        """One SampleOutput per sequence with sample=True, in batch order. A batch whose
-        tokens, slots or blocks are out of range raises ValueError before anything runs."""
+        """One SampleOutput per sequence that `reports` (samples, or scores prompt tokens:
+        executor.prompt_logprobs), in batch order. A batch whose tokens, slots or blocks are
+        out of range raises ValueError before anything runs."""
         sampled = [s for s in batch.seqs if s.sample]
+        scoring = PromptScoring.of(batch, self.config.vocab_size)
         # grammar masks depend only on the tokens already known: computed during the forward pass
         pending = self.guided.prepare(sampled) if self.guided is not None else None
         hidden, meta = self._hidden(batch)
-        if meta.sample_indices.numel() == 0:
-            return []
-        logits = self.model.compute_logits(hidden[meta.sample_indices])
-        if pending is not None:
-            self.guided.apply(logits, pending)
-        return self.sampler(logits, sampled)
+        outputs = []
+        if meta.sample_indices.numel():
+            logits = self.model.compute_logits(hidden[meta.sample_indices])
+            if pending is not None:
+                self.guided.apply(logits, pending)
+            outputs = self.sampler(logits, sampled)
+        if scoring is None:
+            return outputs
+        return attach(batch, outputs, scoring.run(self.model, hidden))
 
     @torch.inference_mode()
     def logits(self, batch: StepBatch) -> torch.Tensor:

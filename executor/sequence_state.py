@@ -2,7 +2,7 @@
 
 Across processes the gateway sends a sequence's constant state once (`SeqState`: sampling
 parameters, seed, prompt length and, when penalties need it, the tokens before its first
-step) and then, per step, only the tokens to compute and the change to its block table
+step; the whole prompt when prompt logprobs need it) and then, per step, only the tokens to compute and the change to its block table
 (`table_start`, `new_blocks`); finished and preempted sequences come in `forget`.
 `SequenceStates.expand` turns such an ExecuteRequest back into the full StepBatch the model
 runner takes (slot mapping from the block table, token history for penalties), so the
@@ -31,14 +31,16 @@ class StateLost(LookupError):
 
 
 class _Seq:
-    __slots__ = ("sampling", "seed", "prompt_len", "table", "tokens")
+    __slots__ = ("sampling", "seed", "prompt_len", "table", "tokens", "prompt")
 
-    def __init__(self, sampling, seed: int, prompt_len: int, history: list[int] | None):
+    def __init__(self, sampling, seed: int, prompt_len: int, history: list[int] | None,
+                 prompt: list[int] | None = None):
         self.sampling = sampling
         self.seed = seed
         self.prompt_len = prompt_len
         self.table: list[int] = []
         self.tokens = history  # None unless penalties need the token history
+        self.prompt = prompt  # None unless prompt logprobs need the whole prompt
 
 
 class SequenceStates:
@@ -82,7 +84,8 @@ class SequenceStates:
                 prev = state.sampling
                 sp = convert.sampling_from_proto(prev)
             history = list(state.history) if sp.uses_penalties else None
-            session[state.seq_id] = _Seq(sp, state.seed, state.prompt_len, history)
+            prompt = list(state.prompt) if sp.prompt_logprobs is not None else None
+            session[state.seq_id] = _Seq(sp, state.seed, state.prompt_len, history, prompt)
         bs = self.block_size
         token_ids, new_blocks = m.token_ids, m.new_blocks
         seqs = []
@@ -116,6 +119,8 @@ class SequenceStates:
                 prompt, output = history[:pl], history[pl:]
             else:
                 prompt, output = [], []
+            if st.prompt is not None:
+                prompt = st.prompt
             seqs.append(SeqStep(seq_id, tokens, start, slots, table, sample, st.sampling, st.seed,
                                 prompt, output))
         if at != len(token_ids) or bat != len(new_blocks):

@@ -8,9 +8,10 @@ Service contract:
 - ModelInfo: name, maximum length (capped by --max-model-len), vocabulary size, EOS ids,
   chat template, KV geometry, and the tokenizer files themselves, so a gateway on another
   host needs no copy of the model. UNAVAILABLE until SERVING.
-- Execute runs one step and returns one SampleOutput per sequence with sample=True, in
-  batch order. A step carries only what changed per sequence: the executor keeps each
-  running sequence's block table, sampling parameters and (for penalties) token history
+- Execute runs one step and returns one SampleOutput per sequence with sample=True (or
+  with prompt logprobs to report), in batch order. A step carries only what changed per
+  sequence: the executor keeps each running sequence's block table, sampling parameters,
+  (for penalties) token history and (for prompt logprobs) prompt
   (executor.sequence_state), scoped by the gateway's session; a request that relies on
   state this process does not hold (it restarted) is FAILED_PRECONDITION, and the gateway
   sends everything again. Calls that arrive while a forward pass runs (several gateways) are merged

@@ -3,7 +3,7 @@
 Several gateways may drive one executor. Each Execute call hands its StepBatch to
 `StepMerger.run`; while a forward pass is running, batches that arrive queue up, and the
 next pass takes all of them at once: their sequences are concatenated into one StepBatch,
-and the outputs (one per sequence with sample=True, in batch order) are split back to the
+and the outputs (one per sequence that `reports`, in batch order) are split back to the
 callers by position, so equal sequence ids from different gateways never mix. Only one
 pass runs at a time. A pass that raises fails every call merged into it.
 
@@ -95,6 +95,6 @@ class StepMerger:
                 self.on_merged(len(work))
         at = 0
         for batch, done, _ in work:
-            n = sum(1 for s in batch.seqs if s.sample)
+            n = sum(1 for s in batch.seqs if s.reports)
             done.set_result(outputs[at:at + n])
             at += n

@@ -2,7 +2,8 @@
 
 `pagedserve executor --zero-cost` serves it: it registers a minimal KV geometry with memsvc
 (1 layer, 1 head of size 1), maps the pool, and answers every Execute with one fixed token
-per sequence that samples, touching neither the pool nor the tokens. Everything else on the
+per sequence that samples (prompt logprobs: all 0), touching neither the pool nor the tokens.
+Everything else on the
 executor's side of a step (the wire, the per-sequence state, the step merger) runs as with
 a real model, so `pagedserve bench control-plane` measures what the services cost per step
 when the forward pass costs nothing. Its ModelInfo names the default model's tokenizer, so
@@ -10,7 +11,7 @@ the gateway detokenizes real text.
 """
 from __future__ import annotations
 
-from wire.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
+from wire.protocol import KVGeometry, ModelInfo, PromptLogprob, SampleOutput, StepBatch
 
 FIXED_TOKEN = 260  # " the" in the default model's tokenizer
 VOCAB = 49152  # the default model's vocabulary
@@ -34,4 +35,12 @@ class ZeroCostExecutor:
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         self.num_steps += 1
         token = self.token_id
-        return [SampleOutput(s.seq_id, token) for s in batch.seqs if s.sample]
+        return [SampleOutput(s.seq_id, token) if s.sample else _prompt_only(s)
+                for s in batch.seqs if s.reports]
+
+
+def _prompt_only(s) -> SampleOutput:
+    """A prompt chunk with prompt logprobs: every prompt token certain."""
+    positions = s.prompt_logprob_positions()
+    ids = s.prompt_token_ids[positions.start + 1:positions.stop + 1]
+    return SampleOutput(s.seq_id, -1, sampled=False, prompt_logprobs=[PromptLogprob(t, 0.0, 1) for t in ids])

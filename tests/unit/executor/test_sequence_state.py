@@ -119,3 +119,19 @@ def test_sessions_are_separate_and_bad_changes_refused():
     with pytest.raises(ValueError):
         states.expand(bad)
     del b
+
+
+def test_prompt_logprobs_send_the_whole_prompt_once_and_every_chunk_sees_it():
+    link = Link()
+    sp = SamplingParams(temperature=0.0, prompt_logprobs=2)
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    b1 = StepBatch([step("a", prompt[:3], 0, [3], sample=False, sampling=sp, prompt=prompt),
+                    step("b", [1, 2], 0, [4])])
+    out, req = link.run(b1)
+    same(out, b1)
+    assert list(req.states[0].prompt) == prompt and not req.states[1].prompt
+    assert list(out.seqs[0].prompt_logprob_positions()) == [0, 1, 2]
+    b2 = StepBatch([step("a", prompt[3:], 3, [3, 8], sampling=sp, prompt=prompt)])
+    out, req = link.run(b2)
+    same(out, b2)
+    assert not req.states and list(out.seqs[0].prompt_logprob_positions()) == [3, 4, 5]

@@ -81,3 +81,27 @@ def test_merger_waits_briefly_for_an_active_caller_so_two_gateways_share_passes(
     for t in threads:
         t.join()
     assert sum(sizes) == 20 and sizes.count(2) >= 5
+
+
+def test_merger_splits_prompt_only_outputs_with_the_sampled_ones():
+    sp = SamplingParams(prompt_logprobs=0)
+
+    def scoring(seq_id):  # a prompt chunk of 1 of a 3-token prompt: scores prompt token 1, samples nothing
+        return SeqStep(seq_id, [1], 0, [0], [0], False, sp, 0, [1, 2, 3])
+
+    def execute(batch):
+        return [SampleOutput(s.seq_id, 9) if s.sample else SampleOutput(s.seq_id, -1, sampled=False)
+                for s in batch.seqs if s.reports]
+
+    merger = StepMerger(execute)
+    results = {}
+    batches = {"g0": StepBatch([scoring("0/0"), step("0/1")]),
+               "g1": StepBatch([step("0/0", sample=False), scoring("0/1"), step("0/2")])}
+    threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, merger.run(batches[n])))
+               for n in batches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [(o.seq_id, o.sampled) for o in results["g0"]] == [("0/0", False), ("0/1", True)]
+    assert [(o.seq_id, o.sampled) for o in results["g1"]] == [("0/1", False), ("0/2", True)]
