@@ -49,3 +49,25 @@ def test_earliest_of_several_stop_strings_wins():
 def test_no_stop_strings_passes_everything_through():
     f = StopStringFilter([])
     assert f.feed("abc") == "abc" and f.flush() == ""
+
+
+def test_fast_decode_gives_the_text_of_tokenizer_decode(default_model_dir):
+    import random
+
+    from gateway.detokenizer import fast_decode
+    from gateway.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(default_model_dir)
+    decode = fast_decode(tok)
+    assert decode is not None and tok.backend_tokenizer is not None
+    rng = random.Random(0)
+    special = list(tok.all_special_ids)
+    for _ in range(300):
+        ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randint(1, 12))]
+        if rng.random() < 0.3:
+            ids.insert(rng.randrange(len(ids) + 1), rng.choice(special))
+        assert decode(ids) == tok.decode(ids, skip_special_tokens=True)
+    text = "Hello, wörld! 世界 🎉  two  spaces\n"
+    ids = tok.encode(text, add_special_tokens=False)
+    d = IncrementalDetokenizer(tok, [])
+    assert "".join(d.add(t) for t in ids) == text
