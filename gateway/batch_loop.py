@@ -245,6 +245,7 @@ class BatchLoop:
             finish_reason=finish,
             logprobs=[update.logprob] if update.logprob is not None else [],
             top_logprobs=[update.top_logprobs] if update.top_logprobs else [],
+            prompt_logprobs=update.prompt_logprobs or [],
             prompt_tokens=state.prompt_len, completion_tokens=len(seq.output_token_ids),
             cached_tokens=max(seq.num_cached_tokens, 0),
         )

@@ -16,11 +16,12 @@ anything. The scheduler keeps each sequence's block table from the grants' chang
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass
 
 from gateway.beam_search import BeamSearch, Hypothesis
 from gateway.sequence import Sequence, SeqStatus
-from wire.protocol import Plan, PlanEntry, ReserveResult, SampleOutput, SeqStep, StepBatch
+from wire.protocol import Plan, PlanEntry, PromptLogprob, ReserveResult, SampleOutput, SeqStep, StepBatch
 
 
 @dataclass
@@ -48,6 +49,7 @@ class SeqUpdate:
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
     finished: bool = False
+    prompt_logprobs: list[PromptLogprob] | None = None  # with the first token, when asked
 
 
 @dataclass
@@ -149,7 +151,8 @@ class Scheduler:
                 break
             entries.append(PlanEntry(seq.seq_id, seq.all_token_ids[: seq.compute_limit], True,
                                      seq.max_len, max_new_tokens=budget, final_len=seq.final_len,
-                                     salt=seq.salt))
+                                     salt=seq.salt,
+                                     skip_prefix_cache=seq.sampling.prompt_logprobs is not None))
             budget -= min(seq.compute_limit, budget)
         plan = Plan(entries=entries, free=self.to_free, forks=self.forks)
         self.to_free, self.forks = [], []
@@ -215,7 +218,8 @@ class Scheduler:
                 slot_mapping=[table[p // bs] * bs + p % bs for p in range(start, end)],
                 block_table=table,
                 sample=end == seq.num_tokens, sampling=seq.sampling, seed=seq.seed,
-                prompt_token_ids=seq.prompt_token_ids if needs_history else [],
+                prompt_token_ids=(seq.prompt_token_ids if needs_history or seq.sampling.prompt_logprobs is not None
+                                  else []),
                 output_token_ids=seq.output_token_ids if needs_history else [],
             ))
         return StepBatch(steps, pool_epoch=result.pool_epoch), rejected
@@ -228,10 +232,12 @@ class Scheduler:
             if seq is None:  # aborted while the step ran
                 continue
             seq.num_computed = step.start_pos + len(step.token_ids)
+            out = by_id.get(step.seq_id)
+            if seq.prompt_logprobs is not None:
+                self._prompt_logprobs(seq, step, out)
             if seq.fork_at is not None and seq.num_computed >= seq.fork_at:
                 self._fork_samples(seq)
-            out = by_id.get(step.seq_id)
-            if out is None:
+            if out is None or not out.sampled:
                 continue
             search = self.beams.get(seq.request_id)
             if search is not None:
@@ -243,12 +249,24 @@ class Scheduler:
             if reason:
                 self._drop(seq)
                 seq.finish(reason)
-            updates.append(SeqUpdate(seq, out.token_id, out.logprob, out.top_logprobs, bool(reason)))
+            first = seq.prompt_logprobs if len(seq.output_token_ids) == 1 else None
+            updates.append(SeqUpdate(seq, out.token_id, out.logprob, out.top_logprobs, bool(reason), first))
         return updates
+
+    def _prompt_logprobs(self, seq: Sequence, step: SeqStep, out: SampleOutput | None) -> None:
+        """Keep a step's prompt logprobs (once: a recompute's again are skipped); once every
+        prompt position is scored, stop asking (a recompute then computes none and may use
+        the prefix cache)."""
+        if out is not None and out.prompt_logprobs:
+            seq.add_prompt_logprobs(step.start_pos + 1, out.prompt_logprobs)
+        if seq.sampling.prompt_logprobs is not None and len(seq.prompt_logprobs) >= len(seq.prompt_token_ids) - 1:
+            seq.sampling = dataclasses.replace(seq.sampling, prompt_logprobs=None)
 
     def _fork_samples(self, parent: Sequence) -> None:
         parent.fork_at = None
         for sample in self.held.pop(parent.seq_id, []):
+            if parent.prompt_logprobs is not None:  # the parent scored the prompt for every sample
+                sample.sampling, sample.prompt_logprobs = parent.sampling, list(parent.prompt_logprobs)
             sample.num_computed = parent.num_computed
             sample.block_table = list(parent.block_table)
             sample.num_cached_tokens = parent.num_cached_tokens

@@ -5,7 +5,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 
-from wire.protocol import SamplingParams
+from wire.protocol import PromptLogprob, SamplingParams
 
 
 class SeqStatus(enum.Enum):
@@ -37,10 +37,20 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)  # memsvc's, from its grants' changes
     finish_reason: str | None = None
     error: str | None = None
+    # prompt logprobs (sampling.prompt_logprobs) of prompt positions 1.. so far; None: not asked
+    prompt_logprobs: list[PromptLogprob] | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError("a sequence needs at least one prompt token")
+        if self.prompt_logprobs is None and self.sampling.prompt_logprobs is not None:
+            self.prompt_logprobs = []
+
+    def add_prompt_logprobs(self, first: int, entries: list[PromptLogprob]) -> None:
+        """Entries of prompt positions first..; those already held (a recompute) are skipped."""
+        have = len(self.prompt_logprobs) + 1
+        if first <= have < first + len(entries):
+            self.prompt_logprobs.extend(entries[have - first:])
 
     @property
     def all_token_ids(self) -> list[int]:

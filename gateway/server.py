@@ -43,6 +43,7 @@ from gateway.api_key import ApiKeyInterceptor
 from gateway.api_request import ApiError, chat_prompt, check_model, generate_prompt, sampling_from_proto
 from gateway.batch_loop import BatchLoop, RequestError
 from gateway.metrics import GatewayMetrics
+from wire.convert import prompt_logprobs_to_proto
 from wire.protocol import Delta
 from gateway.request_guard import DecodeGuard
 from gateway.request_telemetry import RequestTelemetry
@@ -92,6 +93,8 @@ def to_response(d: Delta, request_id: str) -> pb.GenerateResponse:
         r.logprobs.append(pb.TokenLogprob(
             token_id=d.token_ids[i], logprob=lp,
             top=[pb.TopLogprob(token_id=t, logprob=v) for t, v in top]))
+    if d.prompt_logprobs:
+        r.prompt_logprobs.extend(prompt_logprobs_to_proto(d.prompt_logprobs))
     return r
 
 

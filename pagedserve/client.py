@@ -11,7 +11,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from wire.protocol import Delta
-from wire.convert import sampling_to_proto
+from wire.convert import prompt_logprobs_from_proto, sampling_to_proto
 from wire.protocol import SamplingParams
 from wire.v1 import generation_pb2 as pb
 from wire.v1 import generation_pb2_grpc as pb_grpc
@@ -23,6 +23,7 @@ def to_delta(r: pb.GenerateResponse) -> Delta:
         finish_reason=r.finish_reason or None,
         logprobs=[lp.logprob for lp in r.logprobs],
         top_logprobs=[[(t.token_id, t.logprob) for t in lp.top] for lp in r.logprobs if lp.top],
+        prompt_logprobs=prompt_logprobs_from_proto(r.prompt_logprobs),
         prompt_tokens=r.usage.prompt_tokens, completion_tokens=r.usage.completion_tokens,
         cached_tokens=r.usage.cached_tokens,
     )

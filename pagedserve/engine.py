@@ -15,7 +15,7 @@ from gateway.tokenizer import load_tokenizer
 from memsvc.memory_manager import MemoryManager
 from pagedserve.engine_config import EngineConfig
 from wire.device import resolve_device, resolve_dtype
-from wire.protocol import Delta
+from wire.protocol import Delta, PromptLogprob
 from wire.protocol import SamplingParams
 
 
@@ -27,6 +27,7 @@ class Completion:
     finish_reason: str | None = None
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprob] = field(default_factory=list)  # positions 1.., if asked
     error: str | None = None
 
 
@@ -98,6 +99,7 @@ class LLMEngine:
             c.token_ids += delta.token_ids
             c.logprobs += delta.logprobs
             c.top_logprobs += delta.top_logprobs
+            c.prompt_logprobs += delta.prompt_logprobs
             c.finish_reason = delta.finish_reason or c.finish_reason
             c.error = delta.error or c.error
             out.prompt_tokens, out.cached_tokens = delta.prompt_tokens, delta.cached_tokens
