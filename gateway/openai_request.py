@@ -5,8 +5,10 @@ Contract: `parse_completion` / `parse_chat` return an OpenAIRequest or raise Ope
 tokenized exactly as the gRPC API does (gateway.api_request), so the same request gives
 the same tokens on both. Defaults follow OpenAI: max_tokens 16 for completions and the
 rest of the context for chat; temperature and top_p 1; n 1. Extensions beside OpenAI's
-parameters: top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids, and beam search
-(beam_width, length_penalty, early_stopping) where SamplingParams has those fields.
+parameters: top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids, beam search
+(beam_width, length_penalty, early_stopping) where SamplingParams has those fields, and
+prompt_logprobs on completions (echo with logprobs asks for them too: the echoed prompt's
+tokens get logprobs, as OpenAI gives them).
 Unknown parameters are ignored; known ones this server cannot honour are refused.
 """
 from __future__ import annotations
@@ -41,6 +43,8 @@ class OpenAIRequest:
     tools: object = None  # gateway.tool_calls.Tools, chat only
     priority: int = 0  # lower runs first (the scheduler's queue order)
     cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share
+    prompt_logprobs: int | None = None  # completions: as asked (choices[i].prompt_logprobs); the
+    # sampling's may be larger, for echo with logprobs
 
 
 def parse_completion(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
@@ -52,12 +56,12 @@ def parse_completion(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
     _guided(body, sampling, info)
     req = _finish(body, info, False, prompts, sampling)
     req.echo = _get(body, "echo", bool, False)
+    req.prompt_logprobs = sampling.prompt_logprobs
     if req.echo:
-        if sampling.logprobs is not None:
-            raise bad_request("echo with logprobs is not supported (prompt logprobs are not "
-                              "computed)", "echo")
         if sampling.beam_search:
             raise bad_request("echo is not supported with beam search", "echo")
+        if sampling.logprobs is not None:  # the echoed prompt's tokens get logprobs too
+            sampling.prompt_logprobs = max(sampling.prompt_logprobs or 0, sampling.logprobs)
         prompt = body.get("prompt")
         texts = [prompt] if isinstance(prompt, str) else prompt if all(isinstance(p, str) for p in prompt) \
             else None
@@ -73,6 +77,9 @@ def _decode(ids: list[int], tokenizer) -> str:
 
 def parse_chat(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
     _check_common(body, info)
+    if body.get("prompt_logprobs") is not None:
+        raise bad_request("prompt_logprobs is only supported on /v1/completions, not on chat",
+                          "prompt_logprobs")
     tools = parse_tools(body)
     if tools is not None:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
@@ -234,6 +241,7 @@ def _sampling(body: dict, info: ModelInfo, chat: bool, default_max_tokens: int) 
         stop_token_ids=_int_list(body, "stop_token_ids"),
         ignore_eos=_get(body, "ignore_eos", bool, False),
         logprobs=_chat_logprobs(body) if chat else _get(body, "logprobs", int, None),
+        prompt_logprobs=None if chat else _get(body, "prompt_logprobs", int, None),
         n=_get(body, "n", int, 1),
     )
     if s.seed is not None and not 0 <= s.seed < 2 ** 63:

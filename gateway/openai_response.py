@@ -4,8 +4,12 @@ or streamed chunks (server-sent events, ending with `data: [DONE]`).
 Usage counts each prompt once (prompt_tokens, prompt_tokens_details.cached_tokens) and
 every choice's tokens (completion_tokens). Logprobs follow the endpoint's shape: the legacy
 {tokens, token_logprobs, top_logprobs, text_offset} for completions, {content: [{token,
-logprob, bytes, top_logprobs}]} for chat. A token's text is the tokenizer's decoding of it
-alone ("token_id:N" when the model has no tokenizer).
+logprob, bytes, top_logprobs}]} for chat. With echo, a completion's logprobs start with the
+prompt's tokens (the first with null logprob and top_logprobs). Asked for, a completion
+choice's `prompt_logprobs` is vLLM's: null for the first prompt token, then per token
+{token_id: {logprob, rank, decoded_token}} for the token itself and the top k (streamed: in
+the choice's first chunk). A token's text is the tokenizer's decoding of it alone
+("token_id:N" when the model has no tokenizer).
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from dataclasses import dataclass, field
 
 from gateway.openai_request import OpenAIRequest
 from gateway.tool_calls import parse
-from wire.protocol import Delta
+from wire.protocol import Delta, PromptLogprob
 
 DONE = "data: [DONE]\n\n"
 
@@ -38,6 +42,9 @@ class Choice:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     echo_pending: bool = False  # streaming with echo: the prompt text is not sent yet
+    prompt_logprobs: list | None = None  # completions, when asked: vLLM's shape
+    prompt_pending: bool = False  # streaming: prompt_logprobs not sent yet
+    scored: bool = False  # the first token's delta (with the prompt logprobs) was seen
 
 
 @dataclass
@@ -69,8 +76,17 @@ class Formatter:
         c.completion_tokens = d.completion_tokens
         c.prompt_tokens = d.prompt_tokens
         c.cached_tokens = max(c.cached_tokens, d.cached_tokens)
+        first = None
+        if d.token_ids and not c.scored:  # the first token's delta carries the prompt logprobs
+            first, c.scored = d.prompt_logprobs, True
+        if first is not None and self.request.prompt_logprobs is not None:
+            c.prompt_logprobs = [None] + [self._prompt_entry(e, self.request.prompt_logprobs) for e in first]
+            c.prompt_pending = True
         if self.request.sampling.logprobs is not None:
+            echoed = self._echo_logprobs(c, first) if first is not None and self.request.echo else None
             c.last_logprobs = self._logprobs(c, d)
+            if echoed is not None:
+                c.last_logprobs = _merge(echoed, c.last_logprobs)
             c.logprobs = c.last_logprobs if c.logprobs is None else _merge(c.logprobs, c.last_logprobs)
         return c
 
@@ -102,6 +118,8 @@ class Formatter:
                 text, c.echo_pending = self.request.prompt_texts[c.prompt] + text, False
             choice = {"index": index, "text": text, "logprobs": logprobs,
                       "finish_reason": d.finish_reason}
+            if c.prompt_pending:
+                choice["prompt_logprobs"], c.prompt_pending = c.prompt_logprobs, False
         return [sse(self._chunk([choice]))]
 
     def usage_chunk(self) -> str:
@@ -153,7 +171,30 @@ class Formatter:
         if self.request.chat:
             return {"index": index, "message": {"role": "assistant", "content": c.text},
                     "logprobs": c.logprobs, "finish_reason": c.finish_reason}
-        return {"index": index, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+        choice = {"index": index, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+        if self.request.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = c.prompt_logprobs
+        return choice
+
+    def _prompt_entry(self, e: PromptLogprob, k: int) -> dict:
+        entry = {e.token_id: {"logprob": e.logprob, "rank": e.rank, "decoded_token": self._token(e.token_id)}}
+        for rank, (t, v) in enumerate(e.top[:k], 1):
+            if t not in entry:
+                entry[t] = {"logprob": v, "rank": rank, "decoded_token": self._token(t)}
+        return entry
+
+    def _echo_logprobs(self, c: Choice, entries: list[PromptLogprob]) -> dict:
+        """The legacy logprobs of the echoed prompt: its first token has none."""
+        k = self.request.sampling.logprobs
+        tokens = [self._token(t) for t in self.request.prompts[c.prompt]]
+        values, tops = [None] * len(tokens), [None] * len(tokens)
+        for i, e in enumerate(entries[:len(tokens) - 1], 1):
+            values[i], tops[i] = e.logprob, {self._token(t): v for t, v in e.top[:k]}
+        offsets = [0]
+        for s in tokens[:-1]:
+            offsets.append(offsets[-1] + len(s))
+        c.offset = len(self.request.prompt_texts[c.prompt])  # the completion's text comes after it
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
     def _logprobs(self, c: Choice, d: Delta) -> dict:
         tokens = [self._token(t) for t in d.token_ids]

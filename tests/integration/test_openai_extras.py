@@ -118,7 +118,7 @@ def test_echo_prepends_the_prompt_streaming_or_not(server):
     chunks = server.client.completions.create(model="fake", prompt="Once upon", max_tokens=4, seed=3,
                                               echo=True, stream=True)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == echoed.choices[0].text
-    r = server.post("/v1/completions", {"prompt": "Hi", "echo": True, "logprobs": 1})
+    r = server.post("/v1/completions", {"prompt": "Hi", "echo": True, "beam_width": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
 
 

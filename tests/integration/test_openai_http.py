@@ -198,7 +198,11 @@ BAD = [
     ({"prompt": "Hi", "seed": -1}, "seed"),
     ({"prompt": "Hi", "logprobs": 30}, "logprobs"),
     ({"prompt": "Hi", "presence_penalty": 3}, "presence_penalty"),
-    ({"prompt": "Hi", "echo": True, "logprobs": 2}, "echo"),
+    ({"prompt": "Hi", "echo": True, "beam_width": 2}, "echo"),
+    ({"prompt": "Hi", "prompt_logprobs": 21}, "prompt_logprobs"),
+    ({"prompt": "Hi", "prompt_logprobs": -1}, "prompt_logprobs"),
+    ({"prompt": "Hi", "prompt_logprobs": True}, "prompt_logprobs"),
+    ({"prompt": "Hi", "prompt_logprobs": 1, "beam_width": 2}, "prompt_logprobs"),
     ({"prompt": "Hi", "suffix": "x"}, "suffix"),
     ({"prompt": "Hi", "best_of": 3}, "best_of"),
     ({"prompt": "Hi", "stream_options": {"include_usage": True}}, "stream_options"),
@@ -219,6 +223,7 @@ BAD_CHAT = [
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
      "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 1}, "prompt_logprobs"),
 ]
 
 
