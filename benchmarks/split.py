@@ -3,7 +3,8 @@
 Three runs of the same requests (greedy, ignore_eos, all submitted at once):
 - gateway: memsvc, executor and gateway as processes; clients stream through the public API.
 - split loop: the batching loop in this process over the gRPC clients of memsvc and the
-  executor, each call timed, so a step's reserve and execute times include their RPCs.
+  executor, each call timed, so a step's reserve and execute times include their RPCs;
+  overlapped as the gateway runs it (output handling during the next Execute).
 - in process: the offline engine, the same loop over direct calls, each call timed.
 Per-step RPC overhead is the split loop's step time minus the in-process one. Each run
 (and each warm-up) gets its own fresh random prompts, so no run finds another's prompt
@@ -81,11 +82,11 @@ def drive(loop, prompts: list[list[int]], sampling: SamplingParams) -> dict:
     executor.seconds.clear()
     for i, p in enumerate(prompts):
         loop.add_request(f"bench-{i}", p, sampling)
-    tokens, steps, t0 = 0, 0, time.perf_counter()
+    tokens, first, t0 = 0, loop.num_steps, time.perf_counter()
     while loop.has_work():
         tokens += sum(len(d.token_ids) for d in loop.step())
-        steps += 1
     seconds = time.perf_counter() - t0
+    steps = loop.num_steps - first  # executed steps (an overlapped loop's last call only flushes)
     return {"output_tokens": tokens, "seconds": seconds, "output_tokens_per_s": tokens / seconds,
             "steps": steps, "step_ms": 1e3 * seconds / steps,
             "reserve_ms": 1e3 * memory.seconds["reserve"] / steps,
@@ -129,9 +130,10 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict, int]:
         through_gateway(gateway, warm(vocab, 0), sampling)
         via_gateway = through_gateway(gateway, prompts_for(vocab, 0), sampling)
         loop = BatchLoop(TimedMemory(RemoteMemoryClient(memsvc)), TimedExecutor(remote_ex), SchedulerConfig(
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens))
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, overlap=True))
         drive(loop, warm(vocab, 1), sampling)
         split = drive(loop, prompts_for(vocab, 1), sampling)
+        loop.close()
         loop.memory.inner.close()
         remote_ex.close()
     finally:

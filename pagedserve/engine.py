@@ -5,6 +5,7 @@ memory decisions run here as across the services.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -61,8 +62,9 @@ class LLMEngine:
         self.executor.attach_pool(self.memory.register_executor(info.kv, device=self.device))
         self.info = info
         self.tokenizer = load_tokenizer(info.tokenizer_dir)
-        self.loop = BatchLoop(self.memory, _FixedInfo(self.executor, info), config.gateway.scheduler(),
-                              self.tokenizer)
+        # serial: in one process there is no RPC wait for the output work to hide in
+        scheduler = dataclasses.replace(config.gateway.scheduler(), overlap=False)
+        self.loop = BatchLoop(self.memory, _FixedInfo(self.executor, info), scheduler, self.tokenizer)
         self._ids = itertools.count()
 
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
