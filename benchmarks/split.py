@@ -4,7 +4,8 @@ Three runs of the same requests (greedy, ignore_eos, all submitted at once):
 - gateway: memsvc, executor and gateway as processes; clients stream through the public API.
 - split loop: the batching loop in this process over the gRPC clients of memsvc and the
   executor, each call timed, so a step's reserve and execute times include their RPCs;
-  overlapped as the gateway runs it (output handling during the next Execute).
+  overlapped as the gateway runs it (output handling during the next Execute), then once
+  more serially (`--no-overlap`) for comparison.
 - in process: the offline engine, the same loop over direct calls, each call timed.
 Per-step RPC overhead is the split loop's step time minus the in-process one. Each run
 (and each warm-up) gets its own fresh random prompts, so no run finds another's prompt
@@ -129,16 +130,20 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict, int]:
         vocab = remote_ex.model_info().vocab_size
         through_gateway(gateway, warm(vocab, 0), sampling)
         via_gateway = through_gateway(gateway, prompts_for(vocab, 0), sampling)
-        loop = BatchLoop(TimedMemory(RemoteMemoryClient(memsvc)), TimedExecutor(remote_ex), SchedulerConfig(
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, overlap=True))
-        drive(loop, warm(vocab, 1), sampling)
-        split = drive(loop, prompts_for(vocab, 1), sampling)
-        loop.close()
-        loop.memory.inner.close()
+        memory, executor = TimedMemory(RemoteMemoryClient(memsvc)), TimedExecutor(remote_ex)
+        split = {}
+        for overlap, run in ((True, 1), (False, 3)):
+            loop = BatchLoop(memory, executor, SchedulerConfig(
+                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                overlap=overlap))
+            drive(loop, warm(vocab, run), sampling)
+            split[overlap] = drive(loop, prompts_for(vocab, run), sampling)
+            loop.close()
+        memory.inner.close()
         remote_ex.close()
     finally:
         sup.stop()
-    return via_gateway, split, vocab
+    return via_gateway, split[True], split[False], vocab
 
 
 def serve_namespace(args, port: int):
@@ -162,7 +167,7 @@ def run(args) -> int:
     sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
 
     def prompts_for(vocab, run: int, n: int | None = None):
-        """Fresh prompts for each run (0 gateway, 1 split loop, 2 in process); warm-ups
+        """Fresh prompts for each run (0 gateway, 1 split loop, 2 in process, 3 serial split loop); warm-ups
         draw their own (run + 10): nothing measured is in the prefix cache beforehand."""
         rng = random.Random(args.seed * 1000 + run)
         return [random_prompt_ids(rng, args.input_len, vocab) for _ in range(n or args.num_requests)]
@@ -170,7 +175,7 @@ def run(args) -> int:
     def warm(vocab, run: int):
         return prompts_for(vocab, run + 10, 2)
 
-    via_gateway, split, vocab = split_runs(args, prompts_for, sampling, warm)
+    via_gateway, split, serial, vocab = split_runs(args, prompts_for, sampling, warm)
     engine = LLMEngine(EngineConfig.from_args(args))
     loop = BatchLoop(TimedMemory(engine.memory), TimedExecutor(engine.loop.executor), engine.loop.scheduler.config,
                      engine.tokenizer)
@@ -179,13 +184,14 @@ def run(args) -> int:
     result = {"num_requests": args.num_requests, "input_len": args.input_len,
               "output_len": args.output_len, "max_num_seqs": args.max_num_seqs,
               "machine": f"{os.cpu_count()} CPUs", "in_process": local, "split_loop": split,
+              "split_loop_serial": serial,
               "gateway": via_gateway,
               "gateway_vs_in_process": via_gateway["output_tokens_per_s"] / local["output_tokens_per_s"],
               "split_vs_in_process": split["output_tokens_per_s"] / local["output_tokens_per_s"],
               "rpc_overhead_ms_per_step": split["step_ms"] - local["step_ms"]}
     print(f"{args.num_requests} requests, {args.input_len} in / {args.output_len} out, "
           f"max {args.max_num_seqs} sequences per step")
-    for name, r in (("in process", local), ("split loop", split)):
+    for name, r in (("in process", local), ("split loop", split), ("  serial", serial)):
         print(f"{name:12s} {r['output_tokens_per_s']:8.1f} tok/s  {r['steps']} steps, "
               f"{r['step_ms']:.1f} ms/step (reserve {r['reserve_ms']:.1f}, execute {r['execute_ms']:.1f})")
     print(f"{'gateway':12s} {via_gateway['output_tokens_per_s']:8.1f} tok/s  (clients streaming)")

@@ -10,12 +10,14 @@ The loop is synchronous; the gRPC gateway drives it from its event loop.
 
 With `SchedulerConfig.overlap`, `step()` sends the batch to the executor from a helper
 thread and, while it runs, turns the previous step's tokens into deltas (detokenizing,
-stop strings); it returns those deltas, so each step's deltas come out one call later
-(`has_work()` stays true until they have). The scheduler still applies each step's tokens
-before the next plan (EOS, max_tokens and the sequence state are never late); only a stop
-string is seen one step later: that sequence computes one more token, which is dropped.
-Everything touches the loop on the caller's thread; the helper thread only waits on the
-executor. `close()` ends the helper thread.
+stop strings). It returns those deltas, so each step's deltas come out one call later
+(`has_work()` stays true until they have); with a `deliver` callback set, it hands them to
+the callback as soon as they are made, while the executor still runs, so a token waits for
+the next step's plan and Reserve but not for the whole next step. The scheduler still
+applies each step's tokens before the next plan (EOS, max_tokens and the sequence state are
+never late); only a stop string is seen one step later: that sequence computes one more
+token, which is dropped. Everything touches the loop on the caller's thread; the helper
+thread only waits on the executor. `close()` ends the helper thread.
 """
 from __future__ import annotations
 
@@ -89,6 +91,7 @@ class BatchLoop:
         self._unapplied: list[SeqUpdate | BeamDone] = []  # overlap: the last step's, not yet deltas
         self._pool: ThreadPoolExecutor | None = None
         self._ready: list[Delta] = []
+        self.deliver = None  # overlap: called with the deltas made while the executor runs
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     *, priority: int = 0, final_len: int | None = None, salt: str | None = None,
@@ -188,6 +191,9 @@ class BatchLoop:
             running = self._pool.submit(self.executor.execute, batch)
             t_out = clock()
             deltas.extend(self._deltas(self._take_unapplied()))  # while the executor runs
+            if self.deliver is not None:
+                made, deltas = [d for d in deltas if d], []
+                self.deliver(made)
             times.output += clock() - t_out
             try:
                 outputs = running.result()

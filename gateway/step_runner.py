@@ -61,6 +61,7 @@ class StepRunner:
         self._healthy = True
         self.num_steps = 0
         self.step_seconds = 0.0
+        loop.deliver = self._dispatch  # overlap: stream step N's tokens while step N + 1 runs
         self._thread = threading.Thread(target=self._run, name="pagedserve-steps", daemon=True)
         self._thread.start()
 

@@ -215,3 +215,26 @@ def test_deltas_made_during_a_failed_step_come_with_the_next_call():
     got += [t for d in loop.step() for t in d.token_ids]
     loop.close()
     assert got == expected([5, 6, 7], 2, 7)  # step 2's token was not lost with step 3
+
+
+def test_deliver_gets_each_steps_deltas_while_the_next_step_runs():
+    loop, mem = make(True)
+    ps = prompts(4, seed=8)
+    for i, p in enumerate(ps):
+        loop.add_request(str(i), p, SamplingParams(max_tokens=6, temperature=0.0, seed=7))
+    delivered = []
+    loop.deliver = lambda deltas: delivered.append(deltas)
+    out = {}
+    calls = 0
+    while loop.has_work():
+        before = len(delivered)
+        returned = loop.step()
+        calls += 1
+        assert len(delivered) - before <= 1  # at most one delivery per step, made inside it
+        for d in returned + [d for batch in delivered[before:] for d in batch]:
+            out.setdefault((d.request_id, d.index), []).extend(d.token_ids)
+    loop.close()
+    assert any(delivered) and calls > 6
+    for i, p in enumerate(ps):
+        assert out[(str(i), 0)] == expected(p, 6, 7)
+    assert_clean(mem)
