@@ -179,7 +179,10 @@ class GuidedDecoding:
             xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
 
     def forget(self, seq_ids) -> None:
-        for key in [k for k in self._matchers if k.split("\0", 1)[0] in set(seq_ids)]:
+        """Drop the matchers of sequences that finished or were preempted (a preempted one
+        that comes back replays its tokens into a new matcher)."""
+        gone = set(seq_ids)
+        for key in [k for k in self._matchers if k.split("\0", 1)[0] in gone]:
             self._matchers.pop(key, None)
 
 

@@ -58,6 +58,8 @@ class ModelRunner:
         executor.prompt_logprobs), in batch order. A batch whose tokens, slots or blocks are
         out of range raises ValueError before anything runs."""
         sampled = [s for s in batch.seqs if s.sample]
+        if self.guided is not None and batch.forget:
+            self.guided.forget(batch.forget)
         scoring = PromptScoring.of(batch, self.config.vocab_size)
         # grammar masks depend only on the tokens already known: computed during the forward pass
         pending = self.guided.prepare(sampled) if self.guided is not None else None

@@ -125,4 +125,4 @@ class SequenceStates:
                                 prompt, output))
         if at != len(token_ids) or bat != len(new_blocks):
             raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
-        return StepBatch(seqs, m.pool_epoch)
+        return StepBatch(seqs, m.pool_epoch, list(m.forget))

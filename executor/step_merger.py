@@ -78,7 +78,8 @@ class StepMerger:
         self._cond.wait_for(all_in, min(self.window * self._last_pass_s, self.max_wait_s))
 
     def _pass(self, work: list[tuple[StepBatch, Future, str]]) -> None:
-        merged = StepBatch([s for batch, _, _ in work for s in batch.seqs])
+        merged = StepBatch([s for batch, _, _ in work for s in batch.seqs],
+                           forget=[f for batch, _, _ in work for f in batch.forget])
         start = time.monotonic()
         try:
             outputs = self.execute(merged)

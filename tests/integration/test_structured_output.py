@@ -52,7 +52,7 @@ def served(default_model_dir):
     http = g._call(start_openai(g.gateway, "127.0.0.1", 0))
     g.wait_ready()
     url = f"http://127.0.0.1:{http.port}"
-    yield type("S", (), {"url": url, "g": g, "memory": memory, "model": info.name,
+    yield type("S", (), {"url": url, "g": g, "memory": memory, "model": info.name, "executor": executor,
                          "client": openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                                                  timeout=300)})
     g._call(http.stop())
@@ -145,3 +145,13 @@ def test_tool_results_go_back_through_the_template(served):
     r = served.client.chat.completions.create(model=served.model, messages=messages, tools=[WEATHER],
                                               tool_choice="none", max_tokens=8, temperature=0)
     assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
+
+
+def test_matchers_of_finished_sequences_are_dropped(served):
+    r = served.client.chat.completions.create(model=served.model, messages=ASK, max_tokens=40,
+                                              response_format=schema_format())
+    jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+    assert served.executor.guided._matchers  # kept while the sequence ran
+    # the next step tells the executor which sequences finished (StepBatch.forget)
+    served.client.completions.create(model=served.model, prompt="Hi", max_tokens=2)
+    assert not served.executor.guided._matchers

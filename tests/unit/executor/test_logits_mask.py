@@ -75,3 +75,14 @@ def test_unguided_rows_are_untouched(guided):
     steered = SeqStep("q", [1], 0, [0], [0], True, SamplingParams(guided_kind="regex", guided_spec="a+"), 0)
     g.apply(logits, g.prepare([plain, steered]))
     assert torch.equal(logits[0], before[0]) and torch.isinf(logits[1]).sum() > 40000
+
+
+def test_forget_drops_the_matchers_of_finished_sequences(guided):
+    g, _ = guided
+    spec = json.dumps(SCHEMA)
+    decode(guided, "json_schema", spec, seq_id="a")
+    decode(guided, "json_schema", spec, seq_id="b")
+    owners = lambda: {k.split("\0", 1)[0] for k in g._matchers}
+    assert owners() >= {"a", "b"}
+    g.forget(["a"])
+    assert "a" not in owners() and "b" in owners()

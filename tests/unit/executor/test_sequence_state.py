@@ -70,6 +70,7 @@ def test_forget_then_full_state_again():
     out, req = link.run(b)
     same(out, b)
     assert len(req.states) == 1
+    assert out.forget == ["a"]  # the model runner hears it too (grammar matchers)
 
 
 def test_penalties_history_follows_the_steps():

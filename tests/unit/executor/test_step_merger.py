@@ -105,3 +105,15 @@ def test_merger_splits_prompt_only_outputs_with_the_sampled_ones():
         t.join()
     assert [(o.seq_id, o.sampled) for o in results["g0"]] == [("0/0", False), ("0/1", True)]
     assert [(o.seq_id, o.sampled) for o in results["g1"]] == [("0/1", False), ("0/2", True)]
+
+
+def test_merged_pass_carries_every_callers_forget_list():
+    seen = []
+
+    def execute(batch):
+        seen.append(list(batch.forget))
+        return [SampleOutput(s.seq_id, 0) for s in batch.seqs if s.sample]
+
+    merger = StepMerger(execute)
+    assert merger.run(StepBatch([step("x")], forget=["gone/0", "gone/1"])) == [SampleOutput("x", 0)]
+    assert seen == [["gone/0", "gone/1"]]
