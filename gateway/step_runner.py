@@ -81,6 +81,8 @@ class StepRunner:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout)
+        if not self._thread.is_alive():  # else a step is still waiting on the executor
+            self.loop.close()
 
     def _post(self, command: tuple) -> None:
         self._commands.append(command)
