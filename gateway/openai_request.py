@@ -201,13 +201,7 @@ def _text_prompt(text: str, tokenizer) -> list[int]:
 
 
 def _chat_prompt(messages, tokenizer) -> list[int]:
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
-    turns = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise bad_request(f"messages[{i}] must be an object with a string role", f"messages[{i}]")
-        turns.append(SimpleNamespace(role=m["role"], content=_content(m.get("content"), i)))
+    turns = [SimpleNamespace(**t) for t in _chat_turns(messages)]
     try:
         return chat_prompt(SimpleNamespace(messages=turns), tokenizer)
     except ApiError as e:
