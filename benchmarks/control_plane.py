@@ -6,7 +6,9 @@ over its gRPC clients (with the step retry around them, as in the gateway). Each
 B submits B requests at once (`--input-len` prompt tokens, `--output-len` output tokens,
 ignore_eos, max_num_seqs = B), after one warm-up round, and reports milliseconds per step
 split into gateway scheduling, Reserve (wire + memsvc, forks included), Execute (wire +
-the executor's bookkeeping) and output handling (tokens applied, detokenized, deltas).
+the executor's bookkeeping) and output handling (tokens applied, detokenized, deltas). In an
+overlapped loop, Execute is what is left of it after the work done while it runs (outputs,
+and with plan ahead the next step's plan and Reserve), so the parts add up to the step.
 """
 from __future__ import annotations
 
@@ -28,10 +30,13 @@ def add_parser(sub) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="memsvc without the prefix cache")
-    p.add_argument("--serial", action="store_true",
-                   help="the serial loop even where the gateway would overlap steps")
+    p.add_argument("--loops", default="ahead",
+                   help="comma-separated loop kinds, run in turn: ahead (the gateway's default: "
+                   "outputs handled and the next step planned and reserved while a step runs), "
+                   "overlap (outputs only), serial (one phase after the other)")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object keyed by batch size, nothing else")
+                   help="print one JSON object keyed by batch size (by loop kind, then batch size, "
+                   "with several --loops), nothing else")
     p.add_argument("--out", default="bench_results/control_plane.json", help="JSON results file")
     p.set_defaults(run=run)
 
@@ -58,7 +63,10 @@ def start_services(block_size: int, kv_tokens: int, prefix_caching: bool = True)
     return sup, f"127.0.0.1:{m.port}", f"127.0.0.1:{e.port}"
 
 
-def build_loop(memsvc: str, executor: str, batch: int, input_len: int, serial: bool = False):
+LOOP_KINDS = ("ahead", "overlap", "serial")
+
+
+def build_loop(memsvc: str, executor: str, batch: int, input_len: int, kind: str = "ahead"):
     """The gateway's loop over the services (retry wrapper and all), with the tokenizer."""
     from gateway.batch_loop import BatchLoop
     from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
@@ -71,7 +79,7 @@ def build_loop(memsvc: str, executor: str, batch: int, input_len: int, serial: b
     info = ex.model_info()
     retry = StepRetry(mem, ex)
     config = SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * input_len),
-                             overlap=not serial)
+                             overlap=kind != "serial", plan_ahead=kind == "ahead")
     loop = BatchLoop(retry.memory, retry.executor, config, load_tokenizer(info.tokenizer_dir))
     return loop, (mem, ex)
 
@@ -94,38 +102,51 @@ def measure(loop, batch: int, input_len: int, output_len: int, tag: str) -> dict
         raise RuntimeError(f"{tokens} tokens came out, {batch * output_len} expected")
     return {"ms_per_step": 1e3 * seconds / steps, "schedule_ms": 1e3 * t.schedule / steps,
             "reserve_ms": 1e3 * t.reserve / steps, "execute_ms": 1e3 * t.execute / steps,
-            "output_ms": 1e3 * t.output / steps, "steps": t.steps, "output_tokens": tokens}
+            "output_ms": 1e3 * t.output / steps, "steps": t.steps, "output_tokens": tokens,
+            "reserved_ahead": loop.num_ahead - loop.num_deferred}
 
 
 def run(args) -> int:
     sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+    kinds = [k.strip() for k in args.loops.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in LOOP_KINDS]
+    if bad or not kinds:
+        print(f"--loops: {', '.join(bad) or 'nothing'} is not one of {', '.join(LOOP_KINDS)}", file=sys.stderr)
+        return 2
     biggest = max(sizes)
     per_seq = args.input_len + args.output_len
     kv_tokens = (biggest * (-(-per_seq // args.block_size)) + 64) * args.block_size
     sup, memsvc, executor = start_services(args.block_size, kv_tokens, not args.no_prefix_caching)
-    results: dict[str, dict] = {}
+    results: dict[str, dict[str, dict]] = {k: {} for k in kinds}
     try:
         for batch in sizes:
-            loop, clients = build_loop(memsvc, executor, batch, args.input_len, args.serial)
-            measure(loop, min(batch, 64), args.input_len, 8, f"warm{batch}")
-            results[str(batch)] = measure(loop, batch, args.input_len, args.output_len, f"b{batch}")
-            loop.close()
-            for c in clients:
-                c.close()
+            for kind in kinds:  # in turn at each size: the same conditions for each kind
+                loop, clients = build_loop(memsvc, executor, batch, args.input_len, kind)
+                measure(loop, min(batch, 64), args.input_len, 8, f"warm{batch}{kind}")
+                results[kind][str(batch)] = measure(loop, batch, args.input_len, args.output_len,
+                                                    f"b{batch}{kind}")
+                loop.close()
+                for c in clients:
+                    c.close()
     finally:
         sup.stop()
+    flat = results[kinds[0]] if len(kinds) == 1 else results
     if args.json:
-        print(json.dumps(results))
+        print(json.dumps(flat))
     else:
         print(f"control plane: zero-cost executor, {args.input_len} in / {args.output_len} out, "
               f"all requests at once ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f})")
-        print(f"{'batch':>6} {'ms/step':>8} {'schedule':>9} {'reserve':>8} {'execute':>8} {'output':>7}")
-        for batch, r in results.items():
-            print(f"{batch:>6} {r['ms_per_step']:8.2f} {r['schedule_ms']:9.2f} {r['reserve_ms']:8.2f} "
-                  f"{r['execute_ms']:8.2f} {r['output_ms']:7.2f}")
+        print(f"{'loop':>8} {'batch':>6} {'ms/step':>8} {'schedule':>9} {'reserve':>8} {'execute':>8} "
+              f"{'output':>7} {'ahead':>6}")
+        for batch in sizes:
+            for kind in kinds:
+                r = results[kind][str(batch)]
+                print(f"{kind:>8} {batch:>6} {r['ms_per_step']:8.2f} {r['schedule_ms']:9.2f} "
+                      f"{r['reserve_ms']:8.2f} {r['execute_ms']:8.2f} {r['output_ms']:7.2f} "
+                      f"{r['reserved_ahead']:>6}")
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"input_len": args.input_len, "output_len": args.output_len,
-                       "load": os.getloadavg()[0], "results": results}, f, indent=1)
+                       "load": os.getloadavg()[0], "results": flat}, f, indent=1)
     return 0

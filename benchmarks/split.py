@@ -3,9 +3,9 @@
 Three runs of the same requests (greedy, ignore_eos, all submitted at once):
 - gateway: memsvc, executor and gateway as processes; clients stream through the public API.
 - split loop: the batching loop in this process over the gRPC clients of memsvc and the
-  executor, each call timed, so a step's reserve and execute times include their RPCs;
-  overlapped as the gateway runs it (output handling during the next Execute), then once
-  more serially (`--no-overlap`) for comparison.
+  executor, each call timed, so a step's reserve and execute times include their RPCs; as
+  the gateway runs it (while a step runs: the last step's outputs handled, the next step
+  planned and reserved), then serially, then with the outputs overlapped only.
 - in process: the offline engine, the same loop over direct calls, each call timed.
 Per-step RPC overhead is the split loop's step time minus the in-process one. Each run
 (and each warm-up) gets its own fresh random prompts, so no run finds another's prompt
@@ -113,7 +113,7 @@ def through_gateway(address: str, prompts: list[list[int]], sampling: SamplingPa
             "output_tokens_per_s": sum(counts) / seconds}
 
 
-def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict, int]:
+def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict[str, dict], int]:
     from gateway.batch_loop import BatchLoop
     from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
     from gateway.scheduler import SchedulerConfig
@@ -132,18 +132,18 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict, int]:
         via_gateway = through_gateway(gateway, prompts_for(vocab, 0), sampling)
         memory, executor = TimedMemory(RemoteMemoryClient(memsvc)), TimedExecutor(remote_ex)
         split = {}
-        for overlap, run in ((True, 1), (False, 3)):
+        for kind, run in (("ahead", 1), ("serial", 3), ("overlap", 4)):
             loop = BatchLoop(memory, executor, SchedulerConfig(
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                overlap=overlap))
+                overlap=kind != "serial", plan_ahead=kind == "ahead"))
             drive(loop, warm(vocab, run), sampling)
-            split[overlap] = drive(loop, prompts_for(vocab, run), sampling)
+            split[kind] = drive(loop, prompts_for(vocab, run), sampling)
             loop.close()
         memory.inner.close()
         remote_ex.close()
     finally:
         sup.stop()
-    return via_gateway, split[True], split[False], vocab
+    return via_gateway, split, vocab
 
 
 def serve_namespace(args, port: int):
@@ -167,7 +167,8 @@ def run(args) -> int:
     sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
 
     def prompts_for(vocab, run: int, n: int | None = None):
-        """Fresh prompts for each run (0 gateway, 1 split loop, 2 in process, 3 serial split loop); warm-ups
+        """Fresh prompts for each run (0 gateway, 1 split loop, 2 in process, 3 serial split loop, 4
+        split loop with outputs overlapped only); warm-ups
         draw their own (run + 10): nothing measured is in the prefix cache beforehand."""
         rng = random.Random(args.seed * 1000 + run)
         return [random_prompt_ids(rng, args.input_len, vocab) for _ in range(n or args.num_requests)]
@@ -175,7 +176,8 @@ def run(args) -> int:
     def warm(vocab, run: int):
         return prompts_for(vocab, run + 10, 2)
 
-    via_gateway, split, serial, vocab = split_runs(args, prompts_for, sampling, warm)
+    via_gateway, splits, vocab = split_runs(args, prompts_for, sampling, warm)
+    split, serial = splits["ahead"], splits["serial"]
     engine = LLMEngine(EngineConfig.from_args(args))
     loop = BatchLoop(TimedMemory(engine.memory), TimedExecutor(engine.loop.executor), engine.loop.scheduler.config,
                      engine.tokenizer)
@@ -184,14 +186,15 @@ def run(args) -> int:
     result = {"num_requests": args.num_requests, "input_len": args.input_len,
               "output_len": args.output_len, "max_num_seqs": args.max_num_seqs,
               "machine": f"{os.cpu_count()} CPUs", "in_process": local, "split_loop": split,
-              "split_loop_serial": serial,
+              "split_loop_serial": serial, "split_loop_overlap_outputs_only": splits["overlap"],
               "gateway": via_gateway,
               "gateway_vs_in_process": via_gateway["output_tokens_per_s"] / local["output_tokens_per_s"],
               "split_vs_in_process": split["output_tokens_per_s"] / local["output_tokens_per_s"],
               "rpc_overhead_ms_per_step": split["step_ms"] - local["step_ms"]}
     print(f"{args.num_requests} requests, {args.input_len} in / {args.output_len} out, "
           f"max {args.max_num_seqs} sequences per step")
-    for name, r in (("in process", local), ("split loop", split), ("  serial", serial)):
+    for name, r in (("in process", local), ("split loop", split), ("  serial", serial),
+                    ("  outputs", splits["overlap"])):
         print(f"{name:12s} {r['output_tokens_per_s']:8.1f} tok/s  {r['steps']} steps, "
               f"{r['step_ms']:.1f} ms/step (reserve {r['reserve_ms']:.1f}, execute {r['execute_ms']:.1f})")
     print(f"{'gateway':12s} {via_gateway['output_tokens_per_s']:8.1f} tok/s  (clients streaming)")

@@ -18,26 +18,44 @@ applies each step's tokens before the next plan (EOS, max_tokens and the sequenc
 never late); only a stop string is seen one step later: that sequence computes one more
 token, which is dropped. Everything touches the loop on the caller's thread; the helper
 thread only waits on the executor. `close()` ends the helper thread.
+
+With `SchedulerConfig.plan_ahead` as well (the gateway's default), the loop then also plans
+and reserves the step after the running one (`Scheduler.plan(ahead_of=batch)`): each
+sequence of the running batch as if its tokens were computed and its sample drawn (that
+token's id `pending` for memsvc, sent in a later plan's `fills`). When the step ends, its
+tokens are applied and the reservation becomes the next batch at once; a sequence that
+ended meanwhile (EOS, a stop token, an abort) is dropped from it and freed by the next
+Reserve. Where the next plan depends on more than token counts (forks, beam search,
+swapped-out sequences) nothing is planned ahead, and memsvc defers a plan made ahead that
+would copy blocks or preempt (the running step uses the pool): the next step is then planned
+once this one is done, as in the serial loop. Outputs are those of the serial loop; a
+sequence that ends by EOS or a stop token costs one slot reserved for nothing.
 """
 from __future__ import annotations
 
 import hashlib
 import secrets
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from gateway.beam_search import BeamSearch, beam_sampling
 from gateway.output_stream import OutputStream
 from wire.protocol import Delta
 from gateway.scheduler import BeamDone, Scheduler, SchedulerConfig, SeqUpdate
-from gateway.sequence import Sequence
+from gateway.sequence import Sequence, SeqStatus
 from wire.clients import ExecutorClient, MemoryClient
-from wire.protocol import SamplingParams
+from wire.protocol import ReserveResult, SamplingParams, StepBatch
 
 
 class RequestError(ValueError):
     """A request the gateway refuses; the message names the field to change."""
+
+
+def _timed(fn, *args):
+    start = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - start
 
 
 def derive_seed(seed: int, index: int) -> int:
@@ -88,6 +106,10 @@ class BatchLoop:
         self.times = StepTimes()
         self._forget: list[str] = []  # for the executor: finished or preempted since its last batch
         self.overlap = config.overlap
+        self.plan_ahead = config.overlap and config.plan_ahead
+        self._ahead: ReserveResult | None = None  # plan ahead: the next step's reservation
+        self.num_ahead = 0  # plans made ahead, and of them deferred by memsvc
+        self.num_deferred = 0
         self._unapplied: list[SeqUpdate | BeamDone] = []  # overlap: the last step's, not yet deltas
         self._pool: ThreadPoolExecutor | None = None
         self._ready: list[Delta] = []
@@ -140,7 +162,7 @@ class BatchLoop:
             self.scheduler.abort_request(request_id)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self._unapplied)
+        return self.scheduler.has_work() or bool(self._unapplied) or self._ahead is not None
 
     def close(self) -> None:
         if self._pool is not None:
@@ -161,9 +183,73 @@ class BatchLoop:
     def _step(self) -> list[Delta]:
         clock, times = time.perf_counter, self.times
         t0 = clock()
+        deltas: list[Delta | None] = []
+        batch = None
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:  # reserved while the last step ran
+            batch, rejected = self.scheduler.on_reserved(ahead)
+            deltas = [self._rejected(seq) for seq in rejected]
+            times.schedule += clock() - t0
+            if not batch.seqs:
+                batch = None
+        if batch is None:
+            batch, more = self._plan_and_reserve()
+            if batch is None:
+                return [d for d in deltas + more if d]
+            deltas += more
+        times.steps += 1
+        batch.forget, self._forget = self._forget, []
+        t3 = clock()
+        if self.overlap:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-execute")
+            running = self._pool.submit(_timed, self.executor.execute, batch)
+            deltas.extend(self._deltas(self._take_unapplied()))  # while the executor runs
+            if self.deliver is not None:
+                made, deltas = [d for d in deltas if d], []
+                self.deliver(made)
+            t_out = clock()
+            times.output += t_out - t3
+            if self.plan_ahead:
+                try:
+                    self._ahead = self._reserve_ahead(batch)
+                except BaseException:  # the step fails as a failed Reserve would; the batch ends first
+                    wait([running])
+                    self._ready.extend(d for d in deltas if d)
+                    self._failed(batch)
+                    raise
+            t_wait = clock()
+            try:
+                outputs, seconds = running.result()
+            except BaseException:
+                self._ready.extend(d for d in deltas if d)
+                self._failed(batch)
+                raise
+        else:
+            t_wait = clock()
+            outputs = self.executor.execute(batch)
+            seconds = clock() - t_wait
+        t4 = clock()
+        self._last_step = (sum(len(s.token_ids) for s in batch.seqs), seconds)
+        times.execute += t4 - t_wait
+        self.num_steps += 1
+        updates = self.scheduler.on_sampled(batch, outputs)
+        if self.overlap:
+            self._unapplied = updates
+        else:
+            deltas.extend(self._deltas(updates))
+        times.output += clock() - t4
+        return [d for d in deltas if d]
+
+    def _plan_and_reserve(self) -> tuple[StepBatch | None, list[Delta | None]]:
+        """Plan and reserve the next step after the last one's tokens are applied: the batch
+        (None: nothing to run now) and deltas (rejections; earlier steps' tokens when no
+        batch runs)."""
+        clock, times = time.perf_counter, self.times
+        t0 = clock()
         plan = self.scheduler.plan()
-        if not plan.entries and not plan.free and not plan.forks:
-            return self._deltas(self._take_unapplied())
+        if not plan.entries and not plan.free and not plan.forks and not plan.fills:
+            return None, self._deltas(self._take_unapplied())
         plan.step_tokens, plan.step_seconds = self._last_step
         self._last_step = (0, 0.0)
         t1 = clock()
@@ -174,46 +260,53 @@ class BatchLoop:
         self._forget.extend(freed)
         self._forget.extend(p.seq_id for p in result.preempted)
         deltas = [self._rejected(seq) for seq in rejected]
-        t3 = clock()
-        times.steps += 1
-        times.schedule += (t1 - t0) + (t3 - t2)
+        times.schedule += (t1 - t0) + (clock() - t2)
         times.reserve += t2 - t1
-        if not batch.seqs:
-            earlier = self._take_unapplied()
-            stuck = not (plan.free or result.preempted or result.rejected or earlier)  # the next try is the same
-            if stuck and not self.scheduler.release_idle_beams():
-                raise RuntimeError("scheduler stalled: requests wait but nothing can run")
-            return [d for d in deltas if d] + self._deltas(earlier)
-        batch.forget = list(self._forget)
-        if self.overlap:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-execute")
-            running = self._pool.submit(self.executor.execute, batch)
-            t_out = clock()
-            deltas.extend(self._deltas(self._take_unapplied()))  # while the executor runs
-            if self.deliver is not None:
-                made, deltas = [d for d in deltas if d], []
-                self.deliver(made)
-            times.output += clock() - t_out
-            try:
-                outputs = running.result()
-            except BaseException:
-                self._ready.extend(d for d in deltas if d)
-                raise
-        else:
-            outputs = self.executor.execute(batch)
-        self._forget.clear()
-        t4 = clock()
-        self._last_step = (sum(len(s.token_ids) for s in batch.seqs), t4 - t3)
-        times.execute += t4 - t3
-        self.num_steps += 1
-        updates = self.scheduler.on_sampled(batch, outputs)
-        if self.overlap:
-            self._unapplied = updates
-        else:
-            deltas.extend(self._deltas(updates))
-        times.output += clock() - t4
-        return [d for d in deltas if d]
+        if batch.seqs:
+            return batch, deltas
+        earlier = self._take_unapplied()
+        stuck = not (plan.free or result.preempted or result.rejected or earlier)  # the next try is the same
+        if stuck and not self.scheduler.release_idle_beams():
+            raise RuntimeError("scheduler stalled: requests wait but nothing can run")
+        return None, deltas + self._deltas(earlier)
+
+    def _reserve_ahead(self, batch: StepBatch) -> ReserveResult | None:
+        """While `batch` runs: plan and reserve the step after it (None: not granted, the
+        next step is planned once this one is done)."""
+        clock, times = time.perf_counter, self.times
+        t0 = clock()
+        plan = self.scheduler.plan(ahead_of=batch)
+        if plan is None or not (plan.entries or plan.free or plan.fills):
+            if plan is not None:
+                self.scheduler.deferred(plan)
+            return None
+        plan.step_tokens, plan.step_seconds = self._last_step
+        self._last_step = (0, 0.0)
+        self._forget.extend(plan.free)
+        t1 = clock()
+        result = self.memory.reserve(plan)
+        t2 = clock()
+        times.reserve += t2 - t1
+        times.schedule += t1 - t0
+        self.num_ahead += 1
+        if result.deferred:
+            self.scheduler.deferred(plan)
+            self.num_deferred += 1
+            return None
+        return result
+
+    def _failed(self, batch: StepBatch) -> None:
+        """The executor did not run `batch`: the executor hears its forgets again, and a
+        reservation made ahead of it is void (sequences it admitted are freed)."""
+        self._forget[:0] = batch.forget
+        ahead, self._ahead = self._ahead, None
+        self.scheduler.planned = None
+        if ahead is None:
+            return
+        for g in ahead.grants:
+            seq = self.scheduler.seqs.get(g.seq_id)
+            if seq is None or seq.status is SeqStatus.WAITING:
+                self.scheduler.to_free.append(g.seq_id)
 
     def _take_unapplied(self) -> list[SeqUpdate | BeamDone]:
         updates, self._unapplied = self._unapplied, []

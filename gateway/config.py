@@ -34,10 +34,10 @@ class GatewayConfig:
     max_num_seqs: int = setting(64, "sequences per step")
     max_num_batched_tokens: int = setting(2048, "tokens per step; longer prompts are prefilled "
                                           "in chunks")
-    overlap: bool = setting(True, "detokenize, apply stop strings and stream a step's tokens while "
-                            "the executor runs the next step (a stop string then ends its sequence "
-                            "one step later; the extra token is dropped); --no-overlap: one phase "
-                            "after the other")
+    overlap: bool = setting(True, "while the executor runs a step: detokenize, apply stop strings "
+                            "and stream the last step's tokens, and plan and reserve the next step "
+                            "(a stop string then ends its sequence one step later; the extra token "
+                            "is dropped); --no-overlap: one phase after the other")
     max_waiting: int = setting(1024, "refuse a request (RESOURCE_EXHAUSTED, HTTP 429) while N "
                                "sequences wait for a step; 0: no bound", metavar="N")
     max_request_bytes: int = setting(4 << 20, "largest request either API accepts: a gRPC message "

@@ -30,6 +30,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
     overlap: bool = False  # BatchLoop: turn step N's tokens into text while step N + 1 runs
+    plan_ahead: bool = True  # with overlap: also plan and reserve step N + 1 while step N runs
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -81,6 +82,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swapped_out = 0
         self.num_beam_releases = 0
+        self.unfilled: dict[str, int] = {}  # seq id -> position memsvc holds as pending (plan ahead)
+        self.planned: dict[str, Sequence] | None = None
 
     def add(self, seq: Sequence, samples: list[Sequence] | None = None) -> None:
         """Queue `seq`; `samples` (the request's other n - 1) fork from it after its prefill."""
@@ -130,19 +133,37 @@ class Scheduler:
         forks, self.forks = self.forks, []
         return forks
 
-    def plan(self) -> Plan:
+    def plan(self, ahead_of: StepBatch | None = None) -> Plan | None:
+        """The next step's plan. `ahead_of`: the batch the executor is running now; plan the
+        step after it as if that batch's tokens were computed and its samples drawn (their
+        ids pending), or None where that cannot be planned ahead (forks, beam search,
+        swapped-out sequences: see `can_plan_ahead`)."""
+        if ahead_of is not None and not self.can_plan_ahead():
+            return None
+        inflight = {s.seq_id: s for s in ahead_of.seqs} if ahead_of is not None else {}
+        fills = self._fills()
         budget = self.config.max_num_batched_tokens
         entries: list[PlanEntry] = []
         for seq in self.running + self.swapped:
-            n = min(seq.compute_limit - seq.num_computed, budget)
+            computed, limit = seq.num_computed, seq.compute_limit
+            step = inflight.get(seq.seq_id)
+            if step is not None:
+                computed = step.start_pos + len(step.token_ids)
+                if step.sample:
+                    if self._ends_by_length(seq, 1):
+                        continue  # its next token is its last
+                    limit += 1
+            n = min(limit - computed, budget)
             if n < 1 or len(entries) >= self.config.max_num_seqs:
                 continue
-            start = seq.num_computed
+            known = min(n, seq.num_tokens - computed)  # the rest is the token the step samples
             plen = len(seq.prompt_token_ids)
-            tokens = (seq.output_token_ids[start - plen : start - plen + n] if start >= plen
-                      else seq.all_token_ids[start : start + n])
-            entries.append(PlanEntry(seq.seq_id, tokens, False,
-                                     seq.max_len, final_len=seq.final_len, salt=seq.salt))
+            tokens = (seq.output_token_ids[computed - plen : computed - plen + known] if computed >= plen
+                      else seq.all_token_ids[computed : computed + known])
+            entries.append(PlanEntry(seq.seq_id, tokens, False, seq.max_len, final_len=seq.final_len,
+                                     salt=seq.salt, pending=known < n))
+            if known < n:
+                self.unfilled[seq.seq_id] = computed + known
             budget -= n
         for seq in self.waiting:
             if budget < 1 or len(entries) >= self.config.max_num_seqs:
@@ -154,9 +175,40 @@ class Scheduler:
                                      salt=seq.salt,
                                      skip_prefix_cache=seq.sampling.prompt_logprobs is not None))
             budget -= min(seq.compute_limit, budget)
-        plan = Plan(entries=entries, free=self.to_free, forks=self.forks)
+        plan = Plan(entries=entries, free=self.to_free, forks=self.forks, ahead=ahead_of is not None,
+                    fills=fills)
+        # what the answer to a plan made ahead refers to (a sequence may end, or its id be
+        # reused by a new request, before the answer is applied)
+        self.planned = {e.seq_id: self.seqs[e.seq_id] for e in entries} if plan.ahead else None
         self.to_free, self.forks = [], []
         return plan
+
+    def can_plan_ahead(self) -> bool:
+        """No fork is due or queued, no beam search runs, nothing is swapped out: the next
+        plan depends on the running step only through its token counts."""
+        return not (self.forks or self.held or self.beams or self.swapped)
+
+    def _fills(self) -> list[tuple[str, int, int]]:
+        """Ids of the tokens memsvc holds as pending whose ids are known now (sequences gone
+        since are skipped: memsvc frees them)."""
+        fills, later = [], {}
+        for seq_id, pos in self.unfilled.items():
+            seq = self.seqs.get(seq_id)
+            if seq is None:
+                continue
+            if pos < seq.num_tokens:
+                fills.append((seq_id, pos, seq.output_token_ids[pos - len(seq.prompt_token_ids)]))
+            else:
+                later[seq_id] = pos  # its step failed: the state is dropped or recomputed
+        self.unfilled = later
+        return fills
+
+    def deferred(self, plan: Plan) -> None:
+        """memsvc did not grant `plan` (made ahead): it holds none of its pending tokens."""
+        self.planned = None
+        for entry in plan.entries:
+            if entry.pending:
+                self.unfilled.pop(entry.seq_id, None)
 
     def on_reserved(self, result: ReserveResult) -> tuple[StepBatch, list[Sequence]]:
         """Apply memsvc's answer; return the batch to execute (in the answer's pool) and the
@@ -168,6 +220,8 @@ class Scheduler:
                     queue.remove(seq)
             seq.num_preemptions += 1
             seq.block_table = []
+            if p.mode != "swap":
+                self.unfilled.pop(seq.seq_id, None)
             self.num_preemptions += 1
             if p.mode == "swap":
                 seq.status = SeqStatus.SWAPPED
@@ -182,16 +236,26 @@ class Scheduler:
             self.swapped.remove(seq)
             seq.status = SeqStatus.RUNNING
             _insert(self.running, seq)
+        planned, self.planned = self.planned, None
+        current = self.seqs.get if planned is None else (
+            lambda i: s if (s := self.seqs.get(i)) is not None and planned.get(i) is s else None)
         rejected = []
         for r in result.rejected:
-            seq = self.seqs.pop(r.seq_id)
+            seq = current(r.seq_id)
+            if seq is None:  # aborted since a plan made ahead
+                continue
+            del self.seqs[r.seq_id]
             self.waiting.remove(seq)
             seq.finish("error", r.reason)
             rejected.append(seq)
         steps = []
         bs = self.block_size
         for g in result.grants:
-            seq = self.seqs[g.seq_id]
+            seq = current(g.seq_id)
+            if seq is None:  # finished or aborted since a plan made ahead: memsvc frees it next
+                if g.seq_id not in self.to_free:
+                    self.to_free.append(g.seq_id)
+                continue
             if seq.status is SeqStatus.WAITING:
                 self.waiting.remove(seq)
                 _insert(self.running, seq)
@@ -334,12 +398,17 @@ class Scheduler:
         if seq.status in (SeqStatus.RUNNING, SeqStatus.SWAPPED):
             self.to_free.append(seq.seq_id)
 
+    @staticmethod
+    def _ends_by_length(seq: Sequence, more: int = 0) -> bool:
+        return (len(seq.output_token_ids) + more >= seq.sampling.max_tokens
+                or seq.num_tokens + more >= seq.max_len)
+
     def _finish_reason(self, seq: Sequence, token_id: int) -> str | None:
         sp = seq.sampling
         if token_id in sp.stop_token_ids:
             return "stop"
         if not sp.ignore_eos and token_id in self.eos_token_ids:
             return "stop"
-        if len(seq.output_token_ids) >= sp.max_tokens or seq.num_tokens >= seq.max_len:
+        if self._ends_by_length(seq):
             return "length"
         return None

@@ -12,7 +12,9 @@ from memsvc.accounting import PoolSnapshot
 from memsvc.admission import Admission
 from memsvc.block_pool import NoFreeBlocks
 
-__all__ = ["POLICIES", "AppendResult", "KVAllocator", "NoFreeBlocks"]
+__all__ = ["PENDING", "POLICIES", "AppendResult", "KVAllocator", "NoFreeBlocks"]
+
+PENDING = -1  # in `append`: a token whose id is not known yet (a plan made ahead); `fill` names it
 
 POLICIES: tuple[str, ...] = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 
@@ -84,10 +86,19 @@ class KVAllocator(ABC):
     def can_append(self, seq_id: str, num_new_tokens: int) -> bool:
         return self.num_new_blocks(seq_id, num_new_tokens) <= self.num_free_blocks()
 
+    def needs_copy(self, seq_id: str, num_new_tokens: int) -> bool:
+        """`append` of `num_new_tokens` would copy a block first (copy-on-write)."""
+        return False
+
     @abstractmethod
     def append(self, seq_id: str, new_token_ids: list[int]) -> AppendResult:
         """Give slots to the sequence's next len(new_token_ids) tokens (their ids key blocks
-        that become full, for prefix caching). NoFreeBlocks if space is missing."""
+        that become full, for prefix caching; a PENDING id keys nothing until `fill`).
+        NoFreeBlocks if space is missing."""
+
+    def fill(self, seq_id: str, position: int, token_id: int) -> None:
+        """The id of the PENDING token at `position`; ValueError if none is pending there.
+        Policies without a prefix cache keep no ids: nothing to do."""
 
     @abstractmethod
     def fork(self, parent_id: str, child_id: str) -> None:

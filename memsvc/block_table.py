@@ -18,7 +18,7 @@ class BlockTable:
 
     `block_keys[i]` is the chained prefix-cache key of full block i (kept only with prefix
     caching); `tail_tokens` are the tokens after the last keyed block, waiting for their
-    block to fill. While swapped out, `blocks` is empty and `host_blocks` holds the copies.
+    block to fill, or for the id of a pending token (-1, memsvc.allocator.PENDING) in it. While swapped out, `blocks` is empty and `host_blocks` holds the copies.
 
     Sliding window: the first `released` entries of `blocks` are None, blocks freed because
     no layer will read them again (they lie wholly before every future query's window);
@@ -84,11 +84,12 @@ class BlockTable:
                 f"sequence {self.seq_id!r}: {self.num_tokens} tokens need {need} blocks but it"
                 f" holds {len(held)} {'host' if self.swapped else 'device'} blocks"
             )
-        full, rest = divmod(self.num_tokens, self.block_size)
-        if keyed and (len(self.block_keys) != full or len(self.tail_tokens) != rest):
+        bs, tail = self.block_size, self.tail_tokens
+        keyed_all = len(tail) < bs or -1 in tail[:bs]  # only a pending token (-1) holds keys back
+        if keyed and (len(self.block_keys) * bs + len(tail) != self.num_tokens or not keyed_all):
             raise IntegrityError(
                 f"sequence {self.seq_id!r}: {len(self.block_keys)} block keys and"
-                f" {len(self.tail_tokens)} tail tokens for {self.num_tokens} tokens"
+                f" {len(tail)} tail tokens for {self.num_tokens} tokens"
             )
 
     def fork(self, child_id: str) -> BlockTable:

@@ -36,7 +36,7 @@ from memsvc.host_pool import (allocate_host_pool, finish_copies, host_blocks_for
 from memsvc.kv_pool import allocate_pool, num_blocks_for_budget
 from memsvc.preemption_policy import PREEMPTION_MODES, PreemptionPolicy
 from memsvc.sessions import Sessions
-from memsvc.step_planner import StepPlanner
+from memsvc.step_planner import StepPlanner, check_plan
 from wire.protocol import KVGeometry, Plan, PoolStats, Preemption, ReserveResult
 
 
@@ -161,9 +161,11 @@ class MemoryManager:
         for recompute instead of failing the step.
         """
         planner = self._planner()
+        check_plan(plan)
         lost = []
         if session_id:
             back = self.sessions.enter(session_id, plan)
+        self._fill(plan.fills)
         if plan.forks:  # first; a parent memsvc no longer holds leaves its child lost (recompute)
             has = self.allocator.has_sequence
             for parent, child in plan.forks:
@@ -175,8 +177,8 @@ class MemoryManager:
         if session_id:
             entries = plan.entries
             has = self.allocator.has_sequence
-            lost = [e for e in entries if not e.new and not has(e.seq_id)]
-            if lost:
+            lost = [] if plan.ahead else [e for e in entries if not e.new and not has(e.seq_id)]
+            if lost:  # (a plan made ahead that names them is deferred instead)
                 plan = Plan([e for e in entries if e.new or has(e.seq_id)], plan.free,
                             plan.step_tokens, plan.step_seconds)
             held_back = [e.seq_id for e in plan.entries if e.new] if over_share(self, session_id) else []
@@ -195,6 +197,14 @@ class MemoryManager:
             plan.entries.extend(lost)
             self.sessions.leave(session_id, plan, result, self.allocator.has_sequence, back)
         return result
+
+    def _fill(self, fills: list[tuple[str, int, int]]) -> None:
+        """Token ids an earlier plan sent as pending; a sequence memsvc no longer holds (freed,
+        lost with a session or a restart) is skipped."""
+        has = self.allocator.has_sequence
+        for seq_id, position, token_id in fills:
+            if has(seq_id):
+                self.allocator.fill(seq_id, position, token_id)
 
     def _copy(self, copies: list[tuple[str, int, int]]) -> None:
         """Perform the planner's copies in order, one copy_blocks per run of one kind; time

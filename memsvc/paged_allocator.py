@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from memsvc.accounting import PoolSnapshot, paged_snapshot
 from memsvc.admission import Admission, check_request, paged_admission
-from memsvc.allocator import AppendResult, KVAllocator
+from memsvc.allocator import PENDING, AppendResult, KVAllocator
 from memsvc.block_pool import Block, BlockPool, IntegrityError, NoFreeBlocks
 from memsvc.block_table import BlockTable, blocks_for
 from memsvc.prefix_cache import PrefixCacheStats, block_key, cacheable_blocks
@@ -158,6 +158,9 @@ class PagedAllocator(KVAllocator):
     def _needs_cow(self, table: BlockTable, n: int) -> bool:
         return n > 0 and table.last_block_partial() and table.blocks[-1].ref_cnt > 1
 
+    def needs_copy(self, seq_id: str, num_new_tokens: int) -> bool:
+        return self._needs_cow(self._get(seq_id), num_new_tokens)
+
     def num_new_blocks(self, seq_id: str, num_new_tokens: int) -> int:
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
@@ -205,14 +208,32 @@ class PagedAllocator(KVAllocator):
         return AppendResult(table.slots(start, n), copies)
 
     def _key_full_blocks(self, table: BlockTable, new_token_ids: list[int]) -> None:
-        bs = self.block_size
         table.tail_tokens.extend(new_token_ids)
-        while len(table.tail_tokens) >= bs:
+        self._key_tail(table)
+
+    def _key_tail(self, table: BlockTable) -> None:
+        """Key the full blocks of the tail, up to the first one holding a PENDING token."""
+        bs = self.block_size
+        tail = table.tail_tokens
+        while len(tail) >= bs and PENDING not in tail[:bs]:
             parent = table.block_keys[-1] if table.block_keys else None
-            key = block_key(parent, table.tail_tokens[:bs], table.salt)
+            key = block_key(parent, tail[:bs], table.salt)
             self.pool.cache(table.blocks[len(table.block_keys)], key)
             table.block_keys.append(key)
-            del table.tail_tokens[:bs]
+            del tail[:bs]
+
+    def fill(self, seq_id: str, position: int, token_id: int) -> None:
+        if token_id < 0:
+            raise ValueError(f"token id must be >= 0, got {token_id}")
+        table = self._get(seq_id, on_device=False)
+        if not self.enable_prefix_caching:
+            return
+        i = position - len(table.block_keys) * self.block_size
+        if not 0 <= i < len(table.tail_tokens) or table.tail_tokens[i] != PENDING:
+            raise ValueError(f"sequence {seq_id!r} has no pending token at position {position}")
+        table.tail_tokens[i] = token_id
+        if not table.swapped:
+            self._key_tail(table)
 
     def fork(self, parent_id: str, child_id: str) -> None:
         parent = self._get(parent_id)
@@ -266,6 +287,8 @@ class PagedAllocator(KVAllocator):
         table.synced = 0
         for block, key in zip(device, table.block_keys[table.released:]):
             self.pool.cache(block, key)  # no-op where the key is still cached elsewhere
+        if self.enable_prefix_caching:
+            self._key_tail(table)  # blocks completed by a fill while swapped out
         return pairs
 
     # -- measurement and checks ----------------------------------------------------------

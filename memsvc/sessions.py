@@ -54,6 +54,7 @@ class Sessions:
             entry.seq_id = key
         plan.free = [self.internal(session_id, s) for s in plan.free]
         plan.forks = [(self.internal(session_id, p), self.internal(session_id, c)) for p, c in plan.forks]
+        plan.fills = [(self.internal(session_id, s), pos, t) for s, pos, t in plan.fills]
         return back
 
     def leave(self, session_id: str, plan: Plan, result: ReserveResult, alive,

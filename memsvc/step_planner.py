@@ -3,12 +3,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memsvc.allocator import KVAllocator, NoFreeBlocks
+from memsvc.allocator import PENDING, KVAllocator, NoFreeBlocks
 from memsvc.block_table import blocks_for
 from memsvc.preemption_policy import PreemptionPolicy
 from wire.protocol import Grant, Plan, PlanEntry, Preemption, Rejection, ReserveResult
 
 COPY_KINDS = ("cow", "out", "in")  # pool -> pool, pool -> host, host -> pool
+
+
+def check_plan(plan: Plan) -> None:
+    """ValueError for what a plan made ahead may not do (fork) and pending tokens elsewhere."""
+    if plan.ahead and plan.forks:
+        raise ValueError("a plan made ahead cannot fork: send its forks once the step is done")
+    if any(e.pending and (e.new or not plan.ahead) for e in plan.entries):
+        raise ValueError("only running entries of a plan made ahead may have a pending token")
 
 
 @dataclass
@@ -39,6 +47,10 @@ class StepPlanner:
     fit stops resumption and admission (no overtaking). Admission and resumption keep
     `watermark_blocks` free while other sequences hold blocks, so a sequence let in is not
     preempted at the next step.
+
+    A plan made ahead (`Plan.ahead`, the previous step still running) is granted only when
+    every running entry fits without a copy or a preemption (after its frees); otherwise
+    the answer is `deferred` and nothing but the frees happened.
     """
 
     def __init__(self, allocator: KVAllocator, policy: PreemptionPolicy | None = None,
@@ -53,12 +65,16 @@ class StepPlanner:
 
     def reserve(self, plan: Plan) -> Reservation:
         alloc = self.allocator
+        check_plan(plan)
         for parent, child in plan.forks:
             alloc.fork(parent, child)
         for seq_id in plan.free:
             if alloc.has_sequence(seq_id):
                 alloc.free(seq_id)
         out = Reservation(ReserveResult(grants=[]))
+        if plan.ahead and not self._fits_ahead(plan.entries):
+            out.result.deferred = True
+            return out
         preempted: set[str] = set()
         admitting = True
         entries = plan.entries
@@ -74,7 +90,7 @@ class StepPlanner:
             if self._swapped(entry.seq_id):
                 admitting = admitting and self._resume(entry, out)
                 continue
-            n = len(entry.token_ids)
+            n = len(entry.token_ids) + entry.pending
             while not alloc.can_append(entry.seq_id, n):
                 victim = self._pick_victim(entries, i, preempted)
                 self._preempt(victim, out, preempted)
@@ -83,8 +99,24 @@ class StepPlanner:
             if entry.seq_id in preempted:
                 continue
             start = alloc.num_tokens(entry.seq_id)
-            self._grant(entry, start, entry.token_ids, 0, out)
+            self._grant(entry, start, entry.token_ids + [PENDING] * entry.pending, 0, out)
         return out
+
+    def _fits_ahead(self, entries: list[PlanEntry]) -> bool:
+        """Every running entry of a plan made ahead fits as it is: no swapped-out or unknown
+        sequence, no copy-on-write, enough free blocks for all; new entries only after them."""
+        alloc = self.allocator
+        need, seen_new = 0, False
+        for entry in entries:
+            if entry.new:
+                seen_new = True
+                continue
+            n = len(entry.token_ids) + entry.pending
+            if (seen_new or not alloc.has_sequence(entry.seq_id) or self._swapped(entry.seq_id)
+                    or alloc.needs_copy(entry.seq_id, n)):
+                return False
+            need += alloc.num_new_blocks(entry.seq_id, n)
+        return need <= alloc.num_free_blocks()
 
     def _swapped(self, seq_id: str) -> bool:
         return self.can_swap and self.allocator.is_swapped(seq_id)

@@ -111,12 +111,15 @@ def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest
     PE = memory_pb2.PlanEntry
     entries = [PE(seq_id=e.seq_id, token_ids=e.token_ids, new=e.new, max_len=e.max_len,
                   max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt,
-                  skip_prefix_cache=e.skip_prefix_cache)
+                  skip_prefix_cache=e.skip_prefix_cache, pending=e.pending)
                for e in plan.entries]
     return memory_pb2.ReserveRequest(session_id=session_id, entries=entries, free=plan.free,
                                      step_tokens=plan.step_tokens, step_seconds=plan.step_seconds,
                                      fork_parents=[p for p, _ in plan.forks],
-                                     fork_children=[c for _, c in plan.forks])
+                                     fork_children=[c for _, c in plan.forks], ahead=plan.ahead,
+                                     fill_seq_ids=[f[0] for f in plan.fills],
+                                     fill_positions=[f[1] for f in plan.fills],
+                                     fill_token_ids=[f[2] for f in plan.fills])
 
 
 def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
@@ -124,10 +127,15 @@ def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
                          max_new_tokens=e.max_new_tokens,
                          final_len=e.final_len if e.HasField("final_len") else None,
                          salt=e.salt if e.HasField("salt") else None,
-                         skip_prefix_cache=e.skip_prefix_cache)
+                         skip_prefix_cache=e.skip_prefix_cache, pending=e.pending)
                for e in m.entries]
+    if not len(m.fill_seq_ids) == len(m.fill_positions) == len(m.fill_token_ids):
+        raise ValueError("fill_seq_ids, fill_positions and fill_token_ids must have the same length")
+    if len(m.fork_parents) != len(m.fork_children):
+        raise ValueError("fork_parents and fork_children must have the same length")
     return Plan(entries=entries, free=list(m.free), step_tokens=m.step_tokens,
-                step_seconds=m.step_seconds, forks=list(zip(m.fork_parents, m.fork_children)))
+                step_seconds=m.step_seconds, forks=list(zip(m.fork_parents, m.fork_children)),
+                ahead=m.ahead, fills=list(zip(m.fill_seq_ids, m.fill_positions, m.fill_token_ids)))
 
 
 def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
@@ -138,7 +146,7 @@ def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
                   num_cached_tokens=g.num_cached_tokens) for g in r.grants],
         preempted=[memory_pb2.Preemption(seq_id=p.seq_id, mode=p.mode) for p in r.preempted],
         rejected=[memory_pb2.Rejection(seq_id=x.seq_id, reason=x.reason) for x in r.rejected],
-        waiting=r.waiting, resumed=r.resumed, pool_epoch=r.pool_epoch,
+        waiting=r.waiting, resumed=r.resumed, pool_epoch=r.pool_epoch, deferred=r.deferred,
     )
 
 
@@ -151,6 +159,7 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
         waiting=list(m.waiting),
         resumed=list(m.resumed),
         pool_epoch=m.pool_epoch,
+        deferred=m.deferred,
     )
 
 

@@ -239,7 +239,9 @@ class PlanEntry:
 
     A new sequence (`new=True`) sends its whole prompt in `token_ids`; memsvc matches it
     against the prefix cache and grants up to `max_new_tokens` of the rest. A running
-    sequence sends exactly the tokens it will compute (a decode token or a prompt chunk).
+    sequence sends exactly the tokens it will compute (a decode token or a prompt chunk);
+    in a plan made ahead (`Plan.ahead`), `pending` adds one more token after them whose id
+    is not known yet (the one the running step samples): a later plan's `fills` names it.
     """
 
     seq_id: str
@@ -251,13 +253,22 @@ class PlanEntry:
     salt: str | None = None
     skip_prefix_cache: bool = False  # new sequences: attach no cached blocks (prompt logprobs
     # need every position computed); the blocks it computes are still cached for others
+    pending: bool = False  # running sequences in a plan made ahead: one more token, id unknown
 
 
 @dataclass
 class Plan:
     """`entries` in priority order: running sequences, then swapped-out ones to resume, then
     new ones. `step_tokens` / `step_seconds` report the previous step (tokens computed, wall
-    seconds of the executor's Execute): memsvc learns the cost of recompute from them."""
+    seconds of the executor's Execute): memsvc learns the cost of recompute from them.
+
+    `ahead`: made while the executor still runs the previous step (its sampled tokens are
+    `pending`). memsvc then grants it only if that needs no block copy and no preemption
+    (it would touch blocks the running step uses): otherwise it applies only `fills` and
+    `free` and answers `deferred`, and the gateway plans again once the step is done. A
+    plan made ahead carries no forks. `fills` (seq_id, position, token_id): the ids of
+    tokens an earlier plan sent as pending, applied before anything else (prefix-cache keys
+    of the blocks they complete)."""
 
     entries: list[PlanEntry]
     free: list[str] = field(default_factory=list)  # finished or cancelled: release their blocks first
@@ -265,6 +276,8 @@ class Plan:
     step_seconds: float = 0.0
     forks: list[tuple[str, str]] = field(default_factory=list)  # (parent, child), done before
     # anything else: the child shares every block of the parent (copy-on-write from here on)
+    ahead: bool = False
+    fills: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -302,6 +315,7 @@ class ReserveResult:
     waiting: list[str] = field(default_factory=list)  # new sequences that fit later, not now
     resumed: list[str] = field(default_factory=list)  # swapped-out sequences back on the device
     pool_epoch: str = ""  # the pool the grants are in: new with every memsvc process
+    deferred: bool = False  # a plan made ahead that memsvc did not grant (see Plan.ahead)
 
 
 @dataclass

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14wire/v1/memory.proto\x12\rpagedserve.v1\"|\n\nKVGeometry\x12\x12\n\nnum_layers\x18\x01 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x02 \x01(\r\x12\x11\n\thead_size\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x0e\n\x06window\x18\x06 \x01(\r\"\x83\x01\n\x17RegisterExecutorRequest\x12+\n\x08geometry\x18\x01 \x01(\x0b\x32\x19.pagedserve.v1.KVGeometry\x12\x14\n\x0c\x62udget_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\"\x9f\x01\n\nPoolHandle\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\x12\r\n\x05shape\x18\x02 \x03(\x04\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\x08shm_name\x18\x04 \x01(\tH\x00\x12\x19\n\x0f\x63uda_ipc_handle\x18\x05 \x01(\x0cH\x00\x12\x10\n\x08gpu_uuid\x18\x06 \x01(\t\x12\x14\n\x0coffset_bytes\x18\x07 \x01(\x04\x42\x08\n\x06handle\"W\n\x18RegisterExecutorResponse\x12\'\n\x04pool\x18\x01 \x01(\x0b\x32\x19.pagedserve.v1.PoolHandle\x12\x12\n\npool_epoch\x18\x02 \x01(\t\"\xc1\x01\n\tPlanEntry\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0b\n\x03new\x18\x03 \x01(\x08\x12\x0f\n\x07max_len\x18\x04 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\r\x12\x16\n\tfinal_len\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x11\n\x04salt\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x19\n\x11skip_prefix_cache\x18\x08 \x01(\x08\x42\x0c\n\n_final_lenB\x07\n\x05_salt\"\xb5\x01\n\x0eReserveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12)\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x18.pagedserve.v1.PlanEntry\x12\x0c\n\x04\x66ree\x18\x03 \x03(\t\x12\x13\n\x0bstep_tokens\x18\x04 \x01(\r\x12\x14\n\x0cstep_seconds\x18\x05 \x01(\x01\x12\x14\n\x0c\x66ork_parents\x18\x06 \x03(\t\x12\x15\n\rfork_children\x18\x07 \x03(\t\"\x82\x01\n\x05Grant\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x11\n\tstart_pos\x18\x02 \x01(\r\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x13\n\x0btable_start\x18\x04 \x01(\r\x12\x12\n\nnew_blocks\x18\x05 \x03(\r\x12\x19\n\x11num_cached_tokens\x18\x06 \x01(\r\"*\n\nPreemption\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\"+\n\tRejection\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xc7\x01\n\x0fReserveResponse\x12$\n\x06grants\x18\x01 \x03(\x0b\x32\x14.pagedserve.v1.Grant\x12,\n\tpreempted\x18\x02 \x03(\x0b\x32\x19.pagedserve.v1.Preemption\x12*\n\x08rejected\x18\x03 \x03(\x0b\x32\x18.pagedserve.v1.Rejection\x12\x0f\n\x07waiting\x18\x04 \x03(\t\x12\x0f\n\x07resumed\x18\x05 \x03(\t\x12\x12\n\npool_epoch\x18\x06 \x01(\t\"2\n\x0b\x46reeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07seq_ids\x18\x02 \x03(\t\"\x0e\n\x0c\x46reeResponse\"F\n\x0b\x46orkRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tparent_id\x18\x02 \x01(\t\x12\x10\n\x08\x63hild_id\x18\x03 \x01(\t\"\x0e\n\x0c\x46orkResponse\"\x0e\n\x0cStatsRequest\"\xe4\x04\n\rStatsResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x13\n\x0b\x62locks_free\x18\x03 \x01(\r\x12\x15\n\rblocks_cached\x18\x04 \x01(\r\x12\x19\n\x11\x62locks_referenced\x18\x05 \x01(\r\x12\x13\n\x0btoken_state\x18\x06 \x01(\x04\x12\x10\n\x08reserved\x18\x07 \x01(\x04\x12\x1e\n\x16internal_fragmentation\x18\x08 \x01(\x04\x12\x1e\n\x16\x65xternal_fragmentation\x18\t \x01(\x04\x12\x0c\n\x04\x66ree\x18\n \x01(\x04\x12\x1c\n\x14prefix_cache_queries\x18\x0b \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\x0c \x01(\x04\x12\x17\n\x0fnum_preemptions\x18\r \x01(\x04\x12\x15\n\rnum_sequences\x18\x0e \x01(\r\x12\x14\n\x0cnum_sessions\x18\x0f \x01(\r\x12\x17\n\x0fnum_swapped_out\x18\x10 \x01(\x04\x12\x16\n\x0enum_swapped_in\x18\x11 \x01(\x04\x12\x16\n\x0enum_recomputed\x18\x12 \x01(\x04\x12\x1a\n\x12num_swap_fallbacks\x18\x13 \x01(\x04\x12\x13\n\x0bhost_blocks\x18\x14 \x01(\r\x12\x18\n\x10host_blocks_free\x18\x15 \x01(\r\x12\x1e\n\x16swap_seconds_per_block\x18\x16 \x01(\x01\x12#\n\x1brecompute_seconds_per_token\x18\x17 \x01(\x01\x12\x17\n\x0fpreemption_mode\x18\x18 \x01(\t\"(\n\x12WatchBlocksRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"\xa5\x01\n\x0b\x42lockEvents\x12\x10\n\x08snapshot\x18\x01 \x01(\x08\x12\x0e\n\x06stored\x18\x02 \x03(\x0c\x12\x0f\n\x07\x65victed\x18\x03 \x03(\x0c\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x13\n\x0b\x62locks_free\x18\x06 \x01(\r\x12\x15\n\rnum_sequences\x18\x07 \x01(\r\x12\x0f\n\x07pool_id\x18\x08 \x01(\t2\xd4\x03\n\rMemoryManager\x12\x63\n\x10RegisterExecutor\x12&.pagedserve.v1.RegisterExecutorRequest\x1a\'.pagedserve.v1.RegisterExecutorResponse\x12H\n\x07Reserve\x12\x1d.pagedserve.v1.ReserveRequest\x1a\x1e.pagedserve.v1.ReserveResponse\x12?\n\x04\x46ree\x12\x1a.pagedserve.v1.FreeRequest\x1a\x1b.pagedserve.v1.FreeResponse\x12?\n\x04\x46ork\x12\x1a.pagedserve.v1.ForkRequest\x1a\x1b.pagedserve.v1.ForkResponse\x12\x42\n\x05Stats\x12\x1b.pagedserve.v1.StatsRequest\x1a\x1c.pagedserve.v1.StatsResponse\x12N\n\x0bWatchBlocks\x12!.pagedserve.v1.WatchBlocksRequest\x1a\x1a.pagedserve.v1.BlockEvents0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14wire/v1/memory.proto\x12\rpagedserve.v1\"|\n\nKVGeometry\x12\x12\n\nnum_layers\x18\x01 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x02 \x01(\r\x12\x11\n\thead_size\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x0e\n\x06window\x18\x06 \x01(\r\"\x83\x01\n\x17RegisterExecutorRequest\x12+\n\x08geometry\x18\x01 \x01(\x0b\x32\x19.pagedserve.v1.KVGeometry\x12\x14\n\x0c\x62udget_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\"\x9f\x01\n\nPoolHandle\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\x12\r\n\x05shape\x18\x02 \x03(\x04\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\x08shm_name\x18\x04 \x01(\tH\x00\x12\x19\n\x0f\x63uda_ipc_handle\x18\x05 \x01(\x0cH\x00\x12\x10\n\x08gpu_uuid\x18\x06 \x01(\t\x12\x14\n\x0coffset_bytes\x18\x07 \x01(\x04\x42\x08\n\x06handle\"W\n\x18RegisterExecutorResponse\x12\'\n\x04pool\x18\x01 \x01(\x0b\x32\x19.pagedserve.v1.PoolHandle\x12\x12\n\npool_epoch\x18\x02 \x01(\t\"\xd2\x01\n\tPlanEntry\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0b\n\x03new\x18\x03 \x01(\x08\x12\x0f\n\x07max_len\x18\x04 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\r\x12\x16\n\tfinal_len\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x11\n\x04salt\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x19\n\x11skip_prefix_cache\x18\x08 \x01(\x08\x12\x0f\n\x07pending\x18\t \x01(\x08\x42\x0c\n\n_final_lenB\x07\n\x05_salt\"\x8a\x02\n\x0eReserveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12)\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x18.pagedserve.v1.PlanEntry\x12\x0c\n\x04\x66ree\x18\x03 \x03(\t\x12\x13\n\x0bstep_tokens\x18\x04 \x01(\r\x12\x14\n\x0cstep_seconds\x18\x05 \x01(\x01\x12\x14\n\x0c\x66ork_parents\x18\x06 \x03(\t\x12\x15\n\rfork_children\x18\x07 \x03(\t\x12\r\n\x05\x61head\x18\x08 \x01(\x08\x12\x14\n\x0c\x66ill_seq_ids\x18\t \x03(\t\x12\x16\n\x0e\x66ill_positions\x18\n \x03(\r\x12\x16\n\x0e\x66ill_token_ids\x18\x0b \x03(\r\"\x82\x01\n\x05Grant\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x11\n\tstart_pos\x18\x02 \x01(\r\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x13\n\x0btable_start\x18\x04 \x01(\r\x12\x12\n\nnew_blocks\x18\x05 \x03(\r\x12\x19\n\x11num_cached_tokens\x18\x06 \x01(\r\"*\n\nPreemption\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\"+\n\tRejection\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xd9\x01\n\x0fReserveResponse\x12$\n\x06grants\x18\x01 \x03(\x0b\x32\x14.pagedserve.v1.Grant\x12,\n\tpreempted\x18\x02 \x03(\x0b\x32\x19.pagedserve.v1.Preemption\x12*\n\x08rejected\x18\x03 \x03(\x0b\x32\x18.pagedserve.v1.Rejection\x12\x0f\n\x07waiting\x18\x04 \x03(\t\x12\x0f\n\x07resumed\x18\x05 \x03(\t\x12\x12\n\npool_epoch\x18\x06 \x01(\t\x12\x10\n\x08\x64\x65\x66\x65rred\x18\x07 \x01(\x08\"2\n\x0b\x46reeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07seq_ids\x18\x02 \x03(\t\"\x0e\n\x0c\x46reeResponse\"F\n\x0b\x46orkRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tparent_id\x18\x02 \x01(\t\x12\x10\n\x08\x63hild_id\x18\x03 \x01(\t\"\x0e\n\x0c\x46orkResponse\"\x0e\n\x0cStatsRequest\"\xe4\x04\n\rStatsResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x13\n\x0b\x62locks_free\x18\x03 \x01(\r\x12\x15\n\rblocks_cached\x18\x04 \x01(\r\x12\x19\n\x11\x62locks_referenced\x18\x05 \x01(\r\x12\x13\n\x0btoken_state\x18\x06 \x01(\x04\x12\x10\n\x08reserved\x18\x07 \x01(\x04\x12\x1e\n\x16internal_fragmentation\x18\x08 \x01(\x04\x12\x1e\n\x16\x65xternal_fragmentation\x18\t \x01(\x04\x12\x0c\n\x04\x66ree\x18\n \x01(\x04\x12\x1c\n\x14prefix_cache_queries\x18\x0b \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\x0c \x01(\x04\x12\x17\n\x0fnum_preemptions\x18\r \x01(\x04\x12\x15\n\rnum_sequences\x18\x0e \x01(\r\x12\x14\n\x0cnum_sessions\x18\x0f \x01(\r\x12\x17\n\x0fnum_swapped_out\x18\x10 \x01(\x04\x12\x16\n\x0enum_swapped_in\x18\x11 \x01(\x04\x12\x16\n\x0enum_recomputed\x18\x12 \x01(\x04\x12\x1a\n\x12num_swap_fallbacks\x18\x13 \x01(\x04\x12\x13\n\x0bhost_blocks\x18\x14 \x01(\r\x12\x18\n\x10host_blocks_free\x18\x15 \x01(\r\x12\x1e\n\x16swap_seconds_per_block\x18\x16 \x01(\x01\x12#\n\x1brecompute_seconds_per_token\x18\x17 \x01(\x01\x12\x17\n\x0fpreemption_mode\x18\x18 \x01(\t\"(\n\x12WatchBlocksRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"\xa5\x01\n\x0b\x42lockEvents\x12\x10\n\x08snapshot\x18\x01 \x01(\x08\x12\x0e\n\x06stored\x18\x02 \x03(\x0c\x12\x0f\n\x07\x65victed\x18\x03 \x03(\x0c\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x13\n\x0b\x62locks_free\x18\x06 \x01(\r\x12\x15\n\rnum_sequences\x18\x07 \x01(\r\x12\x0f\n\x07pool_id\x18\x08 \x01(\t2\xd4\x03\n\rMemoryManager\x12\x63\n\x10RegisterExecutor\x12&.pagedserve.v1.RegisterExecutorRequest\x1a\'.pagedserve.v1.RegisterExecutorResponse\x12H\n\x07Reserve\x12\x1d.pagedserve.v1.ReserveRequest\x1a\x1e.pagedserve.v1.ReserveResponse\x12?\n\x04\x46ree\x12\x1a.pagedserve.v1.FreeRequest\x1a\x1b.pagedserve.v1.FreeResponse\x12?\n\x04\x46ork\x12\x1a.pagedserve.v1.ForkRequest\x1a\x1b.pagedserve.v1.ForkResponse\x12\x42\n\x05Stats\x12\x1b.pagedserve.v1.StatsRequest\x1a\x1c.pagedserve.v1.StatsResponse\x12N\n\x0bWatchBlocks\x12!.pagedserve.v1.WatchBlocksRequest\x1a\x1a.pagedserve.v1.BlockEvents0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,33 +40,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTEREXECUTORRESPONSE']._serialized_start=461
   _globals['_REGISTEREXECUTORRESPONSE']._serialized_end=548
   _globals['_PLANENTRY']._serialized_start=551
-  _globals['_PLANENTRY']._serialized_end=744
-  _globals['_RESERVEREQUEST']._serialized_start=747
-  _globals['_RESERVEREQUEST']._serialized_end=928
-  _globals['_GRANT']._serialized_start=931
-  _globals['_GRANT']._serialized_end=1061
-  _globals['_PREEMPTION']._serialized_start=1063
-  _globals['_PREEMPTION']._serialized_end=1105
-  _globals['_REJECTION']._serialized_start=1107
-  _globals['_REJECTION']._serialized_end=1150
-  _globals['_RESERVERESPONSE']._serialized_start=1153
-  _globals['_RESERVERESPONSE']._serialized_end=1352
-  _globals['_FREEREQUEST']._serialized_start=1354
-  _globals['_FREEREQUEST']._serialized_end=1404
-  _globals['_FREERESPONSE']._serialized_start=1406
-  _globals['_FREERESPONSE']._serialized_end=1420
-  _globals['_FORKREQUEST']._serialized_start=1422
-  _globals['_FORKREQUEST']._serialized_end=1492
-  _globals['_FORKRESPONSE']._serialized_start=1494
-  _globals['_FORKRESPONSE']._serialized_end=1508
-  _globals['_STATSREQUEST']._serialized_start=1510
-  _globals['_STATSREQUEST']._serialized_end=1524
-  _globals['_STATSRESPONSE']._serialized_start=1527
-  _globals['_STATSRESPONSE']._serialized_end=2139
-  _globals['_WATCHBLOCKSREQUEST']._serialized_start=2141
-  _globals['_WATCHBLOCKSREQUEST']._serialized_end=2181
-  _globals['_BLOCKEVENTS']._serialized_start=2184
-  _globals['_BLOCKEVENTS']._serialized_end=2349
-  _globals['_MEMORYMANAGER']._serialized_start=2352
-  _globals['_MEMORYMANAGER']._serialized_end=2820
+  _globals['_PLANENTRY']._serialized_end=761
+  _globals['_RESERVEREQUEST']._serialized_start=764
+  _globals['_RESERVEREQUEST']._serialized_end=1030
+  _globals['_GRANT']._serialized_start=1033
+  _globals['_GRANT']._serialized_end=1163
+  _globals['_PREEMPTION']._serialized_start=1165
+  _globals['_PREEMPTION']._serialized_end=1207
+  _globals['_REJECTION']._serialized_start=1209
+  _globals['_REJECTION']._serialized_end=1252
+  _globals['_RESERVERESPONSE']._serialized_start=1255
+  _globals['_RESERVERESPONSE']._serialized_end=1472
+  _globals['_FREEREQUEST']._serialized_start=1474
+  _globals['_FREEREQUEST']._serialized_end=1524
+  _globals['_FREERESPONSE']._serialized_start=1526
+  _globals['_FREERESPONSE']._serialized_end=1540
+  _globals['_FORKREQUEST']._serialized_start=1542
+  _globals['_FORKREQUEST']._serialized_end=1612
+  _globals['_FORKRESPONSE']._serialized_start=1614
+  _globals['_FORKRESPONSE']._serialized_end=1628
+  _globals['_STATSREQUEST']._serialized_start=1630
+  _globals['_STATSREQUEST']._serialized_end=1644
+  _globals['_STATSRESPONSE']._serialized_start=1647
+  _globals['_STATSRESPONSE']._serialized_end=2259
+  _globals['_WATCHBLOCKSREQUEST']._serialized_start=2261
+  _globals['_WATCHBLOCKSREQUEST']._serialized_end=2301
+  _globals['_BLOCKEVENTS']._serialized_start=2304
+  _globals['_BLOCKEVENTS']._serialized_end=2469
+  _globals['_MEMORYMANAGER']._serialized_start=2472
+  _globals['_MEMORYMANAGER']._serialized_end=2940
 # @@protoc_insertion_point(module_scope)

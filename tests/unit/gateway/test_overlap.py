@@ -1,7 +1,8 @@
-"""The overlapped batching loop (a step's tokens become deltas while the next step runs)
-gives the same outputs as the serial loop: greedy, seeded sampling, n > 1, preemption by
-swap and by recompute, stop strings (seen one step late, the extra token dropped), aborts,
-and an executor failure in the middle; nothing stays referenced afterwards."""
+"""The overlapped batching loop (a step's tokens become deltas while the next step runs; with
+plan ahead, the next step is also planned and reserved meanwhile) gives the same outputs as
+the serial loop: greedy, seeded sampling, n > 1, preemption by swap and by recompute, stop
+strings (seen one step late, the extra token dropped), aborts, and an executor failure in
+the middle; nothing stays referenced afterwards."""
 import dataclasses
 
 import pytest
@@ -22,13 +23,19 @@ class LetterTokenizer:
         return "".join(chr(97 + t % 26) for t in ids)
 
 
-def make(overlap, *, num_blocks=256, mode="recompute", host_blocks=None, prefix=True, max_tokens_step=64,
+LOOPS = ("serial", "overlap", "ahead")  # overlap: outputs only; ahead: outputs and plan ahead
+
+
+def make(loop_kind, *, num_blocks=256, mode="recompute", host_blocks=None, prefix=True, max_tokens_step=64,
          tokenizer=None, executor=None):
+    if loop_kind in (True, False):
+        loop_kind = "ahead" if loop_kind else "serial"
     ex = executor or FakeExecutor(4)
     mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, enable_prefix_caching=prefix,
                                      preemption_mode=mode, num_host_blocks=host_blocks))
     ex.attach_pool(mem.register_executor(ex.info.kv))
-    config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_tokens_step, overlap=overlap)
+    config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_tokens_step,
+                             overlap=loop_kind != "serial", plan_ahead=loop_kind == "ahead")
     return BatchLoop(mem, ex, config, tokenizer), mem
 
 
@@ -54,15 +61,20 @@ def assert_clean(mem):
     assert stats.snapshot["blocks_referenced"] == 0 and stats.num_sequences == 0
 
 
-def both(workload, computed=None, **kw):
+def both(workload, computed=None, granted_ahead=True, **kw):
+    """The workload's results with the serial, the overlapped and the plan-ahead loop."""
     results = []
-    for overlap in (False, True):
+    for kind in LOOPS:
         ex = FakeExecutor(4)
-        loop, mem = make(overlap, executor=ex, **kw)
+        loop, mem = make(kind, executor=ex, **kw)
         workload(loop)
         results.append(run(loop))
         assert_clean(mem)
         assert loop.num_steps > 0
+        if kind == "ahead" and granted_ahead:
+            assert loop.num_ahead > loop.num_deferred  # steps were reserved ahead
+        if kind != "ahead":
+            assert loop.num_ahead == 0
         if computed is not None:
             computed.append(ex.num_executed_tokens)
     return results
@@ -77,8 +89,8 @@ def test_greedy_seeded_and_n_samples_are_the_same():
                   SamplingParams(max_tokens=9, temperature=0.8, seed=100 + i, n=3))
             loop.add_request(str(i), p, sp)
 
-    serial, overlapped = both(workload)
-    assert serial == overlapped
+    serial, overlapped, ahead = both(workload)
+    assert serial == overlapped == ahead
     out = serial[0]
     for i, p in enumerate(ps):
         if i % 2:
@@ -95,8 +107,8 @@ def test_preemption_gives_the_same_outputs(mode, host_blocks):
         for i, p in enumerate(ps):
             loop.add_request(str(i), p, SamplingParams(max_tokens=30, temperature=0.0, seed=7))
 
-    serial, overlapped = both(workload, num_blocks=24, mode=mode, host_blocks=host_blocks, prefix=False)
-    assert serial == overlapped
+    serial, overlapped, ahead = both(workload, num_blocks=24, mode=mode, host_blocks=host_blocks, prefix=False)
+    assert serial == overlapped == ahead
     for i, p in enumerate(ps):
         assert serial[0][(str(i), 0)] == expected(p, 30, 7)
 
@@ -111,8 +123,8 @@ def test_stop_strings_end_at_the_same_token_and_the_extra_token_is_dropped():
                                                        stop=[stops[i % len(stops)]]))
 
     computed = []
-    serial, overlapped = both(workload, computed, tokenizer=LetterTokenizer())
-    assert serial == overlapped
+    serial, overlapped, ahead = both(workload, computed, tokenizer=LetterTokenizer())
+    assert serial == overlapped == ahead
     assert computed[1] > computed[0]  # overlapped: a stopped sequence ran one more step
     tokens, texts, finish = serial
     stopped = [k for k, (reason, _) in finish.items() if reason == "stop"]
@@ -125,8 +137,8 @@ def test_stop_strings_end_at_the_same_token_and_the_extra_token_is_dropped():
 
 def test_aborts_between_steps_free_everything():
     ps = prompts(6, seed=5)
-    for overlap in (False, True):
-        loop, mem = make(overlap)
+    for kind in LOOPS:
+        loop, mem = make(kind)
         for i, p in enumerate(ps):
             loop.add_request(str(i), p, SamplingParams(max_tokens=50, temperature=0.0, seed=7))
         for _ in range(4):
@@ -166,19 +178,20 @@ class FlakyExecutor(FakeExecutor):
 def test_an_executor_failure_mid_run_loses_no_token():
     ps = prompts(5, seed=6)
     results = []
-    for overlap in (False, True):
+    for kind in LOOPS:
         ex = FlakyExecutor(4, fail_at=5)
         mem = MemoryManager(MemoryConfig(num_blocks=256))
         ex.attach_pool(mem.register_executor(ex.info.kv))
         retry = StepRetry(mem, ex, timeout_s=5.0, interval_s=0.0)
         loop = BatchLoop(retry.memory, retry.executor,
-                         dataclasses.replace(SchedulerConfig(max_num_seqs=16), overlap=overlap))
+                         dataclasses.replace(SchedulerConfig(max_num_seqs=16), overlap=kind != "serial",
+                                             plan_ahead=kind == "ahead"))
         for i, p in enumerate(ps):
             loop.add_request(str(i), p, SamplingParams(max_tokens=15, temperature=0.0, seed=7))
         results.append(run(loop)[0])
         assert ex.calls > 5
         assert_clean(mem)
-    assert results[0] == results[1]
+    assert results[0] == results[1] == results[2]
     for i, p in enumerate(ps):
         assert results[1][(str(i), 0)] == expected(p, 15, 7)
 
@@ -215,6 +228,8 @@ def test_deltas_made_during_a_failed_step_come_with_the_next_call():
     got += [t for d in loop.step() for t in d.token_ids]
     loop.close()
     assert got == expected([5, 6, 7], 2, 7)  # step 2's token was not lost with step 3
+    assert not loop.has_work()
+    assert_clean(mem)  # the reservation made ahead of the failed step was freed
 
 
 def test_deliver_gets_each_steps_deltas_while_the_next_step_runs():

@@ -1,0 +1,111 @@
+"""Plans made ahead (Plan.ahead): pending tokens, fills, and the deferral that keeps memsvc
+from touching blocks the running step uses (no copies, no preemption)."""
+import pytest
+
+from memsvc import PagedAllocator
+from memsvc.allocator import PENDING
+from memsvc.memory_manager import MemoryConfig, MemoryManager
+from wire import convert
+from wire.protocol import KVGeometry, Plan, PlanEntry
+
+BS = 4
+
+
+def manager(num_blocks=16, **kw):
+    mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, **kw))
+    mem.register_executor(KVGeometry(1, 1, 1, BS))
+    return mem
+
+
+def new(seq_id, prompt, max_len=64):
+    return PlanEntry(seq_id, list(prompt), True, max_len, max_new_tokens=len(prompt))
+
+
+def decode(seq_id, tokens=(), pending=False, max_len=64):
+    return PlanEntry(seq_id, list(tokens), False, max_len, pending=pending)
+
+
+def test_a_block_completed_by_a_pending_token_is_keyed_once_it_is_filled():
+    a = PagedAllocator(8, BS)
+    a.add_sequence("a", [1, 2, 3], max_len=16)
+    a.append("a", [1, 2, 3, PENDING])  # the block is full, its last id unknown
+    assert a._seqs["a"].block_keys == []
+    a.check_integrity()
+    a.append("a", [PENDING])  # (the fill of the first comes later than the second here)
+    a.check_integrity()
+    a.fill("a", 3, 9)
+    assert len(a._seqs["a"].block_keys) == 1
+    a.fill("a", 4, 10)
+    a.check_integrity()
+    a.free("a")
+    assert a.add_sequence("b", [1, 2, 3, 9, 10, 11], max_len=16) == 4  # the filled block is a hit
+    with pytest.raises(ValueError, match="no pending token at position 5"):
+        a.fill("b", 5, 1)
+
+
+def test_a_plan_made_ahead_is_granted_with_its_pending_token_and_filled_by_the_next():
+    mem = manager()
+    r = mem.reserve(Plan([new("s", [1, 2, 3])]))
+    assert r.grants[0].num_tokens == 3
+    r = mem.reserve(Plan([decode("s", pending=True), new("t", [5, 6])], ahead=True))
+    assert not r.deferred
+    assert [(g.seq_id, g.start_pos, g.num_tokens) for g in r.grants] == [("s", 3, 1), ("t", 0, 2)]
+    r = mem.reserve(Plan([decode("s", pending=True)], ahead=True, fills=[("s", 3, 4)]))
+    assert r.grants[0].start_pos == 4
+    mem.check_integrity()
+    assert len(mem.allocator._seqs["s"].block_keys) == 1  # [1, 2, 3, 4] keyed by the fill
+
+
+def test_a_plan_made_ahead_is_deferred_rather_than_copy_or_preempt():
+    mem = manager(num_blocks=3, watermark=0)
+    mem.reserve(Plan([new("s", [1, 2, 3], max_len=12)]))
+    mem.reserve(Plan([decode("s", [4])], forks=[("s", "c")]))  # s copies the shared block
+    mem.reserve(Plan([decode("s", [5]), decode("c", [5])]))  # s takes the third block
+    mem.reserve(Plan([decode("s", [6, 7, 8])]))
+    assert mem.allocator.num_free_blocks() == 0  # the next token of s needs a block: none is free
+    before = mem.stats().snapshot
+    r = mem.reserve(Plan([decode("s", pending=True), decode("c", pending=True)], ahead=True))
+    assert r.deferred and not r.grants and not r.preempted
+    assert mem.stats().snapshot == before and mem.allocator.num_tokens("c") == 4
+    # the frees of a deferred plan happen
+    r = mem.reserve(Plan([decode("s", pending=True)], free=["c"], ahead=True))
+    assert not r.deferred and mem.allocator.num_tokens("s") == 9
+    mem.check_integrity()
+
+
+def test_copy_on_write_defers_a_plan_made_ahead():
+    mem = manager()
+    mem.reserve(Plan([new("s", [1, 2, 3])]))
+    mem.reserve(Plan([], forks=[("s", "c")]))  # both share the partial last block
+    r = mem.reserve(Plan([decode("s", pending=True)], ahead=True))
+    assert r.deferred
+    r = mem.reserve(Plan([decode("s", [4])]))  # serially: the copy is made
+    assert not r.deferred and r.grants[0].new_blocks
+    mem.check_integrity()
+
+
+def test_an_unknown_or_swapped_sequence_defers_and_bad_plans_are_refused():
+    mem = manager(num_host_blocks=8, preemption_mode="swap")
+    mem.reserve(Plan([new("s", [1, 2, 3])]))
+    assert mem.reserve(Plan([decode("gone", pending=True)], ahead=True)).deferred
+    assert mem.reserve(Plan([decode("gone", pending=True)], ahead=True), session_id="g").deferred
+    with pytest.raises(ValueError, match="cannot fork"):
+        mem.reserve(Plan([], forks=[("s", "c")], ahead=True))
+    with pytest.raises(ValueError, match="pending token"):
+        mem.reserve(Plan([decode("s", pending=True)]))
+    with pytest.raises(ValueError, match="pending token"):
+        mem.reserve(Plan([PlanEntry("n", [1], True, 8, pending=True)], ahead=True))
+    mem.allocator.swap_out("s")
+    assert mem.reserve(Plan([decode("s", pending=True)], ahead=True)).deferred
+
+
+def test_ahead_fields_cross_the_wire():
+    plan = Plan([decode("s", [7], pending=True)], free=["x"], ahead=True, fills=[("s", 3, 9)])
+    back = convert.plan_from_proto(convert.plan_to_proto(plan, "g"))
+    assert back.ahead and back.fills == [("s", 3, 9)] and back.entries[0].pending
+    mem = manager()
+    mem.reserve(Plan([new("s", [1, 2, 3])]))
+    r = mem.reserve(Plan([decode("s", pending=True)], ahead=True))
+    assert convert.reserve_result_from_proto(convert.reserve_result_to_proto(r)) == r
+    deferred = mem.reserve(Plan([decode("nope", pending=True)], ahead=True))
+    assert convert.reserve_result_from_proto(convert.reserve_result_to_proto(deferred)).deferred
