@@ -96,6 +96,10 @@ class KVAllocator(ABC):
         that become full, for prefix caching; a PENDING id keys nothing until `fill`).
         NoFreeBlocks if space is missing."""
 
+    def grow(self, seq_id: str, new_token_ids: list[int]) -> list[tuple[int, int]]:
+        """`append` for a caller that needs no slot mapping: only the copies to make."""
+        return self.append(seq_id, new_token_ids).copies
+
     def fill(self, seq_id: str, position: int, token_id: int) -> None:
         """The id of the PENDING token at `position`; ValueError if none is pending there.
         Policies without a prefix cache keep no ids: nothing to do."""

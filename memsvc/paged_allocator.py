@@ -98,8 +98,10 @@ class PagedAllocator(KVAllocator):
     def table_changes(self, seq_id: str) -> tuple[int, list[int]]:
         table = self._get(seq_id)
         start = table.synced
+        if start == len(table.blocks):
+            return start, []
         table.synced = len(table.blocks)
-        return start, table.block_ids[start:]
+        return start, [0 if b is None else b.block_id for b in table.blocks[start:]]
 
     def num_tokens(self, seq_id: str) -> int:
         return self._get(seq_id, on_device=False).num_tokens
@@ -183,29 +185,36 @@ class PagedAllocator(KVAllocator):
         self.pool.free(gone)
 
     def append(self, seq_id: str, new_token_ids: list[int]) -> AppendResult:
+        start = self._get(seq_id).num_tokens
+        copies = self.grow(seq_id, new_token_ids)
+        return AppendResult(self._seqs[seq_id].slots(start, len(new_token_ids)), copies)
+
+    def grow(self, seq_id: str, new_token_ids: list[int]) -> list[tuple[int, int]]:
         table = self._get(seq_id)
         self._release_outside_window(table)
         n = len(new_token_ids)
-        needed = self.num_new_blocks(seq_id, n)
+        cow = self._needs_cow(table, n)
+        needed = blocks_for(table.num_tokens + n, self.block_size) - len(table.blocks) + cow
         if needed > self.pool.num_free:
             raise NoFreeBlocks(
                 f"sequence {seq_id!r} needs {needed} blocks for {n} more tokens,"
                 f" {self.pool.num_free} free"
             )
         copies: list[tuple[int, int]] = []
-        if self._needs_cow(table, n):
+        if cow:
             src = table.blocks[-1]
             (dst,) = self.pool.allocate(1)
             self.pool.free([src])  # still held by the other sharers
             table.blocks[-1] = dst
             table.synced = min(table.synced, len(table.blocks) - 1)
             copies.append((src.block_id, dst.block_id))
-        table.blocks.extend(self.pool.allocate(needed - len(copies)))
-        start = table.num_tokens
+            needed -= 1
+        if needed:
+            table.blocks.extend(self.pool.allocate(needed))
         table.num_tokens += n
         if self.enable_prefix_caching:
             self._key_full_blocks(table, new_token_ids)
-        return AppendResult(table.slots(start, n), copies)
+        return copies
 
     def _key_full_blocks(self, table: BlockTable, new_token_ids: list[int]) -> None:
         table.tail_tokens.extend(new_token_ids)

@@ -113,7 +113,7 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
 
     def Reserve(self, request, context):
         session = _session(request, context)
-        plan = convert.plan_from_proto(request)
+        plan = self._call(context, convert.plan_from_proto, request)
         start = time.perf_counter()
         with self.lock:
             self._registered(context)

@@ -171,8 +171,9 @@ class StepPlanner:
         return True
 
     def _grant(self, entry: PlanEntry, start: int, tokens: list[int], cached: int, out: Reservation) -> None:
-        appended = self.allocator.append(entry.seq_id, tokens)
-        out.copies.extend(("cow", src, dst) for src, dst in appended.copies)
+        copies = self.allocator.grow(entry.seq_id, tokens)
+        if copies:
+            out.copies.extend(("cow", src, dst) for src, dst in copies)
         table_start, new_blocks = self.allocator.table_changes(entry.seq_id)
         out.result.grants.append(Grant(entry.seq_id, start, len(tokens), table_start, new_blocks, cached))
 

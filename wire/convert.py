@@ -108,42 +108,58 @@ def model_info_from_proto(m: executor_pb2.ModelInfoResponse, tokenizer_dir: str 
 
 
 def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest:
+    entries = plan.entries
+    k = next((i for i, e in enumerate(entries) if e.new), len(entries))  # the leading running ones
+    running = entries[:k]
     PE = memory_pb2.PlanEntry
-    entries = [PE(seq_id=e.seq_id, token_ids=e.token_ids, new=e.new, max_len=e.max_len,
-                  max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt,
-                  skip_prefix_cache=e.skip_prefix_cache, pending=e.pending)
-               for e in plan.entries]
-    return memory_pb2.ReserveRequest(session_id=session_id, entries=entries, free=plan.free,
-                                     step_tokens=plan.step_tokens, step_seconds=plan.step_seconds,
-                                     fork_parents=[p for p, _ in plan.forks],
-                                     fork_children=[c for _, c in plan.forks], ahead=plan.ahead,
-                                     fill_seq_ids=[f[0] for f in plan.fills],
-                                     fill_positions=[f[1] for f in plan.fills],
-                                     fill_token_ids=[f[2] for f in plan.fills])
+    rest = [PE(seq_id=e.seq_id, token_ids=e.token_ids, new=e.new, max_len=e.max_len,
+               max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt,
+               skip_prefix_cache=e.skip_prefix_cache, pending=e.pending)
+            for e in entries[k:]]
+    return memory_pb2.ReserveRequest(
+        session_id=session_id, entries=rest, free=plan.free,
+        step_tokens=plan.step_tokens, step_seconds=plan.step_seconds,
+        fork_parents=[p for p, _ in plan.forks], fork_children=[c for _, c in plan.forks],
+        ahead=plan.ahead, fill_seq_ids=[f[0] for f in plan.fills],
+        fill_positions=[f[1] for f in plan.fills], fill_token_ids=[f[2] for f in plan.fills],
+        run_seq_ids=[e.seq_id for e in running], run_num_tokens=[len(e.token_ids) for e in running],
+        run_token_ids=[t for e in running for t in e.token_ids],
+        run_pending=[e.pending for e in running] if any(e.pending for e in running) else [],
+    )
 
 
 def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
-    entries = [PlanEntry(seq_id=e.seq_id, token_ids=list(e.token_ids), new=e.new, max_len=e.max_len,
-                         max_new_tokens=e.max_new_tokens,
-                         final_len=e.final_len if e.HasField("final_len") else None,
-                         salt=e.salt if e.HasField("salt") else None,
-                         skip_prefix_cache=e.skip_prefix_cache, pending=e.pending)
-               for e in m.entries]
+    """ValueError where the packed arrays do not agree in length."""
+    ids, counts, flat, pending = m.run_seq_ids, m.run_num_tokens, list(m.run_token_ids), list(m.run_pending)
+    if len(counts) != len(ids) or sum(counts) != len(flat) or pending and len(pending) != len(ids):
+        raise ValueError("run_seq_ids, run_num_tokens, run_pending and run_token_ids do not agree")
     if not len(m.fill_seq_ids) == len(m.fill_positions) == len(m.fill_token_ids):
         raise ValueError("fill_seq_ids, fill_positions and fill_token_ids must have the same length")
     if len(m.fork_parents) != len(m.fork_children):
         raise ValueError("fork_parents and fork_children must have the same length")
+    entries, at = [], 0
+    for i, (seq_id, n) in enumerate(zip(ids, counts)):
+        entries.append(PlanEntry(seq_id, flat[at:at + n], False, 0, pending=bool(pending) and pending[i]))
+        at += n
+    entries += [PlanEntry(seq_id=e.seq_id, token_ids=list(e.token_ids), new=e.new, max_len=e.max_len,
+                          max_new_tokens=e.max_new_tokens,
+                          final_len=e.final_len if e.HasField("final_len") else None,
+                          salt=e.salt if e.HasField("salt") else None,
+                          skip_prefix_cache=e.skip_prefix_cache, pending=e.pending)
+                for e in m.entries]
     return Plan(entries=entries, free=list(m.free), step_tokens=m.step_tokens,
                 step_seconds=m.step_seconds, forks=list(zip(m.fork_parents, m.fork_children)),
                 ahead=m.ahead, fills=list(zip(m.fill_seq_ids, m.fill_positions, m.fill_token_ids)))
 
 
 def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
-    G = memory_pb2.Grant
+    grants = r.grants
     return memory_pb2.ReserveResponse(
-        grants=[G(seq_id=g.seq_id, start_pos=g.start_pos, num_tokens=g.num_tokens,
-                  table_start=g.table_start, new_blocks=g.new_blocks,
-                  num_cached_tokens=g.num_cached_tokens) for g in r.grants],
+        grant_seq_ids=[g.seq_id for g in grants], grant_start_pos=[g.start_pos for g in grants],
+        grant_num_tokens=[g.num_tokens for g in grants], grant_table_start=[g.table_start for g in grants],
+        grant_num_new_blocks=[len(g.new_blocks) for g in grants],
+        grant_new_blocks=[b for g in grants for b in g.new_blocks],
+        grant_num_cached=[g.num_cached_tokens for g in grants],
         preempted=[memory_pb2.Preemption(seq_id=p.seq_id, mode=p.mode) for p in r.preempted],
         rejected=[memory_pb2.Rejection(seq_id=x.seq_id, reason=x.reason) for x in r.rejected],
         waiting=r.waiting, resumed=r.resumed, pool_epoch=r.pool_epoch, deferred=r.deferred,
@@ -151,9 +167,17 @@ def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
 
 
 def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
+    blocks, counts = list(m.grant_new_blocks), m.grant_num_new_blocks
+    grants, at = [], 0
+    for seq_id, start, n, table_start, k, cached in zip(
+            m.grant_seq_ids, m.grant_start_pos, m.grant_num_tokens, m.grant_table_start, counts,
+            m.grant_num_cached):
+        grants.append(Grant(seq_id, start, n, table_start, blocks[at:at + k], cached))
+        at += k
+    if len(grants) != len(m.grant_seq_ids) or at != len(blocks):
+        raise ValueError("the packed grant arrays do not agree")
     return ReserveResult(
-        grants=[Grant(g.seq_id, g.start_pos, g.num_tokens, g.table_start, list(g.new_blocks),
-                      g.num_cached_tokens) for g in m.grants],
+        grants=grants,
         preempted=[Preemption(p.seq_id, p.mode) for p in m.preempted],
         rejected=[Rejection(x.seq_id, x.reason) for x in m.rejected],
         waiting=list(m.waiting),

@@ -56,6 +56,23 @@ def test_plan():
     assert convert.plan_from_proto(msg) == plan
 
 
+def test_a_plans_leading_running_entries_travel_packed():
+    """Running entries carry only id, tokens and pending across the wire (memsvc reads max_len,
+    final_len and salt of new sequences only)."""
+    plan = Plan([
+        PlanEntry("r/0", [1], False, 0), PlanEntry("r/1", [], False, 0, pending=True),
+        PlanEntry("r/2", [3, 4, 5], False, 0), PlanEntry("n/0", [6, 7], True, 30, max_new_tokens=2),
+        PlanEntry("late/0", [8], False, 20),  # (not produced by the gateway; order is kept)
+    ], ahead=True, fills=[("r/0", 4, 11)])
+    msg = wire(convert.plan_to_proto(plan))
+    assert list(msg.run_seq_ids) == ["r/0", "r/1", "r/2"] and list(msg.run_token_ids) == [1, 3, 4, 5]
+    assert [e.seq_id for e in msg.entries] == ["n/0", "late/0"]
+    assert convert.plan_from_proto(msg) == plan
+    msg.run_num_tokens[0] = 2
+    with pytest.raises(ValueError, match="do not agree"):
+        convert.plan_from_proto(msg)
+
+
 def test_reserve_result():
     r = ReserveResult(
         grants=[Grant("a/0", 16, 3, 1, [7], 16), Grant("b/0", 0, 1, 0, [0]), Grant("c/1", 5, 1)],
