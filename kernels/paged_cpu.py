@@ -6,22 +6,18 @@ thread count on torch's own OpenMP threads, GIL released; prefill chunks, other 
 kernel cannot be built take the reference path (kernels/paged_attention_ref.py), which
 stays the reference. The kernel is compiled once per source and machine with the system
 C++ compiler (about a second; plain C ABI through ctypes, no torch headers) and cached in
-$PAGEDSERVE_CACHE or ~/.cache/pagedserve. PAGEDSERVE_NATIVE_KERNELS=0 turns it off.
+$PAGEDSERVE_CACHE or ~/.cache/pagedserve (kernels/native_build.py).
+PAGEDSERVE_NATIVE_KERNELS=0 turns it off.
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 import weakref
 
 import torch
 
+from kernels import native_build
 from kernels.paged_attention_ref import _prefill, paged_attention_ref
 
 SOURCE = r"""
@@ -123,47 +119,9 @@ _lib_tried = False
 _lock = threading.Lock()
 
 
-def _cache_dir() -> str:
-    base = os.environ.get("PAGEDSERVE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pagedserve")
-    return os.path.join(base, "kernels")
-
-
-def _machine_key() -> str:
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        pass
-    return hashlib.sha256((SOURCE + platform.machine() + flags).encode()).hexdigest()[:16]
-
-
 def _build() -> ctypes.CDLL | None:
-    if os.environ.get("PAGEDSERVE_NATIVE_KERNELS", "1") == "0" or platform.system() != "Linux":
-        return None
-    compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-    directory = _cache_dir()
-    path = os.path.join(directory, f"paged_attention_cpu_{_machine_key()}.so")
-    if not os.path.exists(path):
-        if compiler is None:
-            return None
-        try:
-            os.makedirs(directory, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=directory) as tmp:
-                cpp = os.path.join(tmp, "k.cpp")
-                with open(cpp, "w") as f:
-                    f.write(SOURCE)
-                so = os.path.join(tmp, "k.so")
-                subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-ffp-contract=fast",
-                                "-shared", "-fPIC", "-o", so, cpp],
-                               check=True, capture_output=True, timeout=120)
-                os.replace(so, path)  # atomic: concurrent builders agree
-        except (OSError, subprocess.SubprocessError):
-            return None
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError:
+    lib = native_build.load("paged_attention_cpu", SOURCE)
+    if lib is None:
         return None
     f = lib.paged_decode_f32
     i64, ptr = ctypes.c_int64, ctypes.c_void_p

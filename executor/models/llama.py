@@ -17,6 +17,7 @@ from torch import nn
 import kernels
 from executor.attention_metadata import AttentionMetadata
 from executor.model_config import ModelConfig
+from kernels import fused_cpu
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -25,6 +26,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         return weight * xf.to(x.dtype)
+    if fused_cpu.applies(x) and x.is_contiguous():  # CPU: one C++ pass (kernels/fused_cpu.py)
+        return fused_cpu.rms_norm(x, weight, eps)
     # float32: the same arithmetic, in place on the temporaries (fewer ops and allocations)
     scale = x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
     return (x * scale).mul_(weight)
@@ -120,7 +123,10 @@ class DecoderLayer(nn.Module):
             qk = torch.cat((q, k), 1)
         else:  # q and k side by side in one view: one rotary pass over both
             qk = qkv[:, : c.q_size + c.kv_size].view(t, heads, c.head_dim)
-        qk = apply_rotary(qk, cos, sin)
+        if fused_cpu.applies(qk):  # CPU float32: in place, one C++ pass (qk is this step's own)
+            fused_cpu.rotary_(qk, cos, sin)
+        else:
+            qk = apply_rotary(qk, cos, sin)
         q, k = qk.split([c.num_heads, c.num_kv_heads], 1)
         v = qkv[:, c.q_size + c.kv_size:].view(t, c.num_kv_heads, c.head_dim)
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
@@ -132,8 +138,13 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
         c = self.config
         h = rms_norm(x, self.input_norm, c.rms_norm_eps)
-        x = x + self.attention(h, cos, sin, k_cache, v_cache, meta)  # x is the caller's: not in place
-        h = rms_norm(x, self.post_attn_norm, c.rms_norm_eps)
+        a = self.attention(h, cos, sin, k_cache, v_cache, meta)
+        if fused_cpu.applies(a):  # CPU float32: a += x and the norm in one C++ pass
+            h = fused_cpu.add_rms_norm_(a, x, self.post_attn_norm, c.rms_norm_eps)
+            x = a
+        else:
+            x = x + a  # x is the caller's: not in place
+            h = rms_norm(x, self.post_attn_norm, c.rms_norm_eps)
         return x.add_(self.mlp(h))
 
 

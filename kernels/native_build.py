@@ -1,0 +1,69 @@
+"""Build and load the small C++ kernels of the CPU path (kernels/paged_cpu.py, kernels/fused_cpu.py).
+
+Each source is compiled once per source text and machine with the system C++ compiler (about
+a second; plain C ABI through ctypes, no torch headers), with -O3 -march=native -fopenmp, so
+that its parallel loops run on the OpenMP runtime torch already loaded (same soname) and share
+torch's warm thread pool. The shared object is cached in $PAGEDSERVE_CACHE or
+~/.cache/pagedserve. PAGEDSERVE_NATIVE_KERNELS=0 turns every native kernel off; load() then
+returns None, as it does when no compiler is found or the build fails, and callers take
+their torch path.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+
+
+def enabled() -> bool:
+    return os.environ.get("PAGEDSERVE_NATIVE_KERNELS", "1") != "0" and platform.system() == "Linux"
+
+
+def cache_dir() -> str:
+    base = os.environ.get("PAGEDSERVE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pagedserve")
+    return os.path.join(base, "kernels")
+
+
+def machine_key(source: str) -> str:
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        pass
+    return hashlib.sha256((source + platform.machine() + flags).encode()).hexdigest()[:16]
+
+
+def load(name: str, source: str) -> ctypes.CDLL | None:
+    """The library built from `source`, cached as <name>_<key>.so; None when native kernels are
+    off or it cannot be built or loaded. The caller sets argtypes."""
+    if not enabled():
+        return None
+    compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    directory = cache_dir()
+    path = os.path.join(directory, f"{name}_{machine_key(source)}.so")
+    if not os.path.exists(path):
+        if compiler is None:
+            return None
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=directory) as tmp:
+                cpp = os.path.join(tmp, "k.cpp")
+                with open(cpp, "w") as f:
+                    f.write(source)
+                so = os.path.join(tmp, "k.so")
+                subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-ffp-contract=fast",
+                                "-shared", "-fPIC", "-o", so, cpp],
+                               check=True, capture_output=True, timeout=120)
+                os.replace(so, path)  # atomic: concurrent builders agree
+        except (OSError, subprocess.SubprocessError):
+            return None
+    try:
+        return ctypes.CDLL(path)
+    except OSError:
+        return None
