@@ -1,15 +1,17 @@
 """`pagedserve bench split`: split services against the in-process engine on the same workload.
 
-Three runs of the same requests (greedy, ignore_eos, all submitted at once):
-- gateway: memsvc, executor and gateway as processes; clients stream through the public API.
-- split loop: the batching loop in this process over the gRPC clients of memsvc and the
-  executor, each call timed, so a step's reserve and execute times include their RPCs; as
-  the gateway runs it (while a step runs: the last step's outputs handled, the next step
-  planned and reserved), then serially, then with the outputs overlapped only.
-- in process: the offline engine, the same loop over direct calls, each call timed.
-Per-step RPC overhead is the split loop's step time minus the in-process one. Each run
+The same requests (greedy, ignore_eos, all submitted at once), run:
+- through the gateway: memsvc, executor and gateway as processes; clients stream through
+  the public API (once, first);
+- then, in `--rounds` rounds in alternating order (ABBA, the median run reported):
+  - in process: the offline engine, the batching loop over direct calls;
+  - split loop: the same loop in this process over the gRPC clients of memsvc and the
+    executor, as the gateway runs it (while a step runs: the last step's outputs handled,
+    the next step planned and reserved); then with the outputs overlapped only; then
+    serially.
+Every call is timed, so a step's reserve and execute times include their RPCs. Each run
 (and each warm-up) gets its own fresh random prompts, so no run finds another's prompt
-blocks in the prefix cache (the split loop shares memsvc with the gateway run before it).
+blocks in the prefix cache (the split loops share memsvc with the gateway run).
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ def add_parser(sub) -> None:
     p.add_argument("--input-len", type=int, default=64, help="prompt tokens per request")
     p.add_argument("--output-len", type=int, default=64, help="output tokens per request")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds of every run, in alternating order (the median is reported)")
     p.add_argument("--out", default="bench_results/split.json", help="JSON results file")
     add_engine_flags(p)
     p.set_defaults(run=run)
@@ -113,15 +117,23 @@ def through_gateway(address: str, prompts: list[list[int]], sampling: SamplingPa
             "output_tokens_per_s": sum(counts) / seconds}
 
 
-def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict[str, dict], int]:
+KINDS = ("in_process", "ahead", "overlap", "serial")  # the split loop's kinds after the first
+
+
+def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict[str, list[dict]], int]:
+    """The gateway run, then `args.rounds` rounds of every kind in turn (in process and the
+    three split loops), against the same services: per kind, one result per round."""
     from gateway.batch_loop import BatchLoop
     from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
     from gateway.scheduler import SchedulerConfig
+    from pagedserve.engine import LLMEngine
+    from pagedserve.engine_config import EngineConfig
     from pagedserve.serve_cmd import free_port, service_specs
     from pagedserve.supervisor import Supervisor
 
     spec_args = serve_namespace(args, port=free_port())
     sup = Supervisor(service_specs(spec_args))
+    runs: dict[str, list[dict]] = {k: [] for k in KINDS}
     try:
         sup.start()
         memsvc, executor = (sup.by_name[n].spec.address for n in ("memsvc", "executor"))
@@ -131,19 +143,26 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict[str, dict]
         through_gateway(gateway, warm(vocab, 0), sampling)
         via_gateway = through_gateway(gateway, prompts_for(vocab, 0), sampling)
         memory, executor = TimedMemory(RemoteMemoryClient(memsvc)), TimedExecutor(remote_ex)
-        split = {}
-        for kind, run in (("ahead", 1), ("serial", 3), ("overlap", 4)):
-            loop = BatchLoop(memory, executor, SchedulerConfig(
+        engine = LLMEngine(EngineConfig.from_args(args))
+        loops = {"in_process": BatchLoop(TimedMemory(engine.memory), TimedExecutor(engine.loop.executor),
+                                         engine.loop.scheduler.config, engine.tokenizer)}
+        for kind in KINDS[1:]:
+            loops[kind] = BatchLoop(memory, executor, SchedulerConfig(
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 overlap=kind != "serial", plan_ahead=kind == "ahead"))
-            drive(loop, warm(vocab, run), sampling)
-            split[kind] = drive(loop, prompts_for(vocab, run), sampling)
+        run = 1
+        for r in range(args.rounds):
+            for kind in (KINDS if r % 2 == 0 else KINDS[::-1]):  # ABBA: drift hits every kind alike
+                drive(loops[kind], warm(vocab, run), sampling)
+                runs[kind].append(drive(loops[kind], prompts_for(vocab, run), sampling))
+                run += 1
+        for loop in loops.values():
             loop.close()
         memory.inner.close()
         remote_ex.close()
     finally:
         sup.stop()
-    return via_gateway, split, vocab
+    return via_gateway, runs, vocab
 
 
 def serve_namespace(args, port: int):
@@ -160,49 +179,44 @@ def serve_namespace(args, port: int):
 
 
 def run(args) -> int:
-    from gateway.batch_loop import BatchLoop
-    from pagedserve.engine import LLMEngine
-    from pagedserve.engine_config import EngineConfig
-
     sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
 
     def prompts_for(vocab, run: int, n: int | None = None):
-        """Fresh prompts for each run (0 gateway, 1 split loop, 2 in process, 3 serial split loop, 4
-        split loop with outputs overlapped only); warm-ups
-        draw their own (run + 10): nothing measured is in the prefix cache beforehand."""
-        rng = random.Random(args.seed * 1000 + run)
+        """Fresh prompts for each run (0 the gateway, then one per measured run); warm-ups
+        draw their own (run + 10000): nothing measured is in the prefix cache beforehand."""
+        rng = random.Random(args.seed * 100000 + run)
         return [random_prompt_ids(rng, args.input_len, vocab) for _ in range(n or args.num_requests)]
 
     def warm(vocab, run: int):
-        return prompts_for(vocab, run + 10, 2)
+        return prompts_for(vocab, run + 10000, 2)
 
-    via_gateway, splits, vocab = split_runs(args, prompts_for, sampling, warm)
-    split, serial = splits["ahead"], splits["serial"]
-    engine = LLMEngine(EngineConfig.from_args(args))
-    loop = BatchLoop(TimedMemory(engine.memory), TimedExecutor(engine.loop.executor), engine.loop.scheduler.config,
-                     engine.tokenizer)
-    drive(loop, warm(vocab, 2), sampling)
-    local = drive(loop, prompts_for(vocab, 2), sampling)
+    via_gateway, runs, vocab = split_runs(args, prompts_for, sampling, warm)
+    median = {k: _median_run(v) for k, v in runs.items()}
+    local = median["in_process"]
     result = {"num_requests": args.num_requests, "input_len": args.input_len,
-              "output_len": args.output_len, "max_num_seqs": args.max_num_seqs,
-              "machine": f"{os.cpu_count()} CPUs", "in_process": local, "split_loop": split,
-              "split_loop_serial": serial, "split_loop_overlap_outputs_only": splits["overlap"],
+              "output_len": args.output_len, "max_num_seqs": args.max_num_seqs, "rounds": args.rounds,
+              "machine": f"{os.cpu_count()} CPUs", "runs": runs,
               "gateway": via_gateway,
               "gateway_vs_in_process": via_gateway["output_tokens_per_s"] / local["output_tokens_per_s"],
-              "split_vs_in_process": split["output_tokens_per_s"] / local["output_tokens_per_s"],
-              "rpc_overhead_ms_per_step": split["step_ms"] - local["step_ms"]}
+              "step_vs_in_process": {k: median[k]["step_ms"] / local["step_ms"] for k in KINDS}}
     print(f"{args.num_requests} requests, {args.input_len} in / {args.output_len} out, "
-          f"max {args.max_num_seqs} sequences per step")
-    for name, r in (("in process", local), ("split loop", split), ("  serial", serial),
-                    ("  outputs", splits["overlap"])):
-        print(f"{name:12s} {r['output_tokens_per_s']:8.1f} tok/s  {r['steps']} steps, "
-              f"{r['step_ms']:.1f} ms/step (reserve {r['reserve_ms']:.1f}, execute {r['execute_ms']:.1f})")
-    print(f"{'gateway':12s} {via_gateway['output_tokens_per_s']:8.1f} tok/s  (clients streaming)")
-    print(f"split loop / in process {result['split_vs_in_process']:.3f}, gateway / in process "
-          f"{result['gateway_vs_in_process']:.3f}; RPC overhead "
-          f"{result['rpc_overhead_ms_per_step']:.1f} ms per step")
+          f"max {args.max_num_seqs} sequences per step, {args.rounds} rounds (median run shown)")
+    names = {"in_process": "in process", "ahead": "split loop", "overlap": "  outputs only",
+             "serial": "  serial"}
+    for kind in KINDS:
+        r = median[kind]
+        print(f"{names[kind]:15s} {r['output_tokens_per_s']:8.1f} tok/s  {r['steps']} steps, "
+              f"{r['step_ms']:.1f} ms/step ({result['step_vs_in_process'][kind]:.3f}x; reserve "
+              f"{r['reserve_ms']:.1f}, execute {r['execute_ms']:.1f}); every round: "
+              + ", ".join(f"{x['step_ms']:.1f}" for x in runs[kind]))
+    print(f"{'gateway':15s} {via_gateway['output_tokens_per_s']:8.1f} tok/s  (clients streaming; "
+          f"{result['gateway_vs_in_process']:.3f}x of in process)")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.out}")
     return 0
+
+
+def _median_run(runs: list[dict]) -> dict:
+    return sorted(runs, key=lambda r: r["step_ms"])[len(runs) // 2]
