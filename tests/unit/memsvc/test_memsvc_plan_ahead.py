@@ -109,3 +109,15 @@ def test_ahead_fields_cross_the_wire():
     assert convert.reserve_result_from_proto(convert.reserve_result_to_proto(r)) == r
     deferred = mem.reserve(Plan([decode("nope", pending=True)], ahead=True))
     assert convert.reserve_result_from_proto(convert.reserve_result_to_proto(deferred)).deferred
+
+
+def test_fills_are_read_in_the_sessions_namespace():
+    mem = manager()
+    for session in ("g1", "g2"):  # the same sequence id in two sessions
+        mem.reserve(Plan([new("s", [1, 2, 3])]), session_id=session)
+        r = mem.reserve(Plan([decode("s", pending=True)], ahead=True), session_id=session)
+        assert not r.deferred and r.grants[0].seq_id == "s"
+    mem.reserve(Plan([decode("s", [5])], fills=[("s", 3, 4)]), session_id="g1")
+    tables = mem.allocator._seqs
+    assert len(tables["g1|s"].block_keys) == 1 and tables["g2|s"].block_keys == []
+    mem.check_integrity()
