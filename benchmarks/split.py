@@ -9,7 +9,10 @@ The same requests (greedy, ignore_eos, all submitted at once), run:
     executor, as the gateway runs it (while a step runs: the last step's outputs handled,
     the next step planned and reserved); then with the outputs overlapped only; then
     serially.
-Every call is timed, so a step's reserve and execute times include their RPCs. Each run
+Every call is timed, so a step's reserve and execute times include their RPCs; the
+executor's own Execute time (its `pagedserve:execute_seconds` metric) gives, per step, what
+the split costs beyond the forward pass, a figure the run-to-run noise of the forward pass
+itself (±10% on small machines) does not drown. Each run
 (and each warm-up) gets its own fresh random prompts, so no run finds another's prompt
 blocks in the prefix cache (the split loops share memsvc with the gateway run).
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import threading
 import time
 from collections import defaultdict
@@ -80,22 +84,40 @@ class TimedExecutor(_Timed, ExecutorClient):
         return self._timed("execute", self.inner.execute, batch)
 
 
-def drive(loop, prompts: list[list[int]], sampling: SamplingParams) -> dict:
-    """Run every prompt through a BatchLoop whose clients are timed; return the step numbers."""
+def drive(loop, prompts: list[list[int]], sampling: SamplingParams, executor_seconds=None) -> dict:
+    """Run every prompt through a BatchLoop whose clients are timed; return the step numbers.
+    `executor_seconds()`: the executor process's own Execute seconds so far (its metrics);
+    without it, the timed Execute calls are the executor's time (in process)."""
     memory, executor = loop.memory, loop.executor
     memory.seconds.clear()
     executor.seconds.clear()
     for i, p in enumerate(prompts):
         loop.add_request(f"bench-{i}", p, sampling)
+    server0 = executor_seconds() if executor_seconds else 0.0
     tokens, first, t0 = 0, loop.num_steps, time.perf_counter()
     while loop.has_work():
         tokens += sum(len(d.token_ids) for d in loop.step())
     seconds = time.perf_counter() - t0
     steps = loop.num_steps - first  # executed steps (an overlapped loop's last call only flushes)
+    server = executor_seconds() - server0 if executor_seconds else executor.seconds["execute"]
     return {"output_tokens": tokens, "seconds": seconds, "output_tokens_per_s": tokens / seconds,
             "steps": steps, "step_ms": 1e3 * seconds / steps,
             "reserve_ms": 1e3 * memory.seconds["reserve"] / steps,
-            "execute_ms": 1e3 * executor.seconds["execute"] / steps}
+            "execute_ms": 1e3 * executor.seconds["execute"] / steps,
+            "executor_ms": 1e3 * server / steps,
+            "overhead_ms": 1e3 * (seconds - server) / steps}
+
+
+def executor_seconds_of(metrics_url: str):
+    """A callable: the executor's `pagedserve:execute_seconds` sum so far, from its metrics."""
+    import re
+    import urllib.request
+
+    def read() -> float:
+        text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+        return float(re.search(r"^pagedserve:execute_seconds_sum (\S+)", text, re.M).group(1))
+
+    return read
 
 
 def through_gateway(address: str, prompts: list[list[int]], sampling: SamplingParams) -> dict:
@@ -138,6 +160,9 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict[str, list[
         sup.start()
         memsvc, executor = (sup.by_name[n].spec.address for n in ("memsvc", "executor"))
         gateway = sup.by_name["gateway"].spec.address
+        argv = sup.by_name["executor"].spec.argv
+        port = argv[argv.index("--metrics-port") + 1]
+        server_seconds = executor_seconds_of(f"http://127.0.0.1:{port}/metrics")
         remote_ex = RemoteExecutorClient(executor)
         vocab = remote_ex.model_info().vocab_size
         through_gateway(gateway, warm(vocab, 0), sampling)
@@ -153,8 +178,9 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict[str, list[
         run = 1
         for r in range(args.rounds):
             for kind in (KINDS if r % 2 == 0 else KINDS[::-1]):  # ABBA: drift hits every kind alike
+                clock = None if kind == "in_process" else server_seconds
                 drive(loops[kind], warm(vocab, run), sampling)
-                runs[kind].append(drive(loops[kind], prompts_for(vocab, run), sampling))
+                runs[kind].append(drive(loops[kind], prompts_for(vocab, run), sampling, clock))
                 run += 1
         for loop in loops.values():
             loop.close()
@@ -174,7 +200,9 @@ def serve_namespace(args, port: int):
 
     parser = argparse.ArgumentParser(prog="pagedserve serve")
     add_serve_flags(parser)
-    return parser.parse_args(["--port", str(port), "--http-port", "0",
+    from pagedserve.serve_cmd import free_port  # an HTTP port: every service gets a metrics port
+
+    return parser.parse_args(["--port", str(port), "--http-port", str(free_port()),
                               *EngineConfig.from_args(args).to_argv()])
 
 
@@ -193,12 +221,17 @@ def run(args) -> int:
     via_gateway, runs, vocab = split_runs(args, prompts_for, sampling, warm)
     median = {k: _median_run(v) for k, v in runs.items()}
     local = median["in_process"]
+    overhead = {k: statistics.median(r["overhead_ms"] for r in v) for k, v in runs.items()}
     result = {"num_requests": args.num_requests, "input_len": args.input_len,
               "output_len": args.output_len, "max_num_seqs": args.max_num_seqs, "rounds": args.rounds,
               "machine": f"{os.cpu_count()} CPUs", "runs": runs,
               "gateway": via_gateway,
               "gateway_vs_in_process": via_gateway["output_tokens_per_s"] / local["output_tokens_per_s"],
-              "step_vs_in_process": {k: median[k]["step_ms"] / local["step_ms"] for k in KINDS}}
+              "step_vs_in_process": {k: median[k]["step_ms"] / local["step_ms"] for k in KINDS},
+              "overhead_ms": overhead,
+              "step_vs_in_process_by_overhead": {
+                  k: (local["executor_ms"] + overhead[k]) / (local["executor_ms"] + overhead["in_process"])
+                  for k in KINDS}}
     print(f"{args.num_requests} requests, {args.input_len} in / {args.output_len} out, "
           f"max {args.max_num_seqs} sequences per step, {args.rounds} rounds (median run shown)")
     names = {"in_process": "in process", "ahead": "split loop", "overlap": "  outputs only",
@@ -209,6 +242,10 @@ def run(args) -> int:
               f"{r['step_ms']:.1f} ms/step ({result['step_vs_in_process'][kind]:.3f}x; reserve "
               f"{r['reserve_ms']:.1f}, execute {r['execute_ms']:.1f}); every round: "
               + ", ".join(f"{x['step_ms']:.1f}" for x in runs[kind]))
+    print("per step beyond the executor's own Execute time (its metrics; in process: the call), "
+          "median ms: " + ", ".join(f"{names[k].strip()} {overhead[k]:.2f}" for k in KINDS))
+    print("the in-process step with each of those: " + ", ".join(
+        f"{names[k].strip()} {result['step_vs_in_process_by_overhead'][k]:.3f}x" for k in KINDS))
     print(f"{'gateway':15s} {via_gateway['output_tokens_per_s']:8.1f} tok/s  (clients streaming; "
           f"{result['gateway_vs_in_process']:.3f}x of in process)")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
