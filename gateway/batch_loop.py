@@ -227,7 +227,11 @@ class BatchLoop:
                 raise
         else:
             t_wait = clock()
-            outputs = self.executor.execute(batch)
+            try:
+                outputs = self.executor.execute(batch)
+            except BaseException:
+                self._failed(batch)
+                raise
             seconds = clock() - t_wait
         t4 = clock()
         self._last_step = (sum(len(s.token_ids) for s in batch.seqs), seconds)

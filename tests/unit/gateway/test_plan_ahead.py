@@ -105,3 +105,36 @@ def test_a_reserve_failing_while_a_step_runs_ends_the_step_first():
     loop.close()
     assert not loop.has_work()
     assert_clean(mem)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_the_executor_hears_of_finished_sequences_again_after_a_failed_step(ahead):
+    class FailsOnce(FakeExecutor):
+        def __init__(self, block_size):
+            super().__init__(block_size)
+            self.failed, self.forgets = False, []
+
+        def execute(self, batch):
+            if batch.forget and not self.failed:
+                self.failed = True
+                raise RuntimeError("executor crashed")
+            self.forgets.extend(batch.forget)
+            return super().execute(batch)
+
+    ex = FailsOnce(4)
+    mem = MemoryManager(MemoryConfig(num_blocks=256))
+    ex.attach_pool(mem.register_executor(ex.info.kv))
+    config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64, overlap=ahead, plan_ahead=ahead)
+    loop = BatchLoop(mem, ex, config)
+    p, q = prompts(2, seed=14)
+    loop.add_request("a", p, greedy(2))
+    loop.add_request("b", q, greedy(8))
+    with pytest.raises(RuntimeError, match="crashed"):
+        for _ in range(10):
+            loop.step()
+    loop.abort("b")  # as the step runner does after a failure
+    loop.add_request("c", q, greedy(2))  # the next batch to run
+    run_all(loop)
+    loop.close()
+    assert ex.failed and {"a/0", "b/0"} <= set(ex.forgets)
+    assert_clean(mem)
