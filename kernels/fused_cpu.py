@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 
 import torch
 
@@ -82,11 +81,6 @@ void rotary_f32(float* x, int64_t sx, int64_t sh, const float* cos, const float*
 }  // extern "C"
 """
 
-_lib = None
-_lib_tried = False
-_lock = threading.Lock()
-
-
 def _build() -> ctypes.CDLL | None:
     if os.environ.get("PAGEDSERVE_FUSED_OPS", "1") == "0":
         return None
@@ -101,15 +95,12 @@ def _build() -> ctypes.CDLL | None:
     return lib
 
 
+_native = native_build.Library(_build)
+
+
 def available() -> bool:
     """Whether the fused kernels are built and loaded (builds them on first call)."""
-    global _lib, _lib_tried
-    if not _lib_tried:
-        with _lock:
-            if not _lib_tried:
-                _lib = _build()
-                _lib_tried = True
-    return _lib is not None
+    return _native.get() is not None
 
 
 def applies(x: torch.Tensor) -> bool:
@@ -127,8 +118,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     assert x.is_contiguous()
     n = x.shape[-1]
     out = torch.empty_like(x)
-    _lib.rms_norm_f32(x.data_ptr(), n, None, 0, weight.data_ptr(), out.data_ptr(), n, x.numel() // n, n,
-                      eps, 0, _threads(x.numel()))
+    _native.get().rms_norm_f32(x.data_ptr(), n, None, 0, weight.data_ptr(), out.data_ptr(), n,
+                               x.numel() // n, n, eps, 0, _threads(x.numel()))
     return out
 
 
@@ -137,8 +128,8 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     assert x.stride(1) == 1 and residual.stride(1) == 1 and residual.shape == x.shape
     rows, n = x.shape
     out = torch.empty(rows, n)
-    _lib.rms_norm_f32(x.data_ptr(), x.stride(0), residual.data_ptr(), residual.stride(0), weight.data_ptr(),
-                      out.data_ptr(), n, rows, n, eps, 1, _threads(x.numel()))
+    _native.get().rms_norm_f32(x.data_ptr(), x.stride(0), residual.data_ptr(), residual.stride(0),
+                               weight.data_ptr(), out.data_ptr(), n, rows, n, eps, 1, _threads(x.numel()))
     return out
 
 
@@ -148,7 +139,7 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     rows, heads, dim = x.shape
     assert x.stride(2) == 1 and cos.shape[0] == rows and cos.shape[-1] * 2 == dim
     assert cos.shape == sin.shape and cos.stride() == sin.stride() and cos.stride(-1) == 1
-    _lib.rotary_f32(x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(), sin.data_ptr(),
-                    cos.stride(0), rows, heads, dim // 2, _threads(x.numel()))
+    _native.get().rotary_f32(x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(), sin.data_ptr(),
+                             cos.stride(0), rows, heads, dim // 2, _threads(x.numel()))
     return x
 

@@ -17,6 +17,8 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+from typing import Callable
 
 
 def enabled() -> bool:
@@ -67,3 +69,27 @@ def load(name: str, source: str) -> ctypes.CDLL | None:
         return ctypes.CDLL(path)
     except OSError:
         return None
+
+
+class Library:
+    """A native library built on first use by `build` (once, thread-safe) and kept; `get()`
+    returns it, or None when it could not be built. `reset()` forgets it (the next `get()`
+    builds again: tests that flip the switches)."""
+
+    def __init__(self, build: Callable[[], ctypes.CDLL | None]):
+        self._build = build
+        self._lib: ctypes.CDLL | None = None
+        self._tried = False
+        self._lock = threading.Lock()
+
+    def get(self) -> ctypes.CDLL | None:
+        if not self._tried:
+            with self._lock:
+                if not self._tried:
+                    self._lib = self._build()
+                    self._tried = True
+        return self._lib
+
+    def reset(self) -> None:
+        with self._lock:
+            self._lib, self._tried = None, False

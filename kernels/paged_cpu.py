@@ -12,7 +12,6 @@ PAGEDSERVE_NATIVE_KERNELS=0 turns it off.
 from __future__ import annotations
 
 import ctypes
-import threading
 import weakref
 
 import torch
@@ -114,11 +113,6 @@ void paged_decode_f32(const float* q, int64_t q_sr, int64_t q_sh,
 }  // extern "C"
 """
 
-_lib = None
-_lib_tried = False
-_lock = threading.Lock()
-
-
 def _build() -> ctypes.CDLL | None:
     lib = native_build.load("paged_attention_cpu", SOURCE)
     if lib is None:
@@ -131,15 +125,12 @@ def _build() -> ctypes.CDLL | None:
     return lib
 
 
+_native = native_build.Library(_build)
+
+
 def native_available() -> bool:
     """Whether the C++ decode kernel is built and loaded (builds it on first call)."""
-    global _lib, _lib_tried
-    if not _lib_tried:
-        with _lock:
-            if not _lib_tried:
-                _lib = _build()
-                _lib_tried = True
-    return _lib is not None
+    return _native.get() is not None
 
 
 def _threads(work: int) -> int:
@@ -162,7 +153,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, rows, scale, out) 
             tables.data_ptr(), tables.stride(0), lens.data_ptr(), rows.data_ptr(), out.data_ptr(),
             out.stride(0), out.stride(1), num_heads, kv_heads, head_size, block_size, float(scale))
     work = rows.numel() * kv_heads
-    kernel = _lib.paged_decode_f32
+    kernel = _native.get().paged_decode_f32
     kernel(*args, work, _threads(work))
 
 

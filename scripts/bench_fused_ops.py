@@ -86,15 +86,16 @@ def decode_steps(batches, rounds: int, per_round: int = 4) -> list[dict]:
         while len(loop.scheduler.running) < batch or loop.scheduler.waiting:
             loop.step()  # the prefills
         loop.step()
-        lib = fused_cpu._lib
+        native = fused_cpu._native
+        lib = native.get()
         for r in range(2 * rounds):
             on = r % 2 == (r // 2) % 2  # on, off, off, on, on, off, ...
-            fused_cpu._lib = lib if on else None
+            native._lib = lib if on else None  # (built: get() returns what is set)
             for _ in range(per_round):
                 t0 = time.perf_counter()
                 loop.step()
                 times[on].append(time.perf_counter() - t0)
-        fused_cpu._lib = lib
+        native._lib = lib
         while loop.has_work():
             loop.step()
         row = {"batch": batch, "steps_each": len(times[True])}

@@ -5,15 +5,7 @@ import torch
 
 from executor.models import llama
 from kernels import fused_cpu
-
-
-@pytest.fixture(autouse=True, scope="module")
-def two_threads():
-    """Two threads, so that rows are split across the OpenMP pool when there are enough."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
+from tests.unit.kernels.test_kernels_cpu import two_threads  # noqa: F401 (autouse: rows split over two threads)
 
 
 def ref_rms_norm(x, w, eps):
@@ -88,15 +80,14 @@ def test_rotary_scaled_cos_sin():
 @pytest.mark.parametrize("switch", ["PAGEDSERVE_NATIVE_KERNELS", "PAGEDSERVE_FUSED_OPS"])
 def test_turned_off_falls_back_to_torch(monkeypatch, switch):
     monkeypatch.setenv(switch, "0")
-    monkeypatch.setattr(fused_cpu, "_lib", None)
-    monkeypatch.setattr(fused_cpu, "_lib_tried", False)
+    fused_cpu._native.reset()
     assert not fused_cpu.available() and not fused_cpu.applies(torch.ones(2))
     g = torch.Generator().manual_seed(4)
     x, w = torch.randn(3, 576, generator=g), torch.randn(576, generator=g)
     scale = x.pow(2).mean(-1, keepdim=True).add_(1e-5).rsqrt_()
     assert torch.equal(llama.rms_norm(x, w, 1e-5), (x * scale).mul_(w))  # the torch code, bit for bit
     monkeypatch.delenv(switch)
-    monkeypatch.setattr(fused_cpu, "_lib_tried", False)
+    fused_cpu._native.reset()
     assert fused_cpu.available()
     torch.testing.assert_close(llama.rms_norm(x, w, 1e-5), ref_rms_norm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
 
