@@ -45,7 +45,7 @@ from wire.protocol import Delta
 from gateway.scheduler import BeamDone, Scheduler, SchedulerConfig, SeqUpdate
 from gateway.sequence import Sequence, SeqStatus
 from wire.clients import ExecutorClient, MemoryClient
-from wire.protocol import ReserveResult, SamplingParams, StepBatch
+from wire.protocol import Plan, ReserveResult, SamplingParams, StepBatch
 
 
 class RequestError(ValueError):
@@ -254,18 +254,12 @@ class BatchLoop:
         plan = self.scheduler.plan()
         if not plan.entries and not plan.free and not plan.forks and not plan.fills:
             return None, self._deltas(self._take_unapplied())
-        plan.step_tokens, plan.step_seconds = self._last_step
-        self._last_step = (0, 0.0)
-        t1 = clock()
-        freed = list(plan.free)
-        result = self.memory.reserve(plan)
+        result = self._reserve(plan, t0)
         t2 = clock()
         batch, rejected = self.scheduler.on_reserved(result)
-        self._forget.extend(freed)
         self._forget.extend(p.seq_id for p in result.preempted)
         deltas = [self._rejected(seq) for seq in rejected]
-        times.schedule += (t1 - t0) + (clock() - t2)
-        times.reserve += t2 - t1
+        times.schedule += clock() - t2
         if batch.seqs:
             return batch, deltas
         earlier = self._take_unapplied()
@@ -277,26 +271,30 @@ class BatchLoop:
     def _reserve_ahead(self, batch: StepBatch) -> ReserveResult | None:
         """While `batch` runs: plan and reserve the step after it (None: not granted, the
         next step is planned once this one is done)."""
-        clock, times = time.perf_counter, self.times
-        t0 = clock()
+        t0 = time.perf_counter()
         plan = self.scheduler.plan(ahead_of=batch)
         if plan is None or not (plan.entries or plan.free or plan.fills):
             if plan is not None:
                 self.scheduler.deferred(plan)
             return None
-        plan.step_tokens, plan.step_seconds = self._last_step
-        self._last_step = (0, 0.0)
-        self._forget.extend(plan.free)
-        t1 = clock()
-        result = self.memory.reserve(plan)
-        t2 = clock()
-        times.reserve += t2 - t1
-        times.schedule += t1 - t0
+        result = self._reserve(plan, t0)
         self.num_ahead += 1
         if result.deferred:
             self.scheduler.deferred(plan)
             self.num_deferred += 1
             return None
+        return result
+
+    def _reserve(self, plan: Plan, planned_since: float) -> ReserveResult:
+        """Send `plan` with the last step's report; the executor hears of the sequences it
+        frees with the next batch. Times planning (since `planned_since`) and the Reserve."""
+        plan.step_tokens, plan.step_seconds = self._last_step
+        self._last_step = (0, 0.0)
+        self._forget.extend(plan.free)
+        t1 = time.perf_counter()
+        result = self.memory.reserve(plan)
+        self.times.schedule += t1 - planned_since
+        self.times.reserve += time.perf_counter() - t1
         return result
 
     def _failed(self, batch: StepBatch) -> None:
