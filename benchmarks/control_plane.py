@@ -73,6 +73,7 @@ def build_loop(memsvc: str, executor: str, batch: int, input_len: int, kind: str
     from gateway.scheduler import SchedulerConfig
     from gateway.step_retry import StepRetry
     from gateway.tokenizer import load_tokenizer
+    from wire.heap import freeze_heap
 
     ex = RemoteExecutorClient(executor)
     mem = RemoteMemoryClient(memsvc)
@@ -81,6 +82,7 @@ def build_loop(memsvc: str, executor: str, batch: int, input_len: int, kind: str
     config = SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * input_len),
                              overlap=kind != "serial", plan_ahead=kind == "ahead")
     loop = BatchLoop(retry.memory, retry.executor, config, load_tokenizer(info.tokenizer_dir))
+    freeze_heap()  # as the gateway does once connected
     return loop, (mem, ex)
 
 

@@ -152,6 +152,7 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict[str, list[
     from pagedserve.engine_config import EngineConfig
     from pagedserve.serve_cmd import free_port, service_specs
     from pagedserve.supervisor import Supervisor
+    from wire.heap import freeze_heap
 
     spec_args = serve_namespace(args, port=free_port())
     sup = Supervisor(service_specs(spec_args))
@@ -169,6 +170,7 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict[str, list[
         via_gateway = through_gateway(gateway, prompts_for(vocab, 0), sampling)
         memory, executor = TimedMemory(RemoteMemoryClient(memsvc)), TimedExecutor(remote_ex)
         engine = LLMEngine(EngineConfig.from_args(args))
+        freeze_heap()  # as the services do once started
         loops = {"in_process": BatchLoop(TimedMemory(engine.memory), TimedExecutor(engine.loop.executor),
                                          engine.loop.scheduler.config, engine.tokenizer)}
         for kind in KINDS[1:]:

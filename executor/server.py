@@ -49,6 +49,7 @@ from executor.sequence_state import SequenceStates, StateLost
 from executor.step_merger import StepMerger
 from wire import convert, peer_auth
 from wire.grpc_service import Service, get_logger, open_channel, stop_on_signals, wait
+from wire.heap import freeze_heap
 from wire.protocol import ModelInfo
 from wire.v1 import executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
@@ -245,6 +246,7 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
     with on_device(torch_device):
         executor.attach_pool(map_pool(handle))
     servicer.set_ready(executor, info, read_tokenizer_files(info.tokenizer_dir), pool_id)
+    freeze_heap()
     service.set_serving(True)
     log.info("pool mapped (%d blocks of %d tokens); serving", handle.num_blocks, info.kv.block_size)
 

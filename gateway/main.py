@@ -8,6 +8,7 @@ import sys
 from gateway.config import GatewayConfig
 from gateway.server import SERVING, Backend, Gateway
 from wire.grpc_service import get_logger, open_channel
+from wire.heap import freeze_heap
 
 
 def replica_set(config: GatewayConfig, service, tls=None):
@@ -51,6 +52,7 @@ def connect_remote(memsvc: str, executor: str, tls=None) -> Backend:
         if memory_client is not None:
             memory_client.close()
         raise
+    freeze_heap()  # start-up is done: imports, tokenizer
     return Backend(memory_client, executor_client, tokenizer,
                    check=lambda: _check_serving({"executor": executor, "memsvc": memsvc}, tls))
 

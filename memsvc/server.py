@@ -44,6 +44,7 @@ from memsvc.memory_manager import MemoryManager
 from memsvc.metrics import MemsvcMetrics
 from wire import convert, peer_auth
 from wire.grpc_service import Service, get_logger, stop_on_signals, wait
+from wire.heap import freeze_heap
 from wire.v1 import memory_pb2, memory_pb2_grpc
 
 SERVICE_NAME = "pagedserve.v1.MemoryManager"
@@ -213,6 +214,7 @@ def serve(config: MemsvcConfig) -> int:
         address = service.start(config.host, config.port, credentials)
         serve_metrics(servicer.metrics.registry, config.host, config.metrics_port, log)
         health_server = serve_health(service.health, config.host, config.health_port, log)
+        freeze_heap()
         service.set_serving(True)
         log.info("serving on %s (policy %s, preemption %s, swap space %g GiB, session lease %gs)",
                  address, memory.policy, memory.preemption_mode, memory.swap_space_bytes / (1 << 30),
