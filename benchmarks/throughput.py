@@ -138,11 +138,13 @@ def run_hf(model_dir: str, reqs: list[BenchRequest], vocab: int, seed: int, batc
 def run(args) -> int:
     from pagedserve.engine import LLMEngine
     from pagedserve.engine_config import EngineConfig
+    from wire.heap import freeze_heap
 
     reqs = sample_lengths(args.workload, args.num_requests, seed=args.seed,
                           input_len=args.input_len, output_len=args.output_len,
                           min_len=args.min_len, max_len=args.max_len)
     engine = LLMEngine(EngineConfig.from_args(args))
+    freeze_heap()  # as the services do once started
     info = engine.info
     vocab = info.vocab_size
     cfg = engine.executor.config
