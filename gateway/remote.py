@@ -5,8 +5,9 @@ and a background heartbeat (an empty Reserve) keeps the session's lease alive wh
 gateway lives, even through a long step. Failures surface as grpc.RpcError with the
 server's status code and message.
 
-Both clients carry the caller's trace context in every call, speak TLS when given a
-wire.tls.TlsConfig that asks for it, and reconnect quickly to a restarted service.
+Both clients carry the caller's trace context in every call (wire.tracing.trace_metadata),
+speak TLS when given a wire.tls.TlsConfig that asks for it, and reconnect quickly to a
+restarted service.
 The pool's epoch travels in the messages (ReserveResult.pool_epoch, StepBatch.pool_epoch):
 the executor refuses (ABORTED) a batch reserved in another pool.
 """
@@ -27,6 +28,7 @@ from wire.clients import ExecutorClient, MemoryClient
 from wire.grpc_service import open_channel
 from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, StepBatch
 from wire.step_delta import STATE_LOST, commit, encode_step
+from wire.tracing import trace_metadata
 from wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 
@@ -36,7 +38,7 @@ class RemoteMemoryClient(MemoryClient):
         self.address = address
         self.session_id = session_id or f"gateway-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.timeout = timeout
-        self.channel = open_channel(address, tls, traced=True)
+        self.channel = open_channel(address, tls)
         self.stub = memory_pb2_grpc.MemoryManagerStub(self.channel)
         self._last_call = time.monotonic()
         self._closed = threading.Event()
@@ -47,20 +49,24 @@ class RemoteMemoryClient(MemoryClient):
     def reserve(self, plan: Plan) -> ReserveResult:
         request = convert.plan_to_proto(plan, self.session_id)
         self._last_call = time.monotonic()
-        return convert.reserve_result_from_proto(self.stub.Reserve(request, timeout=self.timeout))
+        response = self.stub.Reserve(request, timeout=self.timeout, metadata=trace_metadata())
+        return convert.reserve_result_from_proto(response)
 
     def free(self, seq_ids: list[str]) -> None:
         self._last_call = time.monotonic()
         self.stub.Free(memory_pb2.FreeRequest(session_id=self.session_id, seq_ids=seq_ids),
-                       timeout=self.timeout)
+                       timeout=self.timeout, metadata=trace_metadata())
 
     def fork(self, parent_id: str, child_id: str) -> None:
         self._last_call = time.monotonic()
         self.stub.Fork(memory_pb2.ForkRequest(session_id=self.session_id, parent_id=parent_id,
-                                              child_id=child_id), timeout=self.timeout)
+                                              child_id=child_id),
+                       timeout=self.timeout, metadata=trace_metadata())
 
     def stats(self) -> PoolStats:
-        return convert.stats_from_proto(self.stub.Stats(memory_pb2.StatsRequest(), timeout=self.timeout))
+        response = self.stub.Stats(memory_pb2.StatsRequest(), timeout=self.timeout,
+                                   metadata=trace_metadata())
+        return convert.stats_from_proto(response)
 
     def _heartbeat(self) -> None:
         empty = memory_pb2.ReserveRequest(session_id=self.session_id)
@@ -91,14 +97,15 @@ class RemoteExecutorClient(ExecutorClient):
         self.num_resyncs = 0
         self.timeout = timeout
         self.info_timeout = info_timeout
-        self.channel = open_channel(address, tls, traced=True)
+        self.channel = open_channel(address, tls)
         self.stub = executor_pb2_grpc.ExecutorStub(self.channel)
         self._info: ModelInfo | None = None
         self._tokenizer_dir: str | None = None
 
     def model_info(self) -> ModelInfo:
         if self._info is None:
-            response = self.stub.ModelInfo(executor_pb2.ModelInfoRequest(), timeout=self.info_timeout)
+            response = self.stub.ModelInfo(executor_pb2.ModelInfoRequest(), timeout=self.info_timeout,
+                                           metadata=trace_metadata())
             self._info = model_info_with_tokenizer(response)
             self._tokenizer_dir = self._info.tokenizer_dir
         return self._info
@@ -118,7 +125,7 @@ class RemoteExecutorClient(ExecutorClient):
 
     def _execute(self, batch: StepBatch) -> list[SampleOutput]:
         request, updates = encode_step(batch, self._sent, self.session_id, self.incarnation)
-        response = self.stub.Execute(request, timeout=self.timeout)
+        response = self.stub.Execute(request, timeout=self.timeout, metadata=trace_metadata())
         if response.incarnation != self.incarnation:
             if self.incarnation:  # answered by another process than the one holding our state
                 self._sent.clear()

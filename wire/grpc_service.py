@@ -50,19 +50,15 @@ def get_logger(service: str) -> logging.Logger:
     return log
 
 
-def open_channel(address: str, tls=None, traced: bool = False) -> grpc.Channel:
+def open_channel(address: str, tls=None) -> grpc.Channel:
     """A client channel to a pagedserve service: TLS when `tls` (wire.tls.TlsConfig)
-    asks for it, quick reconnects, and with `traced` the caller's trace context in every call."""
+    asks for it, and quick reconnects. (Trace context: wire.tracing.trace_metadata.)"""
     options = CLIENT_OPTIONS + (tls.channel_options() if tls is not None else [])
     credentials = tls.channel_credentials() if tls is not None else None
     if credentials is not None:
         channel = grpc.secure_channel(address, credentials, options=options)
     else:
         channel = grpc.insecure_channel(address, options=options)
-    if traced:
-        from wire.tracing import traced_channel
-
-        channel = traced_channel(channel)
     return channel
 
 

@@ -11,8 +11,8 @@
 OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turns it off. The resource is named by
 OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, else `pagedserve-<service>`.
 
-Propagation: `ClientTracing` (a client interceptor) injects `traceparent`/`tracestate` of
-the current span into every unary call's metadata; `ServerTracing` (a sync server
+Propagation: a client passes `trace_metadata()` (`traceparent`/`tracestate` of the current
+span) as the metadata of each call; `ServerTracing` (a sync server
 interceptor) opens a SERVER span for each unary call that arrived with a `traceparent`,
 as a child of the caller's span, and makes it current for the handler. Calls without
 trace context (health probes, heartbeats) get no span.
@@ -20,7 +20,6 @@ trace context (health probes, heartbeats) get no span.
 from __future__ import annotations
 
 import atexit
-import collections
 import os
 import threading
 from dataclasses import dataclass
@@ -130,28 +129,13 @@ def has_trace_context(metadata) -> bool:
     return any(k == "traceparent" for k, _ in (metadata or ()))
 
 
-class _CallDetails(collections.namedtuple(
-        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
-        grpc.ClientCallDetails):
-    pass
-
-
-class ClientTracing(grpc.UnaryUnaryClientInterceptor):
-    """Puts the current trace context into the metadata of every unary call."""
-
-    def intercept_unary_unary(self, continuation, details, request):
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier)
-        if carrier:
-            metadata = [*(details.metadata or ()), *carrier.items()]
-            details = _CallDetails(details.method, details.timeout, metadata, details.credentials,
-                                   getattr(details, "wait_for_ready", None),
-                                   getattr(details, "compression", None))
-        return continuation(details, request)
-
-
-def traced_channel(channel: grpc.Channel) -> grpc.Channel:
-    return grpc.intercept_channel(channel, ClientTracing())
+def trace_metadata() -> tuple[tuple[str, str], ...] | None:
+    """The current trace context as gRPC metadata for one call (`metadata=`), None when there
+    is none. Passed per call rather than by a client interceptor, which cost ~0.1 ms per call
+    on a 2-CPU machine even with nothing to add."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return tuple(carrier.items()) or None
 
 
 class ServerTracing(grpc.ServerInterceptor):
