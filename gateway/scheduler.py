@@ -144,9 +144,14 @@ class Scheduler:
         fills = self._fills()
         budget = self.config.max_num_batched_tokens
         entries: list[PlanEntry] = []
+        max_seqs = self.config.max_num_seqs
         for seq in self.running + self.swapped:
-            computed, limit = seq.num_computed, seq.compute_limit
-            step = inflight.get(seq.seq_id)
+            out, prompt = seq.output_token_ids, seq.prompt_token_ids
+            plen = len(prompt)
+            num_tokens = plen + len(out)
+            computed = seq.num_computed
+            limit = num_tokens if seq.fork_at is None else seq.fork_at
+            step = inflight.get(seq.seq_id) if inflight else None
             if step is not None:
                 computed = step.start_pos + len(step.token_ids)
                 if step.sample:
@@ -154,12 +159,11 @@ class Scheduler:
                         continue  # its next token is its last
                     limit += 1
             n = min(limit - computed, budget)
-            if n < 1 or len(entries) >= self.config.max_num_seqs:
+            if n < 1 or len(entries) >= max_seqs:
                 continue
-            known = min(n, seq.num_tokens - computed)  # the rest is the token the step samples
-            plen = len(seq.prompt_token_ids)
-            tokens = (seq.output_token_ids[computed - plen : computed - plen + known] if computed >= plen
-                      else seq.all_token_ids[computed : computed + known])
+            known = min(n, num_tokens - computed)  # the rest is the token the step samples
+            tokens = (out[computed - plen : computed - plen + known] if computed >= plen
+                      else (prompt + out)[computed : computed + known])
             entries.append(PlanEntry(seq.seq_id, tokens, False, seq.max_len, final_len=seq.final_len,
                                      salt=seq.salt, pending=known < n))
             if known < n:
@@ -249,43 +253,42 @@ class Scheduler:
             seq.finish("error", r.reason)
             rejected.append(seq)
         steps = []
-        bs = self.block_size
+        bs, waiting = self.block_size, SeqStatus.WAITING
         for g in result.grants:
             seq = current(g.seq_id)
             if seq is None:  # finished or aborted since a plan made ahead: memsvc frees it next
                 if g.seq_id not in self.to_free:
                     self.to_free.append(g.seq_id)
                 continue
-            if seq.status is SeqStatus.WAITING:
+            if seq.status is waiting:
                 self.waiting.remove(seq)
                 _insert(self.running, seq)
                 seq.status = SeqStatus.RUNNING
                 seq.num_computed = g.num_cached_tokens
                 if seq.num_cached_tokens < 0:
                     seq.num_cached_tokens = g.num_cached_tokens
-            assert g.start_pos == seq.num_computed, (g, seq.num_computed)
             start = g.start_pos
+            assert start == seq.num_computed, (g, seq.num_computed)
             end = start + g.num_tokens
             table = seq.block_table
             if g.new_blocks or g.table_start < len(table):
                 del table[g.table_start:]
                 table.extend(g.new_blocks)
-            needs_history = seq.sampling.uses_penalties
-            prompt = seq.prompt_token_ids
-            if start >= len(prompt):  # decode: no copy of the whole context
-                out = seq.output_token_ids
-                tokens = out[start - len(prompt):end - len(prompt)]
+            sp, prompt, out = seq.sampling, seq.prompt_token_ids, seq.output_token_ids
+            plen = len(prompt)
+            if start >= plen:  # decode: no copy of the whole context
+                tokens = out[start - plen:end - plen]
             else:
-                tokens = seq.all_token_ids[start:end]
+                tokens = (prompt + out)[start:end]
+            if end - start == 1:
+                slots = [table[start // bs] * bs + start % bs]
+            else:
+                slots = [table[p // bs] * bs + p % bs for p in range(start, end)]
+            history = sp.uses_penalties
             steps.append(SeqStep(
-                seq_id=seq.seq_id, token_ids=tokens, start_pos=start,
-                slot_mapping=[table[p // bs] * bs + p % bs for p in range(start, end)],
-                block_table=table,
-                sample=end == seq.num_tokens, sampling=seq.sampling, seed=seq.seed,
-                prompt_token_ids=(seq.prompt_token_ids if needs_history or seq.sampling.prompt_logprobs is not None
-                                  else []),
-                output_token_ids=seq.output_token_ids if needs_history else [],
-            ))
+                seq.seq_id, tokens, start, slots, table, end == plen + len(out), sp, seq.seed,
+                prompt_token_ids=prompt if history or sp.prompt_logprobs is not None else [],
+                output_token_ids=out if history else []))
         return StepBatch(steps, pool_epoch=result.pool_epoch), rejected
 
     def on_sampled(self, batch: StepBatch, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
