@@ -1,10 +1,10 @@
 """`pagedserve bench split`: split services against the in-process engine on the same workload.
 
-The same requests (greedy, ignore_eos, all submitted at once), run:
-- through the gateway: memsvc, executor and gateway as processes; clients stream through
-  the public API (once, first);
-- then, in `--rounds` rounds in alternating order (ABBA, the median run reported):
+The same requests (greedy, ignore_eos, all submitted at once), run in `--rounds` rounds in
+alternating order (ABBA, the median run reported):
   - in process: the offline engine, the batching loop over direct calls;
+  - through the gateway (served): memsvc, executor and gateway as processes (`pagedserve
+    serve`); clients stream through the public API;
   - split loop: the same loop in this process over the gRPC clients of memsvc and the
     executor, as the gateway runs it (while a step runs: the last step's outputs handled,
     the next step planned and reserved); then with the outputs overlapped only; then
@@ -14,7 +14,7 @@ executor's own Execute time (its `pagedserve:execute_seconds` metric) gives, per
 the split costs beyond the forward pass, a figure the run-to-run noise of the forward pass
 itself (±10% on small machines) does not drown. Each run
 (and each warm-up) gets its own fresh random prompts, so no run finds another's prompt
-blocks in the prefix cache (the split loops share memsvc with the gateway run).
+blocks in the prefix cache (the gateway and the split loops share memsvc).
 """
 from __future__ import annotations
 
@@ -108,19 +108,27 @@ def drive(loop, prompts: list[list[int]], sampling: SamplingParams, executor_sec
             "overhead_ms": 1e3 * (seconds - server) / steps}
 
 
-def executor_seconds_of(metrics_url: str):
-    """A callable: the executor's `pagedserve:execute_seconds` sum so far, from its metrics."""
+def executor_seconds_of(metrics_url: str, with_count: bool = False):
+    """A callable: the executor's `pagedserve:execute_seconds` sum so far, from its metrics
+    (with `with_count`: (sum, number of Execute calls))."""
     import re
     import urllib.request
 
-    def read() -> float:
+    def read():
         text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-        return float(re.search(r"^pagedserve:execute_seconds_sum (\S+)", text, re.M).group(1))
+        total = float(re.search(r"^pagedserve:execute_seconds_sum (\S+)", text, re.M).group(1))
+        if not with_count:
+            return total
+        return total, int(float(re.search(r"^pagedserve:execute_seconds_count (\S+)", text, re.M).group(1)))
 
     return read
 
 
-def through_gateway(address: str, prompts: list[list[int]], sampling: SamplingParams) -> dict:
+def through_gateway(address: str, prompts: list[list[int]], sampling: SamplingParams,
+                    executor_metrics=None) -> dict:
+    """Every prompt streamed through the gateway at once. `executor_metrics()`: the
+    executor's (Execute seconds, Execute calls) so far; with it, the steps and what they
+    cost beyond the executor's own time are reported as for the loops (`drive`)."""
     from pagedserve.client import GenerationClient
 
     counts = [0] * len(prompts)
@@ -129,22 +137,30 @@ def through_gateway(address: str, prompts: list[list[int]], sampling: SamplingPa
             counts[i] = sum(len(d.token_ids) for d in client.generate(prompts[i], sampling))
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        server0, calls0 = executor_metrics() if executor_metrics else (0.0, 0)
         t0 = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         seconds = time.perf_counter() - t0
-    return {"output_tokens": sum(counts), "seconds": seconds,
-            "output_tokens_per_s": sum(counts) / seconds}
+    out = {"output_tokens": sum(counts), "seconds": seconds, "output_tokens_per_s": sum(counts) / seconds}
+    if executor_metrics:
+        server, calls = executor_metrics()
+        steps = max(calls - calls0, 1)
+        out.update(steps=steps, step_ms=1e3 * seconds / steps,
+                   executor_ms=1e3 * (server - server0) / steps,
+                   overhead_ms=1e3 * (seconds - (server - server0)) / steps)
+    return out
 
 
-KINDS = ("in_process", "ahead", "overlap", "serial")  # the split loop's kinds after the first
+# in process, through the gateway (served), and the split loop's three kinds
+KINDS = ("in_process", "gateway", "ahead", "overlap", "serial")
 
 
-def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict[str, list[dict]], int]:
-    """The gateway run, then `args.rounds` rounds of every kind in turn (in process and the
-    three split loops), against the same services: per kind, one result per round."""
+def split_runs(args, prompts_for, sampling, warm) -> tuple[dict[str, list[dict]], int]:
+    """`args.rounds` rounds of every kind in turn (in process, the gateway and the three
+    split loops), against the same services: per kind, one result per round."""
     from gateway.batch_loop import BatchLoop
     from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
     from gateway.scheduler import SchedulerConfig
@@ -164,25 +180,29 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict[str, list[
         argv = sup.by_name["executor"].spec.argv
         port = argv[argv.index("--metrics-port") + 1]
         server_seconds = executor_seconds_of(f"http://127.0.0.1:{port}/metrics")
+        server_calls = executor_seconds_of(f"http://127.0.0.1:{port}/metrics", with_count=True)
         remote_ex = RemoteExecutorClient(executor)
         vocab = remote_ex.model_info().vocab_size
-        through_gateway(gateway, warm(vocab, 0), sampling)
-        via_gateway = through_gateway(gateway, prompts_for(vocab, 0), sampling)
         memory, executor = TimedMemory(RemoteMemoryClient(memsvc)), TimedExecutor(remote_ex)
         engine = LLMEngine(EngineConfig.from_args(args))
         freeze_heap()  # as the services do once started
         loops = {"in_process": BatchLoop(TimedMemory(engine.memory), TimedExecutor(engine.loop.executor),
                                          engine.loop.scheduler.config, engine.tokenizer)}
-        for kind in KINDS[1:]:
+        for kind in KINDS[2:]:
             loops[kind] = BatchLoop(memory, executor, SchedulerConfig(
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 overlap=kind != "serial", plan_ahead=kind == "ahead"))
         run = 1
         for r in range(args.rounds):
             for kind in (KINDS if r % 2 == 0 else KINDS[::-1]):  # ABBA: drift hits every kind alike
-                clock = None if kind == "in_process" else server_seconds
-                drive(loops[kind], warm(vocab, run), sampling)
-                runs[kind].append(drive(loops[kind], prompts_for(vocab, run), sampling, clock))
+                if kind == "gateway":
+                    through_gateway(gateway, warm(vocab, run), sampling)
+                    runs[kind].append(through_gateway(gateway, prompts_for(vocab, run), sampling,
+                                                      server_calls))
+                else:
+                    clock = None if kind == "in_process" else server_seconds
+                    drive(loops[kind], warm(vocab, run), sampling)
+                    runs[kind].append(drive(loops[kind], prompts_for(vocab, run), sampling, clock))
                 run += 1
         for loop in loops.values():
             loop.close()
@@ -190,7 +210,7 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict, dict[str, list[
         remote_ex.close()
     finally:
         sup.stop()
-    return via_gateway, runs, vocab
+    return runs, vocab
 
 
 def serve_namespace(args, port: int):
@@ -220,15 +240,14 @@ def run(args) -> int:
     def warm(vocab, run: int):
         return prompts_for(vocab, run + 10000, 2)
 
-    via_gateway, runs, vocab = split_runs(args, prompts_for, sampling, warm)
+    runs, vocab = split_runs(args, prompts_for, sampling, warm)
     median = {k: _median_run(v) for k, v in runs.items()}
     local = median["in_process"]
     overhead = {k: statistics.median(r["overhead_ms"] for r in v) for k, v in runs.items()}
     result = {"num_requests": args.num_requests, "input_len": args.input_len,
               "output_len": args.output_len, "max_num_seqs": args.max_num_seqs, "rounds": args.rounds,
               "machine": f"{os.cpu_count()} CPUs", "runs": runs,
-              "gateway": via_gateway,
-              "gateway_vs_in_process": via_gateway["output_tokens_per_s"] / local["output_tokens_per_s"],
+              "gateway_vs_in_process": median["gateway"]["output_tokens_per_s"] / local["output_tokens_per_s"],
               "step_vs_in_process": {k: median[k]["step_ms"] / local["step_ms"] for k in KINDS},
               "overhead_ms": overhead,
               "step_vs_in_process_by_overhead": {
@@ -236,20 +255,19 @@ def run(args) -> int:
                   for k in KINDS}}
     print(f"{args.num_requests} requests, {args.input_len} in / {args.output_len} out, "
           f"max {args.max_num_seqs} sequences per step, {args.rounds} rounds (median run shown)")
-    names = {"in_process": "in process", "ahead": "split loop", "overlap": "  outputs only",
-             "serial": "  serial"}
+    names = {"in_process": "in process", "gateway": "gateway", "ahead": "split loop",
+             "overlap": "  outputs only", "serial": "  serial"}
     for kind in KINDS:
         r = median[kind]
+        calls = (f"reserve {r['reserve_ms']:.1f}, execute {r['execute_ms']:.1f}" if "reserve_ms" in r
+                 else "clients streaming")
         print(f"{names[kind]:15s} {r['output_tokens_per_s']:8.1f} tok/s  {r['steps']} steps, "
-              f"{r['step_ms']:.1f} ms/step ({result['step_vs_in_process'][kind]:.3f}x; reserve "
-              f"{r['reserve_ms']:.1f}, execute {r['execute_ms']:.1f}); every round: "
-              + ", ".join(f"{x['step_ms']:.1f}" for x in runs[kind]))
+              f"{r['step_ms']:.1f} ms/step ({result['step_vs_in_process'][kind]:.3f}x; {calls}); "
+              "every round: " + ", ".join(f"{x['step_ms']:.1f}" for x in runs[kind]))
     print("per step beyond the executor's own Execute time (its metrics; in process: the call), "
           "median ms: " + ", ".join(f"{names[k].strip()} {overhead[k]:.2f}" for k in KINDS))
     print("the in-process step with each of those: " + ", ".join(
         f"{names[k].strip()} {result['step_vs_in_process_by_overhead'][k]:.3f}x" for k in KINDS))
-    print(f"{'gateway':15s} {via_gateway['output_tokens_per_s']:8.1f} tok/s  (clients streaming; "
-          f"{result['gateway_vs_in_process']:.3f}x of in process)")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
