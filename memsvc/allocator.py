@@ -2,6 +2,7 @@
 
 Check/act pairs: `admit` / `add_sequence`, `can_append` / `append`. An act that lacks
 space raises NoFreeBlocks and changes nothing, so a scheduler may also try and catch.
+`grow_if_fits` is the check and the act of one running sequence's step in one call.
 """
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ from memsvc.accounting import PoolSnapshot
 from memsvc.admission import Admission
 from memsvc.block_pool import NoFreeBlocks
 
-__all__ = ["PENDING", "POLICIES", "AppendResult", "KVAllocator", "NoFreeBlocks"]
+__all__ = ["PENDING", "POLICIES", "AppendResult", "Growth", "KVAllocator", "NoFreeBlocks"]
 
 PENDING = -1  # in `append`: a token whose id is not known yet (a plan made ahead); `fill` names it
 
 POLICIES: tuple[str, ...] = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
+
+# what `grow_if_fits` returns: (tokens before, copies as `grow` returns them, *table_changes)
+Growth = tuple[int, list[tuple[int, int]], int, list[int]]
 
 
 @dataclass
@@ -99,6 +103,16 @@ class KVAllocator(ABC):
     def grow(self, seq_id: str, new_token_ids: list[int]) -> list[tuple[int, int]]:
         """`append` for a caller that needs no slot mapping: only the copies to make."""
         return self.append(seq_id, new_token_ids).copies
+
+    def grow_if_fits(self, seq_id: str, new_token_ids: list[int]) -> Growth | None:
+        """Check and act at once for a running sequence: None, with nothing changed, when it
+        is swapped out or `can_append` says no; otherwise (tokens before, `grow`'s copies,
+        *`table_changes`). Allocators may do it in fewer lookups; this is the reference."""
+        if self.supports_swap and self.is_swapped(seq_id) or not self.can_append(seq_id, len(new_token_ids)):
+            return None
+        start = self.num_tokens(seq_id)
+        copies = self.grow(seq_id, new_token_ids)
+        return (start, copies, *self.table_changes(seq_id))
 
     def fill(self, seq_id: str, position: int, token_id: int) -> None:
         """The id of the PENDING token at `position`; ValueError if none is pending there.

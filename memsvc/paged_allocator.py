@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from memsvc.accounting import PoolSnapshot, paged_snapshot
 from memsvc.admission import Admission, check_request, paged_admission
-from memsvc.allocator import PENDING, AppendResult, KVAllocator
+from memsvc.allocator import PENDING, AppendResult, Growth, KVAllocator
 from memsvc.block_pool import Block, BlockPool, IntegrityError, NoFreeBlocks
 from memsvc.block_table import BlockTable, blocks_for
 from memsvc.prefix_cache import PrefixCacheStats, block_key, cacheable_blocks
@@ -96,7 +96,10 @@ class PagedAllocator(KVAllocator):
         return self._get(seq_id).block_ids
 
     def table_changes(self, seq_id: str) -> tuple[int, list[int]]:
-        table = self._get(seq_id)
+        return self._table_changes(self._get(seq_id))
+
+    @staticmethod
+    def _table_changes(table: BlockTable) -> tuple[int, list[int]]:
         start = table.synced
         if start == len(table.blocks):
             return start, []
@@ -158,7 +161,7 @@ class PagedAllocator(KVAllocator):
         return table.num_tokens
 
     def _needs_cow(self, table: BlockTable, n: int) -> bool:
-        return n > 0 and table.last_block_partial() and table.blocks[-1].ref_cnt > 1
+        return n > 0 and table.num_tokens % self.block_size != 0 and table.blocks[-1].ref_cnt > 1
 
     def needs_copy(self, seq_id: str, num_new_tokens: int) -> bool:
         return self._needs_cow(self._get(seq_id), num_new_tokens)
@@ -200,6 +203,27 @@ class PagedAllocator(KVAllocator):
                 f"sequence {seq_id!r} needs {needed} blocks for {n} more tokens,"
                 f" {self.pool.num_free} free"
             )
+        return self._extend(table, new_token_ids, needed, cow)
+
+    def grow_if_fits(self, seq_id: str, new_token_ids: list[int]) -> Growth | None:
+        """KVAllocator.grow_if_fits in one table lookup. The check counts the blocks free
+        before the window release, as `can_append` does (the release never changes what
+        the growth needs: it keeps the last block)."""
+        table = self._get(seq_id, on_device=False)
+        if table.swapped:
+            return None
+        num_tokens, n = table.num_tokens, len(new_token_ids)
+        cow = self._needs_cow(table, n)
+        needed = blocks_for(num_tokens + n, self.block_size) - len(table.blocks) + cow
+        if needed > self.pool.num_free:
+            return None
+        self._release_outside_window(table)
+        copies = self._extend(table, new_token_ids, needed, cow)
+        return (num_tokens, copies, *self._table_changes(table))
+
+    def _extend(self, table: BlockTable, new_token_ids: list[int], needed: int,
+                cow: bool) -> list[tuple[int, int]]:
+        """The act of `grow`, once the caller has checked that `needed` blocks are free."""
         copies: list[tuple[int, int]] = []
         if cow:
             src = table.blocks[-1]
@@ -211,14 +235,12 @@ class PagedAllocator(KVAllocator):
             needed -= 1
         if needed:
             table.blocks.extend(self.pool.allocate(needed))
-        table.num_tokens += n
+        table.num_tokens += len(new_token_ids)
         if self.enable_prefix_caching:
-            self._key_full_blocks(table, new_token_ids)
+            table.tail_tokens.extend(new_token_ids)
+            if len(table.tail_tokens) >= self.block_size:
+                self._key_tail(table)
         return copies
-
-    def _key_full_blocks(self, table: BlockTable, new_token_ids: list[int]) -> None:
-        table.tail_tokens.extend(new_token_ids)
-        self._key_tail(table)
 
     def _key_tail(self, table: BlockTable) -> None:
         """Key the full blocks of the tail, up to the first one holding a PENDING token."""

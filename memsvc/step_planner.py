@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memsvc.allocator import PENDING, KVAllocator, NoFreeBlocks
+from memsvc.allocator import PENDING, Growth, KVAllocator, NoFreeBlocks
 from memsvc.block_table import blocks_for
 from memsvc.preemption_policy import PreemptionPolicy
 from wire.protocol import Grant, Plan, PlanEntry, Preemption, Rejection, ReserveResult
@@ -87,19 +87,21 @@ class StepPlanner:
                 elif not admitting:
                     out.result.waiting.append(entry.seq_id)
                 continue
-            if self._swapped(entry.seq_id):
-                admitting = admitting and self._resume(entry, out)
-                continue
-            n = len(entry.token_ids) + entry.pending
-            while not alloc.can_append(entry.seq_id, n):
-                victim = self._pick_victim(entries, i, preempted)
-                self._preempt(victim, out, preempted)
-                if victim == entry.seq_id:
-                    break
-            if entry.seq_id in preempted:
-                continue
-            start = alloc.num_tokens(entry.seq_id)
-            self._grant(entry, start, entry.token_ids + [PENDING] * entry.pending, 0, out)
+            tokens = entry.token_ids + [PENDING] * entry.pending
+            grown = alloc.grow_if_fits(entry.seq_id, tokens)
+            if grown is None:  # swapped out, or short of blocks
+                if self._swapped(entry.seq_id):
+                    admitting = admitting and self._resume(entry, out)
+                    continue
+                while not alloc.can_append(entry.seq_id, len(tokens)):
+                    victim = self._pick_victim(entries, i, preempted)
+                    self._preempt(victim, out, preempted)
+                    if victim == entry.seq_id:
+                        break
+                if entry.seq_id in preempted:
+                    continue
+                grown = alloc.grow_if_fits(entry.seq_id, tokens)
+            self._add_grant(entry, len(tokens), grown, 0, out)
         return out
 
     def _fits_ahead(self, entries: list[PlanEntry]) -> bool:
@@ -172,10 +174,16 @@ class StepPlanner:
 
     def _grant(self, entry: PlanEntry, start: int, tokens: list[int], cached: int, out: Reservation) -> None:
         copies = self.allocator.grow(entry.seq_id, tokens)
+        self._add_grant(entry, len(tokens), (start, copies, *self.allocator.table_changes(entry.seq_id)),
+                        cached, out)
+
+    @staticmethod
+    def _add_grant(entry: PlanEntry, num_tokens: int, grown: Growth, cached: int, out: Reservation) -> None:
+        """Record a growth of `num_tokens` as a Grant, and its copies."""
+        start, copies, table_start, new_blocks = grown
         if copies:
             out.copies.extend(("cow", src, dst) for src, dst in copies)
-        table_start, new_blocks = self.allocator.table_changes(entry.seq_id)
-        out.result.grants.append(Grant(entry.seq_id, start, len(tokens), table_start, new_blocks, cached))
+        out.result.grants.append(Grant(entry.seq_id, start, num_tokens, table_start, new_blocks, cached))
 
     def _pick_victim(self, entries: list[PlanEntry], current: int, preempted: set[str]) -> str:
         for entry in reversed(entries[current + 1 :]):
