@@ -87,7 +87,7 @@ class SequenceStates:
             prompt = list(state.prompt) if sp.prompt_logprobs is not None else None
             session[state.seq_id] = _Seq(sp, state.seed, state.prompt_len, history, prompt)
         bs = self.block_size
-        token_ids, new_blocks = m.token_ids, m.new_blocks
+        token_ids, new_blocks = list(m.token_ids), list(m.new_blocks)  # list slices are cheaper
         seqs = []
         at = bat = 0
         for seq_id, start, n, sample, table_start, nb in zip(
@@ -96,7 +96,7 @@ class SequenceStates:
             if st is None:
                 raise StateLost(f"{STATE_LOST}: sequence {seq_id!r} is unknown to this executor: "
                                 "send its state")
-            tokens = list(token_ids[at:at + n])
+            tokens = token_ids[at:at + n]
             at += n
             table = st.table
             if table_start > len(table):
@@ -107,7 +107,10 @@ class SequenceStates:
                 table.extend(new_blocks[bat:bat + nb])
                 bat += nb
             try:
-                slots = [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+                if n == 1:  # a decode step
+                    slots = [table[start // bs] * bs + start % bs]
+                else:
+                    slots = [table[p // bs] * bs + p % bs for p in range(start, start + n)]
             except IndexError:
                 raise ValueError(f"sequence {seq_id}: {len(table)} blocks in its table, "
                                  f"{-(-(start + n) // bs)} needed for {start + n} tokens") from None
