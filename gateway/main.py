@@ -37,6 +37,7 @@ def replica_set(config: GatewayConfig, service, tls=None):
 
 def connect_remote(memsvc: str, executor: str, tls=None) -> Backend:
     """Clients of memsvc and the executor, once both answer; raises while either does not."""
+    from gateway.byte_detokenizer import byte_table
     from gateway.remote import RemoteExecutorClient, RemoteMemoryClient, tokenizer_dir_from_info
     from gateway.tokenizer import load_tokenizer
 
@@ -52,6 +53,7 @@ def connect_remote(memsvc: str, executor: str, tls=None) -> Backend:
         if memory_client is not None:
             memory_client.close()
         raise
+    byte_table(tokenizer)  # built now rather than for the first request (gateway.byte_detokenizer)
     freeze_heap()  # start-up is done: imports, tokenizer
     return Backend(memory_client, executor_client, tokenizer,
                    check=lambda: _check_serving({"executor": executor, "memsvc": memsvc}, tls))

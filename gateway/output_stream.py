@@ -1,13 +1,18 @@
 """Turns one sequence's sampled tokens into client-visible text: detokenize, then apply stop strings."""
 from __future__ import annotations
 
+from gateway.byte_detokenizer import ByteDetokenizer, byte_table
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.stop_strings import StopStringFilter
 
 
 class OutputStream:
     def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str]):
-        self.detok = IncrementalDetokenizer(tokenizer, prompt_token_ids) if tokenizer else None
+        table = byte_table(tokenizer) if tokenizer else None
+        if table is not None:
+            self.detok = ByteDetokenizer(table, prompt_token_ids)
+        else:
+            self.detok = IncrementalDetokenizer(tokenizer, prompt_token_ids) if tokenizer else None
         self.stop = StopStringFilter(stop)
 
     def add(self, token_id: int) -> str:
