@@ -2,10 +2,10 @@
 
 memsvc and a zero-cost executor (`pagedserve executor --zero-cost`: one fixed token per
 sequence, nothing computed) run as real processes; the gateway's batching loop runs here
-over its gRPC clients (with the step retry around them, as in the gateway). Each batch size
-B submits B requests at once (`--input-len` prompt tokens, `--output-len` output tokens,
-ignore_eos, max_num_seqs = B), after one warm-up round, and reports milliseconds per step
-split into gateway scheduling, Reserve (wire + memsvc, forks included), Execute (wire +
+over its gRPC clients (with the step retry and the step telemetry around them, as in the
+gateway). Each batch size B submits B requests at once (`--input-len` prompt tokens,
+`--output-len` output tokens, ignore_eos, max_num_seqs = B), after one warm-up round, and
+reports milliseconds per step split into gateway scheduling, Reserve (wire + memsvc, forks included), Execute (wire +
 the executor's bookkeeping) and output handling (tokens applied, detokenized, deltas). In an
 overlapped loop, Execute is what is left of it after the work done while it runs (outputs,
 and with plan ahead the next step's plan and Reserve), so the parts add up to the step.
@@ -67,11 +67,15 @@ LOOP_KINDS = ("ahead", "overlap", "serial")
 
 
 def build_loop(memsvc: str, executor: str, batch: int, input_len: int, kind: str = "ahead"):
-    """The gateway's loop over the services (retry wrapper and all), with the tokenizer."""
+    """The gateway's loop over the services, built as the gateway builds it (step retry,
+    request telemetry and step spans around the clients), with the tokenizer."""
     from gateway.batch_loop import BatchLoop
+    from gateway.metrics import GatewayMetrics
     from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
+    from gateway.request_telemetry import RequestTelemetry
     from gateway.scheduler import SchedulerConfig
     from gateway.step_retry import StepRetry
+    from gateway.step_telemetry import ObservedExecutor, ObservedMemory
     from gateway.tokenizer import load_tokenizer
     from wire.heap import freeze_heap
 
@@ -79,9 +83,13 @@ def build_loop(memsvc: str, executor: str, batch: int, input_len: int, kind: str
     mem = RemoteMemoryClient(memsvc)
     info = ex.model_info()
     retry = StepRetry(mem, ex)
+    telemetry = RequestTelemetry(GatewayMetrics())
+    memory = ObservedMemory(retry.memory, telemetry, info.kv.block_size)
     config = SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * input_len),
                              overlap=kind != "serial", plan_ahead=kind == "ahead")
-    loop = BatchLoop(retry.memory, retry.executor, config, load_tokenizer(info.tokenizer_dir))
+    loop = BatchLoop(memory, ObservedExecutor(retry.executor, telemetry, memory), config,
+                     load_tokenizer(info.tokenizer_dir))
+    memory.request_of = loop.request_of
     freeze_heap()  # as the gateway does once connected
     return loop, (mem, ex)
 

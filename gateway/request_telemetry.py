@@ -38,6 +38,10 @@ class RequestTelemetry:
     def __init__(self, metrics: GatewayMetrics):
         self.metrics = metrics
         self.open: dict[str, RequestRecord] = {}
+        # sets, not counts: the server's thread adds and the step thread removes (atomic
+        # under the GIL); with both empty a step costs no per-request work here
+        self.unscheduled: set[str] = set()  # open requests not yet granted a slot
+        self.traced: set[str] = set()  # open requests whose span has a valid context
 
     def start(self, request_id: str, operation: str, model: str, sampling: SamplingParams,
               prompt_tokens: int, metadata=None, public_id: str = "") -> RequestRecord:
@@ -54,6 +58,9 @@ class RequestTelemetry:
                                    kind=SpanKind.SERVER, attributes=attrs)
         record = RequestRecord(request_id, span, time.monotonic(), prompt_tokens)
         self.open[request_id] = record
+        self.unscheduled.add(request_id)
+        if span.get_span_context().is_valid:
+            self.traced.add(request_id)
         return record
 
     def step_context(self, request_ids) -> tuple[object, list[Link]]:
@@ -71,11 +78,14 @@ class RequestTelemetry:
 
     def scheduled(self, request_ids, now: float | None = None) -> None:
         """Called by the step thread for the requests granted slots in a step."""
+        if not self.unscheduled:
+            return
         now = time.monotonic() if now is None else now
         for rid in request_ids:
             record = self.open.get(rid)
             if record is not None and record.scheduled is None:
                 record.scheduled = now
+                self.unscheduled.discard(rid)
 
     def streamed(self, record: RequestRecord, deltas) -> None:
         now = time.monotonic()
@@ -94,6 +104,8 @@ class RequestTelemetry:
         """End the request: `code` None for a finished one, else the status it ended with."""
         if self.open.pop(record.request_id, None) is None:
             return
+        self.unscheduled.discard(record.request_id)
+        self.traced.discard(record.request_id)
         span, m = record.span, self.metrics
         end = time.monotonic()
         reasons = [record.finish_reasons[i] for i in sorted(record.finish_reasons)]

@@ -52,27 +52,28 @@ class ObservedMemory(MemoryClient):
         self.step += 1
         request_of = self.request_of
         parent, links = self.telemetry.step_context(request_of(e.seq_id) for e in plan.entries)
-        attrs = {"pagedserve.step": self.step, "pagedserve.plan.sequences": len(plan.entries),
-                 "pagedserve.plan.new_sequences": sum(1 for e in plan.entries if e.new),
-                 "pagedserve.plan.freed": len(plan.free)}
         with tracer().start_as_current_span("pagedserve.v1.MemoryManager/Reserve", context=parent,
-                                            kind=SpanKind.CLIENT, links=links, attributes=attrs) as span:
+                                            kind=SpanKind.CLIENT, links=links) as span:
             result = self.inner.reserve(plan)
             modes = [p.mode for p in result.preempted]
-            span.set_attributes({
-                "pagedserve.granted_sequences": len(result.grants),
-                "pagedserve.granted_tokens": sum(g.num_tokens for g in result.grants),
-                "pagedserve.blocks_allocated": blocks_allocated(result, self.block_size),
-                "pagedserve.cached_tokens": sum(g.num_cached_tokens for g in result.grants),
-                "pagedserve.preemptions": len(modes),
-                "pagedserve.preemptions.swap": modes.count("swap"),
-                "pagedserve.preemptions.recompute": modes.count("recompute"),
-                "pagedserve.rejected": len(result.rejected),
-                "pagedserve.waiting": len(result.waiting),
-            })
+            if span.is_recording():  # the attributes cost a pass over the step: only when kept
+                span.set_attributes({
+                    "pagedserve.step": self.step, "pagedserve.plan.sequences": len(plan.entries),
+                    "pagedserve.plan.new_sequences": sum(1 for e in plan.entries if e.new),
+                    "pagedserve.plan.freed": len(plan.free),
+                    "pagedserve.granted_sequences": len(result.grants),
+                    "pagedserve.granted_tokens": sum(g.num_tokens for g in result.grants),
+                    "pagedserve.blocks_allocated": blocks_allocated(result, self.block_size),
+                    "pagedserve.cached_tokens": sum(g.num_cached_tokens for g in result.grants),
+                    "pagedserve.preemptions": len(modes),
+                    "pagedserve.preemptions.swap": modes.count("swap"),
+                    "pagedserve.preemptions.recompute": modes.count("recompute"),
+                    "pagedserve.rejected": len(result.rejected),
+                    "pagedserve.waiting": len(result.waiting),
+                })
         for mode in modes:
             self.telemetry.metrics.preemptions.labels(mode).inc()
-        self.telemetry.scheduled([request_of(g.seq_id) for g in result.grants], time.monotonic())
+        self.telemetry.scheduled((request_of(g.seq_id) for g in result.grants), time.monotonic())
         return result
 
     def free(self, seq_ids: list[str]) -> None:
@@ -100,12 +101,14 @@ class ObservedExecutor(ExecutorClient):
         seqs = batch.seqs
         request_of = self.memory.request_of
         parent, links = self.telemetry.step_context(request_of(s.seq_id) for s in seqs)
-        attrs = {"pagedserve.step": self.memory.step, "pagedserve.batch.sequences": len(seqs),
-                 "pagedserve.batch.tokens": sum(len(s.token_ids) for s in seqs),
-                 "pagedserve.batch.sampled": sum(1 for s in seqs if s.sample)}
         start = time.perf_counter()
         with tracer().start_as_current_span("pagedserve.v1.Executor/Execute", context=parent,
-                                            kind=SpanKind.CLIENT, links=links, attributes=attrs):
+                                            kind=SpanKind.CLIENT, links=links) as span:
+            if span.is_recording():
+                span.set_attributes({
+                    "pagedserve.step": self.memory.step, "pagedserve.batch.sequences": len(seqs),
+                    "pagedserve.batch.tokens": sum(len(s.token_ids) for s in seqs),
+                    "pagedserve.batch.sampled": sum(1 for s in seqs if s.sample)})
             outputs = self.inner.execute(batch)
         self.telemetry.metrics.step_time.observe(time.perf_counter() - start)
         return outputs
