@@ -7,8 +7,9 @@ gateway). Each batch size B submits B requests at once (`--input-len` prompt tok
 `--output-len` output tokens, ignore_eos, max_num_seqs = B), after one warm-up round, and
 reports milliseconds per step split into gateway scheduling, Reserve (wire + memsvc, forks
 included), Execute (wire + the executor's bookkeeping) and output handling (tokens applied,
-detokenized, deltas). In an overlapped loop, Execute is what is left of it after the work done while it runs (outputs,
-and with plan ahead the next step's plan and Reserve), so the parts add up to the step.
+detokenized, deltas). In an overlapped loop, Execute is what is left of it after the work
+done while it runs (outputs, and with plan ahead the next step's plan and Reserve), so the
+parts add up to the step.
 """
 from __future__ import annotations
 
