@@ -11,8 +11,8 @@ class _Node:
 
 def test_freeze_heap_moves_live_objects_out_and_still_collects_new_cycles():
     try:
-        frozen = freeze_heap()
-        assert frozen > 1000 and gc.get_freeze_count() == frozen
+        assert freeze_heap() > 1000  # (the count then drops as frozen objects are freed)
+        assert gc.get_freeze_count() > 1000
         assert gc.isenabled()
         a, b = _Node(), _Node()
         a.other, b.other = b, a  # a cycle: only the collector frees it
