@@ -1,7 +1,7 @@
 """Incremental detokenization: text out as tokens arrive, multi-byte characters only when whole."""
 from __future__ import annotations
 
-_CONTEXT_TOKENS = 4  # prompt tokens decoded with the output so leading spaces come out right
+CONTEXT_TOKENS = 4  # prompt tokens decoded with the output so leading spaces come out right
 
 
 def fast_decode(tokenizer):
@@ -19,7 +19,7 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], decode=None):
         self.tokenizer = tokenizer
         self.decode = decode or fast_decode(tokenizer)
-        self.tokens: list[int] = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self.tokens: list[int] = list(prompt_token_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.tokens)
 

@@ -8,11 +8,11 @@ from gateway.stop_strings import StopStringFilter
 
 class OutputStream:
     def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str]):
-        table = byte_table(tokenizer) if tokenizer else None
-        if table is not None:
-            self.detok = ByteDetokenizer(table, prompt_token_ids)
-        else:
-            self.detok = IncrementalDetokenizer(tokenizer, prompt_token_ids) if tokenizer else None
+        self.detok = None
+        if tokenizer:
+            table = byte_table(tokenizer)
+            self.detok = (ByteDetokenizer(table, prompt_token_ids) if table is not None
+                          else IncrementalDetokenizer(tokenizer, prompt_token_ids))
         self.stop = StopStringFilter(stop)
 
     def add(self, token_id: int) -> str:
