@@ -84,22 +84,22 @@ class TimedExecutor(_Timed, ExecutorClient):
         return self._timed("execute", self.inner.execute, batch)
 
 
-def drive(loop, prompts: list[list[int]], sampling: SamplingParams, executor_seconds=None) -> dict:
+def drive(loop, prompts: list[list[int]], sampling: SamplingParams, executor_metrics=None) -> dict:
     """Run every prompt through a BatchLoop whose clients are timed; return the step numbers.
-    `executor_seconds()`: the executor process's own Execute seconds so far (its metrics);
+    `executor_metrics()`: the executor process's own (Execute seconds, calls) so far;
     without it, the timed Execute calls are the executor's time (in process)."""
     memory, executor = loop.memory, loop.executor
     memory.seconds.clear()
     executor.seconds.clear()
     for i, p in enumerate(prompts):
         loop.add_request(f"bench-{i}", p, sampling)
-    server0 = executor_seconds() if executor_seconds else 0.0
+    server0 = executor_metrics()[0] if executor_metrics else 0.0
     tokens, first, t0 = 0, loop.num_steps, time.perf_counter()
     while loop.has_work():
         tokens += sum(len(d.token_ids) for d in loop.step())
     seconds = time.perf_counter() - t0
     steps = loop.num_steps - first  # executed steps (an overlapped loop's last call only flushes)
-    server = executor_seconds() - server0 if executor_seconds else executor.seconds["execute"]
+    server = executor_metrics()[0] - server0 if executor_metrics else executor.seconds["execute"]
     return {"output_tokens": tokens, "seconds": seconds, "output_tokens_per_s": tokens / seconds,
             "steps": steps, "step_ms": 1e3 * seconds / steps,
             "reserve_ms": 1e3 * memory.seconds["reserve"] / steps,
@@ -108,18 +108,17 @@ def drive(loop, prompts: list[list[int]], sampling: SamplingParams, executor_sec
             "overhead_ms": 1e3 * (seconds - server) / steps}
 
 
-def executor_seconds_of(metrics_url: str, with_count: bool = False):
-    """A callable: the executor's `pagedserve:execute_seconds` sum so far, from its metrics
-    (with `with_count`: (sum, number of Execute calls))."""
+def executor_metrics_of(metrics_url: str):
+    """A callable: the executor's `pagedserve:execute_seconds` so far, from its metrics, as
+    (sum of seconds, number of Execute calls)."""
     import re
     import urllib.request
 
-    def read():
+    def read() -> tuple[float, int]:
         text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-        total = float(re.search(r"^pagedserve:execute_seconds_sum (\S+)", text, re.M).group(1))
-        if not with_count:
-            return total
-        return total, int(float(re.search(r"^pagedserve:execute_seconds_count (\S+)", text, re.M).group(1)))
+        total = re.search(r"^pagedserve:execute_seconds_sum (\S+)", text, re.M).group(1)
+        calls = re.search(r"^pagedserve:execute_seconds_count (\S+)", text, re.M).group(1)
+        return float(total), int(float(calls))
 
     return read
 
@@ -179,8 +178,7 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict[str, list[dict]]
         gateway = sup.by_name["gateway"].spec.address
         argv = sup.by_name["executor"].spec.argv
         port = argv[argv.index("--metrics-port") + 1]
-        server_seconds = executor_seconds_of(f"http://127.0.0.1:{port}/metrics")
-        server_calls = executor_seconds_of(f"http://127.0.0.1:{port}/metrics", with_count=True)
+        server_metrics = executor_metrics_of(f"http://127.0.0.1:{port}/metrics")
         remote_ex = RemoteExecutorClient(executor)
         vocab = remote_ex.model_info().vocab_size
         memory, executor = TimedMemory(RemoteMemoryClient(memsvc)), TimedExecutor(remote_ex)
@@ -198,11 +196,11 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict[str, list[dict]]
                 if kind == "gateway":
                     through_gateway(gateway, warm(vocab, run), sampling)
                     runs[kind].append(through_gateway(gateway, prompts_for(vocab, run), sampling,
-                                                      server_calls))
+                                                      server_metrics))
                 else:
-                    clock = None if kind == "in_process" else server_seconds
+                    metrics = None if kind == "in_process" else server_metrics
                     drive(loops[kind], warm(vocab, run), sampling)
-                    runs[kind].append(drive(loops[kind], prompts_for(vocab, run), sampling, clock))
+                    runs[kind].append(drive(loops[kind], prompts_for(vocab, run), sampling, metrics))
                 run += 1
         for loop in loops.values():
             loop.close()
