@@ -149,8 +149,7 @@ class Scheduler:
             out, prompt = seq.output_token_ids, seq.prompt_token_ids
             plen = len(prompt)
             num_tokens = plen + len(out)
-            computed = seq.num_computed
-            limit = num_tokens if seq.fork_at is None else seq.fork_at
+            computed, limit = seq.num_computed, seq.compute_limit
             step = inflight.get(seq.seq_id) if inflight else None
             if step is not None:
                 computed = step.start_pos + len(step.token_ids)
