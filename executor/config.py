@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from executor.simulated import SPEC_HELP, parse_spec
 from wire.health_port import health_port_setting
 from wire.metrics import metrics_port_setting
 from wire.settings import setting
@@ -38,6 +39,13 @@ class ExecutorConfig:
     zero_cost: bool = setting(False, "serve a zero-cost stand-in for the model (one fixed token "
                               "per sequence, nothing computed): for measuring the control plane "
                               "(pagedserve bench control-plane)")
+    simulate: str | None = setting(None, "serve a simulated accelerator: the zero-cost stand-in "
+                                   "answering each Execute after the step time a roofline model "
+                                   "gives, slept (no CPU used); " + SPEC_HELP,
+                                   metavar="MODEL_SHAPE@GPU")
+    simulate_step_ms: float | None = setting(None, "serve a simulated accelerator whose every step "
+                                             "takes this long (slept, no CPU used), instead of "
+                                             "--simulate's roofline", metavar="MS")
     metrics_port: int | None = metrics_port_setting()
     health_port: int | None = health_port_setting()
     tls: TlsConfig = field(default_factory=TlsConfig)
@@ -50,3 +58,20 @@ class ExecutorConfig:
             raise ValueError(f"--max-model-len must be positive, got {self.max_model_len}")
         if self.drain_timeout < 0:
             raise ValueError(f"--drain-timeout must be >= 0, got {self.drain_timeout}")
+        if self.simulate is not None and self.simulate_step_ms is not None:
+            raise ValueError("--simulate and --simulate-step-ms both set: give one (a roofline "
+                             "model or a fixed step time)")
+        if self.simulate is not None:
+            parse_spec(self.simulate)
+        if self.simulate_step_ms is not None and not self.simulate_step_ms > 0:
+            raise ValueError(f"--simulate-step-ms must be positive, got {self.simulate_step_ms}")
+
+    @property
+    def simulated(self) -> bool:
+        """--simulate or --simulate-step-ms: a zero-cost executor that sleeps a modeled step time."""
+        return self.simulate is not None or self.simulate_step_ms is not None
+
+    @property
+    def model_free(self) -> bool:
+        """No model is loaded: --zero-cost, or a simulated accelerator (which implies it)."""
+        return self.zero_cost or self.simulated

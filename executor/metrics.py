@@ -5,10 +5,13 @@
 - pagedserve:executed_tokens_total, pagedserve:execute_steps_total
 - pagedserve:execute_merged_calls_total: Execute calls that shared a forward pass with
   another (several gateways on one executor, executor.step_merger)
+- pagedserve:execute_simulated_seconds_total: modeled step time slept by a simulated
+  accelerator (--simulate, executor.simulated); only on such an executor
 """
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 from wire.metrics import STEP_BUCKETS, new_registry
 
@@ -35,3 +38,15 @@ class ExecutorMetrics:
         self.tokens.observe(tokens)
         self.tokens_total.inc(tokens)
         self.steps.inc()
+
+
+class SimulatedSeconds:
+    """A collector: the simulated executor's `simulated_seconds`, read at each scrape."""
+
+    def __init__(self, executor, registry: CollectorRegistry):
+        self.executor = executor
+        registry.register(self)
+
+    def collect(self):
+        yield CounterMetricFamily("pagedserve:execute_simulated_seconds", "Modeled step time slept "
+                                  "by a simulated accelerator.", value=self.executor.simulated_seconds)

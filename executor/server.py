@@ -223,14 +223,22 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
 
     from wire.device import on_device, resolve_dtype
 
-    if config.zero_cost:
+    if config.model_free:
         from executor.default_model import resolve_model
+        from executor.metrics import SimulatedSeconds
+        from executor.simulated import SimulatedExecutor
         from executor.zero_cost import ZeroCostExecutor
 
         torch_device, memsvc_device = "cpu", "cpu"
-        executor = ZeroCostExecutor(config.block_size, config.max_model_len or 8192,
-                                    resolve_model(None, progress=False))
-        log.info("zero-cost executor: one fixed token per sequence, no model")
+        args = (config.block_size, config.max_model_len or 8192, resolve_model(None, progress=False))
+        if config.simulated:
+            executor = SimulatedExecutor(*args, spec=config.simulate, step_ms=config.simulate_step_ms)
+            SimulatedSeconds(executor, servicer.metrics.registry)
+            log.info("simulated executor %s: one fixed token per sequence after a modeled step "
+                     "time, no model", executor.info.name)
+        else:
+            executor = ZeroCostExecutor(*args)
+            log.info("zero-cost executor: one fixed token per sequence, no model")
     else:
         torch_device, memsvc_device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, torch_device)

@@ -1,0 +1,119 @@
+"""The simulated accelerator: zero-cost outputs after a modeled (here: recorded, not slept) step time."""
+import pytest
+
+from executor.config import ExecutorConfig
+from executor.simulated import GPUS, SHAPES, SimulatedExecutor, parse_spec
+from executor.zero_cost import ZeroCostExecutor
+from wire.protocol import SamplingParams, SeqStep, StepBatch
+from wire.settings import to_argv
+
+SP = SamplingParams()
+
+
+def decode(batch: int, context: int) -> StepBatch:
+    return StepBatch([SeqStep(f"s{i}", [7], context - 1, [0], [0], True, SP, 1) for i in range(batch)])
+
+
+def prefill(tokens: int) -> StepBatch:
+    return StepBatch([SeqStep("p", list(range(tokens)), 0, [0] * tokens, [0], True, SP, 1)])
+
+
+def test_roofline_is_positive_and_grows_with_tokens_and_context():
+    r = parse_spec("llama-8b@h200")
+    base = r.step_seconds(decode(1, 100))
+    assert base > 0
+    assert r.step_seconds(decode(256, 100)) > base
+    assert r.step_seconds(decode(256, 4000)) > r.step_seconds(decode(256, 100))
+    assert r.step_seconds(prefill(8192)) > r.step_seconds(prefill(512))  # compute bound
+
+
+def test_bigger_model_and_slower_gpu_take_longer():
+    batch = decode(64, 500)
+    assert parse_spec("llama-70b@h200").step_seconds(batch) > parse_spec("llama-8b@h200").step_seconds(batch)
+    assert parse_spec("llama-8b@l40s").step_seconds(batch) > parse_spec("llama-8b@h200").step_seconds(batch)
+
+
+def test_every_shape_and_gpu_parses():
+    for shape in SHAPES:
+        for gpu in GPUS:
+            assert parse_spec(f"{shape}@{gpu}").step_seconds(decode(4, 10)) > 0
+    assert parse_spec(" Llama-8B@H200 ") == parse_spec("llama-8b@h200")
+
+
+@pytest.mark.parametrize("spec", ["llama-9b@h200", "llama-8b@tpu", "llama-8b", "h200"])
+def test_bad_spec_names_the_choices(spec):
+    with pytest.raises(ValueError) as e:
+        parse_spec(spec)
+    assert "--simulate" in str(e.value) and "llama-8b" in str(e.value) and "h200" in str(e.value)
+
+
+def test_step_ms_is_slept_and_counted():
+    slept = []
+    ex = SimulatedExecutor(step_ms=10.0, sleep=slept.append)
+    ex.execute(decode(3, 5))
+    ex.execute(decode(2, 6))
+    assert slept == [0.01, 0.01]
+    assert ex.simulated_seconds == pytest.approx(0.02) and ex.num_steps == 2
+
+
+def test_roofline_time_is_what_is_slept():
+    slept = []
+    ex = SimulatedExecutor(spec="llama-1b@h200", sleep=slept.append)
+    batch = decode(8, 50)
+    ex.execute(batch)
+    assert slept == [ex.roofline.step_seconds(batch)] and ex.simulated_seconds == slept[0]
+
+
+def test_empty_step_sleeps_nothing():
+    slept = []
+    ex = SimulatedExecutor(step_ms=5.0, sleep=slept.append)
+    assert ex.execute(StepBatch([])) == [] and slept == [] and ex.simulated_seconds == 0
+
+
+def test_outputs_and_geometry_equal_zero_cost():
+    batch = StepBatch([SeqStep("a", [1, 2], 0, [0, 1], [0], True, SP, 1),
+                       SeqStep("b", [3], 0, [16], [1], False, SP, 1),
+                       SeqStep("c", [4], 9, [9], [0], True, SP, 1)])
+    sim = SimulatedExecutor(16, 4096, spec="llama-8b@h100", sleep=lambda s: None)
+    zero = ZeroCostExecutor(16, 4096)
+    assert sim.execute(batch) == zero.execute(batch)
+    assert sim.model_info().kv == zero.model_info().kv
+    assert sim.model_info().max_model_len == 4096
+
+
+def test_takes_exactly_one_of_spec_and_step_ms():
+    with pytest.raises(ValueError):
+        SimulatedExecutor()
+    with pytest.raises(ValueError):
+        SimulatedExecutor(spec="llama-8b@h200", step_ms=1.0)
+
+
+def test_config_validation():
+    assert ExecutorConfig(simulate="llama-8b@h200").model_free
+    assert ExecutorConfig(simulate_step_ms=2.5).simulated
+    assert not ExecutorConfig().model_free and ExecutorConfig(zero_cost=True).model_free
+    assert ExecutorConfig(zero_cost=True, simulate="llama-1b@h200").simulated  # redundant, allowed
+    with pytest.raises(ValueError, match="--simulate-step-ms must be positive"):
+        ExecutorConfig(simulate_step_ms=0)
+    with pytest.raises(ValueError, match="give one"):
+        ExecutorConfig(simulate="llama-8b@h200", simulate_step_ms=1.0)
+    with pytest.raises(ValueError, match="llama-70b"):
+        ExecutorConfig(simulate="gpt-4@h200")
+
+
+def test_simulate_flags_round_trip():
+    argv = to_argv(ExecutorConfig(simulate="llama-8b@h200"))
+    assert argv[argv.index("--simulate") + 1] == "llama-8b@h200"
+    argv = to_argv(ExecutorConfig(simulate_step_ms=10.0))
+    assert argv[argv.index("--simulate-step-ms") + 1] == "10.0"
+
+
+def test_simulated_seconds_in_metrics():
+    from prometheus_client import generate_latest
+
+    from executor.metrics import ExecutorMetrics, SimulatedSeconds
+
+    metrics, ex = ExecutorMetrics(), SimulatedExecutor(step_ms=250.0, sleep=lambda s: None)
+    SimulatedSeconds(ex, metrics.registry)
+    ex.execute(decode(1, 1))
+    assert "pagedserve:execute_simulated_seconds_total 0.25" in generate_latest(metrics.registry).decode()
