@@ -10,6 +10,14 @@ included), Execute (wire + the executor's bookkeeping) and output handling (toke
 detokenized, deltas). In an overlapped loop, Execute is what is left of it after the work
 done while it runs (outputs, and with plan ahead the next step's plan and Reserve), so the
 parts add up to the step.
+
+`--simulate MODEL_SHAPE@GPU` or `--simulate-step-ms MS` runs a simulated accelerator instead
+(executor.simulated: the zero-cost executor sleeping a modeled step time, no CPU). Each row
+then also says how busy it kept that accelerator: `busy` is the executor's simulated
+seconds over the measured run's wall seconds (0 with the zero-cost executor, which models
+no time), `idle_ms` the wall time per step it was not busy, and `cpu_ms` the CPU
+milliseconds per step of each process, gateway (this process), memsvc and executor, from
+/proc (benchmarks.proc_cpu).
 """
 from __future__ import annotations
 
@@ -18,13 +26,17 @@ import json
 import os
 import sys
 import time
+import urllib.request
 
+from benchmarks.proc_cpu import cpu_seconds
 from wire.protocol import SamplingParams
+
+SIMULATED_METRIC = "pagedserve:execute_simulated_seconds_total"
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("control-plane", help="per-step cost of the gateway loop, memsvc and the wire "
-                       "with a zero-cost executor", description=__doc__.split("\n\n")[0])
+                       "with a zero-cost or simulated executor", description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-sizes", default="64,256,1024", help="comma-separated batch sizes")
     p.add_argument("--input-len", type=int, default=32, help="prompt tokens per request")
     p.add_argument("--output-len", type=int, default=64, help="output tokens per request")
@@ -35,6 +47,12 @@ def add_parser(sub) -> None:
                    help="comma-separated loop kinds, run in turn: ahead (the gateway's default: "
                    "outputs handled and the next step planned and reserved while a step runs), "
                    "overlap (outputs only), serial (one phase after the other)")
+    p.add_argument("--simulate", metavar="MODEL_SHAPE@GPU",
+                   help="the executor is a simulated accelerator with a roofline step time "
+                   "(pagedserve executor --simulate: e.g. llama-8b@h200, llama-1b@h200; the shapes, "
+                   "GPUs and figures are in its --help)")
+    p.add_argument("--simulate-step-ms", type=float, metavar="MS",
+                   help="the executor is a simulated accelerator whose every step takes MS")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object keyed by batch size (by loop kind, then batch size, "
                    "with several --loops), nothing else")
@@ -42,8 +60,10 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def start_services(block_size: int, kv_tokens: int, prefix_caching: bool = True):
-    """memsvc and a zero-cost executor as processes under a Supervisor (started)."""
+def start_services(block_size: int, kv_tokens: int, prefix_caching: bool = True,
+                   simulate: str | None = None, simulate_step_ms: float | None = None):
+    """memsvc and a zero-cost (or simulated) executor as processes under a Supervisor (started).
+    The executor of a simulation serves metrics (`--metrics-port`), for its simulated seconds."""
     from executor.config import ExecutorConfig
     from memsvc.config import MemsvcConfig
     from pagedserve.serve_cmd import free_port
@@ -53,15 +73,37 @@ def start_services(block_size: int, kv_tokens: int, prefix_caching: bool = True)
     cli = [sys.executable, "-m", "pagedserve.cli"]
     m = MemsvcConfig(port=free_port(), kv_tokens=kv_tokens, prefix_caching=prefix_caching,
                      preemption_mode="recompute")
+    simulated = simulate is not None or simulate_step_ms is not None
     e = ExecutorConfig(port=free_port(), memsvc=f"127.0.0.1:{m.port}", block_size=block_size,
-                       zero_cost=True, max_model_len=8192)
+                       zero_cost=not simulated, simulate=simulate, simulate_step_ms=simulate_step_ms,
+                       metrics_port=free_port() if simulated else None, max_model_len=8192)
     sup = Supervisor([
         ServiceSpec("memsvc", cli + ["memsvc", *to_argv(m)], f"127.0.0.1:{m.port}",
                     shm_patterns=["/dev/shm/pagedserve-kv-{pid}-*"]),
         ServiceSpec("executor", cli + ["executor", *to_argv(e)], f"127.0.0.1:{e.port}"),
     ], log=lambda *a: None)
     sup.start()
-    return sup, f"127.0.0.1:{m.port}", f"127.0.0.1:{e.port}"
+    return sup, f"127.0.0.1:{m.port}", f"127.0.0.1:{e.port}", e.metrics_port
+
+
+def simulated_seconds_of(metrics_port: int | None):
+    """A callable: the executor's simulated seconds so far (0.0 without a simulation)."""
+    def read() -> float:
+        if metrics_port is None:
+            return 0.0
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        for line in text.splitlines():
+            if line.startswith(SIMULATED_METRIC + " "):
+                return float(line.split()[1])
+        raise RuntimeError(f"the executor's metrics have no {SIMULATED_METRIC}")
+
+    return read
+
+
+def service_pids(sup) -> dict[str, int | None]:
+    """{process: pid}: None for the gateway, which is this process (benchmarks.proc_cpu)."""
+    return {"gateway": None, "memsvc": sup.by_name["memsvc"].proc.pid,
+            "executor": sup.by_name["executor"].proc.pid}
 
 
 LOOP_KINDS = ("ahead", "overlap", "serial")
@@ -117,7 +159,30 @@ def measure(loop, batch: int, input_len: int, output_len: int, tag: str) -> dict
             "reserved_ahead": loop.num_ahead - loop.num_deferred}
 
 
+def measure_busy(loop, batch: int, input_len: int, output_len: int, tag: str, pids: dict,
+                 simulated) -> dict:
+    """`measure`, plus busy, idle_ms and cpu_ms (per process) over the same run."""
+    sim0 = simulated()
+    cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    r = measure(loop, batch, input_len, output_len, tag)
+    cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+    busy_s = simulated() - sim0
+    steps = max(r["steps"], 1)
+    wall = r["ms_per_step"] * steps / 1e3
+    r["busy"] = busy_s / wall
+    r["idle_ms"] = 1e3 * (wall - busy_s) / steps
+    r["cpu_ms"] = {name: 1e3 * seconds / steps for name, seconds in cpu.items()}
+    return r
+
+
 def run(args) -> int:
+    from executor.config import ExecutorConfig
+
+    try:  # the executor's own checks, before any process starts
+        ExecutorConfig(simulate=args.simulate, simulate_step_ms=args.simulate_step_ms)
+    except ValueError as e:
+        print(f"bench control-plane: {e}", file=sys.stderr)
+        return 2
     sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
     kinds = [k.strip() for k in args.loops.split(",") if k.strip()]
     bad = [k for k in kinds if k not in LOOP_KINDS]
@@ -127,15 +192,17 @@ def run(args) -> int:
     biggest = max(sizes)
     per_seq = args.input_len + args.output_len
     kv_tokens = (biggest * (-(-per_seq // args.block_size)) + 64) * args.block_size
-    sup, memsvc, executor = start_services(args.block_size, kv_tokens, not args.no_prefix_caching)
+    sup, memsvc, executor, metrics_port = start_services(
+        args.block_size, kv_tokens, not args.no_prefix_caching, args.simulate, args.simulate_step_ms)
+    pids, simulated = service_pids(sup), simulated_seconds_of(metrics_port)
     results: dict[str, dict[str, dict]] = {k: {} for k in kinds}
     try:
         for batch in sizes:
             for kind in kinds:  # in turn at each size: the same conditions for each kind
                 loop, clients = build_loop(memsvc, executor, batch, args.input_len, kind)
                 measure(loop, min(batch, 64), args.input_len, 8, f"warm{batch}{kind}")
-                results[kind][str(batch)] = measure(loop, batch, args.input_len, args.output_len,
-                                                    f"b{batch}{kind}")
+                results[kind][str(batch)] = measure_busy(loop, batch, args.input_len, args.output_len,
+                                                         f"b{batch}{kind}", pids, simulated)
                 loop.close()
                 for c in clients:
                     c.close()
@@ -145,19 +212,32 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(flat))
     else:
-        print(f"control plane: zero-cost executor, {args.input_len} in / {args.output_len} out, "
-              f"all requests at once ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f})")
+        print(f"control plane: {executor_name(args)} executor, {args.input_len} in / "
+              f"{args.output_len} out, all requests at once ({os.cpu_count()} CPUs, load "
+              f"{os.getloadavg()[0]:.2f}); busy: simulated / wall seconds, idle and CPU: ms per step")
         print(f"{'loop':>8} {'batch':>6} {'ms/step':>8} {'schedule':>9} {'reserve':>8} {'execute':>8} "
-              f"{'output':>7} {'ahead':>6}")
+              f"{'output':>7} {'ahead':>6} {'busy':>5} {'idle':>6} {'cpu gw':>7} {'memsvc':>7} "
+              f"{'exec':>6}")
         for batch in sizes:
             for kind in kinds:
                 r = results[kind][str(batch)]
                 print(f"{kind:>8} {batch:>6} {r['ms_per_step']:8.2f} {r['schedule_ms']:9.2f} "
                       f"{r['reserve_ms']:8.2f} {r['execute_ms']:8.2f} {r['output_ms']:7.2f} "
-                      f"{r['reserved_ahead']:>6}")
+                      f"{r['reserved_ahead']:>6} {r['busy']:5.2f} {r['idle_ms']:6.2f} "
+                      f"{r['cpu_ms']['gateway']:7.2f} {r['cpu_ms']['memsvc']:7.2f} "
+                      f"{r['cpu_ms']['executor']:6.2f}")
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"input_len": args.input_len, "output_len": args.output_len,
+                       "executor": executor_name(args),
                        "load": os.getloadavg()[0], "results": flat}, f, indent=1)
     return 0
+
+
+def executor_name(args) -> str:
+    if args.simulate is not None:
+        return f"simulated {args.simulate}"
+    if args.simulate_step_ms is not None:
+        return f"simulated {args.simulate_step_ms:g} ms/step"
+    return "zero-cost"
