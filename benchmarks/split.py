@@ -77,6 +77,10 @@ class TimedMemory(_Timed, MemoryClient):
 
 
 class TimedExecutor(_Timed, ExecutorClient):
+    @property
+    def feeds_itself(self) -> bool:
+        return getattr(self.inner, "feeds_itself", False)
+
     def model_info(self) -> ModelInfo:
         return self._timed("model_info", self.inner.model_info)
 

@@ -23,6 +23,8 @@ import uuid
 from wire import convert
 from wire.protocol import SeqStep, StepBatch
 from wire.step_delta import STATE_LOST
+from wire.step_feed import FED, LastSampled, StepOrder
+
 SESSION_IDLE_S = 600.0
 
 
@@ -43,6 +45,26 @@ class _Seq:
         self.prompt = prompt  # None unless prompt logprobs need the whole prompt
 
 
+class _Session:
+    """One gateway's sequences, the last token each sampled, and the order of its steps."""
+
+    __slots__ = ("seqs", "feed", "order")
+
+    def __init__(self):
+        self.seqs: dict[str, _Seq] = {}
+        self.feed = LastSampled()
+        self.order = StepOrder(joined=True)
+
+
+class Expanded:
+    """An ExecuteRequest as the StepBatch to run, with what `fill` and `record` need."""
+
+    __slots__ = ("batch", "session", "histories")
+
+    def __init__(self, batch: StepBatch, session: _Session, histories: list):
+        self.batch, self.session, self.histories = batch, session, histories
+
+
 class SequenceStates:
     def __init__(self, block_size: int, incarnation: str | None = None, idle_s: float = SESSION_IDLE_S,
                  clock=time.monotonic):
@@ -50,32 +72,42 @@ class SequenceStates:
         self.incarnation = incarnation or uuid.uuid4().hex
         self.idle_s = idle_s
         self.clock = clock
-        self.sessions: dict[str, dict[str, _Seq]] = {}
+        self.sessions: dict[str, _Session] = {}
         self._seen: dict[str, float] = {}
         self._lock = threading.Lock()
         self._next_sweep = clock() + idle_s
 
     def num_sequences(self) -> int:
-        return sum(len(s) for s in self.sessions.values())
+        return sum(len(s.seqs) for s in self.sessions.values())
 
-    def _session(self, session_id: str) -> dict[str, _Seq]:
+    def order(self, session_id: str) -> StepOrder:
+        """The order of the session's steps: wait for a step's turn before `expand`; it
+        passes once `fill` ran (or failed)."""
+        return self._session(session_id).order
+
+    def _session(self, session_id: str) -> _Session:
         now = self.clock()
         with self._lock:
             if now >= self._next_sweep:
-                for sid in [s for s, t in self._seen.items() if now - t > self.idle_s]:
+                for sid in [k for k, t in self._seen.items() if now - t > self.idle_s]:
                     self._seen.pop(sid, None)
                     self.sessions.pop(sid, None)
                 self._next_sweep = now + self.idle_s
             self._seen[session_id] = now
-            return self.sessions.setdefault(session_id, {})
+            session = self.sessions.get(session_id)
+            if session is None:
+                session = self.sessions[session_id] = _Session()
+            return session
 
-    def expand(self, m) -> StepBatch:
-        """The full StepBatch of an ExecuteRequest; applies its changes to the state.
-        StateLost: see the module docstring; ValueError: a change that does not fit."""
+    def expand(self, m) -> Expanded:
+        """The full StepBatch of an ExecuteRequest; applies its changes to the state. A fed
+        token (wire.step_feed) is FED until `fill`. StateLost: see the module docstring;
+        ValueError: a change that does not fit."""
         if m.incarnation and m.incarnation != self.incarnation:
             raise StateLost(f"{STATE_LOST}: this executor process ({self.incarnation[:8]}) is not the "
                             f"one the state was sent to ({m.incarnation[:8]}): send every sequence's state")
-        session = self._session(m.session_id)
+        holder = self._session(m.session_id)
+        session = holder.seqs
         for seq_id in m.forget:
             session.pop(seq_id, None)
         prev, sp = None, None
@@ -90,14 +122,21 @@ class SequenceStates:
         token_ids, new_blocks = list(m.token_ids), list(m.new_blocks)  # list slices are cheaper
         seqs = []
         at = bat = 0
-        for seq_id, start, n, sample, table_start, nb in zip(
-                m.seq_ids, m.start_pos, m.num_tokens, m.sample, m.table_start, m.num_new_blocks):
+        fed = m.fed or [False] * len(m.seq_ids)
+        histories = []
+        for seq_id, start, n, sample, table_start, nb, own in zip(
+                m.seq_ids, m.start_pos, m.num_tokens, m.sample, m.table_start, m.num_new_blocks, fed):
             st = session.get(seq_id)
             if st is None:
                 raise StateLost(f"{STATE_LOST}: sequence {seq_id!r} is unknown to this executor: "
                                 "send its state")
-            tokens = token_ids[at:at + n]
-            at += n
+            if own:
+                if n != 1:
+                    raise ValueError(f"sequence {seq_id}: a fed step computes one token, not {n}")
+                tokens = [FED]
+            else:
+                tokens = token_ids[at:at + n]
+                at += n
             table = st.table
             if table_start > len(table):
                 raise ValueError(f"sequence {seq_id}: block table change at {table_start}, "
@@ -124,8 +163,25 @@ class SequenceStates:
                 prompt, output = [], []
             if st.prompt is not None:
                 prompt = st.prompt
-            seqs.append(SeqStep(seq_id, tokens, start, slots, table, sample, st.sampling, st.seed,
+            if own and history is not None:
+                histories.append((len(seqs), history))
+            # a copy of the table: the next step's change may come while this one runs
+            seqs.append(SeqStep(seq_id, tokens, start, slots, table[:], sample, st.sampling, st.seed,
                                 prompt, output))
         if at != len(token_ids) or bat != len(new_blocks):
             raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
-        return StepBatch(seqs, m.pool_epoch, list(m.forget))
+        return Expanded(StepBatch(seqs, m.pool_epoch, list(m.forget)), holder, histories)
+
+    @staticmethod
+    def fill(step: Expanded) -> None:
+        """Just before the step runs: its fed tokens from the session's last samples
+        (wire.step_feed.FedTokenUnknown if one is not held), into the token histories too."""
+        step.session.feed.fill(step.batch)
+        seqs = step.batch.seqs
+        for i, history in step.histories:
+            s = seqs[i]
+            history[s.start_pos] = s.token_ids[0]
+
+    @staticmethod
+    def record(step: Expanded, outputs) -> None:
+        step.session.feed.record(step.batch, outputs)

@@ -37,7 +37,6 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -47,6 +46,7 @@ from executor.config import ExecutorConfig
 from executor.metrics import ExecutorMetrics
 from executor.sequence_state import SequenceStates, StateLost
 from executor.step_merger import StepMerger
+from wire.step_feed import FedTokenUnknown
 from wire import convert, peer_auth
 from wire.grpc_service import Service, get_logger, open_channel, stop_on_signals, wait
 from wire.heap import freeze_heap
@@ -113,18 +113,33 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         if request.pool_epoch and self.pool_epoch and request.pool_epoch != self.pool_epoch:
             context.abort(grpc.StatusCode.ABORTED, "this step was reserved in a KV pool that is "
                           "gone (memsvc restarted): reserve it again")
+        order = self.states.order(request.session_id)
+        order.wait_turn(request.step)
         try:
-            batch = self.states.expand(request)
-        except StateLost as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except (ValueError, IndexError) as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}")
+            step = self.states.expand(request)
+        except BaseException as e:
+            order.passed(request.step)
+            if isinstance(e, StateLost):
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            if isinstance(e, (ValueError, IndexError)):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}")
+            raise
+        batch = step.batch
         tokens = sum(len(s.token_ids) for s in batch.seqs)
+
+        def before():  # on the model thread, just before the pass: the session's next step may expand
+            try:
+                self.states.fill(step)
+            finally:
+                order.passed(request.step)
+
         self._enter(1)
         try:
             start = time.perf_counter()
-            outputs = self.merger.run(batch, caller=context.peer())
+            outputs = self.merger.run(batch, context.peer(), before, lambda outs: self.states.record(step, outs))
             seconds = time.perf_counter() - start
+        except FedTokenUnknown as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except (ValueError, IndexError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}")
         finally:
@@ -178,24 +193,19 @@ def map_pool(handle: memory_pb2.PoolHandle):
 
 
 def _on_device_of(executor):
-    """executor.execute on one long-lived thread, with its device current.
+    """executor.execute with its device current, for the merger's model thread.
 
-    gRPC answers each call on whichever worker thread is free; torch's OpenMP runtime keeps
-    one thread team per calling thread, so passes hopping between workers left the last
-    team's threads spinning against the new one's (on a 2-core machine a batch-64 decode
-    step took ~1.5x as long as in process). One model thread keeps one warm team; it also
-    keeps the device current (gRPC worker threads start on device 0)."""
+    One long-lived model thread: torch's OpenMP runtime keeps one thread team per calling
+    thread, so passes hopping between gRPC workers left the last team's threads spinning
+    against the new one's (on a 2-core machine a batch-64 decode step took ~1.5x as long as
+    in process); and gRPC worker threads start on device 0."""
     from wire.device import on_device
 
     device = getattr(executor, "device", "cpu")
-    model_thread = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-model")
-
-    def run(batch):
-        with on_device(device):
-            return executor.execute(batch)
 
     def execute(batch):
-        return model_thread.submit(run, batch).result()
+        with on_device(device):
+            return executor.execute(batch)
 
     return execute
 

@@ -4,64 +4,44 @@ One step: plan (scheduler) -> reserve (memsvc) -> execute (executor) -> apply to
 detokenize, apply stop rules. Finished and cancelled sequences are freed, and the forks a
 step queued (n > 1 samples, beams) made, by the next reserve, which also reports the
 previous step's computed tokens and executor seconds (memsvc's recompute cost); the
-executor hears of finished and preempted sequences with the next batch (`forget`). Beam search streams nothing until
-it ends; then each of its n best completions comes as one delta, best first (index 0).
-The loop is synchronous; the gRPC gateway drives it from its event loop.
+executor hears of finished and preempted sequences with the next batch (`forget`). Beam
+search streams nothing until it ends; then each of its n best completions comes as one
+delta, best first (index 0). The loop is synchronous; the gateway drives it from one thread
+(gateway.step_runner).
 
-With `SchedulerConfig.overlap`, `step()` sends the batch to the executor from a helper
-thread and, while it runs, turns the previous step's tokens into deltas (detokenizing,
-stop strings). It returns those deltas, so each step's deltas come out one call later
-(`has_work()` stays true until they have); with a `deliver` callback set, it hands them to
-the callback as soon as they are made, while the executor still runs, so a token waits for
-the next step's plan and Reserve but not for the whole next step. The scheduler still
-applies each step's tokens before the next plan (EOS, max_tokens and the sequence state are
-never late); only a stop string is seen one step later: that sequence computes one more
-token, which is dropped. Everything touches the loop on the caller's thread; the helper
-thread only waits on the executor. `close()` ends the helper thread.
-
-With `SchedulerConfig.plan_ahead` as well (the gateway's default), the loop then also plans
-and reserves the step after the running one (`Scheduler.plan(ahead_of=batch)`): each
-sequence of the running batch as if its tokens were computed and its sample drawn (that
-token's id `pending` for memsvc, sent in a later plan's `fills`). When the step ends, its
-tokens are applied and the reservation becomes the next batch at once; a sequence that
-ended meanwhile (EOS, a stop token, an abort) is dropped from it and freed by the next
-Reserve. Where the next plan depends on more than token counts (forks, beam search,
-swapped-out sequences) nothing is planned ahead, and memsvc defers a plan made ahead that
-would copy blocks or preempt (the running step uses the pool): the next step is then planned
-once this one is done, as in the serial loop. Outputs are those of the serial loop; a
-sequence that ends by EOS or a stop token costs one slot reserved for nothing.
+`_serial_step` does the four one after the other. With `SchedulerConfig.overlap`,
+`_overlapped_step` keeps the executor fed instead (docs/ARCHITECTURE.md, "The step path"):
+while step N runs it plans and reserves step N + 1 as if N's tokens were computed
+(`Scheduler.plan(ahead_of=)`, plan_ahead) and sends it at once, naming each token N
+samples as the executor's own (wire.step_feed.FED), so the executor starts N + 1 the
+moment N ends; then it turns step N - 1's tokens into deltas (handed to `deliver` at once
+when set), and applies N's tokens when N returns. Where the next plan depends on more than
+token counts (forks, beam search, swapped-out sequences) or memsvc defers it (it would copy
+blocks or preempt while steps use the pool), nothing goes ahead: the next step is planned
+once N is done, as in the serial loop. Outputs are the serial loop's: a sequence that ends
+by EOS or a stop token at N computes one token in N + 1 for nothing (a stop string: two,
+as it is seen when N's deltas are made), and it is dropped.
 """
 from __future__ import annotations
 
 import hashlib
 import secrets
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from gateway.beam_search import BeamSearch, beam_sampling
 from gateway.output_stream import OutputStream
 from wire.protocol import Delta
 from gateway.scheduler import BeamDone, Scheduler, SchedulerConfig, SeqUpdate
-from gateway.sequence import Sequence, SeqStatus
+from gateway.sequence import Sequence
+from gateway.step_pipeline import InFlight, StepPipeline
 from wire.clients import ExecutorClient, MemoryClient
-from wire.protocol import Plan, ReserveResult, SamplingParams, StepBatch
+from wire.protocol import Plan, ReserveResult, SampleOutput, SamplingParams, StepBatch
+from wire.step_feed import OrderedExecutor, lost_feed
 
 
 class RequestError(ValueError):
     """A request the gateway refuses; the message names the field to change."""
-
-
-def _timed(fn, *args):
-    start = time.perf_counter()
-    result = fn(*args)
-    return result, time.perf_counter() - start
-
-
-def _started(started: threading.Event, fn, *args):
-    started.set()
-    return _timed(fn, *args)
 
 
 def derive_seed(seed: int, index: int) -> int:
@@ -113,11 +93,14 @@ class BatchLoop:
         self._forget: list[str] = []  # for the executor: finished or preempted since its last batch
         self.overlap = config.overlap
         self.plan_ahead = config.overlap and config.plan_ahead
-        self._ahead: ReserveResult | None = None  # plan ahead: the next step's reservation
+        # an executor with `feeds_itself` runs numbered steps in order and fills FED tokens
+        # (the executor service does); any other is run through OrderedExecutor
+        feeds = getattr(executor, "feeds_itself", False)
+        self.pipeline = StepPipeline(executor if feeds else OrderedExecutor(executor))
         self.num_ahead = 0  # plans made ahead, and of them deferred by memsvc
         self.num_deferred = 0
+        self.num_resent = 0  # steps sent ahead that failed and ran again
         self._unapplied: list[SeqUpdate | BeamDone] = []  # overlap: the last step's, not yet deltas
-        self._pool: ThreadPoolExecutor | None = None
         self._ready: list[Delta] = []
         self.deliver = None  # overlap: called with the deltas made while the executor runs
 
@@ -168,12 +151,10 @@ class BatchLoop:
             self.scheduler.abort_request(request_id)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self._unapplied) or self._ahead is not None
+        return self.scheduler.has_work() or bool(self._unapplied) or bool(self.pipeline.inflight)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        self.pipeline.close()
 
     def request_of(self, seq_id: str) -> str | None:
         """The request of a sequence this loop holds (None once it is gone)."""
@@ -181,82 +162,120 @@ class BatchLoop:
         return seq.request_id if seq is not None else None
 
     def step(self) -> list[Delta]:
-        deltas = self._step()
+        deltas = self._overlapped_step() if self.overlap else self._serial_step()
         if self._ready:  # made by a step that then failed
             deltas, self._ready = self._ready + deltas, []
         return deltas
 
-    def _step(self) -> list[Delta]:
-        clock, times = time.perf_counter, self.times
-        t0 = clock()
-        deltas: list[Delta | None] = []
-        batch = None
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:  # reserved while the last step ran
-            batch, rejected = self.scheduler.on_reserved(ahead)
-            deltas = [self._rejected(seq) for seq in rejected]
-            times.schedule += clock() - t0
-            if not batch.seqs:
-                batch = None
+    def _serial_step(self) -> list[Delta]:
+        """Plan, reserve, execute, apply: one after the other."""
+        batch, deltas = self._plan_and_reserve()
         if batch is None:
-            batch, more = self._plan_and_reserve()
-            if batch is None:
-                return [d for d in deltas + more if d]
-            deltas += more
-        times.steps += 1
+            return deltas
         batch.forget, self._forget = self._forget, []
-        t3 = clock()
-        if self.overlap:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-execute")
-            started = threading.Event()
-            running = self._pool.submit(_started, started, self.executor.execute, batch)
-            # Let the helper thread have the GIL until its call is on the wire (it blocks in
-            # gRPC): else it waits for this thread's output work below, up to the 5 ms switch
-            # interval (at batch 256 the Execute went out ~1.4 ms late).
-            started.wait(1.0)
-            deltas.extend(self._deltas(self._take_unapplied()))  # while the executor runs
-            if self.deliver is not None:
-                made, deltas = [d for d in deltas if d], []
-                self.deliver(made)
-            t_out = clock()
-            times.output += t_out - t3
-            if self.plan_ahead:
-                try:
-                    self._ahead = self._reserve_ahead(batch)
-                except BaseException:  # the step fails as a failed Reserve would; the batch ends first
-                    wait([running])
-                    self._ready.extend(d for d in deltas if d)
-                    self._failed(batch)
-                    raise
-            t_wait = clock()
-            try:
-                outputs, seconds = running.result()
-            except BaseException:
-                self._ready.extend(d for d in deltas if d)
-                self._failed(batch)
-                raise
-        else:
-            t_wait = clock()
-            try:
-                outputs = self.executor.execute(batch)
-            except BaseException:
-                self._failed(batch)
-                raise
-            seconds = clock() - t_wait
-        t4 = clock()
-        self._last_step = (sum(len(s.token_ids) for s in batch.seqs), seconds)
-        times.execute += t4 - t_wait
-        self.num_steps += 1
-        updates = self.scheduler.on_sampled(batch, outputs)
-        if self.overlap:
-            self._unapplied = updates
-        else:
-            deltas.extend(self._deltas(updates))
-        times.output += clock() - t4
-        return [d for d in deltas if d]
+        seqs = [self.scheduler.seqs[s.seq_id] for s in batch.seqs]
+        t0 = time.perf_counter()
+        try:
+            outputs = self.executor.execute(batch)
+        except BaseException:
+            self._failed(batch)
+            raise
+        t1 = time.perf_counter()
+        self._executed(batch, t1 - t0)
+        self.times.execute += t1 - t0
+        deltas.extend(self._deltas(self.scheduler.on_sampled(batch, outputs, seqs)))
+        self.times.output += time.perf_counter() - t1
+        return deltas
 
-    def _plan_and_reserve(self) -> tuple[StepBatch | None, list[Delta | None]]:
+    def _overlapped_step(self) -> list[Delta]:
+        """Step N runs; with plan ahead, step N + 1 is planned, reserved and sent now, so
+        the executor starts it the moment N ends; step N - 1's outputs become deltas; then
+        N's tokens are applied. Returns N - 1's deltas (or hands them to `deliver`)."""
+        pipe, clock, times = self.pipeline, time.perf_counter, self.times
+        deltas: list[Delta] = []
+        if not pipe.inflight:
+            batch, deltas = self._plan_and_reserve()
+            if batch is None:
+                return deltas
+            self._send(batch, fed=False)
+        running = pipe.inflight[0]
+        if self.plan_ahead:
+            try:
+                deltas += self._send_ahead(running.batch)
+            except BaseException:  # the step fails as a failed Reserve would; the batch ends first
+                self._ready.extend(deltas)
+                self._void()
+                raise
+        t0 = clock()
+        deltas += self._deltas(self._take_unapplied())  # while the executor runs
+        if self.deliver is not None:
+            self.deliver(deltas)
+            deltas = []
+        t1 = clock()
+        times.output += t1 - t0
+        try:
+            outputs, seconds = self._result(running)
+        except BaseException:
+            self._ready.extend(deltas)
+            self._failed(running.batch)
+            self._void()
+            raise
+        t2 = clock()
+        times.execute += t2 - t1
+        self._executed(running.batch, seconds)
+        self._unapplied = self.scheduler.on_sampled(running.batch, outputs, running.seqs)
+        times.output += clock() - t2
+        return deltas
+
+    def _send(self, batch: StepBatch, fed: bool) -> None:
+        batch.forget, self._forget = self._forget, []
+        self.pipeline.send(batch, [self.scheduler.seqs[s.seq_id] for s in batch.seqs], fed)
+
+    def _send_ahead(self, running: StepBatch) -> list[Delta]:
+        """While `running` runs: plan and reserve the step after it and send it (nothing
+        sent: not granted, the next step is planned once this one is done). Rejections'
+        deltas."""
+        t0 = time.perf_counter()
+        plan = self.scheduler.plan(ahead_of=running)
+        if plan is None or not (plan.entries or plan.free or plan.fills):
+            if plan is not None:
+                self.scheduler.deferred(plan)
+            return []
+        result = self._reserve(plan, t0)
+        self.num_ahead += 1
+        if result.deferred:
+            self.scheduler.deferred(plan)
+            self.num_deferred += 1
+            return []
+        t1 = time.perf_counter()
+        batch, rejected = self.scheduler.on_reserved(result, ahead_of=running)
+        self._forget.extend(p.seq_id for p in result.preempted)
+        deltas = [d for d in (self._rejected(seq) for seq in rejected) if d]
+        if batch.seqs:
+            self._send(batch, fed=True)
+        self.times.schedule += time.perf_counter() - t1
+        return deltas
+
+    def _result(self, step: InFlight) -> tuple[list[SampleOutput], float]:
+        """A step's outputs; a step sent ahead that failed (the executor did not hold a
+        token it was to feed itself: it restarted, or the step before failed) runs again
+        with its tokens, known now."""
+        try:
+            return self.pipeline.wait(step)
+        except Exception as e:
+            if not (step.fed and lost_feed(e)):
+                raise
+        t0 = time.perf_counter()
+        self.num_resent += 1
+        outputs = self.pipeline.resend(step)
+        return outputs, time.perf_counter() - t0
+
+    def _executed(self, batch: StepBatch, seconds: float) -> None:
+        self._last_step = (sum(len(s.token_ids) for s in batch.seqs), seconds)
+        self.times.steps += 1
+        self.num_steps += 1
+
+    def _plan_and_reserve(self) -> tuple[StepBatch | None, list[Delta]]:
         """Plan and reserve the next step after the last one's tokens are applied: the batch
         (None: nothing to run now) and deltas (rejections; earlier steps' tokens when no
         batch runs)."""
@@ -269,7 +288,7 @@ class BatchLoop:
         t2 = clock()
         batch, rejected = self.scheduler.on_reserved(result)
         self._forget.extend(p.seq_id for p in result.preempted)
-        deltas = [self._rejected(seq) for seq in rejected]
+        deltas = [d for d in (self._rejected(seq) for seq in rejected) if d]
         times.schedule += clock() - t2
         if batch.seqs:
             return batch, deltas
@@ -278,23 +297,6 @@ class BatchLoop:
         if stuck and not self.scheduler.release_idle_beams():
             raise RuntimeError("scheduler stalled: requests wait but nothing can run")
         return None, deltas + self._deltas(earlier)
-
-    def _reserve_ahead(self, batch: StepBatch) -> ReserveResult | None:
-        """While `batch` runs: plan and reserve the step after it (None: not granted, the
-        next step is planned once this one is done)."""
-        t0 = time.perf_counter()
-        plan = self.scheduler.plan(ahead_of=batch)
-        if plan is None or not (plan.entries or plan.free or plan.fills):
-            if plan is not None:
-                self.scheduler.deferred(plan)
-            return None
-        result = self._reserve(plan, t0)
-        self.num_ahead += 1
-        if result.deferred:
-            self.scheduler.deferred(plan)
-            self.num_deferred += 1
-            return None
-        return result
 
     def _reserve(self, plan: Plan, planned_since: float) -> ReserveResult:
         """Send `plan` with the last step's report; the executor hears of the sequences it
@@ -309,17 +311,14 @@ class BatchLoop:
         return result
 
     def _failed(self, batch: StepBatch) -> None:
-        """The executor did not run `batch`: the executor hears its forgets again, and a
-        reservation made ahead of it is void (sequences it admitted are freed)."""
+        """The executor did not run `batch`: it hears of its forgets again."""
         self._forget[:0] = batch.forget
-        ahead, self._ahead = self._ahead, None
+
+    def _void(self) -> None:
+        """A step failed: wait for the steps still in flight; they count as not run."""
         self.scheduler.planned = None
-        if ahead is None:
-            return
-        for g in ahead.grants:
-            seq = self.scheduler.seqs.get(g.seq_id)
-            if seq is None or seq.status is SeqStatus.WAITING:
-                self.scheduler.to_free.append(g.seq_id)
+        for step in reversed(self.pipeline.drain()):
+            self._failed(step.batch)
 
     def _take_unapplied(self) -> list[SeqUpdate | BeamDone]:
         updates, self._unapplied = self._unapplied, []

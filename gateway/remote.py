@@ -86,7 +86,10 @@ class RemoteMemoryClient(MemoryClient):
 
 class RemoteExecutorClient(ExecutorClient):
     """`model_info()` is fetched once; its tokenizer files land in a temporary directory
-    (removed by `close()` or at exit) that the returned ModelInfo names."""
+    (removed by `close()` or at exit) that the returned ModelInfo names. The executor
+    service runs numbered steps in order and fills fed tokens itself (wire.step_feed)."""
+
+    feeds_itself = True
 
     def __init__(self, address: str, *, timeout: float | None = None, info_timeout: float = 60.0,
                  tls=None, session_id: str | None = None):
@@ -94,6 +97,7 @@ class RemoteExecutorClient(ExecutorClient):
         self.session_id = session_id or f"gateway-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.incarnation = ""  # the executor process that holds our sequences' state
         self._sent: dict[str, list[int]] = {}  # seq id -> block table the executor holds
+        self._lock = threading.Lock()  # two steps may be in flight (gateway.step_pipeline)
         self.num_resyncs = 0
         self.timeout = timeout
         self.info_timeout = info_timeout
@@ -118,19 +122,29 @@ class RemoteExecutorClient(ExecutorClient):
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.FAILED_PRECONDITION or STATE_LOST not in (e.details() or ""):
                 raise
-        self._sent.clear()
-        self.incarnation = ""
+        with self._lock:
+            self._sent.clear()
+            self.incarnation = ""
         self.num_resyncs += 1
         return self._execute(batch)
 
     def _execute(self, batch: StepBatch) -> list[SampleOutput]:
-        request, updates = encode_step(batch, self._sent, self.session_id, self.incarnation)
-        response = self.stub.Execute(request, timeout=self.timeout, metadata=trace_metadata())
-        if response.incarnation != self.incarnation:
-            if self.incarnation:  # answered by another process than the one holding our state
+        # What goes out counts as held at once: the next step may be encoded before this
+        # one is answered. After a failure what the executor holds is unknown: all again.
+        with self._lock:
+            request, updates = encode_step(batch, self._sent, self.session_id, self.incarnation)
+            commit(self._sent, batch, updates)
+        try:
+            response = self.stub.Execute(request, timeout=self.timeout, metadata=trace_metadata())
+        except grpc.RpcError:
+            with self._lock:
                 self._sent.clear()
-            self.incarnation = response.incarnation
-        commit(self._sent, batch, updates)
+            raise
+        with self._lock:
+            if response.incarnation != self.incarnation:
+                if self.incarnation:  # answered by another process than the one holding our state
+                    self._sent.clear()
+                self.incarnation = response.incarnation
         return convert.outputs_from_proto(response, [s.seq_id for s in batch.seqs if s.sample])
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from gateway.beam_search import BeamSearch, Hypothesis
 from gateway.sequence import Sequence, SeqStatus
 from wire.protocol import Plan, PlanEntry, PromptLogprob, ReserveResult, SampleOutput, SeqStep, StepBatch
+from wire.step_feed import FED
 
 
 @dataclass
@@ -213,9 +214,12 @@ class Scheduler:
             if entry.pending:
                 self.unfilled.pop(entry.seq_id, None)
 
-    def on_reserved(self, result: ReserveResult) -> tuple[StepBatch, list[Sequence]]:
+    def on_reserved(self, result: ReserveResult, ahead_of: StepBatch | None = None
+                    ) -> tuple[StepBatch, list[Sequence]]:
         """Apply memsvc's answer; return the batch to execute (in the answer's pool) and the
-        sequences rejected."""
+        sequences rejected. `ahead_of`: the batch still running, whose tokens are not applied
+        yet (the answer is to a plan made ahead of it): a token that batch samples is
+        computed as FED (wire.step_feed), the executor's own last sample."""
         for p in result.preempted:
             seq = self.seqs[p.seq_id]
             for queue in (self.running, self.swapped):
@@ -253,13 +257,15 @@ class Scheduler:
             rejected.append(seq)
         steps = []
         bs, waiting = self.block_size, SeqStatus.WAITING
+        inflight = {st.seq_id: st for st in ahead_of.seqs} if ahead_of is not None else {}
         for g in result.grants:
             seq = current(g.seq_id)
             if seq is None:  # finished or aborted since a plan made ahead: memsvc frees it next
                 if g.seq_id not in self.to_free:
                     self.to_free.append(g.seq_id)
                 continue
-            if seq.status is waiting:
+            admitted = seq.status is waiting  # so not in the running batch (an id may come back)
+            if admitted:
                 self.waiting.remove(seq)
                 _insert(self.running, seq)
                 seq.status = SeqStatus.RUNNING
@@ -267,7 +273,10 @@ class Scheduler:
                 if seq.num_cached_tokens < 0:
                     seq.num_cached_tokens = g.num_cached_tokens
             start = g.start_pos
-            assert start == seq.num_computed, (g, seq.num_computed)
+            running = inflight.get(g.seq_id) if inflight and not admitted else None
+            fed = running is not None and running.sample  # its next token: the running step's sample
+            computed = running.start_pos + len(running.token_ids) if running is not None else seq.num_computed
+            assert start == computed, (g, computed)
             end = start + g.num_tokens
             table = seq.block_table
             if g.new_blocks or g.table_start < len(table):
@@ -275,7 +284,10 @@ class Scheduler:
                 table.extend(g.new_blocks)
             sp, prompt, out = seq.sampling, seq.prompt_token_ids, seq.output_token_ids
             plen = len(prompt)
-            if start >= plen:  # decode: no copy of the whole context
+            known = plen + len(out)
+            if fed:
+                tokens = [FED]  # position `known`: the one token granted
+            elif start >= plen:  # decode: no copy of the whole context
                 tokens = out[start - plen:end - plen]
             else:
                 tokens = (prompt + out)[start:end]
@@ -284,18 +296,23 @@ class Scheduler:
             else:
                 slots = [table[p // bs] * bs + p % bs for p in range(start, end)]
             history = sp.uses_penalties
+            # copies: the next answer changes the table, and the sampled token joins `out`,
+            # while this batch may still be running
             steps.append(SeqStep(
-                seq.seq_id, tokens, start, slots, table, end == plen + len(out), sp, seq.seed,
+                seq.seq_id, tokens, start, slots, table[:], end == known + fed, sp, seq.seed,
                 prompt_token_ids=prompt if history or sp.prompt_logprobs is not None else [],
-                output_token_ids=out if history else []))
+                output_token_ids=(out + [FED] if fed else out[:]) if history else []))
         return StepBatch(steps, pool_epoch=result.pool_epoch), rejected
 
-    def on_sampled(self, batch: StepBatch, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
+    def on_sampled(self, batch: StepBatch, outputs: list[SampleOutput],
+                   seqs: list[Sequence] | None = None) -> list[SeqUpdate | BeamDone]:
+        """Apply a step's outputs. `seqs`: the sequences the batch was made for, in its order
+        (a sequence that ended since, its id maybe reused by a new request, gets nothing)."""
         by_id = {o.seq_id: o for o in outputs}
         updates: list[SeqUpdate | BeamDone] = []
-        for step in batch.seqs:
+        for i, step in enumerate(batch.seqs):
             seq = self.seqs.get(step.seq_id)
-            if seq is None:  # aborted while the step ran
+            if seq is None or (seqs is not None and seqs[i] is not seq):  # ended while the step ran
                 continue
             seq.num_computed = step.start_pos + len(step.token_ids)
             out = by_id.get(step.seq_id)

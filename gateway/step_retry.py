@@ -130,6 +130,7 @@ class _Executor(ExecutorClient):
 
     def __init__(self, retry: StepRetry):
         self._retry = retry
+        self.feeds_itself = getattr(retry.inner_executor, "feeds_itself", False)
 
     def model_info(self) -> ModelInfo:
         return self._retry.inner_executor.model_info()

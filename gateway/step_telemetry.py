@@ -93,6 +93,7 @@ class ObservedExecutor(ExecutorClient):
         self.inner = inner
         self.telemetry = telemetry
         self.memory = memory
+        self.feeds_itself = getattr(inner, "feeds_itself", False)
 
     def model_info(self) -> ModelInfo:
         return self.inner.model_info()

@@ -206,6 +206,8 @@ class StepBatch:
     pool_epoch: str = ""
     forget: list[str] = field(default_factory=list)  # finished or preempted since the last batch:
     # an executor that keeps per-sequence state (across processes) drops theirs first
+    step: int = 0  # the caller's number for it: an executor runs a caller's steps in this
+    # order (wire.step_feed); 0: unordered
 
 
 @dataclass

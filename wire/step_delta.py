@@ -4,7 +4,8 @@ the other): encode a StepBatch as changes against what the executor already hold
 `encode_step(batch, sent, session_id, incarnation)` sends a sequence's constant state once
 (sampling parameters, seed, prompt length, token history when penalties need it, the whole
 prompt when prompt logprobs do) and then
-only its tokens to compute and the change to its block table; `sent` is the caller's record
+only its tokens to compute (a FED token, wire.step_feed, as `fed`) and the change to its
+block table; `sent` is the caller's record
 of the block tables the executor holds. An executor that answers FAILED_PRECONDITION with
 STATE_LOST in the details (it restarted, or lost a sequence) gets everything again: clear
 `sent` and encode the same batch once more.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from wire import convert
 from wire.protocol import StepBatch
+from wire.step_feed import FED
 from wire.v1 import executor_pb2
 
 STATE_LOST = "executor state lost"  # in FAILED_PRECONDITION details: resend every state
@@ -28,6 +30,8 @@ def encode_step(batch: StepBatch, sent: dict[str, list[int]], session_id: str, i
     forget = set(batch.forget)
     updates: dict[str, list[int]] = {}
     ids, starts, ntok, toks, samples, tstarts, nnew, newb, states = [], [], [], [], [], [], [], [], []
+    fed: list[bool] = []
+    any_fed = False
     sampling: dict[int, object] = {}
     for s in batch.seqs:
         table = s.block_table
@@ -60,7 +64,12 @@ def encode_step(batch: StepBatch, sent: dict[str, list[int]], session_id: str, i
         ids.append(seq_id)
         starts.append(s.start_pos)
         ntok.append(len(s.token_ids))
-        toks.extend(s.token_ids)
+        own = s.token_ids[0] == FED
+        fed.append(own)
+        if own:
+            any_fed = True
+        else:
+            toks.extend(s.token_ids)
         samples.append(s.sample)
         tstarts.append(tstart)
         nnew.append(len(new))
@@ -68,7 +77,8 @@ def encode_step(batch: StepBatch, sent: dict[str, list[int]], session_id: str, i
     request = executor_pb2.ExecuteRequest(
         pool_epoch=batch.pool_epoch, session_id=session_id, incarnation=incarnation,
         forget=batch.forget, seq_ids=ids, start_pos=starts, num_tokens=ntok, token_ids=toks,
-        sample=samples, table_start=tstarts, num_new_blocks=nnew, new_blocks=newb, states=states)
+        sample=samples, table_start=tstarts, num_new_blocks=nnew, new_blocks=newb, states=states,
+        fed=fed if any_fed else (), step=batch.step)
     return request, updates
 
 

@@ -33,7 +33,7 @@ class Link:
     def run(self, batch):
         request, updates = encode_step(batch, self.sent, "s1", self.incarnation)
         request = wire(request)
-        out = self.states.expand(request)
+        out = self.states.expand(request).batch
         commit(self.sent, batch, updates)
         self.incarnation = self.states.incarnation
         return out, request
@@ -104,7 +104,7 @@ def test_a_failed_request_can_be_encoded_again():
     b = StepBatch([step("a", [3, 4, 5], 2, [1, 2])])
     request, _ = encode_step(b, link.sent, "s1", link.incarnation)  # lost on the way
     same(link.run(b)[0], b)
-    same(link.states.expand(wire(request)), b)  # and a re-run of the same one is the same
+    same(link.states.expand(wire(request)).batch, b)  # and a re-run of the same one is the same
 
 
 def test_sessions_are_separate_and_bad_changes_refused():
@@ -136,3 +136,40 @@ def test_prompt_logprobs_send_the_whole_prompt_once_and_every_chunk_sees_it():
     out, req = link.run(b2)
     same(out, b2)
     assert not req.states and list(out.seqs[0].prompt_logprob_positions()) == [3, 4, 5]
+
+
+def test_a_fed_token_is_the_executors_own_last_sample_penalty_history_included():
+    from wire.protocol import SampleOutput
+    from wire.step_feed import FED, FedTokenUnknown
+
+    link = Link()
+    prompt = [5, 6, 7]
+    b1 = StepBatch([step("p", prompt, 0, [2], sampling=PENALTY, prompt=prompt)])
+    request, updates = encode_step(b1, link.sent, "s1", "")
+    first = link.states.expand(wire(request))
+    commit(link.sent, b1, updates)
+    link.states.fill(first)
+    link.states.record(first, [SampleOutput("p", 42)])
+    # step 2 names its token as the executor's own: it does not travel
+    b2 = StepBatch([step("p", [FED], 3, [2], sampling=PENALTY, prompt=prompt, output=[FED])], step=2)
+    request, updates = encode_step(b2, link.sent, "s1", "")
+    request = wire(request)
+    assert list(request.fed) == [True] and list(request.token_ids) == [] and request.step == 2
+    second = link.states.expand(request)
+    commit(link.sent, b2, updates)
+    assert second.batch.seqs[0].token_ids == [FED]
+    link.states.fill(second)
+    s = second.batch.seqs[0]
+    assert s.token_ids == [42] and s.output_token_ids == [42] and s.prompt_token_ids == prompt
+    link.states.record(second, [SampleOutput("p", 43)])
+    # the history holds the filled token: a later step with its tokens sees it
+    b3 = StepBatch([step("p", [43], 4, [2, 3], sampling=PENALTY, prompt=prompt, output=[42, 43])])
+    out, _ = link.run(b3)
+    same(out, b3)
+    # a fed token at a position the executor holds no sample for: nothing changes
+    b4 = StepBatch([step("p", [FED], 9, [2, 3, 4], sampling=PENALTY, prompt=prompt, output=[FED])])
+    request, _ = encode_step(b4, link.sent, "s1", "")
+    bad = link.states.expand(wire(request))
+    with pytest.raises(FedTokenUnknown, match="position 9"):
+        link.states.fill(bad)
+    assert bad.batch.seqs[0].token_ids == [FED]

@@ -1,0 +1,109 @@
+"""The steps the overlapped loop has at the executor: at most two, the running one first.
+
+`send` numbers a batch (`StepBatch.step`: the executor runs them in that order) and hands
+it to one of two helper threads, so step N + 1 is on its way while step N runs; the helper
+only waits on the executor. `wait` gives a step's outputs and the executor seconds it
+took, counted from when the step before it ended (not while it queued behind it). A step
+sent ahead (`fed`: it computes tokens the running step samples, wire.step_feed) that
+fails is sent again by `resend` with those tokens, known by then. An in-process executor is
+run through wire.step_feed.OrderedExecutor; one across the wire feeds and orders itself.
+See docs/ARCHITECTURE.md, "The step path".
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from gateway.sequence import Sequence
+from wire.protocol import SampleOutput, StepBatch
+from wire.step_feed import FED
+
+
+@dataclass
+class InFlight:
+    batch: StepBatch
+    seqs: list[Sequence]  # the sequences it was made for, in batch order
+    future: Future
+    fed: bool  # sent ahead: computes the previous step's samples
+    sent: float = 0.0  # perf_counter
+
+
+def _timed(fn, batch):
+    result = fn(batch)
+    return result, time.perf_counter()
+
+
+class StepPipeline:
+    def __init__(self, executor):
+        self.executor = executor
+        self.inflight: collections.deque[InFlight] = collections.deque()
+        self._numbers = itertools.count(1)
+        self._pool: ThreadPoolExecutor | None = None
+        self._last_end = 0.0  # perf_counter when the last step waited for ended
+
+    def send(self, batch: StepBatch, seqs: list[Sequence], fed: bool) -> InFlight:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(2, thread_name_prefix="pagedserve-execute")
+        batch.step = next(self._numbers)
+        started = threading.Event()
+
+        def call(b):
+            started.set()
+            return _timed(self.executor.execute, b)
+
+        step = InFlight(batch, seqs, self._pool.submit(call, batch), fed, time.perf_counter())
+        # Let the helper have the GIL until its call is on the wire (it blocks in gRPC):
+        # else it waits for this thread's work, up to the 5 ms switch interval.
+        started.wait(1.0)
+        self.inflight.append(step)
+        return step
+
+    def wait(self, step: InFlight) -> tuple[list[SampleOutput], float]:
+        """The outputs of the oldest step in flight (removed), and its executor seconds."""
+        assert self.inflight and self.inflight[0] is step
+        try:
+            outputs, end = step.future.result()
+        finally:
+            self.inflight.popleft()
+        seconds, self._last_end = end - max(self._last_end, step.sent), end
+        return outputs, seconds
+
+    def resend(self, step: InFlight) -> list[SampleOutput]:
+        """Run a failed step sent ahead again, on this thread, now that its tokens are in
+        (`patch`); after every other step in flight ended."""
+        wait([s.future for s in self.inflight])
+        self.patch(step)
+        step.batch.step = next(self._numbers)
+        outputs = self.executor.execute(step.batch)
+        self._last_end = time.perf_counter()
+        return outputs
+
+    def drain(self) -> list[InFlight]:
+        """Wait for every step in flight to end (their outputs dropped); returns them."""
+        steps = list(self.inflight)
+        wait([s.future for s in steps])
+        self.inflight.clear()
+        return steps
+
+    @staticmethod
+    def patch(step: InFlight) -> None:
+        """Put the tokens the step before sampled in place of FED (a sequence
+        gone meanwhile gets any token: its output is dropped)."""
+        for s, seq in zip(step.batch.seqs, step.seqs):
+            if not s.token_ids or s.token_ids[0] != FED:
+                continue
+            p, plen = s.start_pos, len(seq.prompt_token_ids)
+            out = seq.output_token_ids
+            token = out[p - plen] if 0 <= p - plen < len(out) else 0
+            s.token_ids[0] = token
+            if s.output_token_ids and s.output_token_ids[-1] == FED:
+                s.output_token_ids[-1] = token
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
