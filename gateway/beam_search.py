@@ -16,16 +16,17 @@ beam has reported, `advance`:
    beam_width finished; the best running score over the current length, as transformers'
    heuristic for early_stopping=False), when early_stopping and beam_width hypotheses
    finished, or when every kept candidate stops.
-Completions are the n best hypotheses, best first. The caller maps continuations onto
-sequences: a parent's first continuation keeps its sequence, further ones fork it, and
-parents without continuations are freed.
+Completions are the n best hypotheses, best first. `Beams` keeps the scheduler's searches
+and maps continuations onto sequences: a parent's first continuation keeps its sequence,
+further ones fork it, and parents without continuations are freed.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
+from gateway.sequence import Sequence, SeqStatus
 from wire.protocol import SamplingParams
 
 MAX_CANDIDATES = 20  # the executor's limit on top logprobs
@@ -131,3 +132,87 @@ class BeamSearch:
     def results(self) -> list[Hypothesis]:
         """The n best hypotheses, best first."""
         return self.finished[: self.n]
+
+
+@dataclass
+class BeamDone:
+    """A beam search finished: its best hypotheses, best first."""
+
+    request_id: str
+    hypotheses: list[Hypothesis]
+    cached_tokens: int
+
+
+class BeamHost(Protocol):
+    """What Beams needs of the scheduler."""
+
+    seqs: dict[str, Sequence]  # every live sequence by id
+    running: list[Sequence]
+    forks: list[tuple[str, str]]  # (parent, child): memsvc forks them before the next reserve
+
+    def enqueue(self, seq: Sequence) -> None: ...  # into the queue its status names
+    def drop(self, seq: Sequence) -> None: ...  # forget it; memsvc frees its blocks
+    def release(self, seq: Sequence) -> None: ...  # off the device; WAITING until enqueued
+
+
+class Beams:
+    """The beam searches of a scheduler (request id -> search), on its sequences."""
+
+    def __init__(self, host: BeamHost) -> None:
+        self.host = host
+        self.searches: dict[str, BeamSearch] = {}
+
+    def report(self, seq: Sequence, top_logprobs: list[tuple[int, float]]) -> list[BeamDone]:
+        """A beam's candidates; once all its siblings' are in, the search advances."""
+        search = self.searches[seq.request_id]
+        if not search.report(seq.seq_id, top_logprobs):
+            return []
+        return self._advance(search, seq.request_id)
+
+    def _advance(self, search: BeamSearch, request_id: str) -> list[BeamDone]:
+        host, seqs = self.host, self.host.seqs
+        parents = [seqs[b.seq_id] for b in search.beams]
+        continuations = search.advance()
+        if search.done:
+            for seq in parents:
+                host.drop(seq)
+            del self.searches[request_id]
+            return [BeamDone(request_id, search.results(), max(parents[0].num_cached_tokens, 0))]
+        kept: dict[str, Sequence] = {}
+        beams = []
+        for c in continuations:
+            parent = seqs[c.parent_id]
+            if c.parent_id not in kept:
+                beam = kept[c.parent_id] = parent
+                if parent.status is SeqStatus.WAITING:  # released: recompute it
+                    host.enqueue(parent)
+            else:
+                beam = parent.fork(f"{request_id}/b{search.num_forks}", search.num_forks)
+                search.num_forks += 1
+                seqs[beam.seq_id] = beam
+                if parent.status is SeqStatus.WAITING:
+                    beam.status, beam.num_computed = SeqStatus.WAITING, 0
+                else:
+                    host.forks.append((parent.seq_id, beam.seq_id))
+                host.enqueue(beam)
+            beams.append(beam)
+        for seq in parents:
+            if seq.seq_id not in kept:
+                host.drop(seq)
+        for beam, c in zip(beams, continuations):
+            beam.output_token_ids.append(c.token_id)
+        search.commit([b.seq_id for b in beams])
+        return []
+
+    def release_idle(self) -> int:
+        """Free the blocks of beams that wait for their siblings (their candidates are in).
+
+        Breaks the stall where such beams hold the blocks their preempted siblings need to
+        come back; a released beam that a continuation keeps is recomputed (the prefix
+        cache still holds its full blocks while nobody needs them). How many.
+        """
+        idle = [s for s in self.host.running
+                if s.request_id in self.searches and s.num_computed == s.num_tokens]
+        for seq in idle:
+            self.host.release(seq)
+        return len(idle)

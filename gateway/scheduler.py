@@ -5,11 +5,10 @@ memsvc decides what fits (grants, preemptions by swap or recompute, resumptions)
 executor computes, and the scheduler applies the sampled tokens.
 
 Sharing: a request with n > 1 samples prefills one sequence up to its last prompt token,
-then forks the others from it (memsvc Fork: the prompt's blocks are shared, the partial
-last one copied on write); each sample computes the last prompt token itself and draws its
-first token with its own seed. Beam search (gateway.beam_search) forks a beam for each
-extra continuation of a parent and frees the beams that are pruned. Forks are queued in
-`forks` and travel in the next plan (`Plan.forks`): memsvc makes them before it frees
+then forks the others from it (gateway.samples; memsvc Fork: the prompt's blocks are shared,
+the partial last one copied on write). Beam search (gateway.beam_search) forks a beam for
+each extra continuation of a parent and frees the beams that are pruned. Forks are queued
+in `forks` and travel in the next plan (`Plan.forks`): memsvc makes them before it frees
 anything. The scheduler keeps each sequence's block table from the grants' changes
 (`Grant.table_start`, `new_blocks`) and derives the slots of the batch from it.
 """
@@ -19,7 +18,8 @@ import bisect
 import dataclasses
 from dataclasses import dataclass
 
-from gateway.beam_search import BeamSearch, Hypothesis
+from gateway.beam_search import BeamDone, Beams, BeamSearch
+from gateway.samples import SampleHolds
 from gateway.sequence import Sequence, SeqStatus
 from wire.protocol import Plan, PlanEntry, PromptLogprob, ReserveResult, SampleOutput, SeqStep, StepBatch
 from wire.step_feed import FED
@@ -54,15 +54,6 @@ class SeqUpdate:
     prompt_logprobs: list[PromptLogprob] | None = None  # with the first token, when asked
 
 
-@dataclass
-class BeamDone:
-    """A beam search finished: its best hypotheses, best first."""
-
-    request_id: str
-    hypotheses: list[Hypothesis]
-    cached_tokens: int
-
-
 def _insert(queue: list[Sequence], seq: Sequence) -> None:
     bisect.insort(queue, seq, key=lambda s: s.sort_key)
 
@@ -78,13 +69,21 @@ class Scheduler:
         self.seqs: dict[str, Sequence] = {}
         self.to_free: list[str] = []
         self.forks: list[tuple[str, str]] = []  # (parent, child), for memsvc before the next reserve
-        self.held: dict[str, list[Sequence]] = {}  # parent id -> samples forked at its fork point
-        self.beams: dict[str, BeamSearch] = {}  # request id -> its beam search
+        self._holds = SampleHolds()
+        self._beams = Beams(self)
         self.num_preemptions = 0
         self.num_swapped_out = 0
         self.num_beam_releases = 0
         self.unfilled: dict[str, int] = {}  # seq id -> position memsvc holds as pending (plan ahead)
         self.planned: dict[str, Sequence] | None = None
+
+    @property
+    def held(self) -> dict[str, list[Sequence]]:  # parent id -> samples forked at its fork point
+        return self._holds.held
+
+    @property
+    def beams(self) -> dict[str, BeamSearch]:  # request id -> its beam search
+        return self._beams.searches
 
     def add(self, seq: Sequence, samples: list[Sequence] | None = None) -> None:
         """Queue `seq`; `samples` (the request's other n - 1) fork from it after its prefill."""
@@ -95,15 +94,11 @@ class Scheduler:
         _insert(self.waiting, seq)
         if not samples:
             return
-        if len(seq.prompt_token_ids) < 2:  # nothing to share before the first sample
-            for s in samples:
-                self.seqs[s.seq_id] = s
-                _insert(self.waiting, s)
-            return
-        seq.fork_at = len(seq.prompt_token_ids) - 1
-        self.held[seq.seq_id] = samples
         for s in samples:
             self.seqs[s.seq_id] = s
+        if not self._holds.hold(seq, samples):
+            for s in samples:
+                _insert(self.waiting, s)
 
     def add_beam_search(self, seq: Sequence, search: BeamSearch) -> None:
         self.add(seq)
@@ -114,10 +109,9 @@ class Scheduler:
         seq = self.seqs.get(seq_id)
         if seq is None:
             return None
-        self._drop(seq)
-        for sample in self.held.pop(seq_id, []):
-            self.seqs.pop(sample.seq_id, None)
-            sample.finish(reason)
+        self.drop(seq)
+        self._holds.drop(seq_id)
+        self._end_held(seq_id, reason)
         if seq.status is not SeqStatus.FINISHED:
             seq.finish(reason)
         return seq
@@ -254,6 +248,7 @@ class Scheduler:
             del self.seqs[r.seq_id]
             self.waiting.remove(seq)
             seq.finish("error", r.reason)
+            self._end_held(r.seq_id, "error", r.reason)
             rejected.append(seq)
         steps = []
         bs, waiting = self.block_size, SeqStatus.WAITING
@@ -309,6 +304,7 @@ class Scheduler:
         """Apply a step's outputs. `seqs`: the sequences the batch was made for, in its order
         (a sequence that ended since, its id maybe reused by a new request, gets nothing)."""
         by_id = {o.seq_id: o for o in outputs}
+        beams = self.beams
         updates: list[SeqUpdate | BeamDone] = []
         for i, step in enumerate(batch.seqs):
             seq = self.seqs.get(step.seq_id)
@@ -319,18 +315,18 @@ class Scheduler:
             if seq.prompt_logprobs is not None:
                 self._prompt_logprobs(seq, step, out)
             if seq.fork_at is not None and seq.num_computed >= seq.fork_at:
-                self._fork_samples(seq)
+                for sample in self._holds.release(seq):
+                    _insert(self.running, sample)
+                    self.forks.append((seq.seq_id, sample.seq_id))
             if out is None or not out.sampled:
                 continue
-            search = self.beams.get(seq.request_id)
-            if search is not None:
-                if search.report(seq.seq_id, out.top_logprobs):
-                    updates.extend(self._advance(search, seq.request_id))
+            if seq.request_id in beams:
+                updates.extend(self._beams.report(seq, out.top_logprobs))
                 continue
             seq.output_token_ids.append(out.token_id)
             reason = self._finish_reason(seq, out.token_id)
             if reason:
-                self._drop(seq)
+                self.drop(seq)
                 seq.finish(reason)
             first = seq.prompt_logprobs if len(seq.output_token_ids) == 1 else None
             updates.append(SeqUpdate(seq, out.token_id, out.logprob, out.top_logprobs, bool(reason), first))
@@ -345,70 +341,17 @@ class Scheduler:
         if seq.sampling.prompt_logprobs is not None and len(seq.prompt_logprobs) >= len(seq.prompt_token_ids) - 1:
             seq.sampling = dataclasses.replace(seq.sampling, prompt_logprobs=None)
 
-    def _fork_samples(self, parent: Sequence) -> None:
-        parent.fork_at = None
-        for sample in self.held.pop(parent.seq_id, []):
-            if parent.prompt_logprobs is not None:  # the parent scored the prompt for every sample
-                sample.sampling, sample.prompt_logprobs = parent.sampling, list(parent.prompt_logprobs)
-            sample.num_computed = parent.num_computed
-            sample.block_table = list(parent.block_table)
-            sample.num_cached_tokens = parent.num_cached_tokens
-            sample.status = SeqStatus.RUNNING
-            _insert(self.running, sample)
-            self.forks.append((parent.seq_id, sample.seq_id))
-
-    def _advance(self, search: BeamSearch, request_id: str) -> list[BeamDone]:
-        parents = [self.seqs[b.seq_id] for b in search.beams]
-        continuations = search.advance()
-        if search.done:
-            for seq in parents:
-                self._drop(seq)
-            del self.beams[request_id]
-            return [BeamDone(request_id, search.results(), max(parents[0].num_cached_tokens, 0))]
-        kept: dict[str, Sequence] = {}
-        beams = []
-        for c in continuations:
-            parent = self.seqs[c.parent_id]
-            if c.parent_id not in kept:
-                beam = kept[c.parent_id] = parent
-                if parent.status is SeqStatus.WAITING:  # released: recompute it
-                    _insert(self.waiting, parent)
-            else:
-                beam = parent.fork(f"{request_id}/b{search.num_forks}", search.num_forks)
-                search.num_forks += 1
-                self.seqs[beam.seq_id] = beam
-                if parent.status is SeqStatus.WAITING:
-                    beam.status, beam.num_computed = SeqStatus.WAITING, 0
-                    _insert(self.waiting, beam)
-                else:
-                    _insert(self.running, beam)
-                    self.forks.append((parent.seq_id, beam.seq_id))
-            beams.append(beam)
-        for seq in parents:
-            if seq.seq_id not in kept:
-                self._drop(seq)
-        for beam, c in zip(beams, continuations):
-            beam.output_token_ids.append(c.token_id)
-        search.commit([b.seq_id for b in beams])
-        return []
-
     def release_idle_beams(self) -> bool:
-        """Free the blocks of beams that wait for their siblings (their candidates are in).
+        """Free the blocks of beams that wait for their siblings (Beams.release_idle); True if any."""
+        n = self._beams.release_idle()
+        self.num_beam_releases += n
+        return n > 0
 
-        Breaks the stall where such beams hold the blocks their preempted siblings need to
-        come back; a released beam that a continuation keeps is recomputed (the prefix
-        cache still holds its full blocks while nobody needs them). True if any.
-        """
-        idle = [s for s in self.running
-                if s.request_id in self.beams and s.num_computed == s.num_tokens]
-        for seq in idle:
-            self.running.remove(seq)
-            self.to_free.append(seq.seq_id)
-            seq.status, seq.num_computed = SeqStatus.WAITING, 0
-        self.num_beam_releases += len(idle)
-        return bool(idle)
+    def enqueue(self, seq: Sequence) -> None:
+        """Queue a known sequence by its status: waiting (to compute from scratch) or running."""
+        _insert(self.waiting if seq.status is SeqStatus.WAITING else self.running, seq)
 
-    def _drop(self, seq: Sequence) -> None:
+    def drop(self, seq: Sequence) -> None:
         """Forget a sequence; memsvc frees its blocks at the next reserve."""
         for queue in (self.waiting, self.running, self.swapped):
             if seq in queue:
@@ -416,6 +359,19 @@ class Scheduler:
         del self.seqs[seq.seq_id]
         if seq.status in (SeqStatus.RUNNING, SeqStatus.SWAPPED):
             self.to_free.append(seq.seq_id)
+
+    def release(self, seq: Sequence) -> None:
+        """Take a running sequence off the device: memsvc frees its blocks at the next
+        reserve; it is WAITING, to be recomputed once queued again (`enqueue`)."""
+        self.running.remove(seq)
+        self.to_free.append(seq.seq_id)
+        seq.status, seq.num_computed = SeqStatus.WAITING, 0
+
+    def _end_held(self, parent_id: str, reason: str, error: str | None = None) -> None:
+        """The samples a parent holds end with it, before they fork."""
+        for sample in self._holds.take(parent_id):
+            self.seqs.pop(sample.seq_id, None)
+            sample.finish(reason, error)
 
     @staticmethod
     def _ends_by_length(seq: Sequence, more: int = 0) -> bool:

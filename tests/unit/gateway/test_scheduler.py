@@ -487,22 +487,20 @@ def test_aborting_the_parent_before_the_fork_finishes_its_held_samples():
     assert sched.can_plan_ahead()
 
 
-@pytest.mark.xfail(strict=True, reason="a rejected n > 1 parent leaves its samples in `held` "
-                   "(and in `seqs`): can_plan_ahead() stays False for good")
 def test_a_rejected_parent_takes_its_held_samples_with_it():
     sched = make_sched()
-    add_samples(sched, list(range(100, 106)))
+    _, s1, s2 = add_samples(sched, list(range(100, 106)))
     sched.plan()
     _, rejected = sched.on_reserved(ReserveResult([], rejected=[Rejection("r/0", "too long")]))
     assert [s.seq_id for s in rejected] == ["r/0"]
+    assert [(s.finish_reason, s.error) for s in (s1, s2)] == [("error", "too long")] * 2
+    assert sched.seqs == {} and sched.held == {}
     sched.abort_request("r")  # what the BatchLoop does with a rejected sequence's request
     assert sched.seqs == {}
     assert sched.held == {}
     assert sched.can_plan_ahead()
 
 
-@pytest.mark.xfail(strict=True, reason="abort(seq_id) of a held sample leaves it in `held`: the "
-                   "parent's fork brings it back RUNNING, in `running` but not in `seqs`")
 def test_an_aborted_held_sample_is_not_forked():
     sched, mem = make_sched(), FakeMem()
     parent, s1, s2 = add_samples(sched, list(range(100, 106)))
