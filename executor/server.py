@@ -14,7 +14,10 @@ Service contract:
   (for penalties) token history and (for prompt logprobs) prompt
   (executor.sequence_state), scoped by the gateway's session; a request that relies on
   state this process does not hold (it restarted) is FAILED_PRECONDITION, and the gateway
-  sends everything again. Calls that arrive while a forward pass runs (several gateways) are merged
+  sends everything again. A session's steps run in their numbered order, the next one
+  expanded while the current one runs; a fed token (wire.step_feed) is put in place from
+  this executor's own last sample just before the pass, and one it does not hold is
+  FAILED_PRECONDITION (the gateway sends the token). Calls that arrive while a forward pass runs (several gateways) are merged
   into the next pass (executor.step_merger); never two passes at once. A batch that does not fit (bad slots, ids
   outside the vocabulary) is INVALID_ARGUMENT; the executor stays usable.
 - The pool belongs to memsvc: this process only maps it, and must run on memsvc's host.

@@ -62,5 +62,9 @@ class ExecutorClient(Protocol):
         `pool_epoch` names a pool other than the executor's is refused (ABORTED across
         processes): its reservation is gone. `batch.forget` names sequences finished or
         preempted since the last batch (an executor that keeps per-sequence state drops
-        theirs; across processes the client sends only what changed, wire.step_delta)."""
+        theirs; across processes the client sends only what changed, wire.step_delta).
+        A token FED is the one this executor sampled for the sequence last step, and
+        `batch.step` orders one caller's steps (wire.step_feed): only an executor with
+        `feeds_itself` gets them as they are; the batching loop runs any other through
+        wire.step_feed.OrderedExecutor."""
         ...

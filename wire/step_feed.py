@@ -66,7 +66,7 @@ class LastSampled:
         at = 0
         last = self.last
         for s in batch.seqs:
-            if not s.reports:
+            if not s.sample and (s.sampling.prompt_logprobs is None or not s.reports):
                 continue
             out = outputs[at]
             at += 1
