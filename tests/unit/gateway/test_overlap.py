@@ -253,3 +253,71 @@ def test_deliver_gets_each_steps_deltas_while_the_next_step_runs():
     for i, p in enumerate(ps):
         assert out[(str(i), 0)] == expected(p, 6, 7)
     assert_clean(mem)
+
+
+class HistoryCheckingExecutor(FakeExecutor):
+    """Checks that every step with penalties sees the sequence's true token history (the
+    tokens in the pool: a fed token must be filled in before the step runs)."""
+
+    def __init__(self, block_size):
+        super().__init__(block_size)
+        self.checked = 0
+
+    def execute(self, batch):
+        out = super().execute(batch)
+        bs = self.info.kv.block_size
+        pool = self.pool[:, 0, 0, :, 0, 0]
+        for s in batch.seqs:
+            if s.sampling.uses_penalties:
+                n = s.start_pos + len(s.token_ids)
+                context = [int(pool[s.block_table[p // bs], p % bs]) for p in range(n)]
+                history = s.prompt_token_ids + s.output_token_ids  # a prompt chunk: the whole prompt
+                assert history[:n] == context, s.seq_id
+                if s.start_pos >= len(s.prompt_token_ids):
+                    assert len(history) == n, s.seq_id
+                self.checked += 1
+        return out
+
+
+def test_penalties_see_the_true_history_in_every_loop_fed_tokens_included():
+    ps = prompts(6, seed=11)
+    results = []
+    for kind in LOOPS:
+        ex = HistoryCheckingExecutor(4)
+        loop, mem = make(kind, executor=ex)
+        for i, p in enumerate(ps):
+            loop.add_request(str(i), p, SamplingParams(max_tokens=12, temperature=0.0, seed=7,
+                                                       repetition_penalty=1.2, presence_penalty=0.5))
+        results.append(run(loop)[0])
+        assert ex.checked > 0
+        if kind == "ahead":
+            assert loop.num_ahead > loop.num_deferred  # steps went ahead with fed tokens
+        assert_clean(mem)
+    assert results[0] == results[1] == results[2]
+
+
+def test_a_fed_step_whose_token_the_executor_lost_runs_again_with_its_tokens():
+    """The executor forgets its last samples mid-run (as a restarted one would): the steps
+    sent ahead that named them fail for want of them and are sent again with the tokens."""
+    from wire.step_feed import OrderedExecutor
+
+    ps = prompts(5, seed=12)
+    ex = FakeExecutor(4)
+    loop, mem = make("ahead", executor=ex)
+    ordered = loop.pipeline.executor
+    assert isinstance(ordered, OrderedExecutor)
+    for i, p in enumerate(ps):
+        loop.add_request(str(i), p, SamplingParams(max_tokens=15, temperature=0.0, seed=7))
+    out = {}
+    for n in range(10_000):
+        if not loop.has_work():
+            break
+        if n in (4, 9):
+            ordered.feed.last.clear()
+        for d in loop.step():
+            out.setdefault((d.request_id, d.index), []).extend(d.token_ids)
+    loop.close()
+    assert loop.num_resent >= 2
+    for i, p in enumerate(ps):
+        assert out[(str(i), 0)] == expected(p, 15, 7)
+    assert_clean(mem)
