@@ -130,17 +130,23 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         batch = step.batch
         tokens = sum(len(s.token_ids) for s in batch.seqs)
 
+        ran = [0.0, 0.0]  # perf_counter at the pass's start and end: not the wait behind another
+
         def before():  # on the model thread, just before the pass: the session's next step may expand
+            ran[0] = time.perf_counter()
             try:
                 self.states.fill(step)
             finally:
                 order.passed(request.step)
 
+        def after(outs):
+            self.states.record(step, outs)
+            ran[1] = time.perf_counter()
+
         self._enter(1)
         try:
-            start = time.perf_counter()
-            outputs = self.merger.run(batch, context.peer(), before, lambda outs: self.states.record(step, outs))
-            seconds = time.perf_counter() - start
+            outputs = self.merger.run(batch, context.peer(), before, after)
+            seconds = ran[1] - ran[0]
         except FedTokenUnknown as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except (ValueError, IndexError) as e:
