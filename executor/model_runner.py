@@ -5,6 +5,7 @@ import torch
 
 from executor.attention_metadata import AttentionMetadata
 from executor.cuda_graphs import DecodeGraphs
+from executor.device_wait import wait_for_device
 from executor.model_config import ModelConfig
 from executor.prompt_logprobs import PromptScoring, attach
 from executor.sampler import Sampler
@@ -56,7 +57,8 @@ class ModelRunner:
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         """One SampleOutput per sequence that `reports` (samples, or scores prompt tokens:
         executor.prompt_logprobs), in batch order. A batch whose tokens, slots or blocks are
-        out of range raises ValueError before anything runs."""
+        out of range raises ValueError before anything runs. Returns only once the step's
+        writes to the pool are done on the device (executor.device_wait)."""
         sampled = [s for s in batch.seqs if s.sample]
         if self.guided is not None and batch.forget:
             self.guided.forget(batch.forget)
@@ -71,6 +73,8 @@ class ModelRunner:
                 self.guided.apply(logits, pending)
             outputs = self.sampler(logits, sampled)
         if scoring is None:
+            if not outputs:  # nothing was read back to the host, so nothing has waited yet
+                wait_for_device(self.kv_pool.device)
             return outputs
         return attach(batch, outputs, scoring.run(self.model, hidden))
 
