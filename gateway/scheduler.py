@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from gateway.beam_search import BeamDone, Beams, BeamSearch
+from gateway.pending_tokens import PendingTokens
 from gateway.samples import SampleHolds
 from gateway.sequence import Sequence, SeqStatus
 from wire.protocol import Plan, PlanEntry, PromptLogprob, ReserveResult, SampleOutput, SeqStep, StepBatch
@@ -74,7 +75,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swapped_out = 0
         self.num_beam_releases = 0
-        self.unfilled: dict[str, int] = {}  # seq id -> position memsvc holds as pending (plan ahead)
+        self.pending = PendingTokens()  # plan ahead: tokens memsvc holds whose ids it lacks
         self.planned: dict[str, Sequence] | None = None
 
     @property
@@ -136,7 +137,7 @@ class Scheduler:
         if ahead_of is not None and not self.can_plan_ahead():
             return None
         inflight = {s.seq_id: s for s in ahead_of.seqs} if ahead_of is not None else {}
-        fills = self._fills()
+        fills = self.pending.take_fills(self.seqs)
         budget = self.config.max_num_batched_tokens
         entries: list[PlanEntry] = []
         max_seqs = self.config.max_num_seqs
@@ -161,7 +162,7 @@ class Scheduler:
             entries.append(PlanEntry(seq.seq_id, tokens, False, seq.max_len, final_len=seq.final_len,
                                      salt=seq.salt, pending=known < n))
             if known < n:
-                self.unfilled[seq.seq_id] = computed + known
+                self.pending.hold(seq.seq_id, computed + known)
             budget -= n
         for seq in self.waiting:
             if budget < 1 or len(entries) >= self.config.max_num_seqs:
@@ -186,27 +187,10 @@ class Scheduler:
         plan depends on the running step only through its token counts."""
         return not (self.forks or self.held or self.beams or self.swapped)
 
-    def _fills(self) -> list[tuple[str, int, int]]:
-        """Ids of the tokens memsvc holds as pending whose ids are known now (sequences gone
-        since are skipped: memsvc frees them)."""
-        fills, later = [], {}
-        for seq_id, pos in self.unfilled.items():
-            seq = self.seqs.get(seq_id)
-            if seq is None:
-                continue
-            if pos < seq.num_tokens:
-                fills.append((seq_id, pos, seq.output_token_ids[pos - len(seq.prompt_token_ids)]))
-            else:
-                later[seq_id] = pos  # its step failed: the state is dropped or recomputed
-        self.unfilled = later
-        return fills
-
     def deferred(self, plan: Plan) -> None:
         """memsvc did not grant `plan` (made ahead): it holds none of its pending tokens."""
         self.planned = None
-        for entry in plan.entries:
-            if entry.pending:
-                self.unfilled.pop(entry.seq_id, None)
+        self.pending.deferred(plan)
 
     def on_reserved(self, result: ReserveResult, ahead_of: StepBatch | None = None
                     ) -> tuple[StepBatch, list[Sequence]]:
@@ -222,7 +206,7 @@ class Scheduler:
             seq.num_preemptions += 1
             seq.block_table = []
             if p.mode != "swap":
-                self.unfilled.pop(seq.seq_id, None)
+                self.pending.drop(seq.seq_id)
             self.num_preemptions += 1
             if p.mode == "swap":
                 seq.status = SeqStatus.SWAPPED
