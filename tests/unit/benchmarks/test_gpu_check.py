@@ -1,5 +1,6 @@
 """scripts/gpu_check.sh and gpu_check.py, what can be checked without a GPU: shell syntax,
-arguments, the JSON skeleton of a dry run, the workload and the helpers' shapes."""
+arguments, the JSON skeleton of a dry run, the workload and the helpers' shapes; the mended
+defects (output folder, PYTHONPATH, swap wait, deadlines, strict comparisons) with the GPU mocked."""
 import importlib.util
 import json
 import subprocess
@@ -78,3 +79,127 @@ def test_wheels_fit_the_carry_limit():
     assert "grpcio-health-checking" in names and "torch" not in names
     if folder.exists():
         assert sum(f.stat().st_size for f in folder.iterdir()) < 64 << 20
+
+
+def test_out_defaults_to_the_device_machines_folder(monkeypatch, tmp_path):
+    gc = load()
+    monkeypatch.setenv("OUT", str(tmp_path))
+    args = gc.parse_args([])
+    assert args.out == str(tmp_path / "gpu_check.json") and args.logs == tmp_path / "gpu_check-logs"
+    monkeypatch.delenv("OUT")
+    assert gc.parse_args([]).out == "bench_results/gpu_check.json"
+
+
+def test_service_processes_keep_the_pythonpath_set(monkeypatch, tmp_path):
+    """Wheels installed with `pip --target` are on PYTHONPATH: the repository goes ahead of
+    them, it does not replace them."""
+    gc = load()
+    monkeypatch.setenv("PYTHONPATH", "/wheels")
+    started = []
+    monkeypatch.setattr(gc.subprocess, "Popen", lambda argv, **kw: started.append(kw["env"]))
+    svc = gc.Services(tmp_path / "model", "cuda", "float32", log_dir=tmp_path / "logs" / "services")
+    svc._start("memsvc", ["memsvc"])
+    assert started[0]["PYTHONPATH"] == f"{gc.ROOT}{gc.os.pathsep}/wheels"
+    assert (tmp_path / "logs" / "services" / "memsvc.log").exists()
+    monkeypatch.delenv("PYTHONPATH")
+    assert gc.child_env()["PYTHONPATH"] == str(gc.ROOT)
+
+
+def test_swap_in_waits_for_the_swap_out(monkeypatch):
+    import memsvc.host_pool as host_pool
+
+    gc = load()
+    calls = []
+    copy, finish = host_pool.swap_copy, host_pool.finish_copies
+    monkeypatch.setattr(host_pool, "swap_copy", lambda *a: (calls.append("copy"), copy(*a))[1])
+    monkeypatch.setattr(host_pool, "finish_copies", lambda pool: (calls.append("wait"), finish(pool))[1])
+    assert gc.check_swap(torch, "cpu")
+    assert calls == ["copy", "wait", "copy", "wait"]
+
+
+def test_each_step_is_written_as_it_ends(tmp_path):
+    gc = load()
+    out = tmp_path / "check.json"
+    report = gc.skeleton(gc.parse_args(["--out", str(out)]))
+    part = gc.Part(report, "services", gc.time.monotonic() + 60, lambda: gc.write(report, str(out)))
+    part.put("greedy_equal", [True])
+    written = json.loads(out.read_text())
+    assert written["parts"]["services"] == {"status": "running", "greedy_equal": [True]}
+    assert gc.validate(written) == [] and not part.over()
+
+
+def test_a_cut_is_recorded_and_ends_the_run(monkeypatch, tmp_path):
+    gc = load()
+    out = tmp_path / "check.json"
+
+    def cut(args, part):
+        part.put("cases", [1])
+        raise gc.Cut("SIGTERM: the outer time limit cut the run")
+
+    monkeypatch.setattr(gc, "part_kernels", cut)
+    monkeypatch.setattr(gc, "environment", lambda args: {})
+    monkeypatch.setattr(gc.signal, "signal", lambda *a: None)
+    assert gc.main(["--out", str(out), "--parts", "kernels,bench"]) == 1
+    parts = json.loads(out.read_text())["parts"]
+    assert parts["kernels"]["status"] == "error" and parts["kernels"]["cases"] == [1]
+    assert parts["bench"]["status"] == "pending"
+
+
+def test_services_part_honours_its_deadline(monkeypatch, tmp_path):
+    gc = load()
+    monkeypatch.setattr(gc, "build_model", lambda path, **kw: path)
+    monkeypatch.setattr(gc, "hf_greedy", lambda *a: [[0]] * 4)
+    monkeypatch.setattr(gc, "hf_sampled", lambda *a, **kw: [[0]] * 4)
+    monkeypatch.setattr(gc, "Services", None)  # must not be reached
+    args = gc.parse_args(["--out", str(tmp_path / "c.json")])
+    report = gc.skeleton(args)
+    part = gc.Part(report, "services", gc.time.monotonic() - 1, lambda: None)
+    assert gc.part_services(args, part, tmp_path) == {"status": "failed"}
+    assert part.result["reason"] == "time budget, before starting the services"
+
+
+def test_services_ok_needs_every_step_and_a_real_swap():
+    gc = load()
+    good = {"greedy_equal": [True] * 4,
+            "n4": {"completions": 4, "seeded_repeat_equal": True, "greedy_each_equal_transformers": [True] * 4},
+            "beam4": {"equal_to_transformers": True},
+            "sigkill_executor": {"errors": [], "sequences_held_at_kill": 3, "same_outputs": [True] * 4},
+            "swap_tiny_pool": {"same_outputs": [True] * 4, "swapped_out": 2, "swapped_in": 2}}
+    assert gc.services_ok(good)
+    assert not gc.services_ok({k: v for k, v in good.items() if k != "beam4"})
+    for swaps in ((0, 0), (2, 1)):
+        r = dict(good, swap_tiny_pool=dict(good["swap_tiny_pool"], swapped_out=swaps[0], swapped_in=swaps[1]))
+        assert not gc.services_ok(r)
+    assert not gc.services_ok(dict(good, sigkill_executor=dict(good["sigkill_executor"], sequences_held_at_kill=0)))
+
+
+@pytest.mark.parametrize("q_len", [1, 6])
+def test_attention_comparison_is_strict(q_len):
+    """Mixed lengths, padded tables, NaN past each sequence and in the output before the call:
+    the reference passes clean data, a kernel that skips rows or reads past a length fails."""
+    gc = load()
+    from kernels.paged_attention_ref import paged_attention_ref
+
+    args = (torch, 4, 37, q_len, 8, 2, 16, 8, torch.float32, "cpu")
+    clean = gc.make_paged(*args, mixed=True, pad=2)
+    assert len(set(clean["seq_lens"].tolist())) > 1 and clean["block_tables"].shape[1] == 5 + 2
+    assert gc.compare_attention(torch, paged_attention_ref, clean, 0.25)["ok"]
+    poisoned = gc.make_paged(*args, mixed=True, pad=2, poison=True)
+    assert torch.isnan(poisoned["k_cache"][0]).all()
+
+    def reads_everything(**a):  # attends over whole blocks, the slots past a length included
+        lens = torch.full_like(a["seq_lens"], a["block_tables"].shape[1] * 8)
+        paged_attention_ref(**dict(a, seq_lens=lens))
+
+    assert not gc.compare_attention(torch, reads_everything, poisoned, 0.25)["ok"]
+
+    def skips_the_last(**a):
+        paged_attention_ref(**a)
+        a["out"][-1] = a["out"][-2] if len(a["out"]) > 1 else 0
+
+    assert not gc.compare_attention(torch, skips_the_last, clean, 0.25)["ok"]
+
+    def leaves_nan(**a):
+        a["out"][:-1] = paged_attention_ref(**dict(a, out=None))[:-1]
+
+    assert not gc.compare_attention(torch, leaves_nan, clean, 0.25)["finite"]
