@@ -6,41 +6,59 @@
 # scripts/gpu_wheels.txt and travel as wheels in scripts/gpu_wheels/ (made here, with network:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #       -d scripts/gpu_wheels -r scripts/gpu_wheels.txt
-# under 64 MiB); the ones not importable are installed from that folder only (--no-index).
+# under 64 MiB); each one not installed is installed alone (--no-deps, --no-index) into
+# $GPU_CHECK_SITE (default .gpu_site), which goes on PYTHONPATH, so one that fails stops no other.
 # No model travels: random-weight Llama models are built from transformers' configs.
 #
 #   bash scripts/gpu_check.sh [--out FILE] [--parts kernels,services,bench,serve] [--quick]
-# Ends within 8 minutes (parts have time budgets; the whole run is cut at GPU_CHECK_TIMEOUT).
+# The JSON goes to --out, else $OUT/gpu_check.json, else bench_results/gpu_check.json; the install
+# log and the service logs go next to it. Ends within 8 minutes (parts have time budgets; the
+# whole run is cut at GPU_CHECK_TIMEOUT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-WHEELS=scripts/gpu_wheels
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+WHEELS=${GPU_CHECK_WHEELS:-scripts/gpu_wheels}
+SITE=${GPU_CHECK_SITE:-$PWD/.gpu_site}
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export TOKENIZERS_PARALLELISM=false
 
+out_file=${OUT:+$OUT/gpu_check.json}
+prev=
+for arg in "$@"; do
+    case "$arg" in --out=*) out_file=${arg#--out=} ;; esac
+    [ "$prev" = "--out" ] && out_file=$arg
+    prev=$arg
+done
+out_dir=$(dirname "${out_file:-bench_results/gpu_check.json}")
+mkdir -p "$out_dir"
+install_log="$out_dir/gpu_check-install.log"
+: >"$install_log"
+
+# the distributions of scripts/gpu_wheels.txt not installed (their metadata is on sys.path)
 missing=$("$PY" - <<'PY'
-import importlib.util
-# module -> distribution, for what pagedserve imports on the GPU path
-need = {"grpc_health": "grpcio-health-checking", "grpc_reflection": "grpcio-reflection",
-        "opentelemetry.sdk": "opentelemetry-sdk", "opentelemetry.exporter.otlp.proto.grpc":
-        "opentelemetry-exporter-otlp-proto-grpc", "prometheus_client": "prometheus-client",
-        "starlette": "starlette", "uvicorn": "uvicorn", "gguf": "gguf", "jinja2": "jinja2",
-        "safetensors": "safetensors", "tokenizers": "tokenizers", "cryptography": "cryptography"}
-def have(m):
+from importlib import metadata
+names = [l.strip() for l in open("scripts/gpu_wheels.txt") if l.strip() and not l.startswith("#")]
+def have(name):
     try:
-        return importlib.util.find_spec(m) is not None
-    except ModuleNotFoundError:
+        metadata.version(name)
+        return True
+    except metadata.PackageNotFoundError:
         return False
-print(" ".join(sorted({d for m, d in need.items() if not have(m)})))
+print(" ".join(n for n in names if not have(n)))
 PY
 )
 if [ -n "$missing" ]; then
-    echo "gpu_check: installing from $WHEELS: $missing"
+    echo "gpu_check: installing from $WHEELS into $SITE: $missing"
     if [ -d "$WHEELS" ]; then
-        "$PY" -m pip install -q --no-index --find-links "$WHEELS" $missing || echo "gpu_check: some wheels missing; parts that need them will say so"
+        failed=
+        for dist in $missing; do
+            "$PY" -m pip install -q --no-index --no-deps --find-links "$WHEELS" --target "$SITE" "$dist" \
+                >>"$install_log" 2>&1 || failed="$failed $dist"
+        done
+        [ -z "$failed" ] || echo "gpu_check: not installed:$failed (see $install_log); parts that need them will say so"
     else
-        echo "gpu_check: no $WHEELS folder; parts that need $missing will fail"
+        echo "gpu_check: no $WHEELS folder; parts that need $missing will fail" | tee -a "$install_log"
     fi
 fi
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print('gpu_check:', torch.__version__, torch.cuda.get_device_name())"
-exec timeout -k 10 "${GPU_CHECK_TIMEOUT:-470}" "$PY" scripts/gpu_check.py "$@"
+exec timeout -k 10 "${GPU_CHECK_TIMEOUT:-470}" "$PY" scripts/gpu_check.py ${out_file:+--out "$out_file"} "$@"

@@ -203,3 +203,35 @@ def test_attention_comparison_is_strict(q_len):
         a["out"][:-1] = paged_attention_ref(**dict(a, out=None))[:-1]
 
     assert not gc.compare_attention(torch, leaves_nan, clean, 0.25)["finite"]
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# stands for python3: '-' lists missing distributions, pip fails for dist-a, the rest is recorded
+echo "$*" >> "$CALLS"
+case "$1" in
+  -) cat >/dev/null; echo "dist-a dist-b" ;;
+  -m) case "$*" in *dist-a*) exit 1 ;; esac ;;
+  scripts/gpu_check.py) echo "$PYTHONPATH" > "$CALLS.pythonpath" ;;
+esac
+exit 0
+"""
+
+
+def test_shell_installs_each_wheel_alone_and_writes_to_out(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    out, calls, wheels = tmp_path / "out", tmp_path / "calls", tmp_path / "wheels"
+    wheels.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "CALLS": str(calls), "OUT": str(out),
+           "GPU_CHECK_WHEELS": str(wheels), "GPU_CHECK_SITE": str(tmp_path / "site"), "PYTHONPATH": "/keep"}
+    done = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), "--quick"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = calls.read_text().splitlines()
+    pips = [line for line in lines if line.startswith("-m pip")]
+    assert len(pips) == 2 and all("--no-deps" in p and "--no-index" in p and "--target" in p for p in pips)
+    assert "not installed: dist-a" in done.stdout and (out / "gpu_check-install.log").exists()
+    assert lines[-1] == f"scripts/gpu_check.py --out {out}/gpu_check.json --quick"
+    assert open(f"{calls}.pythonpath").read().split() == [f"{REPO}:{tmp_path / 'site'}:/keep"]
+    assert "cryptography" not in (SCRIPTS / "gpu_check.sh").read_text()
