@@ -2,6 +2,7 @@
 arguments, the JSON skeleton of a dry run, the workload and the helpers' shapes; the mended
 defects (output folder, PYTHONPATH, swap wait, deadlines, strict comparisons) with the GPU mocked."""
 import importlib.util
+import os
 import json
 import subprocess
 import sys
@@ -235,3 +236,24 @@ def test_shell_installs_each_wheel_alone_and_writes_to_out(tmp_path):
     assert lines[-1] == f"scripts/gpu_check.py --out {out}/gpu_check.json --quick"
     assert open(f"{calls}.pythonpath").read().split() == [f"{REPO}:{tmp_path / 'site'}:/keep"]
     assert "cryptography" not in (SCRIPTS / "gpu_check.sh").read_text()
+
+
+REHEARSE_KERNEL = """
+import importlib.util, sys, torch
+spec = importlib.util.spec_from_file_location("gc", sys.argv[1]); gc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gc)
+from kernels.paged_attention_triton import paged_attention_triton
+for q_len, splits in ((1, None), (1, 2), (5, None)):
+    a = gc.make_paged(torch, 3, 40, q_len, 4, 2, 16, 16, torch.float32, "cpu", mixed=True, pad=2, poison=True)
+    r = gc.compare_attention(torch, paged_attention_triton, a, 0.25, splits)
+    assert r["ok"], (q_len, splits, r)
+"""
+
+
+def test_triton_kernel_passes_the_strict_comparison_interpreted():
+    """The kernels part's comparison, rehearsed with TRITON_INTERPRET=1 at tiny shapes only."""
+    pytest.importorskip("triton")
+    done = subprocess.run([sys.executable, "-c", REHEARSE_KERNEL, str(SCRIPTS / "gpu_check.py")], cwd=REPO,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
