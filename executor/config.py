@@ -13,6 +13,7 @@ from wire.tracing import TracingConfig
 
 EXECUTOR_PORT = 50053
 DTYPES = DTYPE_CHOICES  # "auto": float32 on the CPU, bfloat16 on a GPU (wire.device)
+LINEAR_BACKENDS = ("auto", "mkl", "onednn")  # executor.linear_backend.CHOICES (no torch here)
 
 
 @dataclass
@@ -28,6 +29,10 @@ class ExecutorConfig:
                          "on a GPU)", choices=DTYPES)
     block_size: int = setting(16, "tokens per KV block")
     device: str = setting("auto", DEVICE_HELP)
+    linear_backend: str = setting("auto", "how the linear layers multiply (auto: each weight shape "
+                                  "timed at load through each backend, the faster kept per row "
+                                  "count; mkl: F.linear; onednn: oneDNN with prepacked weights, "
+                                  "CPU float32)", choices=LINEAR_BACKENDS)
     max_model_len: int | None = setting(None, "cap on prompt + output tokens (off: the model's "
                                         "maximum)")
     register_timeout: float = setting(60.0, "how long to keep trying to reach memsvc",

@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from executor import linear_backend as linear_backends
 from executor.default_model import DEFAULT_GGUF, resolve_model
 from executor.model_loader import load_model
 from executor.logits_mask import GuidedDecoding
@@ -15,8 +16,10 @@ from wire.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
 
 
 class Executor:
-    """Executor(model, dtype, block_size, device): load `model` (None: the default model; a
-    Hugging Face directory; a .gguf file, converted once and cached).
+    """Executor(model, dtype, block_size, device, linear_backend): load `model` (None: the
+    default model; a Hugging Face directory; a .gguf file, converted once and cached), its
+    linear layers multiplying by `linear_backend` (executor.linear_backend: "auto" times the
+    candidates on this machine; linear_plan holds the choice per weight shape).
 
     model_info() says what the gateway and memsvc need; attach_pool(pool) hands over the KV
     pool (shape KVGeometry.pool_shape(num_blocks), this dtype, on this device), again after
@@ -24,7 +27,7 @@ class Executor:
     """
 
     def __init__(self, model: str | None = None, dtype: str = "float32", block_size: int = 16,
-                 device: str = "cpu"):
+                 device: str = "cpu", linear_backend: str = "auto"):
         parse_dtype(dtype)
         if torch.device(device).type == "cpu":
             use_owned_cores()
@@ -34,6 +37,8 @@ class Executor:
         self.model_dir = resolve_model(model)
         self.model, self.config = load_model(self.model_dir, dtype)
         self.model.to(self.device)
+        self.linear_plan = linear_backends.configure(self.model, linear_backend, self.device,
+                                                     self.model.dtype)
         self.name = _model_name(model, self.model_dir)
         self.runner: ModelRunner | None = None
         self.guided = GuidedDecoding(self.model_dir, self.config.vocab_size,

@@ -264,7 +264,7 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
         log.info("device %s (%s), dtype %s", torch_device, memsvc_device, dtype)
         with on_device(torch_device):
             executor = Executor(config.model, dtype=dtype, block_size=config.block_size,
-                                device=torch_device)
+                                device=torch_device, linear_backend=config.linear_backend)
     info = executor.model_info()
     if config.max_model_len:
         info.max_model_len = min(info.max_model_len, config.max_model_len)

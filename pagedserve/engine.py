@@ -47,7 +47,8 @@ class LLMEngine:
         ex = config.executor
         self.device = resolve_device(ex.device)
         self.dtype = resolve_dtype(ex.dtype, self.device)
-        self.executor = Executor(ex.model, dtype=self.dtype, block_size=ex.block_size, device=self.device)
+        self.executor = Executor(ex.model, dtype=self.dtype, block_size=ex.block_size, device=self.device,
+                                 linear_backend=ex.linear_backend)
         info = self.executor.model_info()
         max_len = min(info.max_model_len, ex.max_model_len or info.max_model_len)
         info.max_model_len = max_len

@@ -13,7 +13,7 @@ from memsvc.config import MemsvcConfig
 from wire.settings import add_flags, from_args, to_argv
 
 ENGINE_SETTINGS = {
-    ExecutorConfig: ("model", "device", "dtype", "block_size", "max_model_len"),
+    ExecutorConfig: ("model", "device", "dtype", "block_size", "max_model_len", "linear_backend"),
     MemsvcConfig: ("kv_tokens", "kv_memory", "policy", "prefix_caching", "preemption_mode",
                    "swap_space"),
     GatewayConfig: ("max_num_seqs", "max_num_batched_tokens"),

@@ -16,6 +16,7 @@ from torch import nn
 
 import kernels
 from executor.attention_metadata import AttentionMetadata
+from executor.linear import Linear
 from executor.model_config import ModelConfig
 from kernels import fused_cpu
 
@@ -83,12 +84,11 @@ class DecoderLayer(nn.Module):
         p = lambda t: nn.Parameter(t, requires_grad=False)  # noqa: E731
         self.input_norm = p(self.norm_weight(w[prefix + "input_layernorm.weight"]))
         self.post_attn_norm = p(self.norm_weight(w[prefix + "post_attention_layernorm.weight"]))
-        self.qkv = p(self.qkv_weight(w, a))
-        self.qkv_bias = None
+        qkv_bias = None
         if config.qkv_bias:
-            self.qkv_bias = p(torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]]))
-        self.o = p(w[a + "o_proj.weight"])
-        self.o_bias = p(w[a + "o_proj.bias"]) if config.o_bias else None
+            qkv_bias = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
+        self.qkv = Linear(self.qkv_weight(w, a), qkv_bias)
+        self.o = Linear(w[a + "o_proj.weight"], w[a + "o_proj.bias"] if config.o_bias else None)
         self.q_norm = p(self.norm_weight(w[a + "q_norm.weight"])) if config.qk_norm else None
         self.k_norm = p(self.norm_weight(w[a + "k_norm.weight"])) if config.qk_norm else None
         self.init_mlp(w, prefix)
@@ -102,19 +102,18 @@ class DecoderLayer(nn.Module):
 
     def init_mlp(self, w, prefix: str) -> None:
         m = prefix + "mlp."
-        p = lambda t: nn.Parameter(t, requires_grad=False)  # noqa: E731
-        self.gate_up = p(torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]))
-        self.down = p(w[m + "down_proj.weight"])
+        self.gate_up = Linear(torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]))
+        self.down = Linear(w[m + "down_proj.weight"])
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
-        return F.linear(self.act(gate).mul_(up), self.down)
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        return self.down(self.act(gate).mul_(up))
 
     def attention(self, h, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
         """The attention block on the normed input h [T, hidden]: o_proj's output."""
         c = self.config
         t = h.shape[0]
-        qkv = F.linear(h, self.qkv, self.qkv_bias)
+        qkv = self.qkv(h)
         heads = c.num_heads + c.num_kv_heads
         if self.q_norm is not None:
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], -1)
@@ -133,7 +132,7 @@ class DecoderLayer(nn.Module):
         o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.query_start_loc, c.attn_scale, window=self.window,
                                     softcap=c.attn_softcap)
-        return F.linear(o.reshape(t, c.q_size), self.o, self.o_bias)
+        return self.o(o.reshape(t, c.q_size))
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
         c = self.config
@@ -163,8 +162,7 @@ class LlamaForCausalLM(nn.Module):
             self.layer_class(config, weights, f"model.layers.{n}.", n) for n in range(config.num_layers)
         )
         self.norm = nn.Parameter(self.layer_class.norm_weight(weights["model.norm.weight"]), requires_grad=False)
-        head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
-        self.lm_head = head if config.tie_word_embeddings else nn.Parameter(head, requires_grad=False)
+        self.lm_head = Linear(self.embed if config.tie_word_embeddings else weights["lm_head.weight"])
         self.register_buffer("inv_freq", rotary_inv_freq(config), persistent=False)
         self.rope_scale = config.rope_scaling.attention_factor  # longrope scales cos and sin
         local = None
@@ -197,7 +195,7 @@ class LlamaForCausalLM(nn.Module):
         return self.final_norm(x, self.norm, self.config.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.lm_head).float()
+        logits = self.lm_head(hidden).float()
         cap = self.config.final_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

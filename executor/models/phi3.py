@@ -2,8 +2,7 @@
 (qkv_proj, gate_up_proj, gate rows first) and longrope scaling (model_config.RopeScaling)."""
 from __future__ import annotations
 
-from torch import nn
-
+from executor.linear import Linear
 from executor.models.llama import DecoderLayer, LlamaForCausalLM
 
 
@@ -13,8 +12,8 @@ class Phi3DecoderLayer(DecoderLayer):
 
     def init_mlp(self, w, prefix: str) -> None:
         m = prefix + "mlp."
-        self.gate_up = nn.Parameter(w[m + "gate_up_proj.weight"], requires_grad=False)
-        self.down = nn.Parameter(w[m + "down_proj.weight"], requires_grad=False)
+        self.gate_up = Linear(w[m + "gate_up_proj.weight"])
+        self.down = Linear(w[m + "down_proj.weight"])
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):

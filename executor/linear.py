@@ -1,0 +1,91 @@
+"""A decoder's linear layer: y = x @ weight.T + bias, by the backend routed for x's row count.
+
+Linear(weight, bias) computes through F.linear ("mkl": MKL on the CPU, cuBLAS on a GPU)
+until `route(routes)` says otherwise. routes is a list of (below, backend): the first entry
+whose `below` exceeds the rows M of x (None: any M) names the backend. "onednn" multiplies
+by a weight prepacked once for oneDNN (`torch.ops.mkldnn`, CPU); the dense weight stays the
+layer's parameter. If oneDNN raises, for the prepack or a call, the layer logs what happened
+and uses F.linear from then on (that call included).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BACKENDS = ("mkl", "onednn")
+
+log = logging.getLogger("pagedserve.executor")
+
+
+def onednn_pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        p = lambda t: t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=False)  # noqa: E731
+        self.weight = p(weight)  # a Parameter passed in is shared (a tied lm_head)
+        self.bias = None if bias is None else p(bias)
+        self.routes: list[tuple[int | None, str]] = [(None, "mkl")]
+        self.packed: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out_features, in_features)."""
+        return tuple(self.weight.shape)
+
+    def route(self, routes: list[tuple[int | None, str]]) -> None:
+        """Use `routes` from now on, prepacking for oneDNN when a route names it; a failed
+        prepack leaves the layer on F.linear (logged)."""
+        unknown = {b for _, b in routes} - set(BACKENDS)
+        if unknown or not routes or routes[-1][0] is not None:
+            raise ValueError(f"routes {routes}: want (below, backend) pairs ending with (None, "
+                             f"backend), backends among {', '.join(BACKENDS)}")
+        if any(b == "onednn" for _, b in routes) and self.packed is None:
+            try:
+                self.packed = onednn_pack(self.weight)
+            except Exception as e:  # noqa: BLE001  (any oneDNN failure: F.linear serves)
+                self._fall_back(f"prepacking for oneDNN failed ({e!r})")
+                return
+        self.routes = list(routes)
+        if not any(b == "onednn" for _, b in routes):
+            self.packed = None
+
+    def backend_for(self, rows: int) -> str:
+        for below, backend in self.routes:
+            if below is None or rows < below:
+                return backend
+        return self.routes[-1][1]
+
+    def run(self, backend: str, x: torch.Tensor) -> torch.Tensor:
+        """x through `backend` (the layer must be prepacked for "onednn")."""
+        if backend == "mkl":
+            return F.linear(x, self.weight, self.bias)
+        k = x.shape[-1]
+        y = onednn_linear(x if x.dim() == 2 else x.reshape(-1, k), self.packed, self.bias)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        backend = self.backend_for(x.numel() // x.shape[-1])
+        if backend == "mkl":
+            return F.linear(x, self.weight, self.bias)
+        try:
+            return self.run(backend, x)
+        except Exception as e:  # noqa: BLE001
+            self._fall_back(f"oneDNN call on {tuple(x.shape)} failed ({e!r})")
+            return F.linear(x, self.weight, self.bias)
+
+    def _fall_back(self, why: str) -> None:
+        n, k = self.shape
+        log.warning("linear %dx%d: %s; F.linear (mkl) from now on", n, k, why)
+        self.routes, self.packed = [(None, "mkl")], None

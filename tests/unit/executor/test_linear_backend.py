@@ -1,0 +1,157 @@
+"""The linear layers' backend (executor.linear, executor.linear_backend): each forced backend
+and "auto" give transformers' logits and greedy tokens on tiny models; a failing oneDNN falls
+back to F.linear with a log line."""
+import logging
+
+import pytest
+import torch
+
+from executor import linear_backend
+from executor.config import LINEAR_BACKENDS
+from executor.linear import Linear
+from executor.model_loader import load_model
+from executor.model_runner import ModelRunner
+from pagedserve.engine import LLMEngine
+from tests.support.tiny_models import make_tiny_model, paged_batches, save_tiny_tokenizer
+from wire.protocol import SamplingParams
+
+TOL = 1e-3  # test_model_logits' tolerance
+ONEDNN = linear_backend.onednn_unavailable(torch.device("cpu"), torch.float32) is None
+needs_onednn = pytest.mark.skipif(not ONEDNN, reason="no oneDNN in this torch build")
+
+
+@pytest.fixture
+def log_records():
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("pagedserve.executor")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def routes_by_shape(model):
+    return {m.shape: m.routes for m in model.modules() if isinstance(m, Linear)}
+
+
+def worst_logit_difference(hf, model, config) -> float:
+    """Teacher-forced logits over two sequences in chunked, paged steps vs transformers."""
+    pool = torch.zeros(32, config.num_layers, 2, 4, config.num_kv_heads, config.head_dim)
+    runner = ModelRunner(model, config, pool)
+    g = torch.Generator().manual_seed(3)
+    a, b = (torch.randint(0, config.vocab_size, (n,), generator=g).tolist() for n in (21, 9))
+    steps = [[("a", a[:12]), ("b", b[:-1])], [("a", a[12:20]), ("b", b[-1:])], [("a", a[20:])]]
+    got: dict[str, list[torch.Tensor]] = {}
+    for batch in paged_batches(steps, 4, 32, seed=1):
+        logits, offset = runner.logits(batch), 0
+        for s in batch.seqs:
+            got.setdefault(s.seq_id, []).append(logits[offset:offset + len(s.token_ids)])
+            offset += len(s.token_ids)
+    worst = 0.0
+    for seq_id, ids in (("a", a), ("b", b)):
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].float()
+        worst = max(worst, (torch.cat(got[seq_id]) - ref).abs().max().item())
+    return worst
+
+
+def test_config_choices_are_the_backends():
+    assert LINEAR_BACKENDS == linear_backend.CHOICES
+
+
+@pytest.mark.parametrize("backend", ["mkl", pytest.param("onednn", marks=needs_onednn)])
+@pytest.mark.parametrize("arch,tie", [("llama_bias", False), ("qwen3", True), ("gemma2", True),
+                                      ("phi3", False), ("mixtral", False)])
+def test_forced_backend_matches_transformers(tmp_path, arch, tie, backend):
+    hf = make_tiny_model(tmp_path, arch, tie=tie)
+    model, config = load_model(str(tmp_path))
+    plan = linear_backend.configure(model, backend)
+    assert plan and all(c.routes == [(None, backend)] for c in plan)
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    assert all(m.routes == [(None, backend)] for m in layers)
+    assert all((m.packed is not None) == (backend == "onednn") for m in layers)
+    assert worst_logit_difference(hf, model, config) <= TOL
+
+
+def test_auto_picks_a_backend_per_shape_and_records_it(tmp_path, log_records):
+    hf = make_tiny_model(tmp_path, "qwen2")
+    model, config = load_model(str(tmp_path))
+    plan = linear_backend.configure(model, "auto")
+    shapes = routes_by_shape(model)
+    assert sorted((c.out_features, c.in_features) for c in plan) == sorted(shapes)
+    for c in plan:
+        assert c.routes == shapes[(c.out_features, c.in_features)]
+        assert c.routes[-1][0] is None and {b for _, b in c.routes} <= set(linear_backend.BACKENDS)
+        if ONEDNN:
+            assert set(c.seconds) == set(linear_backend.STEP_ROWS)
+            assert all(set(t) == {"mkl", "onednn"} for t in c.seconds.values())
+        assert c.as_dict()["shape"] == [c.out_features, c.in_features]
+    logged = [r.getMessage() for r in log_records]
+    assert len([m for m in logged if m.startswith("linear ")]) == len(plan)
+    assert worst_logit_difference(hf, model, config) <= TOL
+
+
+def test_routes_split_at_the_geometric_midpoints():
+    s = {1: {"mkl": 1.0, "onednn": 2.0}, 64: {"mkl": 2.0, "onednn": 1.0},
+         512: {"mkl": 2.0, "onednn": 1.0}}
+    assert linear_backend.routes_from(s) == [(8, "mkl"), (None, "onednn")]
+    layer = Linear(torch.randn(6, 4))
+    layer.route([(8, "mkl"), (None, "mkl")])
+    assert [layer.backend_for(m) for m in (1, 7, 8, 500)] == ["mkl"] * 4
+
+
+@needs_onednn
+def test_failing_onednn_call_falls_back_to_f_linear(monkeypatch, log_records):
+    layer = Linear(torch.randn(12, 8), torch.randn(12))
+    layer.route([(4, "mkl"), (None, "onednn")])
+    assert layer.packed is not None
+    x = torch.randn(6, 8)
+    expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+
+    def broken(*args):
+        raise RuntimeError("oneDNN broke")
+    monkeypatch.setattr("executor.linear.onednn_linear", broken)
+    assert torch.allclose(layer(x), expected)
+    assert layer.routes == [(None, "mkl")] and layer.packed is None
+    assert any("oneDNN call on (6, 8) failed" in r.getMessage() and "F.linear" in r.getMessage()
+               for r in log_records)
+    assert torch.allclose(layer(x), expected)
+
+
+def test_failing_onednn_prepack_leaves_every_layer_on_f_linear(tmp_path, monkeypatch, log_records):
+    make_tiny_model(tmp_path, "llama3")
+    model, _ = load_model(str(tmp_path))
+
+    def broken(weight):
+        raise RuntimeError("no oneDNN here")
+    monkeypatch.setattr("executor.linear.onednn_pack", broken)
+    for backend in ("onednn", "auto"):
+        plan = linear_backend.configure(model, backend)
+        assert all(c.routes == [(None, "mkl")] for c in plan)
+        assert all(r == [(None, "mkl")] for r in routes_by_shape(model).values())
+    assert any("F.linear" in r.getMessage() for r in log_records)
+
+
+@pytest.mark.parametrize("backend", ["mkl", pytest.param("onednn", marks=needs_onednn), "auto"])
+def test_engine_greedy_matches_transformers_per_backend(tmp_path, backend):
+    hf = make_tiny_model(tmp_path, "mistral_swa")
+    save_tiny_tokenizer(tmp_path)
+    prompts = [[5, 17, 42, 8, 99, 23], [7, 3, 250, 11]]
+    hf.generation_config.eos_token_id = None
+    expected = []
+    for p in prompts:
+        with torch.inference_mode():
+            y = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+        expected.append(y[0, len(p):].tolist())
+    engine = LLMEngine(model=str(tmp_path), block_size=4, kv_tokens=256, linear_backend=backend,
+                       device="cpu")
+    plan = engine.executor.linear_plan
+    assert plan and all({b for _, b in c.routes} <= set(linear_backend.BACKENDS) for c in plan)
+    if backend != "auto":
+        assert all(c.routes == [(None, backend)] for c in plan)
+    sampling = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    assert [o.completions[0].token_ids for o in engine.generate(prompts, sampling)] == expected
