@@ -136,14 +136,21 @@ def run_hf(model_dir: str, reqs: list[BenchRequest], vocab: int, seed: int, batc
 
 
 def run(args) -> int:
+    from benchmarks.cpu_info import cpu_info, describe
     from pagedserve.engine import LLMEngine
     from pagedserve.engine_config import EngineConfig
     from wire.heap import freeze_heap
 
+    cpu = cpu_info()
+    print(f"cpu          {describe(cpu)}, {os.cpu_count()} CPUs")
     reqs = sample_lengths(args.workload, args.num_requests, seed=args.seed,
                           input_len=args.input_len, output_len=args.output_len,
                           min_len=args.min_len, max_len=args.max_len)
     engine = LLMEngine(EngineConfig.from_args(args))
+    plan = engine.executor.linear_plan
+    print(f"linear       --linear-backend {args.linear_backend}:")
+    for choice in plan:
+        print(f"             {choice.describe()}")
     freeze_heap()  # as the services do once started
     info = engine.info
     vocab = info.vocab_size
@@ -153,7 +160,8 @@ def run(args) -> int:
         "workload": args.workload, "num_requests": len(reqs), "model": info.name,
         "mean_prompt_len": sum(r.prompt_len for r in reqs) / len(reqs),
         "mean_output_len": sum(r.output_len for r in reqs) / len(reqs),
-        "machine": f"{os.cpu_count()} CPUs",
+        "machine": f"{os.cpu_count()} CPUs", "cpu": cpu,
+        "linear_backend": args.linear_backend, "linear_plan": [c.as_dict() for c in plan],
         "ceiling": matmul_ceiling(cfg.hidden_size, cfg.intermediate_size, 2.0 * params),
     }
     print(f"workload {args.workload}: {len(reqs)} requests, mean {result['mean_prompt_len']:.0f} in"
