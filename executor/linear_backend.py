@@ -101,10 +101,11 @@ def configure(model: torch.nn.Module, backend: str = "auto", device: torch.devic
             seconds, routes = {}, [(None, backend)]
         for layer in layers:
             layer.route(routes)
-        if any(layer.packed is None for layer in layers) and routes != [(None, "mkl")]:
-            routes = [(None, "mkl")]  # a prepack failed (logged by the layer): all on F.linear
-            for layer in layers:
-                layer.route(routes)
+            if layer.routes != routes:  # its prepack failed (it logged why): the shape on F.linear
+                routes = [(None, "mkl")]
+                for done in layers:
+                    done.route(routes)
+                break
         choice = ShapeChoice(n, k, len(layers), routes, seconds)
         log.info("%s", choice.describe())
         choices.append(choice)
