@@ -49,8 +49,8 @@ class ExecutorConfig:
                                    "gives, slept (no CPU used); " + SPEC_HELP,
                                    metavar="MODEL_SHAPE@GPU")
     simulate_step_ms: float | None = setting(None, "serve a simulated accelerator whose every step "
-                                             "takes this long (slept, no CPU used), instead of "
-                                             "--simulate's roofline", metavar="MS")
+                                             "takes this long (slept, no CPU used); with "
+                                             "--simulate, this wins over its roofline", metavar="MS")
     metrics_port: int | None = metrics_port_setting()
     health_port: int | None = health_port_setting()
     tls: TlsConfig = field(default_factory=TlsConfig)
@@ -63,9 +63,6 @@ class ExecutorConfig:
             raise ValueError(f"--max-model-len must be positive, got {self.max_model_len}")
         if self.drain_timeout < 0:
             raise ValueError(f"--drain-timeout must be >= 0, got {self.drain_timeout}")
-        if self.simulate is not None and self.simulate_step_ms is not None:
-            raise ValueError("--simulate and --simulate-step-ms both set: give one (a roofline "
-                             "model or a fixed step time)")
         if self.simulate is not None:
             parse_spec(self.simulate)
         if self.simulate_step_ms is not None and not self.simulate_step_ms > 0:

@@ -251,7 +251,9 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
         torch_device, memsvc_device = "cpu", "cpu"
         args = (config.block_size, config.max_model_len or 8192, resolve_model(None, progress=False))
         if config.simulated:
-            executor = SimulatedExecutor(*args, spec=config.simulate, step_ms=config.simulate_step_ms)
+            fixed = config.simulate_step_ms is not None
+            executor = SimulatedExecutor(*args, spec=None if fixed else config.simulate,
+                                         step_ms=config.simulate_step_ms)
             SimulatedSeconds(executor, servicer.metrics.registry)
             log.info("simulated executor %s: one fixed token per sequence after a modeled step "
                      "time, no model", executor.info.name)

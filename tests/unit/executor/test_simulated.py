@@ -95,8 +95,8 @@ def test_config_validation():
     assert ExecutorConfig(zero_cost=True, simulate="llama-1b@h200").simulated  # redundant, allowed
     with pytest.raises(ValueError, match="--simulate-step-ms must be positive"):
         ExecutorConfig(simulate_step_ms=0)
-    with pytest.raises(ValueError, match="give one"):
-        ExecutorConfig(simulate="llama-8b@h200", simulate_step_ms=1.0)
+    both = ExecutorConfig(simulate="llama-8b@h200", simulate_step_ms=1.0)  # the fixed time wins
+    assert both.simulated and both.simulate_step_ms == 1.0
     with pytest.raises(ValueError, match="llama-70b"):
         ExecutorConfig(simulate="gpt-4@h200")
 

@@ -27,7 +27,7 @@ def odd_value(owner, f):
                 "max_request_bytes": 8192}.get(dest(f), 37)
     if kind is float:
         return 3.25
-    return f"/tmp/x-{dest(f)}"
+    return {"simulate": "llama-1b@h100"}.get(dest(f), f"/tmp/x-{dest(f)}")
 
 
 def service_settings():
