@@ -3,9 +3,11 @@
 Linear(weight, bias) computes through F.linear ("mkl": MKL on the CPU, cuBLAS on a GPU)
 until `route(routes)` says otherwise. routes is a list of (below, backend): the first entry
 whose `below` exceeds the rows M of x (None: any M) names the backend. "onednn" multiplies
-by a weight prepacked once for oneDNN (`torch.ops.mkldnn`, CPU); the dense weight stays the
-layer's parameter. If oneDNN raises, for the prepack or a call, the layer logs what happened
-and uses F.linear from then on (that call included).
+by a weight prepacked once for oneDNN (`torch.ops.mkldnn`, CPU). If oneDNN raises, for the
+prepack or a call, the layer logs what happened and uses F.linear from then on (that call
+included). `drop_dense()`, for a layer routed to oneDNN at every M whose weight nothing else
+shares, frees the dense copy (else the weights are held twice); its oneDNN failures then
+raise.
 """
 from __future__ import annotations
 
@@ -36,11 +38,20 @@ class Linear(nn.Module):
         self.bias = None if bias is None else p(bias)
         self.routes: list[tuple[int | None, str]] = [(None, "mkl")]
         self.packed: torch.Tensor | None = None
+        self.shape: tuple[int, int] = tuple(weight.shape)  # (out_features, in_features)
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(out_features, in_features)."""
-        return tuple(self.weight.shape)
+    def drop_dense(self) -> bool:
+        """Free the dense weight of a layer on oneDNN at every M, after one checking call;
+        False (nothing dropped) if it is not, or the call fails (the layer falls back)."""
+        if self.weight is None or self.packed is None or any(b != "onednn" for _, b in self.routes):
+            return False
+        try:
+            self.run("onednn", torch.zeros(1, self.shape[1], dtype=self.weight.dtype))
+        except Exception as e:  # noqa: BLE001
+            self._fall_back(f"oneDNN check call failed ({e!r})")
+            return False
+        self.weight = None
+        return True
 
     def route(self, routes: list[tuple[int | None, str]]) -> None:
         """Use `routes` from now on, prepacking for oneDNN when a route names it; a failed
@@ -49,6 +60,9 @@ class Linear(nn.Module):
         if unknown or not routes or routes[-1][0] is not None:
             raise ValueError(f"routes {routes}: want (below, backend) pairs ending with (None, "
                              f"backend), backends among {', '.join(BACKENDS)}")
+        if self.weight is None:
+            raise ValueError(f"linear {self.shape}: its dense weight was dropped (drop_dense): "
+                             "it stays on oneDNN")
         if any(b == "onednn" for _, b in routes) and self.packed is None:
             try:
                 self.packed = onednn_pack(self.weight)
@@ -87,5 +101,7 @@ class Linear(nn.Module):
 
     def _fall_back(self, why: str) -> None:
         n, k = self.shape
+        if self.weight is None:
+            raise RuntimeError(f"linear {n}x{k}: {why}, and its dense weight was dropped")
         log.warning("linear %dx%d: %s; F.linear (mkl) from now on", n, k, why)
         self.routes, self.packed = [(None, "mkl")], None

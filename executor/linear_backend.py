@@ -15,6 +15,7 @@ int8/int4 kernels are not candidates (yet).
 """
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
@@ -109,6 +110,11 @@ def configure(model: torch.nn.Module, backend: str = "auto", device: torch.devic
         choice = ShapeChoice(n, k, len(layers), routes, seconds)
         log.info("%s", choice.describe())
         choices.append(choice)
+    shared = collections.Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    dropped = sum(layer.drop_dense() for layers in groups.values() for layer in layers
+                  if layer.weight is not None and shared[id(layer.weight)] == 1)
+    if dropped:
+        log.info("linear: %d layers on oneDNN at every M hold only their prepacked weight", dropped)
     return choices
 
 
