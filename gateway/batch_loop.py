@@ -199,7 +199,7 @@ class BatchLoop:
                 return deltas
             self._send(batch, fed=False)
         running = pipe.inflight[0]
-        if self.plan_ahead:
+        if self.plan_ahead and not running.failed():  # else it runs again first: none ahead of it
             try:
                 deltas += self._send_ahead(running.batch)
             except BaseException:  # the step fails as a failed Reserve would; the batch ends first

@@ -31,6 +31,10 @@ class InFlight:
     fed: bool  # sent ahead: computes the previous step's samples
     sent: float = 0.0  # perf_counter
 
+    def failed(self) -> bool:
+        """Ended with an error already (a step sent ahead of it would fail too)."""
+        return self.future.done() and self.future.exception() is not None
+
 
 def _timed(fn, batch):
     result = fn(batch)
