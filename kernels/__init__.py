@@ -28,8 +28,8 @@ paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, sc
       blocks wholly before every query's window are never read (their table entries may be
       stale). softcap (optional float): scores s -> softcap * tanh(s / softcap) (Gemma 2).
     Returns `[T, num_heads, head_size]` in q's dtype, written into `out` when given.
-    Cache slots that are read but masked out (the tail of a sequence's last block, blocks
-    named by padding entries) must hold finite numbers: the torch path reads whole blocks.
+    Cache slots past a sequence's length (the tail of its last block, blocks named by padding
+    entries) may hold anything, NaN included: no path lets them reach the output.
 
 store_kv(key, value, k_cache, v_cache, slot_mapping)
     key, value: `[T, num_kv_heads, head_size]`; slot_mapping: integer `[T]`. Writes token t

@@ -57,12 +57,18 @@ def _decode(q, k_cache, v_cache, block_tables, seq_lens, starts, lens, decodes, 
         tokens = torch.tensor(tokens, device=q.device)
     n_blocks = -(-max(lens[b] for b in decodes) // block_size)
     context = n_blocks * block_size
-    keys = _gather(k_cache, tables[:, :n_blocks], num_blocks).transpose(1, 2)
-    values = _gather(v_cache, tables[:, :n_blocks], num_blocks).transpose(1, 2)
+    keys = _gather(k_cache, tables[:, :n_blocks], num_blocks)
+    values = _gather(v_cache, tables[:, :n_blocks], num_blocks)
     mask = None
     if any(lens[b] != context for b in decodes):
         positions = torch.arange(context, device=q.device)
-        mask = (positions[None, :] < dec_lens.to(q.device, torch.long)[:, None]).view(batch, 1, 1, context)
+        valid = positions[None, :] < dec_lens.to(q.device, torch.long)[:, None]
+        # slots past a length (the last block's tail, padding blocks) may hold anything, NaN
+        # included: a masked score still multiplies its value, so they are zeroed, not only masked
+        keys.masked_fill_(~valid[:, :, None, None], 0)
+        values.masked_fill_(~valid[:, :, None, None], 0)
+        mask = valid.view(batch, 1, 1, context)
+    keys, values = keys.transpose(1, 2), values.transpose(1, 2)
     queries = q[tokens].view(batch, num_heads, 1, head_size).to(keys.dtype)
     result = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)
     out[tokens] = result.view(batch, num_heads, head_size)
