@@ -19,6 +19,10 @@ Contract:
   told by Content-Length or counted while reading.
 - A client that disconnects, streaming or not, has its sequences aborted before the
   next step; their blocks are freed by the next reserve.
+
+Packages: starlette (and httpx, for /metrics' upstreams) are needed only here; the gateway
+imports this module only when --http-port asks for the HTTP API, and importing it without
+them raises wire.optional_import.MissingPackage naming the package and --http-port 0.
 """
 from __future__ import annotations
 
@@ -27,11 +31,18 @@ import json
 import secrets
 import time
 
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from wire.optional_import import require
+
+HTTP_FEATURE = "the OpenAI-compatible HTTP API (--http-port)"
+HTTP_OFF = "--http-port 0 to turn it off"
+for _module in ("starlette", "httpx"):  # named before the imports below fail unnamed
+    require(_module, _module, HTTP_FEATURE, off=HTTP_OFF)
+
+from starlette.applications import Starlette  # noqa: E402
+from starlette.exceptions import HTTPException  # noqa: E402
+from starlette.requests import Request  # noqa: E402
+from starlette.responses import JSONResponse, Response, StreamingResponse  # noqa: E402
+from starlette.routing import Route  # noqa: E402
 
 from gateway.metrics_proxy import CONTENT_TYPE, ReplicaMetrics
 from gateway.openai_errors import OpenAIError, bad_request, model_not_found, unavailable

@@ -4,7 +4,8 @@ Contract: `start()` binds host:port (OSError if it cannot; port 0 picks a free o
 serving as a task of the current loop and returns the bound port. uvicorn installs no
 signal handlers here: the gateway's own handlers decide when to stop. `stop()` stops
 accepting, gives open requests `grace` seconds, then cancels them (which aborts their
-sequences).
+sequences). Imported only for --http-port; without uvicorn, importing it raises
+wire.optional_import.MissingPackage naming it.
 """
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import contextlib
 import logging
 import socket
 
-import uvicorn
+from gateway.openai_app import HTTP_FEATURE, HTTP_OFF, build_app  # checks starlette and httpx
+from wire.optional_import import require
 
-from gateway.openai_app import build_app
+uvicorn = require("uvicorn", "uvicorn", HTTP_FEATURE, off=HTTP_OFF)
 
 log = logging.getLogger("pagedserve.gateway")
 

@@ -1,6 +1,12 @@
 """What every internal pagedserve gRPC service shares: message limits, health and reflection,
 server-side trace context, optional TLS, client channels, flag defaults from the
-environment, and running until SIGTERM/SIGINT."""
+environment, and running until SIGTERM/SIGINT.
+
+Packages: grpcio-health-checking and grpcio-reflection are imported by `Service`, not with
+this module, so clients (open_channel, get_logger) need neither. Health is how every caller
+knows a service is ready: a Service without grpcio-health-checking raises
+wire.optional_import.MissingPackage naming it. Reflection (grpcurl's service listing) is on
+where grpcio-reflection is installed; without it the service runs and logs that it is off."""
 from __future__ import annotations
 
 import logging
@@ -11,8 +17,8 @@ import threading
 from concurrent import futures
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+
+from wire.optional_import import available, require
 
 MAX_MESSAGE_BYTES = 64 << 20
 GRPC_OPTIONS = [
@@ -25,8 +31,6 @@ CLIENT_OPTIONS = GRPC_OPTIONS + [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def env_default(name: str, default, kind=str):
@@ -71,19 +75,29 @@ class Service:
                  interceptors: list[grpc.ServerInterceptor] = ()):
         from wire.tracing import ServerTracing
 
+        feature = "a pagedserve service's grpc.health.v1 (how callers know it is ready)"
+        health = require("grpc_health.v1.health", "grpcio-health-checking", feature)
+        health_pb2_grpc = require("grpc_health.v1.health_pb2_grpc", "grpcio-health-checking", feature)
+        self._statuses = require("grpc_health.v1.health_pb2", "grpcio-health-checking", feature).HealthCheckResponse
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                                   options=GRPC_OPTIONS,
                                   interceptors=[*interceptors, ServerTracing()])
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names = list(service_names)
-        reflection.enable_server_reflection(
-            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        if available("grpc_reflection.v1alpha.reflection"):
+            from grpc_reflection.v1alpha import reflection
+
+            reflection.enable_server_reflection(
+                [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        else:
+            logging.getLogger("pagedserve").warning(
+                "gRPC reflection off: grpcio-reflection is not installed (pip install grpcio-reflection)")
         self.set_serving(False)
         self.port = 0
 
     def set_serving(self, serving: bool) -> None:
-        status = SERVING if serving else NOT_SERVING
+        status = self._statuses.SERVING if serving else self._statuses.NOT_SERVING
         for name in ("", *self.service_names):
             self.health.set(name, status)
 

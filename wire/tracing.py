@@ -11,6 +11,12 @@
 OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turns it off. The resource is named by
 OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, else `pagedserve-<service>`.
 
+Packages: opentelemetry-api (trace context and spans, no-ops while nothing records) is
+imported with this module; opentelemetry-sdk, and opentelemetry-exporter-otlp-proto-grpc for
+OTLP, only by `setup_tracing` when an exporter is asked for, so a service runs without them
+while tracing is off; asking without them is wire.optional_import.MissingPackage, naming the
+package.
+
 Propagation: a client passes `trace_metadata()` (`traceparent`/`tracestate` of the current
 span) as the metadata of each call; `ServerTracing` (a sync server
 interceptor) opens a SERVER span for each unary call that arrived with a `traceparent`,
@@ -26,29 +32,43 @@ from dataclasses import dataclass
 
 import grpc
 from opentelemetry import propagate, trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import (BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor,
-                                            SpanExporter, SpanExportResult)
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from wire.optional_import import require
 from wire.settings import setting
 
 TRACE_FILE_ENV = "PAGEDSERVE_TRACE_FILE"
-_provider: TracerProvider | None = None
+_provider = None  # the SDK's TracerProvider once setup_tracing installed one
+_json_lines_class = None
 
 
-class JsonLinesExporter(SpanExporter):
-    """Appends each finished span to a file as one line of JSON (ReadableSpan.to_json)."""
+def _sdk(module: str, what: str):
+    """An opentelemetry SDK module, imported now that `what` is asked for."""
+    package = ("opentelemetry-exporter-otlp-proto-grpc" if module.startswith("opentelemetry.exporter")
+               else "opentelemetry-sdk")
+    return require(module, package, f"tracing ({what})",
+                   off="leave --otlp-endpoint, --trace-file and OTEL_TRACES_EXPORTER unset")
 
-    def __init__(self, path: str):
-        self.path = path
-        self._lock = threading.Lock()
 
-    def export(self, spans) -> SpanExportResult:
-        lines = "".join(s.to_json(indent=None) + "\n" for s in spans)
-        with self._lock, open(self.path, "a", encoding="utf-8") as f:
-            f.write(lines)
-        return SpanExportResult.SUCCESS
+def json_lines_exporter(path: str):
+    """A SpanExporter appending each finished span to `path` as one line of JSON
+    (ReadableSpan.to_json); its class is made from the SDK's on first use."""
+    global _json_lines_class
+    if _json_lines_class is None:
+        export = _sdk("opentelemetry.sdk.trace.export", f"{TRACE_FILE_ENV} / --trace-file")
+
+        class JsonLinesExporter(export.SpanExporter):
+            def __init__(self, path: str):
+                self.path = path
+                self._lock = threading.Lock()
+
+            def export(self, spans):
+                lines = "".join(s.to_json(indent=None) + "\n" for s in spans)
+                with self._lock, open(self.path, "a", encoding="utf-8") as f:
+                    f.write(lines)
+                return export.SpanExportResult.SUCCESS
+
+        _json_lines_class = JsonLinesExporter
+    return _json_lines_class(path)
 
 
 @dataclass
@@ -61,7 +81,7 @@ class TracingConfig:
                                      "PATH becomes the service's name", metavar="PATH")
 
 
-def _exporters(service: str = "", config: TracingConfig | None = None) -> list[tuple[SpanExporter, bool]]:
+def _exporters(service: str = "", config: TracingConfig | None = None) -> list[tuple[object, bool]]:
     """(exporter, batched) pairs the config and the environment ask for."""
     env = dict(os.environ)
     if config is not None and config.otlp_endpoint:
@@ -73,23 +93,23 @@ def _exporters(service: str = "", config: TracingConfig | None = None) -> list[t
     kinds = {k.strip().lower() for k in env.get("OTEL_TRACES_EXPORTER", "").split(",") if k.strip()}
     if "none" in kinds:
         return []
-    out: list[tuple[SpanExporter, bool]] = []
+    out: list[tuple[object, bool]] = []
     if "otlp" in kinds or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
+        otlp = _sdk("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "OTLP export, --otlp-endpoint")
         endpoint = config.otlp_endpoint if config is not None else None
-        out.append((OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter(), True))
+        out.append((otlp.OTLPSpanExporter(endpoint=endpoint) if endpoint else otlp.OTLPSpanExporter(), True))
     if "console" in kinds:
-        out.append((ConsoleSpanExporter(), False))
+        out.append((_sdk("opentelemetry.sdk.trace.export", "OTEL_TRACES_EXPORTER=console").ConsoleSpanExporter(),
+                    False))
     if env.get(TRACE_FILE_ENV):
-        out.append((JsonLinesExporter(env[TRACE_FILE_ENV].replace("{service}", service)), False))
+        out.append((json_lines_exporter(env[TRACE_FILE_ENV].replace("{service}", service)), False))
     return out
 
 
-def setup_tracing(service: str, config: TracingConfig | None = None) -> TracerProvider | None:
-    """Install a TracerProvider for `service` if the environment asks for an exporter.
+def setup_tracing(service: str, config: TracingConfig | None = None):
+    """Install an SDK TracerProvider for `service` if the environment asks for an exporter.
 
-    Returns it (None when tracing is off). Spans are flushed by `shutdown_tracing`, which
+    Returns it (None when tracing is off: the SDK is then not imported). Spans are flushed by `shutdown_tracing`, which
     also runs at exit.
     """
     global _provider
@@ -98,10 +118,14 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> TracerPr
     exporters = _exporters(service, config)
     if not exporters:
         return None
+    resources = _sdk("opentelemetry.sdk.resources", "a span exporter")
+    sdk_trace = _sdk("opentelemetry.sdk.trace", "a span exporter")
+    export = _sdk("opentelemetry.sdk.trace.export", "a span exporter")
     attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": f"pagedserve-{service}"}
-    provider = TracerProvider(resource=Resource.create(attrs))
+    provider = sdk_trace.TracerProvider(resource=resources.Resource.create(attrs))
     for exporter, batched in exporters:
-        provider.add_span_processor(BatchSpanProcessor(exporter) if batched else SimpleSpanProcessor(exporter))
+        processor = export.BatchSpanProcessor if batched else export.SimpleSpanProcessor
+        provider.add_span_processor(processor(exporter))
     trace.set_tracer_provider(provider)
     _provider = provider
     atexit.register(shutdown_tracing)
