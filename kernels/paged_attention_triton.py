@@ -17,11 +17,19 @@ float32 (exact against the reference). P is cast to V's dtype for the second dot
 flash-attention does.
 
 Split context (flash-decoding). When few programs would walk long contexts (decode-only
-batches of a few long sequences), the context is cut into NUM_SPLITS contiguous ranges
+batches of a few long sequences), the context is cut into num_splits contiguous ranges
 of tiles: each (query tile, kv head, split) program writes its unnormalized partial output
 with its running max and sum in float32, and `_reduce_splits_kernel` combines them. The
 split count is chosen on the host from shapes only (the block table's width bounds the
 context), so it is fixed for a CUDA graph; `num_splits=` forces it (tests).
+
+Specialization. Triton compiles a kernel again for each new value class of an integer
+argument (equal to 1, divisible by 16, other). The arguments that change from step to step
+(the sequence count, the block table's row stride = its width, the split count and the tiles
+per split) are `do_not_specialize`, so a server compiles each kernel once per model shape
+(the constexprs) and not once more per batch; whether there are splits at all is the
+constexpr SPLIT. Strides fixed by the model and the pool stay specialized (a unit inner
+stride is what vectorizes the loads).
 """
 from __future__ import annotations
 
@@ -37,11 +45,11 @@ MAX_SPLITS = 64
 _SM_COUNT: dict[int, int] = {}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "tiles_per_split", "num_splits", "stride_btb"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     part_acc_ptr, part_ml_ptr,
-    qk_scale, num_seqs, tiles_per_split, window, cap_in, cap_out,
+    qk_scale, num_seqs, tiles_per_split, num_splits, window, cap_in, cap_out,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
@@ -49,7 +57,7 @@ def _paged_attention_kernel(
     stride_btb, stride_btn,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-    BLOCKS_PER_TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, NUM_HEADS: tl.constexpr,
+    BLOCKS_PER_TILE: tl.constexpr, SPLIT: tl.constexpr, NUM_HEADS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):
     program = tl.program_id(0)
@@ -134,7 +142,7 @@ def _paged_attention_kernel(
         m = m_new
 
     out_mask = row_ok[:, None] & dim_ok[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         result = acc / l[:, None]
         tl.store(
             out_ptr + tokens[:, None].to(tl.int64) * stride_ot + heads[:, None] * stride_oh
@@ -142,24 +150,24 @@ def _paged_attention_kernel(
             result.to(out_ptr.dtype.element_ty), mask=out_mask,
         )
     else:  # partials: acc [T, H, S, HEAD_PAD], (m, l) [T, H, S, 2], contiguous float32
-        part = (tokens.to(tl.int64) * NUM_HEADS + heads) * NUM_SPLITS + split
+        part = (tokens.to(tl.int64) * NUM_HEADS + heads) * num_splits + split
         tl.store(part_acc_ptr + part[:, None] * HEAD_PAD + dims[None, :], acc, mask=out_mask)
         tl.store(part_ml_ptr + part * 2, m, mask=row_ok)
         tl.store(part_ml_ptr + part * 2 + 1, l, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _reduce_splits_kernel(
-    out_ptr, part_acc_ptr, part_ml_ptr, stride_ot, stride_oh, stride_od,
-    NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    out_ptr, part_acc_ptr, part_ml_ptr, num_splits, stride_ot, stride_oh, stride_od,
+    NUM_HEADS: tl.constexpr, SPLITS_PAD: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_PAD)
-    split_ok = splits < NUM_SPLITS
+    split_ok = splits < num_splits
     dims = tl.arange(0, HEAD_PAD)
-    part = (token * NUM_HEADS + head) * NUM_SPLITS + splits
+    part = (token * NUM_HEADS + head) * num_splits + splits
     m = tl.load(part_ml_ptr + part * 2, mask=split_ok, other=float("-inf"))
     l = tl.load(part_ml_ptr + part * 2 + 1, mask=split_ok, other=0.0)
     m_max = tl.max(m, axis=0)
@@ -252,7 +260,7 @@ def _launch(q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, s
     group = num_heads // num_kv_heads
     _paged_attention_kernel[(grid_q, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, part_acc, part_ml,
-        scale * LOG2E, num_seqs, tiles_per_split,
+        scale * LOG2E, num_seqs, tiles_per_split, num_splits,
         int(window or 0), float(scale / softcap) if softcap else 0.0, float(softcap * LOG2E) if softcap else 0.0,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
@@ -261,14 +269,14 @@ def _launch(q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, s
         block_tables.stride(0), block_tables.stride(1),
         GROUP=group, BLOCK_Q=cfg["block_q"], BLOCK_M=cfg["block_m"],
         HEAD_SIZE=head_size, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, TILE=cfg["tile"],
-        BLOCKS_PER_TILE=cfg["blocks_per_tile"], NUM_SPLITS=num_splits, NUM_HEADS=num_heads,
+        BLOCKS_PER_TILE=cfg["blocks_per_tile"], SPLIT=num_splits > 1, NUM_HEADS=num_heads,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None,
         num_warps=cfg["num_warps"],
     )
     if num_splits > 1:
         _reduce_splits_kernel[(num_tokens, num_heads)](
-            out, part_acc, part_ml, out.stride(0), out.stride(1), out.stride(2),
-            NUM_HEADS=num_heads, NUM_SPLITS=num_splits, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
+            out, part_acc, part_ml, num_splits, out.stride(0), out.stride(1), out.stride(2),
+            NUM_HEADS=num_heads, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
             HEAD_SIZE=head_size, HEAD_PAD=head_pad,
         )

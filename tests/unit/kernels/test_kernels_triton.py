@@ -166,10 +166,10 @@ def check_compile():
                 (64, 16, 128, 64, 2, 1, False), (16, 1, 128, 64, 4, 8, True), (64, 16, 128, 64, 2, 1, True)):
             compile_for_sm90(_paged_attention_kernel, pointers, dict(
                 GROUP=block_m // block_q, BLOCK_Q=block_q, BLOCK_M=block_m, HEAD_SIZE=head, HEAD_PAD=head,
-                BLOCK_SIZE=tile // per_tile, TILE=tile, BLOCKS_PER_TILE=per_tile, NUM_SPLITS=splits,
+                BLOCK_SIZE=tile // per_tile, TILE=tile, BLOCKS_PER_TILE=per_tile, SPLIT=splits > 1,
                 NUM_HEADS=32, DOT_PRECISION=precision, HAS_WINDOW=windowed, HAS_SOFTCAP=windowed))
         compile_for_sm90(_reduce_splits_kernel, dict(out_ptr="*" + dtype, part_acc_ptr="*fp32", part_ml_ptr="*fp32"),
-                         dict(NUM_HEADS=32, NUM_SPLITS=6, SPLITS_PAD=8, HEAD_SIZE=128, HEAD_PAD=128))
+                         dict(NUM_HEADS=32, SPLITS_PAD=8, HEAD_SIZE=128, HEAD_PAD=128))
     pointers = {name: "*bf16" for name in ("key_ptr", "value_ptr", "k_ptr", "v_ptr")}
     compile_for_sm90(_store_kv_kernel, dict(pointers, slot_mapping_ptr="*i64"), dict(
         NUM_KV_HEADS=3, HEAD_SIZE=64, HEADS_PAD=4, HEAD_PAD=64, BLOCK_SIZE=16))
