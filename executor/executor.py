@@ -35,10 +35,10 @@ class Executor:
         self.block_size = block_size
         self.device = torch.device(device)
         self.model_dir = resolve_model(model)
-        self.model, self.config = load_model(self.model_dir, dtype)
+        planner = linear_backends.Planner(linear_backend, self.device, parse_dtype(dtype))
+        self.model, self.config = load_model(self.model_dir, dtype, on_built=planner.place)
         self.model.to(self.device)
-        self.linear_plan = linear_backends.configure(self.model, linear_backend, self.device,
-                                                     self.model.dtype)
+        self.linear_plan = planner.finish()
         self.name = _model_name(model, self.model_dir)
         self.runner: ModelRunner | None = None
         self.guided = GuidedDecoding(self.model_dir, self.config.vocab_size,

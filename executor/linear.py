@@ -5,9 +5,9 @@ until `route(routes)` says otherwise. routes is a list of (below, backend): the 
 whose `below` exceeds the rows M of x (None: any M) names the backend. "onednn" multiplies
 by a weight prepacked once for oneDNN (`torch.ops.mkldnn`, CPU). If oneDNN raises, for the
 prepack or a call, the layer logs what happened and uses F.linear from then on (that call
-included). `drop_dense()`, for a layer routed to oneDNN at every M whose weight nothing else
-shares, frees the dense copy (else the weights are held twice); its oneDNN failures then
-raise.
+included). `drop_dense()`, for a layer routed to oneDNN at every M that owns its weight (built from a
+tensor, not from a Parameter it shares such as a tied embedding), frees the dense copy (else
+the weights are held twice); its oneDNN failures then raise.
 """
 from __future__ import annotations
 
@@ -34,16 +34,19 @@ class Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         p = lambda t: t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=False)  # noqa: E731
-        self.weight = p(weight)  # a Parameter passed in is shared (a tied lm_head)
+        self.owns_weight = not isinstance(weight, nn.Parameter)  # a Parameter passed in is
+        self.weight = p(weight)                                   # shared (a tied lm_head)
         self.bias = None if bias is None else p(bias)
         self.routes: list[tuple[int | None, str]] = [(None, "mkl")]
         self.packed: torch.Tensor | None = None
         self.shape: tuple[int, int] = tuple(weight.shape)  # (out_features, in_features)
 
     def drop_dense(self) -> bool:
-        """Free the dense weight of a layer on oneDNN at every M, after one checking call;
-        False (nothing dropped) if it is not, or the call fails (the layer falls back)."""
-        if self.weight is None or self.packed is None or any(b != "onednn" for _, b in self.routes):
+        """Free the dense weight of a layer on oneDNN at every M that owns its weight, after one
+        checking call; False (nothing dropped) if it is not, or the call fails (the layer falls
+        back, logged)."""
+        if (self.weight is None or not self.owns_weight or self.packed is None
+                or any(b != "onednn" for _, b in self.routes)):
             return False
         try:
             self.run("onednn", torch.zeros(1, self.shape[1], dtype=self.weight.dtype))
@@ -52,6 +55,13 @@ class Linear(nn.Module):
             return False
         self.weight = None
         return True
+
+    def held_bytes(self) -> tuple[int, int]:
+        """(dense, prepared): bytes of the dense weight (0 once dropped; counted even when it
+        is shared) and of the backend's own copy (the prepacked weight; 0 if none)."""
+        dense = 0 if self.weight is None else self.weight.numel() * self.weight.element_size()
+        prepared = 0 if self.packed is None else self.packed.numel() * self.packed.element_size()
+        return dense, prepared
 
     def route(self, routes: list[tuple[int | None, str]]) -> None:
         """Use `routes` from now on, prepacking for oneDNN when a route names it; a failed

@@ -1,21 +1,23 @@
 """Which backend each of a model's linear layers multiplies with, chosen at load.
 
-configure(model, backend, device, dtype) routes every executor.linear.Linear of the model and
-returns one ShapeChoice per distinct weight shape (out_features x in_features), each logged:
+Planner(backend, device, dtype) routes executor.linear.Linear layers as the model is built
+(place, called per decoder layer by the loader) and returns one ShapeChoice per distinct
+weight shape (out_features x in_features), each logged (finish); configure(model, ...) does
+the same for a model already built. Backends:
 - "mkl": F.linear everywhere (MKL on the CPU; on a GPU, F.linear is all there is);
 - "onednn": every layer prepacked for oneDNN (CPU, float32 only);
 - "auto": on the CPU in float32, each shape is timed through both at the step's row counts
   STEP_ROWS (one decode, a decode batch, a prefill chunk) on one of its layers, a few
   alternated repetitions, best of each; the faster backend at a timed M serves the rows from
-  the geometric midpoint below it to the one above. A row count whose one call would cost
-  over MAX_TIMED_FLOP is timed at the largest M within it instead (the vocabulary
-  projection). Elsewhere: mkl.
+  the geometric midpoint below it to the one above (a shape that would mix the two, where
+  MKL wins by under MIXED_MARGIN, goes all oneDNN: one copy of its weight). A row count
+  whose one call would cost over MAX_TIMED_FLOP is timed at the largest M within it instead
+  (the vocabulary projection). Elsewhere: mkl.
 Where oneDNN is unavailable or raises, layers use F.linear, and the log says why.
 int8/int4 kernels are not candidates (yet).
 """
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import time
@@ -29,6 +31,7 @@ CHOICES = ("auto", *BACKENDS)
 STEP_ROWS = (1, 64, 512)
 MAX_TIMED_FLOP = 2e9
 REPS = 3
+MIXED_MARGIN = 1.10  # oneDNN at most 10% slower than MKL: one copy of the weight beats two
 
 log = logging.getLogger("pagedserve.executor")
 
@@ -80,42 +83,76 @@ def onednn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def configure(model: torch.nn.Module, backend: str = "auto", device: torch.device | str = "cpu",
-              dtype: torch.dtype = torch.float32, rows: tuple[int, ...] = STEP_ROWS) -> list[ShapeChoice]:
-    if backend not in CHOICES:
-        raise ValueError(f"linear backend {backend!r}: want one of {', '.join(CHOICES)}")
-    groups: dict[tuple[int, int], list[Linear]] = {}
-    for m in model.modules():
-        if isinstance(m, Linear):
-            groups.setdefault(m.shape, []).append(m)
-    why = onednn_unavailable(torch.device(device), dtype)
-    if backend != "mkl" and why is not None:
-        if backend == "onednn" or torch.device(device).type == "cpu":
-            log.info("linear backend %s: %s; F.linear (mkl) for every layer", backend, why)
-        backend = "mkl"
-    choices = []
-    for (n, k), layers in groups.items():
-        if backend == "auto":
-            seconds = time_shape(layers[0], rows)
+class Planner:
+    """Routes linear layers as a model is built. place(module) routes every Linear under it
+    not placed yet: the first layer of each weight shape decides the shape's routes (timed
+    on it, for "auto"), the others follow; a layer on oneDNN at every M that owns its weight
+    keeps only the prepacked copy (Linear.drop_dense), at once, so the dense weights never
+    pile up. finish() logs and returns one ShapeChoice per shape.
+
+    A layer whose prepack or check call fails runs on F.linear (it logs why) and so do the
+    shape's layers placed after it; the ones placed before keep their routes (they passed
+    their check; some may hold no dense weight any more), and the plan then lists the shape
+    twice: its first routes, then F.linear."""
+
+    def __init__(self, backend: str = "auto", device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, rows: tuple[int, ...] = STEP_ROWS):
+        if backend not in CHOICES:
+            raise ValueError(f"linear backend {backend!r}: want one of {', '.join(CHOICES)}")
+        why = onednn_unavailable(torch.device(device), dtype)
+        if backend != "mkl" and why is not None:
+            if backend == "onednn" or torch.device(device).type == "cpu":
+                log.info("linear backend %s: %s; F.linear (mkl) for every layer", backend, why)
+            backend = "mkl"
+        self.backend, self.rows = backend, rows
+        self.choices: list[ShapeChoice] = []
+        self._current: dict[tuple[int, int], ShapeChoice] = {}
+        self._placed: set[int] = set()
+        self.dropped = 0
+
+    def place(self, module: torch.nn.Module) -> None:
+        for layer in module.modules():
+            if not isinstance(layer, Linear) or id(layer) in self._placed:
+                continue
+            self._placed.add(id(layer))
+            choice = self._current.get(layer.shape) or self._decide(layer)
+            layer.route(choice.routes)
+            self.dropped += layer.drop_dense()
+            if layer.routes != choice.routes:  # it fell back (logged): the shape on F.linear
+                if choice.layers:
+                    choice = ShapeChoice(*layer.shape, 0, [(None, "mkl")])
+                    self.choices.append(choice)
+                    self._current[layer.shape] = choice
+                else:
+                    choice.routes = [(None, "mkl")]
+            choice.layers += 1
+
+    def finish(self) -> list[ShapeChoice]:
+        for choice in self.choices:
+            log.info("%s", choice.describe())
+        if self.dropped:
+            log.info("linear: %d layers on oneDNN at every M hold only their prepacked weight",
+                     self.dropped)
+        return self.choices
+
+    def _decide(self, layer: Linear) -> ShapeChoice:
+        if self.backend == "auto":
+            seconds = time_shape(layer, self.rows)
             routes = routes_from(seconds) if seconds else [(None, "mkl")]
         else:
-            seconds, routes = {}, [(None, backend)]
-        for layer in layers:
-            layer.route(routes)
-            if layer.routes != routes:  # its prepack failed (it logged why): the shape on F.linear
-                routes = [(None, "mkl")]
-                for done in layers:
-                    done.route(routes)
-                break
-        choice = ShapeChoice(n, k, len(layers), routes, seconds)
-        log.info("%s", choice.describe())
-        choices.append(choice)
-    shared = collections.Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
-    dropped = sum(layer.drop_dense() for layers in groups.values() for layer in layers
-                  if layer.weight is not None and shared[id(layer.weight)] == 1)
-    if dropped:
-        log.info("linear: %d layers on oneDNN at every M hold only their prepacked weight", dropped)
-    return choices
+            seconds, routes = {}, [(None, self.backend)]
+        choice = ShapeChoice(*layer.shape, 0, routes, seconds)
+        self.choices.append(choice)
+        self._current[layer.shape] = choice
+        return choice
+
+
+def configure(model: torch.nn.Module, backend: str = "auto", device: torch.device | str = "cpu",
+              dtype: torch.dtype = torch.float32, rows: tuple[int, ...] = STEP_ROWS) -> list[ShapeChoice]:
+    """Route every linear layer of a model already built (Planner, placed all at once)."""
+    planner = Planner(backend, device, dtype, rows)
+    planner.place(model)
+    return planner.finish()
 
 
 def time_shape(layer: Linear, rows: tuple[int, ...]) -> dict[int, dict[str, float]]:
@@ -155,14 +192,19 @@ def time_shape(layer: Linear, rows: tuple[int, ...]) -> dict[int, dict[str, floa
 
 def routes_from(seconds: dict[int, dict[str, float]]) -> list[tuple[int | None, str]]:
     """The faster backend per timed M, boundaries at the geometric midpoints, equal
-    neighbours merged."""
+    neighbours merged; except that a shape which would mix backends goes to oneDNN at every M
+    when oneDNN is within MIXED_MARGIN of MKL wherever MKL is faster (a mixed layer holds its
+    weight twice, dense and packed: a win inside the timing noise is not worth that)."""
     ms = sorted(seconds)
+    best = {m: min(seconds[m], key=seconds[m].get) for m in ms}
+    if len(set(best.values())) > 1 and all(
+            seconds[m]["onednn"] <= seconds[m]["mkl"] * MIXED_MARGIN for m in ms):
+        best = dict.fromkeys(ms, "onednn")
     routes: list[tuple[int | None, str]] = []
     for i, m in enumerate(ms):
-        best = min(seconds[m], key=seconds[m].get)
         below = math.ceil(math.sqrt(m * ms[i + 1])) if i + 1 < len(ms) else None
-        if routes and routes[-1][1] == best:
-            routes[-1] = (below, best)
+        if routes and routes[-1][1] == best[m]:
+            routes[-1] = (below, best[m])
         else:
-            routes.append((below, best))
+            routes.append((below, best[m]))
     return routes

@@ -1,7 +1,10 @@
 """Build the model from a Hugging Face-style directory."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from torch import nn
 
 from executor.model_config import ModelConfig
 from executor.models.gemma import GemmaForCausalLM
@@ -14,10 +17,13 @@ MODEL_CLASSES = {"llama": LlamaForCausalLM, "gemma2": GemmaForCausalLM, "gemma3"
                  "phi3": Phi3ForCausalLM, "mixtral": MixtralForCausalLM}
 
 
-def load_model(model_dir: str, dtype: str | torch.dtype = "float32") -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Read config.json and the safetensors of `model_dir`; raises ModelLoadError naming the
-    file and what was expected when something is missing, corrupt or the wrong shape."""
+def load_model(model_dir: str, dtype: str | torch.dtype = "float32",
+               on_built: Callable[[nn.Module], None] | None = None) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """Read config.json and the safetensors of `model_dir`, building the model one layer at a
+    time (on_built: called with each decoder layer once built, then with the model; see
+    LlamaForCausalLM); raises ModelLoadError naming the file and what was expected when
+    something is missing, corrupt or the wrong shape."""
     config = ModelConfig.from_dir(model_dir)
     weights = load_weights(model_dir, config, parse_dtype(dtype))
-    model = MODEL_CLASSES[config.family](config, weights).eval()
+    model = MODEL_CLASSES[config.family](config, weights, on_built).eval()
     return model, config

@@ -9,6 +9,7 @@ sliding window when it has one).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -149,18 +150,25 @@ class DecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """forward(input_ids [T], positions [T], meta, kv_pool) -> final hidden states [T, H];
-    compute_logits(hidden [N, H]) -> float32 logits [N, vocab]."""
+    compute_logits(hidden [N, H]) -> float32 logits [N, vocab].
+
+    on_built, if given, is called with each decoder layer as soon as it is built and then with
+    the whole model (executor.linear_backend.Planner.place routes their linear layers there,
+    so a layer's dense weights can be freed before the next layer is read)."""
 
     layer_class = DecoderLayer
     final_norm = staticmethod(rms_norm)
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]):
+    def __init__(self, config: ModelConfig, weights: Mapping[str, torch.Tensor],
+                 on_built: Callable[[nn.Module], None] | None = None):
         super().__init__()
         self.config = config
         self.embed = nn.Parameter(weights["model.embed_tokens.weight"], requires_grad=False)
-        self.layers = nn.ModuleList(
-            self.layer_class(config, weights, f"model.layers.{n}.", n) for n in range(config.num_layers)
-        )
+        self.layers = nn.ModuleList()
+        for n in range(config.num_layers):
+            self.layers.append(self.layer_class(config, weights, f"model.layers.{n}.", n))
+            if on_built is not None:
+                on_built(self.layers[n])
         self.norm = nn.Parameter(self.layer_class.norm_weight(weights["model.norm.weight"]), requires_grad=False)
         self.lm_head = Linear(self.embed if config.tie_word_embeddings else weights["lm_head.weight"])
         self.register_buffer("inv_freq", rotary_inv_freq(config), persistent=False)
@@ -169,6 +177,8 @@ class LlamaForCausalLM(nn.Module):
         if config.local_rope_theta is not None:
             local = rotary_inv_freq(config, config.local_rope_theta, config.local_rope_scaling)
         self.register_buffer("local_inv_freq", local, persistent=False)
+        if on_built is not None:
+            on_built(self)
 
     @property
     def dtype(self) -> torch.dtype:
