@@ -69,6 +69,32 @@ def copy_bandwidth(nbytes: int = 512 << 20) -> float:
     return nbytes / best
 
 
+def model_weights(model) -> tuple[int, int]:
+    """(parameters, bytes a one-token step reads): every weight counted once whatever holds it
+    (a tied embedding is the LM head's; a dropped dense weight by its shape), and each linear
+    layer read in the form its one-row backend uses (dense, prepacked), the other parameters
+    as they are, but not the embedding table (a step reads one row of it per token)."""
+    import torch
+
+    from executor.linear import Linear
+
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    in_linears = {id(m.weight) for m in linears if m.weight is not None}
+    params = read = 0
+    for m in linears:
+        dense, prepared = m.held_bytes()
+        params += m.shape[0] * m.shape[1]
+        read += dense if m.backend_for(1) == "mkl" else prepared
+    embed = getattr(model, "embed", None)
+    for p in model.parameters():
+        if id(p) in in_linears:
+            continue
+        params += p.numel()
+        if not (isinstance(embed, torch.Tensor) and p is embed):
+            read += p.numel() * p.element_size()
+    return params, read
+
+
 def one_sequence(engine, vocab: int, seed: int, prompt_len: int = 128, steps: int = 32) -> dict:
     """Decode step time for a single sequence (median over its decode steps)."""
     from wire.protocol import SamplingParams
@@ -137,6 +163,8 @@ def run_hf(model_dir: str, reqs: list[BenchRequest], vocab: int, seed: int, batc
 
 def run(args) -> int:
     from benchmarks.cpu_info import cpu_info, describe
+    from benchmarks.proc_memory import resident
+    from executor.linear import Linear
     from pagedserve.engine import LLMEngine
     from pagedserve.engine_config import EngineConfig
     from wire.heap import freeze_heap
@@ -151,17 +179,29 @@ def run(args) -> int:
     print(f"linear       --linear-backend {args.linear_backend}:")
     for choice in plan:
         print(f"             {choice.describe()}")
+    mem = resident()
+    dense = sum(m.held_bytes()[0] for m in engine.executor.model.modules() if isinstance(m, Linear))
+    prepared = sum(m.held_bytes()[1] for m in engine.executor.model.modules() if isinstance(m, Linear))
+    pool = engine.memory.pool
+    pool_bytes = 0 if pool is None else pool.numel() * pool.element_size()
+    if mem:
+        print(f"memory       linear weights held {dense / 2**20:.0f} MiB dense + {prepared / 2**20:.0f} MiB "
+              f"prepared; resident {mem['rss_bytes'] / 2**30:.2f} GiB after load, peak "
+              f"{mem['peak_rss_bytes'] / 2**30:.2f} GiB (the KV pool's {pool_bytes / 2**30:.2f} GiB "
+              "included, as it is touched)")
     freeze_heap()  # as the services do once started
     info = engine.info
     vocab = info.vocab_size
     cfg = engine.executor.config
-    params = sum(t.numel() for t in engine.executor.model.parameters())
+    params, weight_bytes = model_weights(engine.executor.model)
     result = {
         "workload": args.workload, "num_requests": len(reqs), "model": info.name,
         "mean_prompt_len": sum(r.prompt_len for r in reqs) / len(reqs),
         "mean_output_len": sum(r.output_len for r in reqs) / len(reqs),
         "machine": f"{os.cpu_count()} CPUs", "cpu": cpu,
         "linear_backend": args.linear_backend, "linear_plan": [c.as_dict() for c in plan],
+        "memory": {**mem, "linear_dense_bytes": dense, "linear_prepared_bytes": prepared,
+                   "kv_pool_bytes": pool_bytes},
         "ceiling": matmul_ceiling(cfg.hidden_size, cfg.intermediate_size, 2.0 * params),
     }
     print(f"workload {args.workload}: {len(reqs)} requests, mean {result['mean_prompt_len']:.0f} in"
@@ -184,7 +224,6 @@ def run(args) -> int:
     print(f"             counting the {prompt_tokens} prompt tokens computed too: "
           f"{e['computed_tokens_per_s']:.1f} tok/s, {e['computed_share_of_ceiling']:.0%} of the ceiling")
     one = one_sequence(engine, vocab, args.seed)
-    weight_bytes = sum(t.numel() * t.element_size() for t in engine.executor.model.parameters())
     bandwidth = copy_bandwidth()
     one.update(weight_bytes=weight_bytes, copy_bytes_per_s=bandwidth, floor_s=weight_bytes / bandwidth)
     one["over_floor"] = one["step_s_median"] / one["floor_s"]
