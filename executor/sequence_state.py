@@ -138,10 +138,10 @@ class SequenceStates:
                 tokens = token_ids[at:at + n]
                 at += n
             table = st.table
-            if table_start > len(table):
-                raise ValueError(f"sequence {seq_id}: block table change at {table_start}, "
-                                 f"but it holds {len(table)} blocks")
-            if nb or table_start < len(table):
+            if nb or table_start != len(table):
+                if table_start > len(table):
+                    raise ValueError(f"sequence {seq_id}: block table change at {table_start}, "
+                                     f"but it holds {len(table)} blocks")
                 del table[table_start:]
                 table.extend(new_blocks[bat:bat + nb])
                 bat += nb
@@ -159,12 +159,12 @@ class SequenceStates:
                 history.extend(tokens)
                 pl = st.prompt_len
                 prompt, output = history[:pl], history[pl:]
+                if own:
+                    histories.append((len(seqs), history))
             else:
                 prompt, output = [], []
             if st.prompt is not None:
                 prompt = st.prompt
-            if own and history is not None:
-                histories.append((len(seqs), history))
             # a copy of the table: the next step's change may come while this one runs
             seqs.append(SeqStep(seq_id, tokens, start, slots, table[:], sample, st.sampling, st.seed,
                                 prompt, output))

@@ -351,15 +351,11 @@ class BatchLoop:
         if finish:
             text += stream.flush()
             self._close(state, seq.index)
-        return Delta(
-            request_id=seq.request_id, index=seq.index, text=text, token_ids=[update.token_id],
-            finish_reason=finish,
-            logprobs=[update.logprob] if update.logprob is not None else [],
-            top_logprobs=[update.top_logprobs] if update.top_logprobs else [],
-            prompt_logprobs=update.prompt_logprobs or [],
-            prompt_tokens=state.prompt_len, completion_tokens=len(seq.output_token_ids),
-            cached_tokens=max(seq.num_cached_tokens, 0),
-        )
+        return Delta(seq.request_id, seq.index, text, [update.token_id], finish,
+                     [update.logprob] if update.logprob is not None else [],
+                     [update.top_logprobs] if update.top_logprobs else [],
+                     update.prompt_logprobs or [], state.prompt_len, len(seq.output_token_ids),
+                     seq.num_cached_tokens if seq.num_cached_tokens > 0 else 0)
 
     def _beam_done(self, done: BeamDone) -> list[Delta]:
         state = self.requests.pop(done.request_id, None)

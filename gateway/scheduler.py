@@ -141,28 +141,32 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         entries: list[PlanEntry] = []
         max_seqs = self.config.max_num_seqs
+        hold = self.pending.hold
         for seq in self.running + self.swapped:
+            if len(entries) >= max_seqs:
+                break
             out, prompt = seq.output_token_ids, seq.prompt_token_ids
             plen = len(prompt)
             num_tokens = plen + len(out)
-            computed, limit = seq.num_computed, seq.compute_limit
+            computed = seq.num_computed
+            limit = num_tokens if seq.fork_at is None else seq.fork_at
             step = inflight.get(seq.seq_id) if inflight else None
             if step is not None:
                 computed = step.start_pos + len(step.token_ids)
                 if step.sample:
-                    if self._ends_by_length(seq, 1):
+                    if len(out) + 1 >= seq.sampling.max_tokens or num_tokens + 1 >= seq.max_len:
                         continue  # its next token is its last
                     limit += 1
             n = min(limit - computed, budget)
-            if n < 1 or len(entries) >= max_seqs:
+            if n < 1:
                 continue
             known = min(n, num_tokens - computed)  # the rest is the token the step samples
             tokens = (out[computed - plen : computed - plen + known] if computed >= plen
                       else (prompt + out)[computed : computed + known])
-            entries.append(PlanEntry(seq.seq_id, tokens, False, seq.max_len, final_len=seq.final_len,
-                                     salt=seq.salt, pending=known < n))
+            entries.append(PlanEntry(seq.seq_id, tokens, False, seq.max_len, 0, seq.final_len,
+                                     seq.salt, False, known < n))
             if known < n:
-                self.pending.hold(seq.seq_id, computed + known)
+                hold(seq.seq_id, computed + known)
             budget -= n
         for seq in self.waiting:
             if budget < 1 or len(entries) >= self.config.max_num_seqs:
@@ -222,8 +226,12 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             _insert(self.running, seq)
         planned, self.planned = self.planned, None
-        current = self.seqs.get if planned is None else (
-            lambda i: s if (s := self.seqs.get(i)) is not None and planned.get(i) is s else None)
+        all_seqs = self.seqs
+
+        def current(seq_id: str) -> Sequence | None:
+            seq = all_seqs.get(seq_id)
+            return seq if planned is None or planned.get(seq_id) is seq else None
+
         rejected = []
         for r in result.rejected:
             seq = current(r.seq_id)
@@ -236,12 +244,15 @@ class Scheduler:
             rejected.append(seq)
         steps = []
         bs, waiting = self.block_size, SeqStatus.WAITING
-        inflight = {st.seq_id: st for st in ahead_of.seqs} if ahead_of is not None else {}
+        inflight = {st.seq_id: st for st in ahead_of.seqs} if ahead_of is not None else None
+        history_of: dict[int, bool] = {}  # id(sampling) -> uses_penalties
         for g in result.grants:
-            seq = current(g.seq_id)
-            if seq is None:  # finished or aborted since a plan made ahead: memsvc frees it next
-                if g.seq_id not in self.to_free:
-                    self.to_free.append(g.seq_id)
+            seq_id = g.seq_id
+            seq = all_seqs.get(seq_id)
+            if seq is None or planned is not None and planned.get(seq_id) is not seq:
+                # finished or aborted since a plan made ahead: memsvc frees it next
+                if seq_id not in self.to_free:
+                    self.to_free.append(seq_id)
                 continue
             admitted = seq.status is waiting  # so not in the running batch (an id may come back)
             if admitted:
@@ -252,7 +263,7 @@ class Scheduler:
                 if seq.num_cached_tokens < 0:
                     seq.num_cached_tokens = g.num_cached_tokens
             start = g.start_pos
-            running = inflight.get(g.seq_id) if inflight and not admitted else None
+            running = inflight.get(seq_id) if inflight is not None and not admitted else None
             fed = running is not None and running.sample  # its next token: the running step's sample
             computed = running.start_pos + len(running.token_ids) if running is not None else seq.num_computed
             assert start == computed, (g, computed)
@@ -274,13 +285,15 @@ class Scheduler:
                 slots = [table[start // bs] * bs + start % bs]
             else:
                 slots = [table[p // bs] * bs + p % bs for p in range(start, end)]
-            history = sp.uses_penalties
+            history = history_of.get(id(sp))
+            if history is None:
+                history = history_of[id(sp)] = sp.uses_penalties
             # copies: the next answer changes the table, and the sampled token joins `out`,
             # while this batch may still be running
             steps.append(SeqStep(
-                seq.seq_id, tokens, start, slots, table[:], end == known + fed, sp, seq.seed,
-                prompt_token_ids=prompt if history or sp.prompt_logprobs is not None else [],
-                output_token_ids=(out + [FED] if fed else out[:]) if history else []))
+                seq_id, tokens, start, slots, table[:], end == known + fed, sp, seq.seed,
+                prompt if history or sp.prompt_logprobs is not None else [],
+                (out + [FED] if fed else out[:]) if history else []))
         return StepBatch(steps, pool_epoch=result.pool_epoch), rejected
 
     def on_sampled(self, batch: StepBatch, outputs: list[SampleOutput],
@@ -288,10 +301,10 @@ class Scheduler:
         """Apply a step's outputs. `seqs`: the sequences the batch was made for, in its order
         (a sequence that ended since, its id maybe reused by a new request, gets nothing)."""
         by_id = {o.seq_id: o for o in outputs}
-        beams = self.beams
+        beams, all_seqs, eos = self.beams, self.seqs, self.eos_token_ids
         updates: list[SeqUpdate | BeamDone] = []
         for i, step in enumerate(batch.seqs):
-            seq = self.seqs.get(step.seq_id)
+            seq = all_seqs.get(step.seq_id)
             if seq is None or (seqs is not None and seqs[i] is not seq):  # ended while the step ran
                 continue
             seq.num_computed = step.start_pos + len(step.token_ids)
@@ -304,16 +317,23 @@ class Scheduler:
                     self.forks.append((seq.seq_id, sample.seq_id))
             if out is None or not out.sampled:
                 continue
-            if seq.request_id in beams:
+            if beams and seq.request_id in beams:
                 updates.extend(self._beams.report(seq, out.top_logprobs))
                 continue
-            seq.output_token_ids.append(out.token_id)
-            reason = self._finish_reason(seq, out.token_id)
+            token, sp, output = out.token_id, seq.sampling, seq.output_token_ids
+            output.append(token)
+            if token in sp.stop_token_ids or (not sp.ignore_eos and token in eos):
+                reason = "stop"
+            elif (len(output) >= sp.max_tokens
+                  or len(seq.prompt_token_ids) + len(output) >= seq.max_len):
+                reason = "length"
+            else:
+                reason = None
             if reason:
                 self.drop(seq)
                 seq.finish(reason)
-            first = seq.prompt_logprobs if len(seq.output_token_ids) == 1 else None
-            updates.append(SeqUpdate(seq, out.token_id, out.logprob, out.top_logprobs, bool(reason), first))
+            first = seq.prompt_logprobs if len(output) == 1 else None
+            updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, bool(reason), first))
         return updates
 
     def _prompt_logprobs(self, seq: Sequence, step: SeqStep, out: SampleOutput | None) -> None:
@@ -356,18 +376,3 @@ class Scheduler:
         for sample in self._holds.take(parent_id):
             self.seqs.pop(sample.seq_id, None)
             sample.finish(reason, error)
-
-    @staticmethod
-    def _ends_by_length(seq: Sequence, more: int = 0) -> bool:
-        return (len(seq.output_token_ids) + more >= seq.sampling.max_tokens
-                or seq.num_tokens + more >= seq.max_len)
-
-    def _finish_reason(self, seq: Sequence, token_id: int) -> str | None:
-        sp = seq.sampling
-        if token_id in sp.stop_token_ids:
-            return "stop"
-        if not sp.ignore_eos and token_id in self.eos_token_ids:
-            return "stop"
-        if self._ends_by_length(seq):
-            return "length"
-        return None

@@ -13,12 +13,11 @@ class StopStringFilter:
 
     def feed(self, text: str) -> str:
         """Return the text that is safe to emit; set `stopped` when a stop string appears."""
+        if not self.stop:  # nothing is ever held back
+            return text
         if self.stopped:
             return ""
         self.pending += text
-        if not self.stop:
-            out, self.pending = self.pending, ""
-            return out
         hits = [i for i in (self.pending.find(s) for s in self.stop) if i >= 0]
         if hits:
             self.stopped = True

@@ -114,6 +114,15 @@ class KVAllocator(ABC):
         copies = self.grow(seq_id, new_token_ids)
         return (start, copies, *self.table_changes(seq_id))
 
+    def growth_as_is(self, seq_id: str, num_new_tokens: int) -> int | None:
+        """The blocks a running sequence takes to grow by `num_new_tokens` with no copy
+        (held, not swapped out, no copy-on-write), or None where it cannot grow so. This is
+        the reference; allocators may do it in one lookup."""
+        if (not self.has_sequence(seq_id) or self.supports_swap and self.is_swapped(seq_id)
+                or self.needs_copy(seq_id, num_new_tokens)):
+            return None
+        return self.num_new_blocks(seq_id, num_new_tokens)
+
     def fill(self, seq_id: str, position: int, token_id: int) -> None:
         """The id of the PENDING token at `position`; ValueError if none is pending there.
         Policies without a prefix cache keep no ids: nothing to do."""

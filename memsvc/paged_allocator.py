@@ -173,6 +173,12 @@ class PagedAllocator(KVAllocator):
         grow = blocks_for(table.num_tokens + num_new_tokens, self.block_size) - len(table.blocks)
         return grow + int(self._needs_cow(table, num_new_tokens))
 
+    def growth_as_is(self, seq_id: str, num_new_tokens: int) -> int | None:
+        table = self._seqs.get(seq_id)
+        if table is None or table.swapped or self._needs_cow(table, num_new_tokens):
+            return None
+        return blocks_for(table.num_tokens + num_new_tokens, self.block_size) - len(table.blocks)
+
     def _release_outside_window(self, table: BlockTable) -> None:
         """Free the blocks wholly before the window of the next position to compute."""
         if self.window is None:

@@ -113,11 +113,10 @@ class StepPlanner:
             if entry.new:
                 seen_new = True
                 continue
-            n = len(entry.token_ids) + entry.pending
-            if (seen_new or not alloc.has_sequence(entry.seq_id) or self._swapped(entry.seq_id)
-                    or alloc.needs_copy(entry.seq_id, n)):
+            blocks = None if seen_new else alloc.growth_as_is(entry.seq_id, len(entry.token_ids) + entry.pending)
+            if blocks is None:
                 return False
-            need += alloc.num_new_blocks(entry.seq_id, n)
+            need += blocks
         return need <= alloc.num_free_blocks()
 
     def _swapped(self, seq_id: str) -> bool:

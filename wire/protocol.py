@@ -193,7 +193,8 @@ class SeqStep:
     @property
     def reports(self) -> bool:
         """Whether the executor returns a SampleOutput for this step: it samples, or scores prompt tokens."""
-        return self.sample or bool(self.prompt_logprob_positions())
+        return self.sample or (self.sampling.prompt_logprobs is not None
+                               and bool(self.prompt_logprob_positions()))
 
 
 @dataclass
