@@ -1,64 +1,28 @@
 """The batching loop of one executor replica: requests in, deltas out, one step at a time.
 
-One step: plan (scheduler) -> reserve (memsvc) -> execute (executor) -> apply tokens,
-detokenize, apply stop rules. Finished and cancelled sequences are freed, and the forks a
-step queued (n > 1 samples, beams) made, by the next reserve, which also reports the
-previous step's computed tokens and executor seconds (memsvc's recompute cost); the
-executor hears of finished and preempted sequences with the next batch (`forget`). Beam
-search streams nothing until it ends; then each of its n best completions comes as one
-delta, best first (index 0). The loop is synchronous; the gateway drives it from one thread
-(gateway.step_runner).
-
-`_serial_step` does the four one after the other. With `SchedulerConfig.overlap`,
-`_overlapped_step` keeps the executor fed instead (docs/ARCHITECTURE.md, "The step path"):
-while step N runs it plans and reserves step N + 1 as if N's tokens were computed
-(`Scheduler.plan(ahead_of=)`, plan_ahead) and sends it at once, naming each token N
-samples as the executor's own (wire.step_feed.FED), so the executor starts N + 1 the
-moment N ends; then it turns step N - 1's tokens into deltas (handed to `deliver` at once
-when set), and applies N's tokens when N returns. Where the next plan depends on more than
-token counts (forks, beam search, swapped-out sequences) or memsvc defers it (it would copy
-blocks or preempt while steps use the pool), nothing goes ahead: the next step is planned
-once N is done, as in the serial loop. Outputs are the serial loop's: a sequence that ends
-by EOS or a stop token at N computes one token in N + 1 for nothing (a stop string: two,
-as it is seen when N's deltas are made), and it is dropped.
+`_serial_step`: plan (scheduler) -> reserve (memsvc) -> execute (executor) -> apply the
+tokens (gateway.requests turns them into deltas). With `SchedulerConfig.overlap`,
+`_overlapped_step` keeps the executor fed instead: while step N runs it plans, reserves and
+sends step N + 1 (plan ahead: the executor feeds itself the tokens N samples,
+wire.step_feed), turns step N - 1's tokens into deltas, then applies N's. Where the next
+plan depends on more than token counts (forks, beam search, swapped-out sequences) or
+memsvc defers it, nothing goes ahead. Outputs are the serial loop's. Finished sequences are
+freed by the next reserve; the executor hears of them with the next batch (`forget`). The
+loop is synchronous, driven from one thread (gateway.step_runner). See
+docs/ARCHITECTURE.md, "The step path".
 """
 from __future__ import annotations
 
-import hashlib
-import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from gateway.beam_search import BeamSearch, beam_sampling
-from gateway.output_stream import OutputStream
-from wire.protocol import Delta
-from gateway.scheduler import BeamDone, Scheduler, SchedulerConfig, SeqUpdate
-from gateway.sequence import Sequence
+from gateway.beam_search import BeamDone
+from gateway.requests import Requests
+from gateway.scheduler import Scheduler, SchedulerConfig, SeqUpdate
 from gateway.step_pipeline import InFlight, StepPipeline
 from wire.clients import ExecutorClient, MemoryClient
-from wire.protocol import Plan, ReserveResult, SampleOutput, SamplingParams, StepBatch
+from wire.protocol import Delta, Plan, ReserveResult, SampleOutput, SamplingParams, StepBatch
 from wire.step_feed import OrderedExecutor, lost_feed
-
-
-class RequestError(ValueError):
-    """A request the gateway refuses; the message names the field to change."""
-
-
-def derive_seed(seed: int, index: int) -> int:
-    if index == 0:
-        return seed
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-@dataclass
-class _RequestState:
-    request_id: str
-    prompt_len: int
-    seqs: list[Sequence]
-    streams: list[OutputStream]
-    open: set[int] = field(default_factory=set)
-    sampling: SamplingParams | None = None  # as the request asked
 
 
 @dataclass
@@ -86,7 +50,7 @@ class BatchLoop:
         self.info = executor.model_info()
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(config, self.info.eos_token_ids, self.info.kv.block_size)
-        self.requests: dict[str, _RequestState] = {}
+        self._requests = Requests(self.scheduler, self.info, tokenizer)
         self.num_steps = 0
         self._last_step = (0, 0.0)  # tokens computed, executor seconds
         self.times = StepTimes()
@@ -104,51 +68,18 @@ class BatchLoop:
         self._ready: list[Delta] = []
         self.deliver = None  # overlap: called with the deltas made while the executor runs
 
+    @property
+    def requests(self) -> dict:  # request id -> gateway.requests.RequestState, while it runs
+        return self._requests.by_id
+
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                    *, priority: int = 0, final_len: int | None = None, salt: str | None = None,
-                    arrival: float | None = None) -> None:
-        """Validate and queue a request; raises RequestError naming the bad field."""
-        if request_id in self.requests:
-            raise RequestError(f"request_id {request_id!r} is already in use")
-        self._validate(prompt_token_ids, sampling)
-        seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
-        max_len = min(len(prompt_token_ids) + sampling.max_tokens, self.info.max_model_len)
-        arrival = time.monotonic() if arrival is None else arrival
-        state = _RequestState(request_id, len(prompt_token_ids), [], [], sampling=sampling)
-        for i in range(sampling.n):
-            state.streams.append(OutputStream(self.tokenizer, prompt_token_ids, sampling.stop))
-            state.open.add(i)
-        if sampling.beam_search:
-            self._add_beam_search(state, list(prompt_token_ids), sampling, seed, max_len, arrival,
-                                  priority, final_len, salt)
-        else:
-            for i in range(sampling.n):
-                state.seqs.append(Sequence(f"{request_id}/{i}", request_id, i, list(prompt_token_ids),
-                                           sampling, derive_seed(seed, i), max_len, arrival, priority,
-                                           final_len, salt))
-            self.scheduler.add(state.seqs[0], state.seqs[1:])
-        self.requests[request_id] = state
-
-    def _add_beam_search(self, state: _RequestState, prompt: list[int], sampling: SamplingParams,
-                         seed: int, max_len: int, arrival: float, priority: int,
-                         final_len: int | None, salt: str | None) -> None:
-        eos = set(self.info.eos_token_ids)
-        stop_ids = set(sampling.stop_token_ids)
-
-        def is_stop(token: int) -> bool:
-            return token in stop_ids or (not sampling.ignore_eos and token in eos)
-
-        seq_id = f"{state.request_id}/b0"
-        search = BeamSearch(sampling, seq_id, max_new_tokens=max_len - len(prompt), is_stop=is_stop,
-                            num_eos=len(eos))
-        seq = Sequence(seq_id, state.request_id, 0, prompt, beam_sampling(sampling, search.num_candidates),
-                       seed, max_len, arrival, priority, final_len, salt)
-        state.seqs.append(seq)
-        self.scheduler.add_beam_search(seq, search)
+                    **options) -> None:
+        """Check and queue a request (gateway.requests.Requests.add); RequestError naming
+        the bad field."""
+        self._requests.add(request_id, prompt_token_ids, sampling, **options)
 
     def abort(self, request_id: str) -> None:
-        if self.requests.pop(request_id, None) is not None:
-            self.scheduler.abort_request(request_id)
+        self._requests.abort(request_id)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._unapplied) or bool(self.pipeline.inflight)
@@ -325,83 +256,7 @@ class BatchLoop:
         return updates
 
     def _deltas(self, updates: list[SeqUpdate | BeamDone]) -> list[Delta]:
-        deltas: list[Delta] = []
-        for update in updates:
-            if isinstance(update, BeamDone):
-                deltas.extend(self._beam_done(update))
-                continue
-            delta = self._apply(update)
-            if delta is not None:
-                deltas.append(delta)
-        return deltas
+        return self._requests.deltas(updates)
 
-    def _apply(self, update: SeqUpdate) -> Delta | None:
-        seq = update.seq
-        state = self.requests.get(seq.request_id)
-        if state is None:
-            return None
-        stream = state.streams[seq.index]
-        if stream.stopped:  # overlap: a token computed before the stop string was seen
-            return None
-        text = stream.add(update.token_id)
-        finish = seq.finish_reason if update.finished else None
-        if stream.stopped and not update.finished:
-            self.scheduler.abort(seq.seq_id, "stop")
-            finish = "stop"
-        if finish:
-            text += stream.flush()
-            self._close(state, seq.index)
-        return Delta(seq.request_id, seq.index, text, [update.token_id], finish,
-                     [update.logprob] if update.logprob is not None else [],
-                     [update.top_logprobs] if update.top_logprobs else [],
-                     update.prompt_logprobs or [], state.prompt_len, len(seq.output_token_ids),
-                     seq.num_cached_tokens if seq.num_cached_tokens > 0 else 0)
-
-    def _beam_done(self, done: BeamDone) -> list[Delta]:
-        state = self.requests.pop(done.request_id, None)
-        if state is None:
-            return []
-        want_logprobs = state.sampling.logprobs is not None
-        deltas = []
-        for i, stream in enumerate(state.streams):
-            hyp = done.hypotheses[i] if i < len(done.hypotheses) else None
-            tokens = hyp.token_ids if hyp else []
-            text = "".join(stream.add(t) for t in tokens) + stream.flush()
-            deltas.append(Delta(
-                request_id=done.request_id, index=i, text=text, token_ids=tokens,
-                finish_reason=hyp.finish_reason if hyp else "length",
-                logprobs=hyp.logprobs if hyp and want_logprobs else [],
-                prompt_tokens=state.prompt_len, completion_tokens=len(tokens),
-                cached_tokens=done.cached_tokens,
-            ))
-        return deltas
-
-    def _rejected(self, seq: Sequence) -> Delta | None:
-        state = self.requests.get(seq.request_id)
-        if state is None:
-            return None
-        self.abort(seq.request_id)
-        return Delta(seq.request_id, seq.index, "", [], "error", prompt_tokens=state.prompt_len,
-                     error=seq.error)
-
-    def _close(self, state: _RequestState, index: int) -> None:
-        state.open.discard(index)
-        if not state.open:
-            self.requests.pop(state.request_id, None)
-
-    def _validate(self, prompt: list[int], sampling: SamplingParams) -> None:
-        info = self.info
-        if not prompt:
-            raise RequestError("prompt is empty: send at least one token")
-        if len(prompt) >= info.max_model_len:
-            raise RequestError(
-                f"prompt has {len(prompt)} tokens; the model's maximum length is "
-                f"{info.max_model_len}, which must leave room for at least one new token"
-            )
-        bad = [t for t in prompt if not 0 <= t < info.vocab_size]
-        if bad:
-            raise RequestError(f"prompt_token_ids: {bad[0]} is outside the vocabulary [0, {info.vocab_size})")
-        try:
-            sampling.validate(info.max_model_len)
-        except ValueError as e:
-            raise RequestError(str(e)) from None
+    def _rejected(self, seq) -> Delta | None:
+        return self._requests.rejected(seq)

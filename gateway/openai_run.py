@@ -19,7 +19,7 @@ import uuid
 import grpc
 from typing import AsyncIterator
 
-from gateway.batch_loop import RequestError
+from gateway.requests import RequestError
 from gateway.openai_errors import OpenAIError, bad_request, unavailable
 from wire.protocol import Delta
 from gateway.step_runner import StepRunner

@@ -41,7 +41,8 @@ from grpc_reflection.v1alpha import reflection
 
 from gateway.api_key import ApiKeyInterceptor
 from gateway.api_request import ApiError, chat_prompt, check_model, generate_prompt, sampling_from_proto
-from gateway.batch_loop import BatchLoop, RequestError
+from gateway.batch_loop import BatchLoop
+from gateway.requests import RequestError
 from gateway.metrics import GatewayMetrics
 from wire.convert import prompt_logprobs_to_proto
 from wire.protocol import Delta

@@ -54,7 +54,7 @@ def run(args) -> int:
         return 2
     if args.server:
         return _run_remote(args, sampling)
-    from gateway.batch_loop import RequestError
+    from gateway.requests import RequestError
     from pagedserve.engine import LLMEngine
 
     from executor.errors import ModelLoadError

@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from gateway.batch_loop import BatchLoop, derive_seed
+from gateway.batch_loop import BatchLoop
+from gateway.requests import derive_seed
 from gateway.scheduler import SchedulerConfig
 from memsvc.cost_model import CostModel
 from memsvc.memory_manager import MemoryConfig, MemoryManager

@@ -5,7 +5,8 @@ from collections import Counter
 
 import pytest
 
-from gateway.batch_loop import BatchLoop, derive_seed
+from gateway.batch_loop import BatchLoop
+from gateway.requests import derive_seed
 from gateway.scheduler import SchedulerConfig
 from gateway.sequence import Sequence
 from memsvc.memory_manager import MemoryConfig, MemoryManager
