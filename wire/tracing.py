@@ -41,12 +41,7 @@ _provider = None  # the SDK's TracerProvider once setup_tracing installed one
 _json_lines_class = None
 
 
-def _sdk(module: str, what: str):
-    """An opentelemetry SDK module, imported now that `what` is asked for."""
-    package = ("opentelemetry-exporter-otlp-proto-grpc" if module.startswith("opentelemetry.exporter")
-               else "opentelemetry-sdk")
-    return require(module, package, f"tracing ({what})",
-                   off="leave --otlp-endpoint, --trace-file and OTEL_TRACES_EXPORTER unset")
+_OFF = "leave --otlp-endpoint, --trace-file and OTEL_TRACES_EXPORTER unset"
 
 
 def json_lines_exporter(path: str):
@@ -54,7 +49,8 @@ def json_lines_exporter(path: str):
     (ReadableSpan.to_json); its class is made from the SDK's on first use."""
     global _json_lines_class
     if _json_lines_class is None:
-        export = _sdk("opentelemetry.sdk.trace.export", f"{TRACE_FILE_ENV} / --trace-file")
+        export = require("opentelemetry.sdk.trace.export", "opentelemetry-sdk",
+                         f"tracing ({TRACE_FILE_ENV} / --trace-file)", off=_OFF)
 
         class JsonLinesExporter(export.SpanExporter):
             def __init__(self, path: str):
@@ -95,12 +91,14 @@ def _exporters(service: str = "", config: TracingConfig | None = None) -> list[t
         return []
     out: list[tuple[object, bool]] = []
     if "otlp" in kinds or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        otlp = _sdk("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "OTLP export, --otlp-endpoint")
+        otlp = require("opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+                       "opentelemetry-exporter-otlp-proto-grpc", "tracing (OTLP, --otlp-endpoint)", off=_OFF)
         endpoint = config.otlp_endpoint if config is not None else None
         out.append((otlp.OTLPSpanExporter(endpoint=endpoint) if endpoint else otlp.OTLPSpanExporter(), True))
     if "console" in kinds:
-        out.append((_sdk("opentelemetry.sdk.trace.export", "OTEL_TRACES_EXPORTER=console").ConsoleSpanExporter(),
-                    False))
+        export = require("opentelemetry.sdk.trace.export", "opentelemetry-sdk",
+                         "tracing (OTEL_TRACES_EXPORTER=console)", off=_OFF)
+        out.append((export.ConsoleSpanExporter(), False))
     if env.get(TRACE_FILE_ENV):
         out.append((json_lines_exporter(env[TRACE_FILE_ENV].replace("{service}", service)), False))
     return out
@@ -118,9 +116,9 @@ def setup_tracing(service: str, config: TracingConfig | None = None):
     exporters = _exporters(service, config)
     if not exporters:
         return None
-    resources = _sdk("opentelemetry.sdk.resources", "a span exporter")
-    sdk_trace = _sdk("opentelemetry.sdk.trace", "a span exporter")
-    export = _sdk("opentelemetry.sdk.trace.export", "a span exporter")
+    resources = require("opentelemetry.sdk.resources", "opentelemetry-sdk", "tracing", off=_OFF)
+    sdk_trace = require("opentelemetry.sdk.trace", "opentelemetry-sdk", "tracing", off=_OFF)
+    export = require("opentelemetry.sdk.trace.export", "opentelemetry-sdk", "tracing", off=_OFF)
     attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": f"pagedserve-{service}"}
     provider = sdk_trace.TracerProvider(resource=resources.Resource.create(attrs))
     for exporter, batched in exporters:
