@@ -75,7 +75,7 @@ def test_make_paged_matches_the_kernel_contract():
 
 def test_wheels_fit_the_carry_limit():
     folder = SCRIPTS / "gpu_wheels"
-    names = [line.strip() for line in (SCRIPTS / "gpu_wheels.txt").read_text().splitlines()
+    names = [line.split("==")[0] for line in (SCRIPTS / "gpu_wheels.txt").read_text().splitlines()
              if line.strip() and not line.startswith("#")]
     assert "grpcio-health-checking" in names and "torch" not in names
     if folder.exists():
@@ -165,8 +165,10 @@ def test_services_ok_needs_every_step_and_a_real_swap():
             "n4": {"completions": 4, "seeded_repeat_equal": True, "greedy_each_equal_transformers": [True] * 4},
             "beam4": {"equal_to_transformers": True},
             "sigkill_executor": {"errors": [], "sequences_held_at_kill": 3, "same_outputs": [True] * 4},
+            "bf16_vs_transformers": {"ok": True},
             "swap_tiny_pool": {"same_outputs": [True] * 4, "swapped_out": 2, "swapped_in": 2}}
     assert gc.services_ok(good)
+    assert not gc.services_ok(dict(good, bf16_vs_transformers={"ok": False}))
     assert not gc.services_ok({k: v for k, v in good.items() if k != "beam4"})
     for swaps in ((0, 0), (2, 1)):
         r = dict(good, swap_tiny_pool=dict(good["swap_tiny_pool"], swapped_out=swaps[0], swapped_in=swaps[1]))
