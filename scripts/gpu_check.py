@@ -173,15 +173,15 @@ def free_port() -> int:
 
 
 def make_paged(torch, num_seqs, context, q_len, num_heads, num_kv, head, block, dtype, device, seed=0,
-               mixed=False, pad=0, poison=False, mixed_launch=False, far=False):
+               mixed=False, pad=0, poison=False, mixed_launch=False, far=0):
     """A random pool with each sequence's blocks shuffled, and the kernel arguments.
 
     mixed: sequence lengths drawn in [q_len, context] (the last one `context`); pad: extra
     table columns past the widest sequence, naming block 0; poison: block 0 and every slot
     past a sequence's length hold NaN (a kernel that reads them returns NaN); mixed_launch:
     every other sequence (the odd ones) is a decode beside the others' q_len-token chunks;
-    far: the blocks sit past 2^31 elements into a larger pool, whose other blocks are NaN
-    (32-bit offset arithmetic reads the wrong place)."""
+    far: the blocks sit past `far` elements into a larger pool, whose other blocks are NaN
+    (at 2^31, 32-bit offset arithmetic reads the wrong place)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     per_seq = -(-context // block)
     num_blocks = num_seqs * per_seq + 1
@@ -206,7 +206,7 @@ def make_paged(torch, num_seqs, context, q_len, num_heads, num_kv, head, block, 
     if mixed_launch:
         q_lens[1::2] = 1
     if far:
-        offset = -(-(1 << 31) // pool[0].numel()) + 1
+        offset = -(-far // pool[0].numel()) + 1
         big = torch.full((offset + num_blocks, *pool.shape[1:]), float("nan"), dtype=dtype, device=device)
         big[offset:] = pool
         pool, tables = big, tables + offset
@@ -421,7 +421,7 @@ def part_kernels(args, part: Part):
         t0 = time.monotonic()
         a = make_paged(torch, case.seqs, case.context, case.q_len, heads, kv, head, case.block,
                        getattr(torch, case.dtype), device, mixed=case.seqs > 1, pad=3, poison=True,
-                       mixed_launch=case.mixed_launch, far=case.far)
+                       mixed_launch=case.mixed_launch, far=(1 << 31) if case.far else 0)
         result = compare_attention(torch, paged_attention_triton, a, head ** -0.5, case.splits, case.window,
                                    case.softcap)
         del a

@@ -1,0 +1,213 @@
+"""scripts/gpu_check.py without CUDA, the rehearsal's cheap parts: the CUDA parts check their
+imports and the arguments of the commands they would run, say "skipped: no CUDA" and the
+JSON lands in $OUT; the services part's comparisons are equivalent on both sides (EOS may end
+a sequence in transformers and in pagedserve alike) and its bfloat16 metric passes a right
+answer and fails wrong ones; the kernel cases' inputs (mixed launches, far blocks, windows,
+soft-capping) agree with kernels/paged_attention_ref. The services part itself on the CPU is
+`scripts/gpu_check.sh --rehearse` (real processes, ~40 s here)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import types
+
+import pytest
+import torch
+
+from tests.support import REPO
+
+SCRIPTS = REPO / "scripts"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPTS / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_without_cuda_the_cuda_parts_check_what_they_can_and_skip(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OUT=str(tmp_path), CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, str(SCRIPTS / "gpu_check.py"), "--quick", "--parts", "kernels,bench,serve",
+                           "--budget", "serve=40"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    gc = load()
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert gc.validate(report) == [] and report["dry_run"] is False
+    parts = report["parts"]
+    assert parts["services"] == {"status": "skipped", "reason": "not in --parts"}
+    for name in ("kernels", "bench", "serve"):
+        assert parts[name]["status"] == "skipped" and parts[name]["reason"] == "no CUDA", (name, parts[name])
+        assert f"{name}: skipped: no CUDA" in done.stdout
+    assert parts["kernels"]["swap_copy_cpu"] is True
+    assert parts["kernels"]["cases_planned"] == len(gc.kernel_cases(True)) < len(gc.KERNEL_CASES)
+    if importlib.util.find_spec("triton"):
+        assert set(parts["kernels"]["triton_imports"].values()) == {"ok"}
+    assert parts["serve"]["arguments"]["parsed"] is True and len(parts["serve"]["arguments"]["commands"]) == 4
+    assert report["budgets"] == dict(gc.QUICK_BUDGETS, serve=40.0)
+    assert report["env"]["cuda_available"] is False and report["env"]["problems"] == []
+    assert "the GPU machine's image has torch 2.11" in report["env"]["note"]
+
+
+def test_budgets_fit_the_device_time():
+    gc = load()
+    assert sum(gc.QUICK_BUDGETS.values()) + 15 <= 235 - 10  # start-up, and margin under the outer cut
+    assert sum(gc.DEFAULT_BUDGETS.values()) + 15 <= 470
+    assert gc.parse_args(["--quick"]).budgets == gc.QUICK_BUDGETS
+    assert gc.parse_args([]).budgets == gc.DEFAULT_BUDGETS
+    assert gc.PARTS[0] == "services"  # the most decisive first
+
+
+def test_the_gateway_starts_without_its_http_port(monkeypatch, tmp_path):
+    gc = load()
+    started = []
+    monkeypatch.setattr(gc.subprocess, "Popen", lambda argv, **kw: started.append(argv))
+    monkeypatch.setattr("pagedserve.client.GenerationClient.serving", lambda self, timeout=1.0: True)
+    gc.Services(tmp_path / "model", "cpu", "float32", log_dir=tmp_path / "logs").start(1)
+    gateway = next(argv for argv in started if "gateway" in argv)
+    assert gateway[gateway.index("--http-port") + 1] == "0"
+
+
+class FakeServices:
+    """Services that record each request's sampling and answer one token a completion; a
+    request runs until the executor is killed when the check is about to kill it."""
+    samplings: list = []
+
+    def __init__(self, model_dir, device, dtype, extra_memsvc=(), log_dir=None):
+        self.killed = threading.Event()
+        self.procs = {"executor": types.SimpleNamespace(send_signal=lambda s: self.killed.set(), wait=lambda: 0)}
+
+    def start(self, timeout=120):
+        return self
+
+    def generate(self, ids, sampling):
+        FakeServices.samplings.append((len(ids), sampling))
+        if sampling.max_tokens == 128 and not self.killed.is_set():  # the SIGKILL step's requests
+            assert self.killed.wait(10)
+        return [[7]] * max(sampling.n, 1)
+
+    def generate_scored(self, ids, sampling):
+        FakeServices.samplings.append((len(ids), sampling))
+        return [7], [-0.5]
+
+    def memsvc_stats(self):
+        return types.SimpleNamespace(num_sequences=4, preemption={"num_swapped_out": 1, "num_swapped_in": 1})
+
+    def start_executor(self):
+        pass
+
+    def stop(self):
+        pass
+
+
+def test_greedy_comparisons_let_eos_end_a_sequence_on_both_sides(monkeypatch, tmp_path):
+    """transformers' min_new_tokens masks EOS, pagedserve's ignore_eos does not: every output
+    compared with transformers' is made without either."""
+    gc = load()
+    hf_calls = []
+    monkeypatch.setattr(gc, "build_model", lambda path, **kw: path)
+    monkeypatch.setattr(gc, "hf_greedy", lambda *a, **kw: hf_calls.append(("greedy", a, kw)) or [[7]] * 4)
+    monkeypatch.setattr(gc, "hf_sampled", lambda *a, **kw: hf_calls.append(("sampled", a, kw)) or [[7]] * 4)
+    monkeypatch.setattr(gc, "bf16_against_transformers", lambda *a: {"ok": True})
+    monkeypatch.setattr(gc, "Services", FakeServices)
+    FakeServices.samplings = []
+    args = gc.parse_args(["--out", str(tmp_path / "c.json")])
+    args.device = "cpu"
+    part = gc.Part(gc.skeleton(args), "services", gc.time.monotonic() + 60, lambda: None)
+    assert gc.part_services(args, part, tmp_path) == {"status": "ok"}, part.result
+    assert all("min_new_tokens" not in kw for _, _, kw in hf_calls) and len(hf_calls) == 2
+    compared = [s for _, s in FakeServices.samplings
+                if s.max_tokens in (24, 16, 12) and (s.temperature == 0.0 or s.beam_width > 1)]
+    assert len(compared) == 4 + 1 + 1  # the 4 greedy prompts, n=4 greedy, beam 4
+    assert not any(s.ignore_eos for s in compared)
+    assert any(s.beam_width == 4 for s in compared)
+
+
+def tiny_model(gc, tmp_path, std=0.02):
+    return gc.build_model(tmp_path / "m", hidden=128, layers=2, heads=4, kv_heads=2, inter=256, vocab=512,
+                          max_pos=256, std=std)
+
+
+def test_bf16_metric_passes_pagedserve_and_fails_wrong_answers(tmp_path):
+    gc = load()
+    from pagedserve.engine import LLMEngine
+    from wire.protocol import SamplingParams
+
+    torch.manual_seed(0)
+    model = tiny_model(gc, tmp_path)
+    prompts = [[5, 9, 11, 40], list(range(20, 52))]
+    engine = LLMEngine(model=str(model), dtype="bfloat16", kv_tokens=512)
+    outs = engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=0))
+    scored = [(o.completions[0].token_ids, o.completions[0].logprobs) for o in outs]
+    good = gc.bf16_against_transformers(model, prompts, scored, "cpu")
+    assert good["ok"] and good["positions"] == 24, good
+    off = [(t, [lp - 0.2 for lp in lps]) for t, lps in scored]  # logprobs 0.2 nats off
+    assert not gc.bf16_against_transformers(model, prompts, off, "cpu")["ok"]
+    from transformers import AutoModelForCausalLM
+
+    with torch.inference_mode():
+        first = AutoModelForCausalLM.from_pretrained(model).eval()(torch.tensor([prompts[0]])).logits[0, -1]
+    tokens, logprobs = scored[0]
+    wrong = [([int(first.argmin()), *tokens[1:]], logprobs), scored[1]]  # float32's least likely token
+    bad = gc.bf16_against_transformers(model, prompts, wrong, "cpu")
+    assert not bad["ok"] and bad["max_regret"] > gc.BF16_TOLERANCE["max_regret"]
+
+
+@pytest.mark.parametrize("window, softcap", [(None, None), (7, None), (None, 2.0), (5, 3.0)])
+def test_case_inputs_agree_with_the_reference(window, softcap):
+    """Mixed launches, far blocks and padded poisoned tables: dense_reference and the torch
+    reference agree, so a kernel failing compare_attention is wrong, not the inputs."""
+    gc = load()
+    from kernels.paged_attention_ref import paged_attention_ref
+
+    a = gc.make_paged(torch, 5, 37, 6, 8, 2, 16, 8, torch.float32, "cpu", mixed=True, pad=2, poison=True,
+                      mixed_launch=True, far=4096)
+    q_lens = (a["query_start_loc"][1:] - a["query_start_loc"][:-1]).tolist()
+    assert q_lens[1::2] == [1, 1] and max(q_lens) > 1
+    assert a["block_tables"].min() * a["k_cache"].stride(0) >= 4096 and torch.isnan(a["k_cache"][0]).all()
+    result = gc.compare_attention(torch, paged_attention_ref, a, 0.25, window=window, softcap=softcap)
+    assert result["ok"] and result["finite"], result
+    if window or softcap:  # each changes the answer: the reference of the check does not ignore them
+
+        def with_them(**kw):
+            return paged_attention_ref(**kw, window=window, softcap=softcap)
+
+        assert not gc.compare_attention(torch, with_them, a, 0.25)["ok"]
+
+
+def test_every_kernel_case_names_a_shape_and_a_reason():
+    gc = load()
+    assert all(c.shape in gc.ATTENTION_SHAPES and c.why for c in gc.KERNEL_CASES)
+    quick = gc.kernel_cases(True)
+    assert quick == gc.KERNEL_CASES[:len(quick)]  # the quick cases are the most important, first
+    assert {c.dtype for c in quick} == {"bfloat16", "float16", "float32"} and any(c.mixed_launch for c in quick)
+    assert any(c.far for c in gc.KERNEL_CASES) and any(c.window for c in gc.KERNEL_CASES)
+
+
+INTERPRETED = """
+import importlib.util, sys, torch
+spec = importlib.util.spec_from_file_location("gc", sys.argv[1]); gc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gc)
+from kernels.paged_attention_triton import paged_attention_triton
+for window, softcap, splits in ((None, None, None), (6, None, None), (None, 2.0, 2)):
+    a = gc.make_paged(torch, 4, 40, 5, 4, 2, 16, 8, torch.float32, "cpu", mixed=True, pad=2, poison=True,
+                      mixed_launch=True, far=2048)
+    r = gc.compare_attention(torch, paged_attention_triton, a, 0.25, splits, window, softcap)
+    assert r["ok"], (window, softcap, r)
+print("ok")
+"""
+
+
+def test_the_triton_kernel_passes_the_new_cases_interpreted():
+    """Prefill chunks beside decodes, far blocks, a window, soft-capping: the Triton kernel
+    under TRITON_INTERPRET=1 at tiny shapes (the GPU runs them at real ones)."""
+    pytest.importorskip("triton")
+    done = subprocess.run([sys.executable, "-c", INTERPRETED, str(SCRIPTS / "gpu_check.py")], cwd=REPO,
+                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
