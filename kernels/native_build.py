@@ -1,12 +1,18 @@
 """Build and load the small C++ kernels of the CPU path (kernels/paged_cpu.py, kernels/fused_cpu.py).
 
-Each source is compiled once per source text and machine with the system C++ compiler (about
-a second; plain C ABI through ctypes, no torch headers), with -O3 -march=native -fopenmp, so
+Each source is compiled once per source text, target and machine with the system C++
+compiler (about a second; plain C ABI through ctypes, no torch headers), with -O3 -fopenmp, so
 that its parallel loops run on the OpenMP runtime torch already loaded (same soname) and share
-torch's warm thread pool. The shared object is cached in $PAGEDSERVE_CACHE or
-~/.cache/pagedserve. PAGEDSERVE_NATIVE_KERNELS=0 turns every native kernel off; load() then
-returns None, as it does when no compiler is found or the build fails, and callers take
-their torch path.
+torch's warm thread pool. The target is -march=native (the vector width this CPU and OS
+allow: AVX-512 where present, AVX2 on AVX2-only x86; every hot loop vectorizes at either
+width, checked with -march=haswell, BENCHMARKS.md), or $PAGEDSERVE_NATIVE_MARCH (for example
+haswell or x86-64-v3: a value the compiler takes after -march=); when the compiler refuses
+the target, the source is built again for the compiler's default target (still vectorized,
+at its baseline width) rather than not at all. The shared object is cached in
+$PAGEDSERVE_CACHE or ~/.cache/pagedserve, keyed by the source, the target asked for and this
+CPU's flags (/proc/cpuinfo), so a cache shared between machines never hands one another's
+build. PAGEDSERVE_NATIVE_KERNELS=0 turns every native kernel off; load() then returns None, as
+it does when no compiler is found or no build succeeds, and callers take their torch path.
 """
 from __future__ import annotations
 
@@ -31,6 +37,16 @@ def cache_dir() -> str:
     return os.path.join(base, "kernels")
 
 
+def target() -> str:
+    """The -march value asked for: $PAGEDSERVE_NATIVE_MARCH, else native."""
+    return os.environ.get("PAGEDSERVE_NATIVE_MARCH") or "native"
+
+
+def target_flags() -> list[list[str]]:
+    """The target flags to try, in order: -march=<target()>, then the compiler's default."""
+    return [[f"-march={target()}"], []]
+
+
 def machine_key(source: str) -> str:
     flags = ""
     try:
@@ -38,7 +54,7 @@ def machine_key(source: str) -> str:
             flags = next((line for line in f if line.startswith("flags")), "")
     except OSError:
         pass
-    return hashlib.sha256((source + platform.machine() + flags).encode()).hexdigest()[:16]
+    return hashlib.sha256((source + platform.machine() + flags + target()).encode()).hexdigest()[:16]
 
 
 def load(name: str, source: str) -> ctypes.CDLL | None:
@@ -59,9 +75,16 @@ def load(name: str, source: str) -> ctypes.CDLL | None:
                 with open(cpp, "w") as f:
                     f.write(source)
                 so = os.path.join(tmp, "k.so")
-                subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-ffp-contract=fast",
-                                "-shared", "-fPIC", "-o", so, cpp],
-                               check=True, capture_output=True, timeout=120)
+                for march in target_flags():
+                    try:
+                        subprocess.run([compiler, "-O3", *march, "-fopenmp", "-ffp-contract=fast",
+                                        "-shared", "-fPIC", "-o", so, cpp],
+                                       check=True, capture_output=True, timeout=120)
+                        break
+                    except subprocess.CalledProcessError:
+                        continue  # this target refused: the next one
+                else:
+                    return None
                 os.replace(so, path)  # atomic: concurrent builders agree
         except (OSError, subprocess.SubprocessError):
             return None
