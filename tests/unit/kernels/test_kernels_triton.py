@@ -141,41 +141,9 @@ def check_copy_blocks():
 
 
 def check_compile():
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from kernels.triton_aot import compile_all
 
-    from kernels.copy_blocks_triton import _copy_blocks_kernel
-    from kernels.paged_attention_triton import _paged_attention_kernel
-    from kernels.store_kv_triton import _store_kv_kernel
-
-    def compile_for_sm90(kernel, pointers, constants):
-        signature = {name: "constexpr" if name in constants else pointers.get(name, "i32") for name in kernel.arg_names}
-        constexprs = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
-        compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
-        assert compiled.asm["ptx"]
-
-    from kernels.paged_attention_triton import _reduce_splits_kernel
-
-    for dtype, precision in (("fp32", "ieee"), ("bf16", "tf32"), ("fp16", "tf32")):
-        pointers = {name: "*" + dtype for name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
-        pointers.update(block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32",
-                        part_acc_ptr="*fp32", part_ml_ptr="*fp32", qk_scale="fp32", cap_in="fp32", cap_out="fp32")
-        for block_m, block_q, head, tile, per_tile, splits, windowed in (
-                (16, 1, 128, 64, 4, 1, False), (16, 1, 128, 64, 2, 8, False), (64, 8, 64, 64, 4, 1, False),
-                (64, 16, 128, 64, 2, 1, False), (16, 1, 128, 64, 4, 8, True), (64, 16, 128, 64, 2, 1, True)):
-            compile_for_sm90(_paged_attention_kernel, pointers, dict(
-                GROUP=block_m // block_q, BLOCK_Q=block_q, BLOCK_M=block_m, HEAD_SIZE=head, HEAD_PAD=head,
-                BLOCK_SIZE=tile // per_tile, TILE=tile, BLOCKS_PER_TILE=per_tile, SPLIT=splits > 1,
-                NUM_HEADS=32, DOT_PRECISION=precision, HAS_WINDOW=windowed, HAS_SOFTCAP=windowed))
-        compile_for_sm90(_reduce_splits_kernel, dict(out_ptr="*" + dtype, part_acc_ptr="*fp32", part_ml_ptr="*fp32"),
-                         dict(NUM_HEADS=32, SPLITS_PAD=8, HEAD_SIZE=128, HEAD_PAD=128))
-    pointers = {name: "*bf16" for name in ("key_ptr", "value_ptr", "k_ptr", "v_ptr")}
-    compile_for_sm90(_store_kv_kernel, dict(pointers, slot_mapping_ptr="*i64"), dict(
-        NUM_KV_HEADS=3, HEAD_SIZE=64, HEADS_PAD=4, HEAD_PAD=64, BLOCK_SIZE=16))
-    pointers = dict(src_ptr="*bf16", dst_ptr="*bf16", src_ids_ptr="*i64", dst_ids_ptr="*i64",
-                    stride_srcb="i64", stride_dstb="i64")
-    compile_for_sm90(_copy_blocks_kernel, pointers, dict(CHUNK=4096))
+    assert compile_all(90) == 3 * 7 + 2
 
 
 if __name__ == "__main__":
