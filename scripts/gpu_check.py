@@ -94,6 +94,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda", help="cuda or cuda:N")
     p.add_argument("--quick", action="store_true", help="fewer shapes and requests (a smoke run)")
     p.add_argument("--dry-run", action="store_true", help="check arguments, write the skeleton, run nothing")
+    p.add_argument("--aot-compile", action="store_true", help="without CUDA: compile the Triton kernels for "
+                   "sm_90 ahead of time (kernels.triton_aot; ~30 s; the rehearsal does)")
     p.add_argument("--budget", action="append", default=[], metavar="PART=SECONDS",
                    help="time budget of a part (default: " + ", ".join(f"{k}={v}" for k, v in DEFAULT_BUDGETS.items())
                    + "; with --quick " + ", ".join(f"{k}={v}" for k, v in QUICK_BUDGETS.items()) + ")")
@@ -436,7 +438,8 @@ def part_kernels(args, part: Part):
 
 def kernels_without_cuda(args, part: Part):
     """No CUDA: the Triton modules import (with the Triton installed), the host-pool swap
-    works on the CPU; the comparisons themselves need the GPU."""
+    works on the CPU, and with --aot-compile every kernel compiles for sm_90 with this
+    Triton; the comparisons themselves need the GPU."""
     import torch
 
     imports = {}
@@ -450,6 +453,15 @@ def kernels_without_cuda(args, part: Part):
     swap = part.put("swap_copy_cpu", check_swap(torch, "cpu"))
     part.put("cases_planned", len(kernel_cases(args.quick)))
     broken = importlib.util.find_spec("triton") is not None and any(v != "ok" for v in imports.values())
+    if args.aot_compile and importlib.util.find_spec("triton") and not broken:
+        from kernels.triton_aot import compile_all
+
+        t0 = time.monotonic()
+        try:
+            part.put("sm90_compile", {"variants": compile_all(90), "seconds": round(time.monotonic() - t0, 1)})
+        except Exception as e:  # noqa: BLE001 - recorded: the finding this step is for
+            part.put("sm90_compile", {"error": f"{type(e).__name__}: {e}"[-2000:]})
+            broken = True
     return {"status": "failed" if broken or not swap else "skipped", "reason": "no CUDA"}
 
 
