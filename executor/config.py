@@ -13,7 +13,7 @@ from wire.tracing import TracingConfig
 
 EXECUTOR_PORT = 50053
 DTYPES = DTYPE_CHOICES  # "auto": float32 on the CPU, bfloat16 on a GPU (wire.device)
-LINEAR_BACKENDS = ("auto", "mkl", "onednn")  # executor.linear_backend.CHOICES (no torch here)
+LINEAR_BACKENDS = ("auto", "mkl", "onednn", "int8")  # executor.linear_backend.CHOICES (no torch here)
 
 
 @dataclass
@@ -32,7 +32,9 @@ class ExecutorConfig:
     linear_backend: str = setting("auto", "how the linear layers multiply (auto: each weight shape "
                                   "timed at load through each backend, the faster kept per row "
                                   "count; mkl: F.linear; onednn: oneDNN with prepacked weights, "
-                                  "CPU float32)", choices=LINEAR_BACKENDS)
+                                  "CPU float32; int8: per-channel int8 weights with bfloat16 "
+                                  "activations, CPU, not exact: opt-in, its accuracy in "
+                                  "BENCHMARKS.md)", choices=LINEAR_BACKENDS)
     max_model_len: int | None = setting(None, "cap on prompt + output tokens (off: the model's "
                                         "maximum)")
     register_timeout: float = setting(60.0, "how long to keep trying to reach memsvc",

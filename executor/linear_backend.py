@@ -6,6 +6,9 @@ weight shape (out_features x in_features), each logged (finish); configure(model
 the same for a model already built. Backends:
 - "mkl": F.linear everywhere (MKL on the CPU; on a GPU, F.linear is all there is);
 - "onednn": every layer prepacked for oneDNN (CPU, float32 only);
+- "int8": every layer on per-channel int8 weights (executor.linear_int8; CPU; not exact, so
+  opt-in only, its accuracy against float32 measured in BENCHMARKS.md); a layer the kernel
+  cannot take (in_features not a multiple of 16) stays on F.linear, logged;
 - "auto": on the CPU in float32, each shape is timed through both at the step's row counts
   STEP_ROWS (one decode, a decode batch, a prefill chunk) on one of its layers, a few
   alternated repetitions, best of each; the faster backend at a timed M serves the rows from
@@ -14,7 +17,7 @@ the same for a model already built. Backends:
   whose one call would cost over MAX_TIMED_FLOP is timed at the largest M within it instead
   (the vocabulary projection). Elsewhere: mkl.
 Where oneDNN is unavailable or raises, layers use F.linear, and the log says why.
-int8/int4 kernels are not candidates (yet).
+"auto" never picks int8.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import torch
 from executor.linear import BACKENDS, Linear
 
 CHOICES = ("auto", *BACKENDS)
+TIMED = ("mkl", "onednn")  # what "auto" chooses among (int8 changes the outputs: opt-in only)
 STEP_ROWS = (1, 64, 512)
 MAX_TIMED_FLOP = 2e9
 REPS = 3
@@ -99,9 +103,10 @@ class Planner:
                  dtype: torch.dtype = torch.float32, rows: tuple[int, ...] = STEP_ROWS):
         if backend not in CHOICES:
             raise ValueError(f"linear backend {backend!r}: want one of {', '.join(CHOICES)}")
-        why = onednn_unavailable(torch.device(device), dtype)
+        device = torch.device(device)
+        why = int8_unavailable(device, dtype) if backend == "int8" else onednn_unavailable(device, dtype)
         if backend != "mkl" and why is not None:
-            if backend == "onednn" or torch.device(device).type == "cpu":
+            if backend != "auto" or device.type == "cpu":
                 log.info("linear backend %s: %s; F.linear (mkl) for every layer", backend, why)
             backend = "mkl"
         self.backend, self.rows = backend, rows
@@ -147,6 +152,18 @@ class Planner:
         return choice
 
 
+def int8_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why int8 weights cannot serve here, or None (a shape the kernel cannot take is refused
+    layer by layer: executor.linear_int8.unsupported)."""
+    if device.type != "cpu":
+        return f"int8 weights are offered on the CPU only (device {device})"
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"int8 weights serve float32 and bfloat16 models (dtype {dtype})"
+    if not hasattr(torch, "_weight_int8pack_mm"):
+        return "this torch build lacks torch._weight_int8pack_mm"
+    return None
+
+
 def configure(model: torch.nn.Module, backend: str = "auto", device: torch.device | str = "cpu",
               dtype: torch.dtype = torch.float32, rows: tuple[int, ...] = STEP_ROWS) -> list[ShapeChoice]:
     """Route every linear layer of a model already built (Planner, placed all at once)."""
@@ -174,10 +191,10 @@ def time_shape(layer: Linear, rows: tuple[int, ...]) -> dict[int, dict[str, floa
             calls = max(1, min(20, int(5e7 / flop)))
             best: dict[str, float] = {}
             try:
-                for b in BACKENDS:
+                for b in TIMED:
                     layer.run(b, x)  # warm
                 for _ in range(REPS):
-                    for b in BACKENDS:
+                    for b in TIMED:
                         t = time.perf_counter()
                         for _ in range(calls):
                             layer.run(b, x)
