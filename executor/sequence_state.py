@@ -21,7 +21,8 @@ import time
 import uuid
 
 from wire import convert
-from wire.protocol import SeqStep, StepBatch
+from wire.held_seqs import HeldSeq, step_of
+from wire.protocol import StepBatch
 from wire.step_delta import STATE_LOST
 from wire.step_feed import FED, LastSampled, StepOrder
 
@@ -32,26 +33,13 @@ class StateLost(LookupError):
     """The request relies on state this executor process does not hold."""
 
 
-class _Seq:
-    __slots__ = ("sampling", "seed", "prompt_len", "table", "tokens", "prompt")
-
-    def __init__(self, sampling, seed: int, prompt_len: int, history: list[int] | None,
-                 prompt: list[int] | None = None):
-        self.sampling = sampling
-        self.seed = seed
-        self.prompt_len = prompt_len
-        self.table: list[int] = []
-        self.tokens = history  # None unless penalties need the token history
-        self.prompt = prompt  # None unless prompt logprobs need the whole prompt
-
-
 class _Session:
     """One gateway's sequences, the last token each sampled, and the order of its steps."""
 
     __slots__ = ("seqs", "feed", "order")
 
     def __init__(self):
-        self.seqs: dict[str, _Seq] = {}
+        self.seqs: dict[str, HeldSeq] = {}
         self.feed = LastSampled()
         self.order = StepOrder(joined=True)
 
@@ -117,7 +105,7 @@ class SequenceStates:
                 sp = convert.sampling_from_proto(prev)
             history = list(state.history) if sp.uses_penalties else None
             prompt = list(state.prompt) if sp.prompt_logprobs is not None else None
-            session[state.seq_id] = _Seq(sp, state.seed, state.prompt_len, history, prompt)
+            session[state.seq_id] = HeldSeq(sp, state.seed, state.prompt_len, history, prompt)
         bs = self.block_size
         token_ids, new_blocks = list(m.token_ids), list(m.new_blocks)  # list slices are cheaper
         seqs = []
@@ -126,8 +114,8 @@ class SequenceStates:
         histories = []
         for seq_id, start, n, sample, table_start, nb, own in zip(
                 m.seq_ids, m.start_pos, m.num_tokens, m.sample, m.table_start, m.num_new_blocks, fed):
-            st = session.get(seq_id)
-            if st is None:
+            held = session.get(seq_id)
+            if held is None:
                 raise StateLost(f"{STATE_LOST}: sequence {seq_id!r} is unknown to this executor: "
                                 "send its state")
             if own:
@@ -137,37 +125,14 @@ class SequenceStates:
             else:
                 tokens = token_ids[at:at + n]
                 at += n
-            table = st.table
-            if nb or table_start != len(table):
-                if table_start > len(table):
-                    raise ValueError(f"sequence {seq_id}: block table change at {table_start}, "
-                                     f"but it holds {len(table)} blocks")
-                del table[table_start:]
-                table.extend(new_blocks[bat:bat + nb])
+            if nb:
+                blocks = new_blocks[bat:bat + nb]
                 bat += nb
-            try:
-                if n == 1:  # a decode step
-                    slots = [table[start // bs] * bs + start % bs]
-                else:
-                    slots = [table[p // bs] * bs + p % bs for p in range(start, start + n)]
-            except IndexError:
-                raise ValueError(f"sequence {seq_id}: {len(table)} blocks in its table, "
-                                 f"{-(-(start + n) // bs)} needed for {start + n} tokens") from None
-            history = st.tokens
-            if history is not None:
-                del history[start:]
-                history.extend(tokens)
-                pl = st.prompt_len
-                prompt, output = history[:pl], history[pl:]
-                if own:
-                    histories.append((len(seqs), history))
             else:
-                prompt, output = [], []
-            if st.prompt is not None:
-                prompt = st.prompt
-            # a copy of the table: the next step's change may come while this one runs
-            seqs.append(SeqStep(seq_id, tokens, start, slots, table[:], sample, st.sampling, st.seed,
-                                prompt, output))
+                blocks = ()
+            if own and held.tokens is not None:
+                histories.append((len(seqs), held.tokens))
+            seqs.append(step_of(held, seq_id, tokens, start, sample, table_start, blocks, bs))
         if at != len(token_ids) or bat != len(new_blocks):
             raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
         return Expanded(StepBatch(seqs, m.pool_epoch, list(m.forget)), holder, histories)

@@ -21,8 +21,10 @@ from gateway.requests import Requests
 from gateway.scheduler import Scheduler, SchedulerConfig, SeqUpdate
 from gateway.step_pipeline import InFlight, StepPipeline
 from wire.clients import ExecutorClient, MemoryClient
-from wire.protocol import Delta, Plan, ReserveResult, SampleOutput, SamplingParams, StepBatch
-from wire.step_feed import OrderedExecutor, lost_feed
+from wire.protocol import Delta, Plan, ReserveResult, SampleOutput, SamplingParams
+from wire.ordered_executor import OrderedExecutor
+from wire.step_delta import StepDelta
+from wire.step_feed import lost_feed
 
 
 @dataclass
@@ -60,7 +62,8 @@ class BatchLoop:
         # an executor with `feeds_itself` runs numbered steps in order and fills FED tokens
         # (the executor service does); any other is run through OrderedExecutor
         feeds = getattr(executor, "feeds_itself", False)
-        self.pipeline = StepPipeline(executor if feeds else OrderedExecutor(executor))
+        self._stepper = executor if feeds else OrderedExecutor(executor)  # takes StepDelta
+        self.pipeline = StepPipeline(self._stepper)
         self.num_ahead = 0  # plans made ahead, and of them deferred by memsvc
         self.num_deferred = 0
         self.num_resent = 0  # steps sent ahead that failed and ran again
@@ -104,17 +107,16 @@ class BatchLoop:
         if batch is None:
             return deltas
         batch.forget, self._forget = self._forget, []
-        seqs = [self.scheduler.seqs[s.seq_id] for s in batch.seqs]
         t0 = time.perf_counter()
         try:
-            outputs = self.executor.execute(batch)
+            outputs = self._stepper.execute(batch)
         except BaseException:
             self._failed(batch)
             raise
         t1 = time.perf_counter()
         self._executed(batch, t1 - t0)
         self.times.execute += t1 - t0
-        deltas.extend(self._deltas(self.scheduler.on_sampled(batch, outputs, seqs)))
+        deltas.extend(self._deltas(self.scheduler.on_sampled(batch, outputs)))
         self.times.output += time.perf_counter() - t1
         return deltas
 
@@ -154,15 +156,15 @@ class BatchLoop:
         t2 = clock()
         times.execute += t2 - t1
         self._executed(running.batch, seconds)
-        self._unapplied = self.scheduler.on_sampled(running.batch, outputs, running.seqs)
+        self._unapplied = self.scheduler.on_sampled(running.batch, outputs)
         times.output += clock() - t2
         return deltas
 
-    def _send(self, batch: StepBatch, fed: bool) -> None:
+    def _send(self, batch: StepDelta, fed: bool) -> None:
         batch.forget, self._forget = self._forget, []
-        self.pipeline.send(batch, [self.scheduler.seqs[s.seq_id] for s in batch.seqs], fed)
+        self.pipeline.send(batch, fed)
 
-    def _send_ahead(self, running: StepBatch) -> list[Delta]:
+    def _send_ahead(self, running: StepDelta) -> list[Delta]:
         """While `running` runs: plan and reserve the step after it and send it (nothing
         sent: not granted, the next step is planned once this one is done). Rejections'
         deltas."""
@@ -201,12 +203,12 @@ class BatchLoop:
         outputs = self.pipeline.resend(step)
         return outputs, time.perf_counter() - t0
 
-    def _executed(self, batch: StepBatch, seconds: float) -> None:
+    def _executed(self, batch: StepDelta, seconds: float) -> None:
         self._last_step = (sum(len(s.token_ids) for s in batch.seqs), seconds)
         self.times.steps += 1
         self.num_steps += 1
 
-    def _plan_and_reserve(self) -> tuple[StepBatch | None, list[Delta]]:
+    def _plan_and_reserve(self) -> tuple[StepDelta | None, list[Delta]]:
         """Plan and reserve the next step after the last one's tokens are applied: the batch
         (None: nothing to run now) and deltas (rejections; earlier steps' tokens when no
         batch runs)."""
@@ -241,7 +243,7 @@ class BatchLoop:
         self.times.reserve += time.perf_counter() - t1
         return result
 
-    def _failed(self, batch: StepBatch) -> None:
+    def _failed(self, batch: StepDelta) -> None:
         """The executor did not run `batch`: it hears of its forgets again."""
         self._forget[:0] = batch.forget
 

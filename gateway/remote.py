@@ -8,7 +8,7 @@ server's status code and message.
 Both clients carry the caller's trace context in every call (wire.tracing.trace_metadata),
 speak TLS when given a wire.tls.TlsConfig that asks for it, and reconnect quickly to a
 restarted service.
-The pool's epoch travels in the messages (ReserveResult.pool_epoch, StepBatch.pool_epoch):
+The pool's epoch travels in the messages (ReserveResult.pool_epoch, StepDelta.pool_epoch):
 the executor refuses (ABORTED) a batch reserved in another pool.
 """
 from __future__ import annotations
@@ -26,8 +26,9 @@ import grpc
 from wire import convert
 from wire.clients import ExecutorClient, MemoryClient
 from wire.grpc_service import open_channel
-from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, StepBatch
-from wire.step_delta import STATE_LOST, commit, encode_step
+from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
+from wire.step_delta import STATE_LOST, StepDelta, encode_delta
+from wire.step_feed import StepOrder
 from wire.tracing import trace_metadata
 from wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
@@ -96,8 +97,10 @@ class RemoteExecutorClient(ExecutorClient):
         self.address = address
         self.session_id = session_id or f"gateway-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.incarnation = ""  # the executor process that holds our sequences' state
-        self._sent: dict[str, list[int]] = {}  # seq id -> block table the executor holds
+        self._sent: set[str] = set()  # the sequences whose state the executor holds
         self._lock = threading.Lock()  # two steps may be in flight (gateway.step_pipeline)
+        self._encoded = StepOrder()  # steps are encoded in their order: `sent` says
+        # what the executor holds once the steps before have run
         self.num_resyncs = 0
         self.timeout = timeout
         self.info_timeout = info_timeout
@@ -114,11 +117,11 @@ class RemoteExecutorClient(ExecutorClient):
             self._tokenizer_dir = self._info.tokenizer_dir
         return self._info
 
-    def execute(self, batch: StepBatch) -> list[SampleOutput]:
-        """Sends only what changed since the executor last heard of each sequence
-        (wire.step_delta); an executor that lost that state (it restarted) gets all of it."""
+    def execute(self, step: StepDelta) -> list[SampleOutput]:
+        """Sends each sequence's state once, then only its changes (wire.step_delta); an
+        executor that lost that state (it restarted) gets all of it."""
         try:
-            return self._execute(batch)
+            return self._execute(step)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.FAILED_PRECONDITION or STATE_LOST not in (e.details() or ""):
                 raise
@@ -126,14 +129,17 @@ class RemoteExecutorClient(ExecutorClient):
             self._sent.clear()
             self.incarnation = ""
         self.num_resyncs += 1
-        return self._execute(batch)
+        return self._execute(step)
 
-    def _execute(self, batch: StepBatch) -> list[SampleOutput]:
+    def _execute(self, step: StepDelta) -> list[SampleOutput]:
         # What goes out counts as held at once: the next step may be encoded before this
         # one is answered. After a failure what the executor holds is unknown: all again.
-        with self._lock:
-            request, updates = encode_step(batch, self._sent, self.session_id, self.incarnation)
-            commit(self._sent, batch, updates)
+        self._encoded.wait_turn(step.step)
+        try:
+            with self._lock:
+                request = encode_delta(step, self._sent, self.session_id, self.incarnation)
+        finally:
+            self._encoded.passed(step.step)
         try:
             response = self.stub.Execute(request, timeout=self.timeout, metadata=trace_metadata())
         except grpc.RpcError:
@@ -145,7 +151,7 @@ class RemoteExecutorClient(ExecutorClient):
                 if self.incarnation:  # answered by another process than the one holding our state
                     self._sent.clear()
                 self.incarnation = response.incarnation
-        return convert.outputs_from_proto(response, [s.seq_id for s in batch.seqs if s.sample])
+        return convert.outputs_from_proto(response, [s.seq_id for s in step.seqs if s.sample])
 
     def close(self) -> None:
         self.channel.close()

@@ -10,7 +10,8 @@ the partial last one copied on write). Beam search (gateway.beam_search) forks a
 each extra continuation of a parent and frees the beams that are pruned. Forks are queued
 in `forks` and travel in the next plan (`Plan.forks`): memsvc makes them before it frees
 anything. The scheduler keeps each sequence's block table from the grants' changes
-(`Grant.table_start`, `new_blocks`) and derives the slots of the batch from it.
+(`Grant.table_start`, `new_blocks`) and passes each change on in the step it makes
+(wire.step_delta): whoever runs the model derives the slots.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from gateway.beam_search import BeamDone, Beams, BeamSearch
 from gateway.pending_tokens import PendingTokens
 from gateway.samples import SampleHolds
 from gateway.sequence import Sequence, SeqStatus
-from wire.protocol import Plan, PlanEntry, PromptLogprob, ReserveResult, SampleOutput, SeqStep, StepBatch
+from wire.protocol import Plan, PlanEntry, PromptLogprob, ReserveResult, SampleOutput
+from wire.step_delta import SeqDelta, StepDelta
 from wire.step_feed import FED
 
 
@@ -129,7 +131,7 @@ class Scheduler:
         forks, self.forks = self.forks, []
         return forks
 
-    def plan(self, ahead_of: StepBatch | None = None) -> Plan | None:
+    def plan(self, ahead_of: StepDelta | None = None) -> Plan | None:
         """The next step's plan. `ahead_of`: the batch the executor is running now; plan the
         step after it as if that batch's tokens were computed and its samples drawn (their
         ids pending), or None where that cannot be planned ahead (forks, beam search,
@@ -196,8 +198,8 @@ class Scheduler:
         self.planned = None
         self.pending.deferred(plan)
 
-    def on_reserved(self, result: ReserveResult, ahead_of: StepBatch | None = None
-                    ) -> tuple[StepBatch, list[Sequence]]:
+    def on_reserved(self, result: ReserveResult, ahead_of: StepDelta | None = None
+                    ) -> tuple[StepDelta, list[Sequence]]:
         """Apply memsvc's answer; return the batch to execute (in the answer's pool) and the
         sequences rejected. `ahead_of`: the batch still running, whose tokens are not applied
         yet (the answer is to a plan made ahead of it): a token that batch samples is
@@ -243,9 +245,8 @@ class Scheduler:
             self._end_held(r.seq_id, "error", r.reason)
             rejected.append(seq)
         steps = []
-        bs, waiting = self.block_size, SeqStatus.WAITING
+        waiting = SeqStatus.WAITING
         inflight = {st.seq_id: st for st in ahead_of.seqs} if ahead_of is not None else None
-        history_of: dict[int, bool] = {}  # id(sampling) -> uses_penalties
         for g in result.grants:
             seq_id = g.seq_id
             seq = all_seqs.get(seq_id)
@@ -272,40 +273,27 @@ class Scheduler:
             if g.new_blocks or g.table_start < len(table):
                 del table[g.table_start:]
                 table.extend(g.new_blocks)
-            sp, prompt, out = seq.sampling, seq.prompt_token_ids, seq.output_token_ids
+            prompt, out = seq.prompt_token_ids, seq.output_token_ids
             plen = len(prompt)
-            known = plen + len(out)
             if fed:
-                tokens = [FED]  # position `known`: the one token granted
+                tokens = [FED]  # position plen + len(out): the one token granted
             elif start >= plen:  # decode: no copy of the whole context
                 tokens = out[start - plen:end - plen]
             else:
                 tokens = (prompt + out)[start:end]
-            if end - start == 1:
-                slots = [table[start // bs] * bs + start % bs]
-            else:
-                slots = [table[p // bs] * bs + p % bs for p in range(start, end)]
-            history = history_of.get(id(sp))
-            if history is None:
-                history = history_of[id(sp)] = sp.uses_penalties
-            # copies: the next answer changes the table, and the sampled token joins `out`,
-            # while this batch may still be running
-            steps.append(SeqStep(
-                seq_id, tokens, start, slots, table[:], end == known + fed, sp, seq.seed,
-                prompt if history or sp.prompt_logprobs is not None else [],
-                (out + [FED] if fed else out[:]) if history else []))
-        return StepBatch(steps, pool_epoch=result.pool_epoch), rejected
+            steps.append(SeqDelta(seq_id, tokens, start, end == plen + len(out) + fed, g.table_start,
+                                  g.new_blocks, seq))
+        return StepDelta(steps, pool_epoch=result.pool_epoch), rejected
 
-    def on_sampled(self, batch: StepBatch, outputs: list[SampleOutput],
-                   seqs: list[Sequence] | None = None) -> list[SeqUpdate | BeamDone]:
-        """Apply a step's outputs. `seqs`: the sequences the batch was made for, in its order
-        (a sequence that ended since, its id maybe reused by a new request, gets nothing)."""
+    def on_sampled(self, batch: StepDelta, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
+        """Apply a step's outputs to the sequences it was made for (a sequence that ended
+        since, its id maybe reused by a new request, gets nothing)."""
         by_id = {o.seq_id: o for o in outputs}
         beams, all_seqs, eos = self.beams, self.seqs, self.eos_token_ids
         updates: list[SeqUpdate | BeamDone] = []
-        for i, step in enumerate(batch.seqs):
+        for step in batch.seqs:
             seq = all_seqs.get(step.seq_id)
-            if seq is None or (seqs is not None and seqs[i] is not seq):  # ended while the step ran
+            if seq is None or step.seq is not None and step.seq is not seq:  # ended while the step ran
                 continue
             seq.num_computed = step.start_pos + len(step.token_ids)
             out = by_id.get(step.seq_id)
@@ -336,7 +324,7 @@ class Scheduler:
             updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, bool(reason), first))
         return updates
 
-    def _prompt_logprobs(self, seq: Sequence, step: SeqStep, out: SampleOutput | None) -> None:
+    def _prompt_logprobs(self, seq: Sequence, step: SeqDelta, out: SampleOutput | None) -> None:
         """Keep a step's prompt logprobs (once: a recompute's again are skipped); once every
         prompt position is scored, stop asking (a recompute then computes none and may use
         the prefix cache)."""

@@ -1,12 +1,12 @@
 """The steps the overlapped loop has at the executor: at most two, the running one first.
 
-`send` numbers a batch (`StepBatch.step`: the executor runs them in that order) and hands
+`send` numbers a batch (`StepDelta.step`: the executor runs them in that order) and hands
 it to one of two helper threads, so step N + 1 is on its way while step N runs; the helper
 only waits on the executor. `wait` gives a step's outputs and the executor seconds it
 took, counted from when the step before it ended (not while it queued behind it). A step
 sent ahead (`fed`: it computes tokens the running step samples, wire.step_feed) that
 fails is sent again by `resend` with those tokens, known by then. An in-process executor is
-run through wire.step_feed.OrderedExecutor; one across the wire feeds and orders itself.
+run through wire.ordered_executor; one across the wire feeds and orders itself.
 See docs/ARCHITECTURE.md, "The step path".
 """
 from __future__ import annotations
@@ -18,15 +18,14 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from gateway.sequence import Sequence
-from wire.protocol import SampleOutput, StepBatch
+from wire.protocol import SampleOutput
+from wire.step_delta import StepDelta
 from wire.step_feed import FED
 
 
 @dataclass
 class InFlight:
-    batch: StepBatch
-    seqs: list[Sequence]  # the sequences it was made for, in batch order
+    batch: StepDelta
     future: Future
     fed: bool  # sent ahead: computes the previous step's samples
     sent: float = 0.0  # perf_counter
@@ -49,7 +48,7 @@ class StepPipeline:
         self._pool: ThreadPoolExecutor | None = None
         self._last_end = 0.0  # perf_counter when the last step waited for ended
 
-    def send(self, batch: StepBatch, seqs: list[Sequence], fed: bool) -> InFlight:
+    def send(self, batch: StepDelta, fed: bool) -> InFlight:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(2, thread_name_prefix="pagedserve-execute")
         batch.step = next(self._numbers)
@@ -59,7 +58,7 @@ class StepPipeline:
             started.set()
             return _timed(self.executor.execute, b)
 
-        step = InFlight(batch, seqs, self._pool.submit(call, batch), fed, time.perf_counter())
+        step = InFlight(batch, self._pool.submit(call, batch), fed, time.perf_counter())
         # Let the helper have the GIL until its call is on the wire (it blocks in gRPC):
         # else it waits for this thread's work, up to the 5 ms switch interval.
         started.wait(1.0)
@@ -97,15 +96,13 @@ class StepPipeline:
     def patch(step: InFlight) -> None:
         """Put the tokens the step before sampled in place of FED (a sequence
         gone meanwhile gets any token: its output is dropped)."""
-        for s, seq in zip(step.batch.seqs, step.seqs):
-            if not s.token_ids or s.token_ids[0] != FED:
+        for s in step.batch.seqs:
+            seq = s.seq
+            if not s.token_ids or s.token_ids[0] != FED or seq is None:
                 continue
             p, plen = s.start_pos, len(seq.prompt_token_ids)
             out = seq.output_token_ids
-            token = out[p - plen] if 0 <= p - plen < len(out) else 0
-            s.token_ids[0] = token
-            if s.output_token_ids and s.output_token_ids[-1] == FED:
-                s.output_token_ids[-1] = token
+            s.token_ids = [out[p - plen] if 0 <= p - plen < len(out) else 0]
 
     def close(self) -> None:
         if self._pool is not None:

@@ -18,7 +18,7 @@ the slots hold nothing until an Execute writes them. So:
   keyed for the prefix cache never stay unwritten.
 
 The pool is named by the epoch memsvc puts in every ReserveResult, which the gateway
-copies into the StepBatch (`pool_epoch`) and the executor checks; a batch kept for a re-run
+copies into the StepDelta (`pool_epoch`) and the executor checks; a batch kept for a re-run
 keeps its epoch. In process, the executor does not check it (nothing restarts).
 """
 from __future__ import annotations
@@ -30,7 +30,8 @@ from typing import Callable
 import grpc
 
 from wire.clients import ExecutorClient, MemoryClient
-from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, StepBatch
+from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
+from wire.step_delta import StepDelta
 
 log = logging.getLogger("pagedserve.gateway")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
@@ -54,7 +55,7 @@ class StepRetry:
         self.timeout_s = timeout_s
         self.interval_s = interval_s
         self.on_retry = on_retry
-        self.dirty: StepBatch | None = None  # an Execute that never succeeded
+        self.dirty: StepDelta | None = None  # an Execute that never succeeded
         self.memory = _Memory(self)
         self.executor = _Executor(self)
 
@@ -68,7 +69,7 @@ class StepRetry:
             self.dirty = None
         return self._retry("reserve", lambda: self.inner_memory.reserve(plan))
 
-    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+    def execute(self, batch: StepDelta) -> list[SampleOutput]:
         try:
             return self._retry("execute", lambda: self._execute(batch))
         except PoolChanged:
@@ -78,7 +79,7 @@ class StepRetry:
                 self.dirty = batch
             raise
 
-    def _execute(self, batch: StepBatch) -> list[SampleOutput]:
+    def _execute(self, batch: StepDelta) -> list[SampleOutput]:
         try:
             return self.inner_executor.execute(batch)
         except grpc.RpcError as e:
@@ -135,5 +136,5 @@ class _Executor(ExecutorClient):
     def model_info(self) -> ModelInfo:
         return self._retry.inner_executor.model_info()
 
-    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+    def execute(self, batch: StepDelta) -> list[SampleOutput]:
         return self._retry.execute(batch)

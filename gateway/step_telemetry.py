@@ -19,7 +19,8 @@ from opentelemetry.trace import SpanKind
 
 from gateway.request_telemetry import RequestTelemetry
 from wire.clients import ExecutorClient, MemoryClient
-from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, StepBatch
+from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
+from wire.step_delta import StepDelta
 from wire.tracing import tracer
 
 
@@ -98,7 +99,7 @@ class ObservedExecutor(ExecutorClient):
     def model_info(self) -> ModelInfo:
         return self.inner.model_info()
 
-    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+    def execute(self, batch: StepDelta) -> list[SampleOutput]:
         seqs = batch.seqs
         request_of = self.memory.request_of
         parent, links = self.telemetry.step_context(request_of(s.seq_id) for s in seqs)

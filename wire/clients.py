@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, StepBatch
+from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
+from wire.step_delta import StepDelta
 
 
 class MemoryClient(Protocol):
@@ -55,16 +56,16 @@ class ExecutorClient(Protocol):
         and where its tokenizer is. Constant for the executor's life."""
         ...
 
-    def execute(self, batch: StepBatch) -> list[SampleOutput]:
-        """Run one step: write each sequence's K/V into its slots and return one
-        SampleOutput per sequence that `reports` (`sample` set, or prompt logprobs to
-        return for its step: SeqStep.reports), in batch order. A batch whose
-        `pool_epoch` names a pool other than the executor's is refused (ABORTED across
-        processes): its reservation is gone. `batch.forget` names sequences finished or
-        preempted since the last batch (an executor that keeps per-sequence state drops
-        theirs; across processes the client sends only what changed, wire.step_delta).
-        A token FED is the one this executor sampled for the sequence last step, and
-        `batch.step` orders one caller's steps (wire.step_feed): only an executor with
-        `feeds_itself` gets them as they are; the batching loop runs any other through
-        wire.step_feed.OrderedExecutor."""
+    def execute(self, step: StepDelta) -> list[SampleOutput]:
+        """Run one step (wire.step_delta: per sequence the tokens to compute and the change
+        to its block table): write each sequence's K/V into its slots and return one
+        SampleOutput per sequence that reports (it samples, or has prompt logprobs to
+        return for its step: SeqStep.reports), in step order. A step whose `pool_epoch`
+        names a pool other than the executor's is refused (ABORTED across processes): its
+        reservation is gone. `step.forget` names sequences finished or preempted since
+        the last step: their state is dropped. A token FED is the one the executor
+        sampled for the sequence last step, and `step.step` orders one caller's steps
+        (wire.step_feed). Only an executor with `feeds_itself` (the gRPC client) takes
+        StepDelta as it is; the batching loop runs any other (an executor object in
+        process, which runs a full StepBatch) through wire.ordered_executor."""
         ...

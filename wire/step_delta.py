@@ -1,89 +1,116 @@
-"""The gateway's half of the per-step delta to the executor (executor.sequence_state holds
-the other): encode a StepBatch as changes against what the executor already holds.
+"""The step message: per sequence, only what changed since the executor's last step.
 
-`encode_step(batch, sent, session_id, incarnation)` sends a sequence's constant state once
-(sampling parameters, seed, prompt length, token history when penalties need it, the whole
-prompt when prompt logprobs do) and then
-only its tokens to compute (a FED token, wire.step_feed, as `fed`) and the change to its
-block table; `sent` is the caller's record
-of the block tables the executor holds. An executor that answers FAILED_PRECONDITION with
-STATE_LOST in the details (it restarted, or lost a sequence) gets everything again: clear
-`sent` and encode the same batch once more.
+The gateway's scheduler makes a `StepDelta` from memsvc's answer (gateway.scheduler
+`on_reserved`): for each sequence, the tokens to compute at `start_pos` (a decode token the
+executor sampled itself is FED, wire.step_feed), whether it samples, and the change to its
+block table that memsvc granted (`table_start`, `new_blocks`). No full block table or slot
+mapping is built on the gateway's side: whoever runs the model holds each sequence's state
+(wire.held_seqs) and derives them. `seq` is the gateway's own sequence, read only when the
+state must go again (`encode_delta`, wire.ordered_executor).
+
+`encode_delta` makes the ExecuteRequest across processes: a sequence the executor does not
+hold (not in the caller's `sent`) goes with its constant state and its whole table. An
+executor that answers FAILED_PRECONDITION with STATE_LOST (it restarted, or lost a
+sequence) gets everything again: clear `sent` and encode the same step once more.
+See docs/ARCHITECTURE.md, "The step path".
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Protocol
+
 from wire import convert
-from wire.protocol import StepBatch
+from wire.protocol import SamplingParams
 from wire.step_feed import FED
 from wire.v1 import executor_pb2
 
 STATE_LOST = "executor state lost"  # in FAILED_PRECONDITION details: resend every state
 
 
-def encode_step(batch: StepBatch, sent: dict[str, list[int]], session_id: str, incarnation: str
-                ) -> tuple[executor_pb2.ExecuteRequest, dict[str, list[int]]]:
-    """The ExecuteRequest for `batch` against what the executor holds, and the updates to
-    `sent` to apply once the executor answered (`commit`): `sent` maps each sequence whose
-    state went out to its block table as last sent. A sequence not in `sent` (or in
-    `batch.forget`) goes with its full state. Nothing changes here, so a request that fails
-    can be encoded again."""
-    forget = set(batch.forget)
-    updates: dict[str, list[int]] = {}
+class SeqSource(Protocol):
+    """What the step message reads from the gateway's sequence when its state must go."""
+
+    sampling: SamplingParams
+    seed: int
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    block_table: list[int]
+
+
+@dataclass(slots=True)
+class SeqDelta:
+    seq_id: str
+    token_ids: list[int]  # to compute at start_pos..; [FED]: the executor's own last sample
+    start_pos: int
+    sample: bool  # False for a prefill chunk that does not reach the end of the prompt
+    table_start: int  # the block table from this index on is new_blocks
+    new_blocks: list[int]
+    seq: SeqSource | None = None
+
+
+@dataclass
+class StepDelta:
+    """One step for the executor. `pool_epoch`, `forget` and `step` mean what they mean in
+    wire.protocol.StepBatch."""
+
+    seqs: list[SeqDelta]
+    pool_epoch: str = ""
+    forget: list[str] = field(default_factory=list)
+    step: int = 0
+
+
+def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: str
+                 ) -> executor_pb2.ExecuteRequest:
+    """The ExecuteRequest for `step` against `sent`, the ids whose state the executor holds
+    (as far as the caller knows); adds the ids whose state goes now and drops `forget`'s.
+    A sequence's whole table is read from `seq.block_table` when it goes with its state
+    and the delta does not hold the whole table: that table may be ahead of this step's
+    (a step planned ahead is reserved by then), which is harmless, as a later step's change
+    replaces the blocks from its `table_start` on."""
+    forget = step.forget
+    for seq_id in forget:
+        sent.discard(seq_id)
     ids, starts, ntok, toks, samples, tstarts, nnew, newb, states = [], [], [], [], [], [], [], [], []
     fed: list[bool] = []
     any_fed = False
     sampling: dict[int, object] = {}
-    for s in batch.seqs:
-        table = s.block_table
-        seq_id = s.seq_id
-        prev = sent.get(seq_id) if seq_id not in forget else None
-        if prev is None:
-            sp = sampling.get(id(s.sampling))
-            if sp is None:
-                sp = sampling[id(s.sampling)] = convert.sampling_to_proto(s.sampling)
-            if s.sampling.uses_penalties:
-                history = (s.prompt_token_ids + s.output_token_ids)[:s.start_pos]
-                prompt_len = len(s.prompt_token_ids)
+    for d in step.seqs:
+        seq_id, tstart, new = d.seq_id, d.table_start, d.new_blocks
+        if seq_id not in sent:
+            seq = d.seq
+            if seq is None:
+                raise ValueError(f"sequence {seq_id}: its state must go, but the step does not carry it")
+            sp = seq.sampling
+            proto = sampling.get(id(sp))
+            if proto is None:
+                proto = sampling[id(sp)] = convert.sampling_to_proto(sp)
+            prompt = seq.prompt_token_ids
+            if sp.uses_penalties:
+                history, prompt_len = (prompt + seq.output_token_ids)[:d.start_pos], len(prompt)
             else:
                 history, prompt_len = [], 0
-            prompt = s.prompt_token_ids if s.sampling.prompt_logprobs is not None else None
-            states.append(executor_pb2.SeqState(seq_id=seq_id, sampling=sp, seed=s.seed,
-                                                prompt_len=prompt_len, history=history, prompt=prompt))
-            updates[seq_id] = list(table)
-            tstart, new = 0, table
-        else:
-            n = len(prev)
-            if len(table) == n and (not n or table[-1] == prev[-1]) and table == prev:
-                tstart, new = n, ()
-            elif len(table) >= n and table[:n] == prev:
-                tstart, new = n, table[n:]
-                updates[seq_id] = list(table)
-            else:
-                tstart, new = 0, table
-                updates[seq_id] = list(table)
+            states.append(executor_pb2.SeqState(
+                seq_id=seq_id, sampling=proto, seed=seq.seed, prompt_len=prompt_len, history=history,
+                prompt=prompt if sp.prompt_logprobs is not None else None))
+            if tstart:
+                tstart, new = 0, list(seq.block_table)
+            sent.add(seq_id)
         ids.append(seq_id)
-        starts.append(s.start_pos)
-        ntok.append(len(s.token_ids))
-        own = s.token_ids[0] == FED
+        starts.append(d.start_pos)
+        tokens = d.token_ids
+        ntok.append(len(tokens))
+        own = tokens[0] == FED
         fed.append(own)
         if own:
             any_fed = True
         else:
-            toks.extend(s.token_ids)
-        samples.append(s.sample)
+            toks.extend(tokens)
+        samples.append(d.sample)
         tstarts.append(tstart)
         nnew.append(len(new))
         newb.extend(new)
-    request = executor_pb2.ExecuteRequest(
-        pool_epoch=batch.pool_epoch, session_id=session_id, incarnation=incarnation,
-        forget=batch.forget, seq_ids=ids, start_pos=starts, num_tokens=ntok, token_ids=toks,
+    return executor_pb2.ExecuteRequest(
+        pool_epoch=step.pool_epoch, session_id=session_id, incarnation=incarnation,
+        forget=forget, seq_ids=ids, start_pos=starts, num_tokens=ntok, token_ids=toks,
         sample=samples, table_start=tstarts, num_new_blocks=nnew, new_blocks=newb, states=states,
-        fed=fed if any_fed else (), step=batch.step)
-    return request, updates
-
-
-def commit(sent: dict[str, list[int]], batch: StepBatch, updates: dict[str, list[int]]) -> None:
-    """The executor answered `batch`: record what it now holds."""
-    for seq_id in batch.forget:
-        sent.pop(seq_id, None)
-    sent.update(updates)
+        fed=fed if any_fed else (), step=step.step)

@@ -7,7 +7,7 @@ it in place just before the step runs (`fill`); a fed token it does not hold (th
 before failed, the executor restarted) raises FedTokenUnknown and nothing runs, so the
 gateway sends the step again with the token it now knows. `StepOrder` runs one caller's
 steps in the order it numbered them (`StepBatch.step`), as two in flight may arrive in
-either order. `OrderedExecutor` is both around an in-process executor.
+either order. wire.ordered_executor does both around an in-process executor.
 """
 from __future__ import annotations
 
@@ -100,28 +100,3 @@ class StepOrder:
             if step > self.last:
                 self.last = step
                 self._cond.notify_all()
-
-
-class OrderedExecutor:
-    """An in-process executor run as the executor service runs one: steps in their order,
-    one at a time, fed tokens filled from its own samples."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.feed = LastSampled()
-        self.order = StepOrder()
-        self._lock = threading.Lock()
-
-    def model_info(self):
-        return self.inner.model_info()
-
-    def execute(self, batch: StepBatch) -> list[SampleOutput]:
-        self.order.wait_turn(batch.step)
-        with self._lock:
-            try:
-                self.feed.fill(batch)
-                outputs = self.inner.execute(batch)
-                self.feed.record(batch, outputs)
-                return outputs
-            finally:
-                self.order.passed(batch.step)

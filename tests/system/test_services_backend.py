@@ -15,7 +15,9 @@ from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
 from gateway.scheduler import SchedulerConfig
 from gateway.tokenizer import load_tokenizer
 from wire import convert
-from wire.protocol import Plan, PlanEntry, SamplingParams, SeqStep, StepBatch
+from gateway.sequence import Sequence
+from wire.protocol import Plan, PlanEntry, SamplingParams
+from wire.step_delta import SeqDelta, StepDelta
 from wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support.backend_procs import ServiceProcess, free_port
 from tests.support.health import NOT_SERVING, SERVING
@@ -151,7 +153,9 @@ def test_errors_carry_status_codes(backend):
                                                block_size=16, dtype="float32")), timeout=5)
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     sp = SamplingParams(temperature=0.0)
-    bad = StepBatch([SeqStep("x/0", [10**6], 0, [0], [0], True, sp, 0)])
+    src = Sequence("x/0", "x", 0, [10**6], sp, 0, 8, 0.0)
+    src.block_table = [0]
+    bad = StepDelta([SeqDelta("x/0", [10**6], 0, True, 0, [0], src)])
     with pytest.raises(grpc.RpcError) as e:
         backend.remote.execute(bad)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -300,7 +300,8 @@ def test_a_fed_step_whose_token_the_executor_lost_runs_again_with_its_tokens():
     """The executor forgets its last samples (as a restarted one would) just before the 3rd
     and 6th steps that name them: those fail for want of them and are sent again with
     their tokens; the outputs are unchanged."""
-    from wire.step_feed import FED, OrderedExecutor
+    from wire.ordered_executor import OrderedExecutor
+    from wire.step_feed import FED
 
     class Forgetful(OrderedExecutor):
         fed_calls = 0

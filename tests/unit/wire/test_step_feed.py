@@ -1,12 +1,15 @@
 """wire.step_feed: fed tokens filled from the last samples, steps run in their numbered
-order, and OrderedExecutor running an in-process executor as the service runs one."""
+order; wire.ordered_executor running an in-process executor as the service runs one."""
 import threading
 import time
 
 import pytest
 
 from wire.protocol import SampleOutput, SamplingParams, SeqStep, StepBatch
-from wire.step_feed import FED, FedTokenUnknown, LastSampled, OrderedExecutor, StepOrder, lost_feed
+from wire.ordered_executor import OrderedExecutor
+from wire.protocol import KVGeometry
+from wire.step_delta import SeqDelta, StepDelta
+from wire.step_feed import FED, FedTokenUnknown, LastSampled, StepOrder, lost_feed
 
 
 def seq(seq_id, tokens, start, sample=True, output=()):
@@ -73,23 +76,32 @@ def test_steps_pass_in_their_order_and_retries_or_unordered_ones_at_once():
 def test_ordered_executor_runs_steps_in_order_and_feeds_itself():
     ran = []
 
+    class Info:
+        kv = KVGeometry(1, 1, 1, 4)
+
     class Echo:
         def model_info(self):
-            return None
+            return Info()
 
         def execute(self, batch):
-            ran.append((batch.step, [s.token_ids[0] for s in batch.seqs]))
+            ran.append((batch.step, [(s.token_ids[0], s.slot_mapping) for s in batch.seqs]))
             time.sleep(0.02)
             return [SampleOutput(s.seq_id, s.token_ids[0] + 1) for s in batch.seqs if s.sample]
 
+    class Src:
+        sampling, seed, prompt_token_ids, output_token_ids, block_table = SamplingParams(), 0, [6], [], [5]
+
     ex = OrderedExecutor(Echo())
     results = {}
-    b1 = StepBatch([seq("a", [7], 0)], step=1)
-    b2 = StepBatch([seq("a", [FED], 1)], step=2)
-    t2 = threading.Thread(target=lambda: results.setdefault(2, ex.execute(b2)))
+    d1 = StepDelta([SeqDelta("a", [7], 3, True, 0, [5], Src())], step=1)
+    d2 = StepDelta([SeqDelta("a", [FED], 4, True, 1, [9], Src())], step=2)
+    t2 = threading.Thread(target=lambda: results.setdefault(2, ex.execute(d2)))
     t2.start()  # sent second, may start first: waits for step 1
     time.sleep(0.05)
-    results[1] = ex.execute(b1)
+    results[1] = ex.execute(d1)
     t2.join(5)
-    assert ran == [(1, [7]), (2, [8])]
+    assert ran == [(1, [(7, [23])]), (2, [(8, [36])])]  # slots from the held table: 5*4+3, 9*4+0
     assert results[2][0].token_id == 9
+    assert d2.seqs[0].token_ids == [FED]  # the caller's step is left as it was
+    ex.execute(StepDelta([], forget=["a"], step=3))
+    assert ex.held == {}

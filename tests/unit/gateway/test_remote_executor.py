@@ -1,0 +1,89 @@
+"""The gRPC executor client's half of the step message (gateway.remote): each sequence's
+state goes once, steps are encoded in their order even when a later one is handed over
+first, and after a failure everything goes again. The stub is faked: no server runs."""
+import threading
+import time
+
+import grpc
+import pytest
+
+from gateway.remote import RemoteExecutorClient
+from wire.protocol import SamplingParams
+from wire.step_delta import SeqDelta, StepDelta
+from wire.step_feed import FED
+from wire.v1 import executor_pb2
+
+
+class Seq:
+    sampling, seed = SamplingParams(temperature=0.0), 1
+
+    def __init__(self, prompt, table):
+        self.prompt_token_ids, self.output_token_ids, self.block_table = prompt, [], table
+
+
+class Stub:
+    def __init__(self):
+        self.requests = []
+        self.fail = False
+
+    def Execute(self, request, timeout=None, metadata=None):
+        self.requests.append(request)
+        if self.fail:
+            self.fail = False
+            raise Unavailable()
+        return executor_pb2.ExecuteResponse(tokens=[7] * sum(request.sample), incarnation="x1")
+
+
+class Unavailable(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "gone"
+
+
+@pytest.fixture
+def client():
+    c = RemoteExecutorClient("127.0.0.1:1")  # never dialled: the stub is replaced
+    c.stub = Stub()
+    yield c
+    c.channel.close()
+
+
+def test_state_goes_once_then_only_the_change(client):
+    a = Seq([1, 2, 3], [5])
+    client.execute(StepDelta([SeqDelta("a", [1, 2, 3], 0, True, 0, [5], a)], step=1))
+    a.block_table = [5, 6]
+    client.execute(StepDelta([SeqDelta("a", [FED], 3, True, 1, [6], a)], step=2))
+    first, second = client.stub.requests
+    assert len(first.states) == 1 and list(first.new_blocks) == [5]
+    assert not second.states and list(second.table_start) == [1] and list(second.new_blocks) == [6]
+    assert list(second.fed) == [True] and list(second.token_ids) == []
+
+
+def test_a_later_step_handed_over_first_is_encoded_after_the_earlier_one(client):
+    a = Seq([1, 2, 3], [5, 6])
+    s1 = StepDelta([SeqDelta("a", [1, 2, 3], 0, True, 0, [5], a)], step=1)
+    s2 = StepDelta([SeqDelta("a", [FED], 3, True, 1, [6], a)], step=2)
+    t = threading.Thread(target=client.execute, args=(s2,))
+    t.start()
+    time.sleep(0.05)
+    assert client.stub.requests == []  # step 2 waits for step 1's encoding
+    client.execute(s1)
+    t.join(5)
+    first, second = client.stub.requests
+    assert (first.step, len(first.states)) == (1, 1)
+    assert (second.step, len(second.states)) == (2, 0)  # a's state went with step 1
+
+
+def test_after_a_failure_every_state_and_whole_table_goes_again(client):
+    a = Seq([1, 2, 3], [5])
+    client.execute(StepDelta([SeqDelta("a", [1, 2, 3], 0, True, 0, [5], a)], step=1))
+    client.stub.fail = True
+    a.block_table = [5, 6]
+    step = StepDelta([SeqDelta("a", [4], 3, True, 1, [6], a)], step=2)
+    with pytest.raises(grpc.RpcError):
+        client.execute(step)
+    client.execute(step)
+    again = client.stub.requests[-1]
+    assert len(again.states) == 1 and list(again.table_start) == [0] and list(again.new_blocks) == [5, 6]

@@ -1,0 +1,64 @@
+"""An in-process executor run as the executor service runs one: it takes the step message
+(wire.step_delta.StepDelta), holds each sequence's state (wire.held_seqs) and turns each
+step into the StepBatch the executor runs, runs one caller's steps in their order
+(wire.step_feed.StepOrder), and fills fed tokens from its own last samples
+(wire.step_feed.LastSampled). The batching loop wraps every executor that does not feed
+itself in one, so in-process steps take the path steps across the wire take.
+See docs/ARCHITECTURE.md, "The step path".
+"""
+from __future__ import annotations
+
+import threading
+
+from wire.held_seqs import HeldSeq, held_from, step_of
+from wire.protocol import SampleOutput, StepBatch
+from wire.step_delta import StepDelta
+from wire.step_feed import FED, LastSampled, StepOrder
+
+
+class OrderedExecutor:
+    def __init__(self, inner):
+        self.inner = inner
+        self.block_size = inner.model_info().kv.block_size
+        self.feed = LastSampled()
+        self.order = StepOrder()
+        self.held: dict[str, HeldSeq] = {}
+        self._lock = threading.Lock()
+
+    def model_info(self):
+        return self.inner.model_info()
+
+    def execute(self, step: StepDelta) -> list[SampleOutput]:
+        self.order.wait_turn(step.step)
+        with self._lock:
+            try:
+                batch, histories = self._expand(step)
+                self.feed.fill(batch)
+                for s, history in histories:
+                    history[s.start_pos] = s.token_ids[0]
+                outputs = self.inner.execute(batch)
+                self.feed.record(batch, outputs)
+                return outputs
+            finally:
+                self.order.passed(step.step)
+
+    def _expand(self, step: StepDelta) -> tuple[StepBatch, list]:
+        held, bs = self.held, self.block_size
+        for seq_id in step.forget:
+            held.pop(seq_id, None)
+        seqs, histories = [], []
+        for d in step.seqs:
+            h = held.get(d.seq_id)
+            if h is None:  # new to it: the state from the gateway's sequence
+                seq = d.seq
+                if seq is None:
+                    raise ValueError(f"sequence {d.seq_id}: unknown, and the step does not carry its state")
+                table = list(seq.block_table) if d.table_start else None
+                h = held[d.seq_id] = held_from(seq.sampling, seq.seed, seq.prompt_token_ids,
+                                               seq.output_token_ids, d.start_pos, table)
+            tokens = list(d.token_ids)  # filled in place: the gateway's stays FED
+            s = step_of(h, d.seq_id, tokens, d.start_pos, d.sample, d.table_start, d.new_blocks, bs)
+            if tokens[0] == FED and h.tokens is not None:
+                histories.append((s, h.tokens))
+            seqs.append(s)
+        return StepBatch(seqs, step.pool_epoch, list(step.forget), step.step), histories
