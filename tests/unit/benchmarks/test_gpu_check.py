@@ -1,7 +1,6 @@
 """scripts/gpu_check.sh and gpu_check.py, what can be checked without a GPU: shell syntax,
 arguments, the JSON skeleton of a dry run, the workload and the helpers' shapes; the mended
 defects (output folder, PYTHONPATH, swap wait, deadlines, strict comparisons) with the GPU mocked."""
-import importlib.util
 import os
 import json
 import subprocess
@@ -11,15 +10,9 @@ import pytest
 import torch
 
 from tests.support import REPO
+from tests.support.gpu_check import SCRIPTS, load_gpu_check as load
 
-SCRIPTS = REPO / "scripts"
 
-
-def load():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPTS / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_shell_script_parses():

@@ -19,15 +19,9 @@ import pytest
 import torch
 
 from tests.support import REPO
+from tests.support.gpu_check import SCRIPTS, load_gpu_check as load
 
-SCRIPTS = REPO / "scripts"
 
-
-def load():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPTS / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_without_cuda_the_cuda_parts_check_what_they_can_and_skip(tmp_path):
