@@ -30,7 +30,7 @@ class ExecutorConfig:
     block_size: int = setting(16, "tokens per KV block")
     device: str = setting("auto", DEVICE_HELP)
     linear_backend: str = setting("auto", "how the linear layers multiply (auto: each weight shape "
-                                  "timed at load through each backend, the faster kept per row "
+                                  "timed at load through mkl and onednn, the faster kept per row "
                                   "count; mkl: F.linear; onednn: oneDNN with prepacked weights, "
                                   "CPU float32; int8: per-channel int8 weights with bfloat16 "
                                   "activations, CPU, not exact: opt-in, its accuracy in "
