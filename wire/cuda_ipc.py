@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -115,13 +116,31 @@ def export_cuda_tensor(tensor: torch.Tensor, gpu_uuid: str) -> CudaIpcHandle:
     )
 
 
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def check_allocator_config(env=None) -> None:
+    """RuntimeError where torch's allocator is set to expandable segments: it then maps
+    memory another way than the one these IPC handles export and rebuild."""
+    env = os.environ if env is None else env
+    for var in ALLOC_CONF_VARS:
+        options = dict(o.split(":", 1) for o in env.get(var, "").replace(" ", "").split(",") if ":" in o)
+        if options.get("expandable_segments", "").lower() in ("true", "1"):
+            raise RuntimeError(f"{var} sets expandable_segments:{options['expandable_segments']}: the KV "
+                               "pool is shared with the executor through CUDA IPC handles, which torch "
+                               "does not give for expandable segments; unset it (or set "
+                               "expandable_segments:False) for memsvc")
+
+
 def allocate_cuda_pool(geometry: KVGeometry, num_blocks: int, gpu_uuid: str
                        ) -> tuple[torch.Tensor, CudaIpcHandle]:
     """A zeroed pool on the GPU with this UUID, and the handle that exports it. Every CUDA
     call runs with that GPU current (no context is created on another GPU), and the zeroing
-    is complete before the handle exists."""
+    is complete before the handle exists. RuntimeError first where torch's allocator is set
+    to expandable segments (`check_allocator_config`)."""
     from wire.device import on_device
 
+    check_allocator_config()
     index = device_index_for_uuid(gpu_uuid)
     device = torch.device("cuda", index)
     with on_device(device):

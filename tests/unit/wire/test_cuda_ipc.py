@@ -59,3 +59,14 @@ def test_the_executor_names_its_gpu_to_memsvc_by_uuid(monkeypatch):
     assert resolve_device("cuda:1") == ("cuda:1", UUIDS[1])
     assert resolve_device("cuda") == ("cuda:0", UUIDS[0])
     assert resolve_device(UUIDS[1].lower()) == ("cuda:1", UUIDS[1].lower())
+
+
+def test_expandable_segments_are_refused_before_any_cuda_call():
+    from wire.cuda_ipc import check_allocator_config
+
+    for env in ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+                {"PYTORCH_ALLOC_CONF": "max_split_size_mb:128, expandable_segments:1"}):
+        with pytest.raises(RuntimeError, match="expandable_segments"):
+            check_allocator_config(env)
+    check_allocator_config({})
+    check_allocator_config({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False,max_split_size_mb:64"})
