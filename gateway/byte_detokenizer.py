@@ -86,7 +86,12 @@ class ByteDetokenizer:
 
     def add(self, token_id: int) -> str:
         """Append a token; return the text it completes ("" while a character is still partial)."""
-        self.pending += self._bytes(token_id)
+        data = self._bytes(token_id)
+        if data.isascii() and data and self.read == len(self.pending):
+            # nothing partial is pending and ASCII completes no character: the text is the bytes
+            self.pending, self.read, self.prefix_chars = data, len(data), len(data)
+            return data.decode("ascii")
+        self.pending += data
         full = self.pending.decode("utf-8", "replace")
         if len(full) <= self.prefix_chars or full.endswith("\ufffd"):
             return ""
