@@ -23,6 +23,7 @@ from gateway.beam_search import BeamDone, Beams, BeamSearch
 from gateway.pending_tokens import PendingTokens
 from gateway.samples import SampleHolds
 from gateway.sequence import Sequence, SeqStatus
+from wire.held_seqs import apply_table_change
 from wire.protocol import Plan, PlanEntry, PromptLogprob, ReserveResult, SampleOutput
 from wire.step_delta import SeqDelta, StepDelta
 from wire.step_feed import FED
@@ -271,8 +272,7 @@ class Scheduler:
             end = start + g.num_tokens
             table = seq.block_table
             if g.new_blocks or g.table_start < len(table):
-                del table[g.table_start:]
-                table.extend(g.new_blocks)
+                apply_table_change(table, g.table_start, g.new_blocks, seq_id)
             prompt, out = seq.prompt_token_ids, seq.output_token_ids
             plen = len(prompt)
             if fed:
