@@ -34,12 +34,17 @@ from wire.protocol import SamplingParams
 SIMULATED_METRIC = "pagedserve:execute_simulated_seconds_total"
 
 
+def add_batch_args(p, batch_sizes: str, output_len: int) -> None:
+    """The batch sizes and request shape a per-step benchmark runs (bench step-cost too)."""
+    p.add_argument("--batch-sizes", default=batch_sizes, help="comma-separated batch sizes")
+    p.add_argument("--input-len", type=int, default=32, help="prompt tokens per request")
+    p.add_argument("--output-len", type=int, default=output_len, help="output tokens per request")
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("control-plane", help="per-step cost of the gateway loop, memsvc and the wire "
                        "with a zero-cost or simulated executor", description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch-sizes", default="64,256,1024", help="comma-separated batch sizes")
-    p.add_argument("--input-len", type=int, default=32, help="prompt tokens per request")
-    p.add_argument("--output-len", type=int, default=64, help="output tokens per request")
+    add_batch_args(p, "64,256,1024", 64)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="memsvc without the prefix cache")

@@ -18,11 +18,11 @@ from collections import Counter
 
 
 def add_parser(sub) -> None:
+    from benchmarks.control_plane import add_batch_args
+
     p = sub.add_parser("step-cost", help="CPU per step of each part of the step path, in one "
                        "process (no gRPC)", description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch-sizes", default="64,256", help="comma-separated batch sizes")
-    p.add_argument("--input-len", type=int, default=32, help="prompt tokens per request")
-    p.add_argument("--output-len", type=int, default=128, help="output tokens per request")
+    add_batch_args(p, "64,256", 128)
     p.add_argument("--json", action="store_true", help="print one JSON object keyed by batch size")
     p.add_argument("--out", default="bench_results/step_cost.json", help="JSON results file")
     p.set_defaults(run=run)
