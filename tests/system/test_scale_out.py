@@ -260,11 +260,24 @@ def test_a_gateway_that_dies_loses_only_its_own_requests(two_gateways, engine):
     prompts = [f"Chapter {i}. It was a dark and stormy night;" for i in range(4)]
     expected = engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0))
     g = two_gateways.gateways
-    jobs = [generate(g["a"], p, 24) for p in prompts] + [generate(g["b"], p, 64) for p in prompts]
+    streaming = threading.Semaphore(0)
+
+    def long_on_b(prompt):  # mid-run once its first token came: 500 more to go when b is killed
+        def run():
+            stream = stub(g["b"]).Generate(pb.GenerateRequest(
+                prompt=prompt, sampling=greedy(512, ignore_eos=True)), timeout=300)
+            for _ in stream:
+                streaming.release()
+                break
+            return collect(stream)
+        return run
+
+    jobs = [generate(g["a"], p, 24) for p in prompts] + [long_on_b(p) for p in prompts]
     results = [None]
     runner = threading.Thread(target=lambda: results.__setitem__(0, run_all(jobs)))
     runner.start()
-    time.sleep(2.0)
+    for _ in prompts:
+        assert streaming.acquire(timeout=120), "gateway b's requests never started streaming"
     two_gateways.procs.kill("b")
     runner.join(300)
     assert_same(expected, results[0][:4])
