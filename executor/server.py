@@ -21,8 +21,8 @@ Service contract:
   into the next pass (executor.step_merger); never two passes at once. A batch that does not fit (bad slots, ids
   outside the vocabulary) is INVALID_ARGUMENT; the executor stays usable.
 - The pool belongs to memsvc: this process only maps it, and must run on memsvc's host.
-  An Execute whose `pool_epoch` names another pool (the epoch memsvc gave with the
-  Reserve) is ABORTED: memsvc restarted and that reservation is gone.
+  An Execute whose `pool_epoch` names another pool is ABORTED (docs/ARCHITECTURE.md,
+  "The pool epoch").
 - An Execute that arrives with trace context gets a span (wire.tracing);
   `--metrics-port` serves executor.metrics; `--tls-*` (wire.tls) turn on TLS for
   this server (mutual with `--tls-ca`) and for the registration call to memsvc; with

@@ -7,9 +7,7 @@ server's status code and message.
 
 Both clients carry the caller's trace context in every call (wire.tracing.trace_metadata),
 speak TLS when given a wire.tls.TlsConfig that asks for it, and reconnect quickly to a
-restarted service.
-The pool's epoch travels in the messages (ReserveResult.pool_epoch, StepDelta.pool_epoch):
-the executor refuses (ABORTED) a batch reserved in another pool.
+restarted service. See docs/ARCHITECTURE.md, "One step".
 """
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
 """A step that survives a restart of the executor or of memsvc.
 
-What a failed step leaves behind: a Reserve that succeeded has already appended the step's
-tokens to memsvc's block tables and keyed the blocks they fill for the prefix cache, but
-the slots hold nothing until an Execute writes them. So:
-
-- Execute failed with UNAVAILABLE (the executor died or is starting): run the same batch
-  again until it answers. The step is re-runnable: the same slots are rewritten and
-  sampling derives from (seed, position). Memsvc is not asked again.
-- The executor answers ABORTED because the pool is not the one the batch was reserved in
-  (memsvc restarted, the executor re-registered): the reservation is void. `PoolChanged`
-  tells the step runner to plan the step again; memsvc no longer holds the running
-  sequences, answers them "preempted, recompute", and they are recomputed.
-- Reserve failed with UNAVAILABLE (memsvc down, or up without a pool yet): send the same
-  plan again. Memsvc did not apply it, or lost everything when it died.
-- Still failing after `timeout_s`: the error goes up (the requests end). A batch whose
-  Execute never succeeded is kept and run again before the next Reserve, so blocks memsvc
-  keyed for the prefix cache never stay unwritten.
-
-The pool is named by the epoch memsvc puts in every ReserveResult, which the gateway
-copies into the StepDelta (`pool_epoch`) and the executor checks; a batch kept for a re-run
-keeps its epoch. In process, the executor does not check it (nothing restarts).
+Contract: Execute UNAVAILABLE runs the same batch again (memsvc is not asked again);
+Reserve UNAVAILABLE sends the same plan again; Execute ABORTED (another pool) raises
+`PoolChanged`, and the step runner plans the step again; after `timeout_s` the error goes
+up. A batch whose Execute never succeeded is run again, with its epoch, before the next
+Reserve. Why each is safe: docs/ARCHITECTURE.md, "Retries and faults" and "The pool epoch".
 """
 from __future__ import annotations
 

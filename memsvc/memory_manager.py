@@ -5,8 +5,7 @@ a budget and gets the pool; `reserve(plan)` grants slots in plan order, performs
 block copy it decided (copy-on-write, swap-out to the host swap space, swap-in) before it
 returns, and reports preemptions (by swap or recompute, see memsvc.preemption_policy) and
 resumed sequences; `free`, `fork` and `stats` act on sequences by id. Every ReserveResult
-carries `pool_epoch`, which names this manager's pool (a new one with every manager, so
-with every memsvc process): a step reserved in one pool never runs on another.
+carries this manager's `pool_epoch` (docs/ARCHITECTURE.md, "The pool epoch").
 
 The host swap space (`swap_space_bytes`) is a block-major tensor like the pool (pinned when
 the pool is on a GPU); block-copy time is measured when it is allocated and with every

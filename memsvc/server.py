@@ -12,9 +12,8 @@ Service contract:
   longer holds comes back in `preempted` with mode "recompute".
 - Before any executor registered, Reserve/Fork/Stats answer UNAVAILABLE (retry: the pool
   does not exist yet).
-- RegisterExecutor and Reserve answers carry `pool_epoch`: the epoch of this process's
-  pool (new with every memsvc process). The gateway sends it back with each Execute and
-  the executor checks it, so that a step reserved in a pool that is gone never runs.
+- RegisterExecutor and Reserve answers carry this process's `pool_epoch`
+  (docs/ARCHITECTURE.md, "The pool epoch").
 - Health is SERVING from the moment it listens (its job starts with registration).
 - WatchBlocks streams the prefix-cache keys (wire.block_keys) of the blocks the pool
   holds: a snapshot, then what each Reserve/Free stored and evicted, with the pool's load
