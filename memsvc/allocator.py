@@ -123,6 +123,13 @@ class KVAllocator(ABC):
             return None
         return self.num_new_blocks(seq_id, num_new_tokens)
 
+    def take_copies(self) -> list[tuple[str, int, int]]:
+        """Copies the last acts decided on their own, in order, since the last call:
+        (kind, src, dst) with kind "offload" (pool -> host tier, of a block an allocation
+        evicted) or "restore" (host tier -> pool, of a prefix hit). The caller performs them
+        in that order, before any copy the acts returned. None without a host tier."""
+        return []
+
     def fill(self, seq_id: str, position: int, token_id: int) -> None:
         """The id of the PENDING token at `position`; ValueError if none is pending there.
         Policies without a prefix cache keep no ids: nothing to do."""

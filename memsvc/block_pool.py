@@ -13,11 +13,14 @@ evicted then (lazy eviction). The head of the queue is the least recently used b
 eviction is LRU. Callers free a sequence's blocks in reverse order so that, among blocks
 freed together, tail blocks are evicted before the head blocks other prompts share.
 A freed block without a key holds nothing worth keeping: it goes to the head, so it is
-reused before any cached block.
+reused before any cached block. `on_evict` (optional) sees each keyed block as an
+allocation evicts it, before its key is dropped (memsvc.prefix_offload copies it to the
+host tier); `stamp` is recorded in each block keyed (`keyed_at`), so the caller can tell
+which blocks' contents may not be final yet.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 
@@ -35,11 +38,14 @@ class IntegrityError(RuntimeError):
 
 @dataclass(eq=False, slots=True)
 class Block:
-    """One KV block. `key` is its prefix-cache key when it holds a full, keyed block."""
+    """One KV block. `key` is its prefix-cache key when it holds a full, keyed block, keyed
+    under `salt` at the pool's stamp `keyed_at`."""
 
     block_id: int
     ref_cnt: int = 0
     key: bytes | None = None
+    salt: str | None = None
+    keyed_at: int = 0
     prev_free: Block | None = field(default=None, repr=False)
     next_free: Block | None = field(default=None, repr=False)
 
@@ -109,6 +115,8 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, Block] = {}
+        self.on_evict: Callable[[Block], None] | None = None
+        self.stamp = 0
 
     @property
     def num_free(self) -> int:
@@ -123,6 +131,8 @@ class BlockPool:
         for _ in range(n):
             block = self.free_queue.popleft()
             if block.key is not None:
+                if self.on_evict is not None:
+                    self.on_evict(block)
                 del self.cached[block.key]
                 block.key = None
             block.ref_cnt = 1
@@ -155,13 +165,13 @@ class BlockPool:
     def lookup(self, key: bytes) -> Block | None:
         return self.cached.get(key)
 
-    def cache(self, block: Block, key: bytes) -> bool:
+    def cache(self, block: Block, key: bytes, salt: str | None = None) -> bool:
         """Key a full block; False (and no change) if the key already names another block."""
         if block.key is not None:
             return block.key == key
         if key in self.cached:
             return False
-        block.key = key
+        block.key, block.salt, block.keyed_at = key, salt, self.stamp
         self.cached[key] = block
         return True
 

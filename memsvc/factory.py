@@ -15,9 +15,10 @@ def make_allocator(
     enable_prefix_caching: bool = True,
     num_host_blocks: int = 0,
     window: int | None = None,
+    num_offload_blocks: int = 0,
 ) -> KVAllocator:
-    """`policy` in POLICIES. Prefix caching, host blocks and freeing blocks past a sliding
-    `window` apply to `paged` only."""
+    """`policy` in POLICIES. Prefix caching, host blocks, the prefix cache's host tier
+    (`num_offload_blocks`) and freeing blocks past a sliding `window` apply to `paged` only."""
     if policy == "paged":
         return PagedAllocator(
             num_blocks,
@@ -25,6 +26,7 @@ def make_allocator(
             enable_prefix_caching=enable_prefix_caching,
             num_host_blocks=num_host_blocks,
             window=window,
+            num_offload_blocks=num_offload_blocks,
         )
     if policy in POLICIES:
         return ContiguousAllocator(num_blocks, block_size, policy, max_model_len)

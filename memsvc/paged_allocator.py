@@ -12,6 +12,10 @@ from p on frees the sequence's blocks that lie wholly before p - window + 1: no 
 this sequence will read them again. They are freed like any block (a prefix-cached one
 stays cached until evicted, so other prompts still match it); the table keeps a hole (sent
 as block 0, which the kernels never read for it), swap-out copies only the live blocks.
+
+With a host tier (`num_offload_blocks` > 0, memsvc.prefix_offload), evicted cached blocks
+are copied to host memory and a prefix walk continues there after the pool's hits; the
+copies are taken with `take_copies()` in the order decided.
 """
 from __future__ import annotations
 
@@ -20,7 +24,9 @@ from memsvc.admission import Admission, check_request, paged_admission
 from memsvc.allocator import PENDING, AppendResult, Growth, KVAllocator
 from memsvc.block_pool import Block, BlockPool, IntegrityError, NoFreeBlocks
 from memsvc.block_table import BlockTable, blocks_for
+from memsvc.host_tier import HostEntry, HostTier
 from memsvc.prefix_cache import PrefixCacheStats, block_key, cacheable_blocks
+from memsvc.prefix_offload import PrefixOffload
 from memsvc.swap_space import SwapSpace
 
 
@@ -35,6 +41,7 @@ class PagedAllocator(KVAllocator):
         enable_prefix_caching: bool = True,
         num_host_blocks: int = 0,
         window: int | None = None,
+        num_offload_blocks: int = 0,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -49,6 +56,9 @@ class PagedAllocator(KVAllocator):
         self.swap_space = SwapSpace(num_host_blocks)
         self.prefix_stats = PrefixCacheStats()
         self._seqs: dict[str, BlockTable] = {}
+        self.offload: PrefixOffload | None = None
+        if num_offload_blocks and enable_prefix_caching:
+            self.offload = PrefixOffload(self.pool, HostTier(num_offload_blocks), block_size)
 
     @property
     def prefix_cache_queries(self) -> int:
@@ -70,21 +80,30 @@ class PagedAllocator(KVAllocator):
             raise ValueError(f"sequence {seq_id!r} is swapped out; swap it in first")
         return table
 
-    def _cached_prefix(self, prompt: list[int], salt: str | None) -> tuple[list[Block], list[bytes]]:
-        """The longest run of cached full prompt blocks (never the block of the last token)."""
-        blocks: list[Block] = []
+    def _cached_prefix(self, prompt: list[int], salt: str | None, *, count: bool = False
+                       ) -> tuple[list[Block | HostEntry], list[bytes]]:
+        """The longest run of cached full prompt blocks (never the block of the last token):
+        pool blocks, and past them host-tier entries where restoring is allowed (`count`:
+        the tier counts the lookups)."""
+        hits: list[Block | HostEntry] = []
         keys: list[bytes] = []
         if not self.enable_prefix_caching:
-            return blocks, keys
+            return hits, keys
+        tier = self.offload.tier if self.offload and self.offload.restore_allowed else None
         bs, parent = self.block_size, None
         for i in range(cacheable_blocks(len(prompt), bs)):
             parent = block_key(parent, prompt[i * bs : (i + 1) * bs], salt)
-            block = self.pool.lookup(parent)
-            if block is None:
+            hit = self.pool.lookup(parent)
+            if hit is None and tier is not None:
+                hit = tier.lookup(parent, salt) if count else tier.peek(parent, salt)
+            if hit is None:
                 break
-            blocks.append(block)
+            hits.append(hit)
             keys.append(parent)
-        return blocks, keys
+        return hits, keys
+
+    def take_copies(self) -> list[tuple[str, int, int]]:
+        return self.offload.take() if self.offload else []
 
     def has_sequence(self, seq_id: str) -> bool:
         return seq_id in self._seqs
@@ -127,14 +146,15 @@ class PagedAllocator(KVAllocator):
         use_cache: bool = True,
     ) -> Admission:
         cached, _ = self._cached_prefix(prompt_token_ids, salt) if use_cache else ([], [])
-        revived = sum(1 for b in cached if b.ref_cnt == 0)  # leave the free queue on attach
+        revived = sum(1 for b in cached if isinstance(b, Block) and b.ref_cnt == 0)  # leave the queue
+        restored = sum(1 for b in cached if not isinstance(b, Block))  # take fresh blocks
         return paged_admission(
             prompt_len=len(prompt_token_ids),
             max_len=max_len,
             block_size=self.block_size,
             num_blocks=self.num_blocks,
             cached_blocks=len(cached),
-            free_blocks=self.pool.num_free - revived,
+            free_blocks=self.pool.num_free - revived - restored,
         )
 
     def add_sequence(
@@ -151,14 +171,35 @@ class PagedAllocator(KVAllocator):
             raise ValueError(f"sequence {seq_id!r} is already registered")
         check_request(len(prompt_token_ids), max_len)
         table = BlockTable(seq_id, self.block_size, max_len, final_len, salt)
-        cached, keys = self._cached_prefix(prompt_token_ids, salt) if use_cache else ([], [])
-        self.pool.incref(cached)  # a hit takes the block out of the free queue: it is in use
-        table.blocks, table.block_keys = cached, keys
+        hits, keys = self._cached_prefix(prompt_token_ids, salt, count=True) if use_cache else ([], [])
+        cached = self._attach(hits, keys, salt)
+        table.blocks, table.block_keys = cached, keys[:len(cached)]
         table.num_tokens = len(cached) * self.block_size
         if self.enable_prefix_caching and use_cache:
             self.prefix_stats.record(len(prompt_token_ids), table.num_tokens)
         self._seqs[seq_id] = table
         return table.num_tokens
+
+    def _attach(self, hits: list[Block | HostEntry], keys: list[bytes], salt: str | None) -> list[Block]:
+        """Take the pool hits, then fresh blocks for the host hits (restored; where the pool
+        cannot give them, the prefix ends at the first host hit)."""
+        pool_hits = [b for b in hits if isinstance(b, Block)]
+        self.pool.incref(pool_hits)  # a hit takes the block out of the free queue: it is in use
+        host = [i for i, b in enumerate(hits) if not isinstance(b, Block)]
+        if not host:
+            return pool_hits
+        host_keys = [keys[i] for i in host]
+        self.offload.tier.pin(host_keys)
+        try:
+            fresh = self.pool.allocate(len(host))
+        except NoFreeBlocks:
+            self.pool.free(reversed(pool_hits[host[0]:]))
+            return pool_hits[:host[0]]
+        finally:
+            self.offload.tier.unpin(host_keys)
+        self.offload.restore(host_keys, salt, fresh)
+        it = iter(fresh)
+        return [b if isinstance(b, Block) else next(it) for b in hits]
 
     def _needs_cow(self, table: BlockTable, n: int) -> bool:
         return n > 0 and table.num_tokens % self.block_size != 0 and table.blocks[-1].ref_cnt > 1
@@ -255,7 +296,7 @@ class PagedAllocator(KVAllocator):
         while len(tail) >= bs and PENDING not in tail[:bs]:
             parent = table.block_keys[-1] if table.block_keys else None
             key = block_key(parent, tail[:bs], table.salt)
-            self.pool.cache(table.blocks[len(table.block_keys)], key)
+            self.pool.cache(table.blocks[len(table.block_keys)], key, table.salt)
             table.block_keys.append(key)
             del tail[:bs]
 
@@ -323,7 +364,7 @@ class PagedAllocator(KVAllocator):
         table.blocks, table.host_blocks, table.swapped = [None] * table.released + device, [], False
         table.synced = 0
         for block, key in zip(device, table.block_keys[table.released:]):
-            self.pool.cache(block, key)  # no-op where the key is still cached elsewhere
+            self.pool.cache(block, key, table.salt)  # no-op where the key is still cached elsewhere
         if self.enable_prefix_caching:
             self._key_tail(table)  # blocks completed by a fill while swapped out
         return pairs
@@ -361,3 +402,5 @@ class PagedAllocator(KVAllocator):
                     f" {len(names)} block tables hold it {names}"
                 )
         self.swap_space.check(host_held)
+        if self.offload is not None:
+            self.offload.tier.check()

@@ -8,7 +8,8 @@ from memsvc.block_table import blocks_for
 from memsvc.preemption_policy import PreemptionPolicy
 from wire.protocol import Grant, Plan, PlanEntry, Preemption, Rejection, ReserveResult
 
-COPY_KINDS = ("cow", "out", "in")  # pool -> pool, pool -> host, host -> pool
+# pool -> pool, pool -> swap space, swap space -> pool, pool -> host tier, host tier -> pool
+COPY_KINDS = ("cow", "out", "in", "offload", "restore")
 
 
 def check_plan(plan: Plan) -> None:
@@ -89,6 +90,7 @@ class StepPlanner:
                 continue
             tokens = entry.token_ids + [PENDING] * entry.pending
             grown = alloc.grow_if_fits(entry.seq_id, tokens)
+            out.copies.extend(alloc.take_copies())
             if grown is None:  # swapped out, or short of blocks
                 if self._swapped(entry.seq_id):
                     admitting = admitting and self._resume(entry, out)
@@ -101,6 +103,7 @@ class StepPlanner:
                 if entry.seq_id in preempted:
                     continue
                 grown = alloc.grow_if_fits(entry.seq_id, tokens)
+                out.copies.extend(alloc.take_copies())
             self._add_grant(entry, len(tokens), grown, 0, out)
         return out
 
@@ -149,6 +152,7 @@ class StepPlanner:
         except NoFreeBlocks:
             out.result.waiting.append(entry.seq_id)
             return False
+        out.copies.extend(alloc.take_copies())  # restores of its prefix, after what they evicted
         limit = entry.max_new_tokens or len(entry.token_ids)
         chunk = entry.token_ids[cached : cached + limit]
         watermark = self.watermark_blocks if busy else 0
@@ -165,7 +169,9 @@ class StepPlanner:
         start = alloc.num_tokens(entry.seq_id)
         if not self._room(blocks_for(start + len(entry.token_ids), alloc.block_size)):
             return False
-        out.copies.extend(("in", src, dst) for src, dst in alloc.swap_in(entry.seq_id))
+        pairs = alloc.swap_in(entry.seq_id)
+        out.copies.extend(alloc.take_copies())  # offloads of blocks the swap-in evicted first
+        out.copies.extend(("in", src, dst) for src, dst in pairs)
         self.counts.swapped_in += 1
         out.result.resumed.append(entry.seq_id)
         self._grant(entry, start, entry.token_ids, 0, out)
@@ -173,6 +179,7 @@ class StepPlanner:
 
     def _grant(self, entry: PlanEntry, start: int, tokens: list[int], cached: int, out: Reservation) -> None:
         copies = self.allocator.grow(entry.seq_id, tokens)
+        out.copies.extend(self.allocator.take_copies())
         self._add_grant(entry, len(tokens), (start, copies, *self.allocator.table_changes(entry.seq_id)),
                         cached, out)
 
