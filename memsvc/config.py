@@ -31,6 +31,13 @@ class MemsvcConfig:
                                    "measured cost (auto)", choices=["recompute", "swap", "auto"])
     swap_space: float = setting(4.0, "host swap space for preempted sequences' blocks, pinned on "
                                 "a GPU", metavar="GIB")
+    kv_offload: float = setting(0.0, "host memory for the prefix cache's host tier (off at 0): a "
+                                "cached block evicted from the pool is copied there when the "
+                                "measured copy is cheaper than computing its tokens again, and a "
+                                "later prompt with that prefix gets it copied back instead of "
+                                "recomputing it; least recently used blocks go first. Separate "
+                                "from --swap-space; pinned on a GPU; lost when memsvc restarts",
+                                metavar="GIB")
     session_lease: float = setting(10.0, "free a gateway's sequences when it is silent this long",
                                    metavar="SECONDS")
     shm_name: str | None = setting(None, "name of the CPU pool's shared-memory segment under "
@@ -47,6 +54,12 @@ class MemsvcConfig:
             raise ValueError(f"--kv-memory must be positive, got {self.kv_memory}")
         if self.swap_space < 0:
             raise ValueError(f"--swap-space must be >= 0, got {self.swap_space}")
+        if self.kv_offload < 0:
+            raise ValueError(f"--kv-offload must be >= 0 GiB (0 turns the host tier off), got "
+                             f"{self.kv_offload}")
+        if self.kv_offload and (self.policy != "paged" or not self.prefix_caching):
+            raise ValueError("--kv-offload needs --policy paged and prefix caching (the host tier "
+                             "holds prefix-cache blocks); drop --kv-offload or those flags")
 
     def memory_config(self, **extra):
         """The MemoryManager's MemoryConfig; `extra` sets what only a caller in process knows."""
@@ -56,4 +69,5 @@ class MemsvcConfig:
                             kv_tokens=self.kv_tokens, kv_budget_bytes=int(self.kv_memory * GIB),
                             shm_name=self.shm_name, session_lease_s=self.session_lease,
                             preemption_mode=self.preemption_mode,
-                            swap_space_bytes=int(self.swap_space * GIB), **extra)
+                            swap_space_bytes=int(self.swap_space * GIB),
+                            kv_offload_bytes=int(self.kv_offload * GIB), **extra)

@@ -12,6 +12,11 @@ the pool is on a GPU); block-copy time is measured when it is allocated and with
 swap, and the recompute cost is learned from the step reports in each plan (see
 memsvc.cost_model).
 
+The prefix cache's host tier (`kv_offload_bytes`, off by default) is a second host tensor of
+the same layout, separate from the swap space: evicted cached blocks are copied there when
+the cost model says a hit pays, and prefix hits there are copied back in, both before
+Reserve answers (memsvc.prefix_offload; docs/ARCHITECTURE.md).
+
 With `MemoryConfig.shared`, the pool lives where another process can map it: a POSIX
 shared-memory segment on the CPU (`shm_pool`), a CUDA IPC allocation on a GPU named by
 UUID (`cuda_ipc`). Calls that carry a `session_id` act in that session's namespace of
@@ -55,6 +60,9 @@ class MemoryConfig:
     swap_space_bytes: int = 4 << 30  # host swap space (paged policy only)
     num_host_blocks: int | None = None  # wins over swap_space_bytes
     watermark: float = 0.01  # fraction of the pool kept free by admission and resumption
+    kv_offload_bytes: int = 0  # the prefix cache's host tier (paged, prefix caching); 0: off
+    num_offload_blocks: int | None = None  # wins over kv_offload_bytes
+    offload_policy: str = "auto"  # auto: when the cost model says a hit pays; always (tests)
 
     def __post_init__(self) -> None:
         if self.preemption_mode not in PREEMPTION_MODES:
@@ -64,6 +72,13 @@ class MemoryConfig:
             raise ValueError(f"swap_space_bytes must be >= 0, got {self.swap_space_bytes}")
         if self.num_host_blocks is not None and self.num_host_blocks < 0:
             raise ValueError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
+        if self.kv_offload_bytes < 0:
+            raise ValueError(f"kv_offload_bytes must be >= 0 (0 turns the host tier off), got "
+                             f"{self.kv_offload_bytes}")
+        if self.num_offload_blocks is not None and self.num_offload_blocks < 0:
+            raise ValueError(f"num_offload_blocks must be >= 0, got {self.num_offload_blocks}")
+        if self.offload_policy not in ("auto", "always"):
+            raise ValueError(f"offload_policy must be 'auto' or 'always', got {self.offload_policy!r}")
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.num_blocks is not None and self.num_blocks < 1:
@@ -76,6 +91,11 @@ class MemoryConfig:
             raise ValueError(f"kv_budget_bytes must be positive, got {self.kv_budget_bytes}")
         if self.session_lease_s <= 0:
             raise ValueError(f"session_lease_s must be positive, got {self.session_lease_s}")
+
+
+HOST_TIER_FIELDS = ("host_tier_blocks", "host_tier_blocks_used", "host_tier_lookups", "host_tier_hits",
+                    "host_tier_hit_rate", "host_tier_offloaded", "host_tier_restored",
+                    "host_tier_dropped", "host_tier_evicted", "host_tier_tokens_restored")
 
 
 class MemoryManager:
@@ -91,6 +111,8 @@ class MemoryManager:
         self.sessions = Sessions(config.session_lease_s)
         self.num_preemptions = 0
         self.host_pool: torch.Tensor | None = None
+        self.tier_pool: torch.Tensor | None = None  # the prefix cache's host tier
+        self._last_stamp: dict[str, int] = {}  # session -> stamp of its last Reserve
         self.policy = PreemptionPolicy(config.preemption_mode)
         self.pool_epoch = uuid.uuid4().hex  # names this manager's pool in every ReserveResult
 
@@ -124,14 +146,24 @@ class MemoryManager:
             num_host = cfg.num_host_blocks
             if num_host is None:
                 num_host = host_blocks_for(geometry, cfg.swap_space_bytes)
+        num_tier = 0
+        if cfg.policy == "paged" and cfg.enable_prefix_caching:
+            num_tier = cfg.num_offload_blocks
+            if num_tier is None:
+                num_tier = host_blocks_for(geometry, cfg.kv_offload_bytes)
         self.allocator = make_allocator(
             cfg.policy, num_blocks, geometry.block_size,
             max_model_len=max_model_len or cfg.max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
-            num_host_blocks=num_host, window=geometry.window or None,
+            num_host_blocks=num_host, window=geometry.window or None, num_offload_blocks=num_tier,
         )
         if num_host:
             self.host_pool = allocate_host_pool(geometry, num_host, self.pool)
-            seconds = measure_block_copy(self.pool, self.host_pool)
+        if num_tier:
+            self.tier_pool = allocate_host_pool(geometry, num_tier, self.pool)
+            self.allocator.offload.pays = self._offload_pays
+        host = self.host_pool if self.host_pool is not None else self.tier_pool
+        if host is not None:
+            seconds = measure_block_copy(self.pool, host)
             if seconds is not None:
                 self.policy.costs.observe_copy(1, seconds)
         self.planner = StepPlanner(self.allocator, self.policy, int(cfg.watermark * num_blocks))
@@ -161,6 +193,7 @@ class MemoryManager:
         """
         planner = self._planner()
         check_plan(plan)
+        self._begin_offload(session_id, plan.ahead)
         lost = []
         if session_id:
             back = self.sessions.enter(session_id, plan)
@@ -197,6 +230,26 @@ class MemoryManager:
             self.sessions.leave(session_id, plan, result, self.allocator.has_sequence, back)
         return result
 
+    def _offload_pays(self) -> bool:
+        """A copy out now and in at a hit costs less than computing the block's tokens."""
+        if self.config.offload_policy == "always":
+            return True
+        costs = self.policy.costs
+        return (costs.seconds_per_token is not None and costs.seconds_per_block is not None
+                and costs.swap_seconds(1) <= costs.recompute_seconds(self.geometry.block_size))
+
+    def _begin_offload(self, session_id: str, ahead: bool) -> None:
+        """Stamp this Reserve. A session's last step may still run unless this plan is its
+        own and not made ahead: blocks keyed by those Reserves are not offloaded now, and
+        a plan made ahead restores nothing (the step in flight may write a freed block)."""
+        offload = getattr(self.allocator, "offload", None)
+        if offload is None:
+            return
+        live = self.sessions.by_id
+        self._last_stamp = {s: st for s, st in self._last_stamp.items() if s == "" or s in live}
+        unsafe = [st for s, st in self._last_stamp.items() if s != session_id or ahead]
+        self._last_stamp[session_id] = offload.begin(unsafe, restore_allowed=not ahead)
+
     def _fill(self, fills: list[tuple[str, int, int]]) -> None:
         """Token ids an earlier plan sent as pending; a sequence memsvc no longer holds (freed,
         lost with a session or a restart) is skipped."""
@@ -220,7 +273,8 @@ class MemoryManager:
                 copy_blocks(self.pool, self.pool, torch.tensor(src, dtype=torch.long),
                             torch.tensor(dst, dtype=torch.long))
             else:
-                pools = (self.pool, self.host_pool) if kind == "out" else (self.host_pool, self.pool)
+                host = self.tier_pool if kind in ("offload", "restore") else self.host_pool
+                pools = (self.pool, host) if kind in ("out", "offload") else (host, self.pool)
                 self.policy.costs.observe_copy(j - i, timed_copy(*pools, src, dst))
             i = j
         if copies:  # complete before Reserve answers: the executor reads from another context
@@ -277,7 +331,22 @@ class MemoryManager:
             "host_blocks_free": swap.num_free if swap else 0,
             "swap_seconds_per_block": costs.seconds_per_block or 0.0,
             "recompute_seconds_per_token": costs.seconds_per_token or 0.0,
+            **self.host_tier_stats(),
         }
+
+    def host_tier_stats(self) -> dict:
+        """The prefix cache's host tier (zeros when off): occupancy in blocks, its hit rate
+        over the blocks looked up past the pool's hits, blocks offloaded / restored /
+        dropped / evicted, and prompt tokens not recomputed thanks to it."""
+        offload = getattr(self.allocator, "offload", None)
+        if offload is None:
+            return dict.fromkeys(HOST_TIER_FIELDS, 0)
+        tier, s = offload.tier, offload.tier.stats
+        return {"host_tier_blocks": tier.num_blocks, "host_tier_blocks_used": tier.num_used,
+                "host_tier_lookups": s.lookups, "host_tier_hits": s.hits,
+                "host_tier_hit_rate": s.hit_rate, "host_tier_offloaded": s.offloaded,
+                "host_tier_restored": s.restored, "host_tier_dropped": s.dropped,
+                "host_tier_evicted": s.evicted, "host_tier_tokens_restored": offload.tokens_restored}
 
     def check_integrity(self) -> None:
         self._planner()
