@@ -6,6 +6,10 @@
 - pagedserve:kv_cache_blocks{state=free|cached|referenced}, pagedserve:kv_cache_slots{state=...}
 - pagedserve:prefix_cache_queries_total / _hits_total: prompt tokens looked up / found
 - pagedserve:memsvc_preemptions_total{mode=swap|recompute}
+- pagedserve:host_tier_blocks{state=used|free}: the prefix cache's host tier (--kv-offload)
+- pagedserve:host_tier_lookups_total / _hits_total: blocks looked up there past the pool's
+  hits / found; _offloaded_total / _restored_total: blocks copied out / in;
+  pagedserve:host_tier_tokens_restored_total: prompt tokens not recomputed thanks to it
 - pagedserve:num_sequences, pagedserve:num_sessions
 - pagedserve:reserve_seconds: time memsvc spends in one Reserve
 Before an executor registers (no pool yet) only the histogram is exported.
@@ -57,6 +61,20 @@ class MemsvcCollector:
         c.add_metric(["swap"], swapped)
         c.add_metric(["recompute"], p.get("num_recomputed", stats.num_preemptions - swapped))
         yield c
+        if p.get("host_tier_blocks"):
+            g = GaugeMetricFamily("pagedserve:host_tier_blocks", "Blocks of the prefix cache's host "
+                                  "tier, by state.", labels=["state"])
+            g.add_metric(["used"], p["host_tier_blocks_used"])
+            g.add_metric(["free"], p["host_tier_blocks"] - p["host_tier_blocks_used"])
+            yield g
+            for name, what in (("lookups", "Blocks looked up in the host tier past the pool's hits."),
+                               ("hits", "Blocks found in the host tier."),
+                               ("offloaded", "Evicted cached blocks copied to the host tier."),
+                               ("restored", "Host-tier blocks copied back into the pool."),
+                               ("tokens_restored", "Prompt tokens not recomputed thanks to the "
+                                                   "host tier.")):
+                yield CounterMetricFamily(f"pagedserve:host_tier_{name}", what,
+                                          value=p[f"host_tier_{name}"])
         yield GaugeMetricFamily("pagedserve:num_sequences", "Sequences holding blocks.",
                                 value=stats.num_sequences)
         yield GaugeMetricFamily("pagedserve:num_sessions", "Gateway sessions with a live lease.",
