@@ -13,7 +13,7 @@ from wire.tracing import TracingConfig
 
 EXECUTOR_PORT = 50053
 DTYPES = DTYPE_CHOICES  # "auto": float32 on the CPU, bfloat16 on a GPU (wire.device)
-LINEAR_BACKENDS = ("auto", "mkl", "onednn", "int8")  # executor.linear_backend.CHOICES (no torch here)
+LINEAR_BACKENDS = ("auto", "mkl", "onednn", "int8", "int4")  # executor.linear_backend.CHOICES (no torch here)
 
 
 @dataclass
@@ -34,7 +34,9 @@ class ExecutorConfig:
                                   "count; mkl: F.linear; onednn: oneDNN with prepacked weights, "
                                   "CPU float32; int8: per-channel int8 weights with bfloat16 "
                                   "activations, CPU, not exact: opt-in, its accuracy in "
-                                  "BENCHMARKS.md)", choices=LINEAR_BACKENDS)
+                                  "BENCHMARKS.md; int4: a Q4_1 GGUF's own 4-bit weights (the "
+                                  "default model's), bfloat16 activations, CPU float32, not "
+                                  "exact: opt-in, likewise measured)", choices=LINEAR_BACKENDS)
     max_model_len: int | None = setting(None, "cap on prompt + output tokens (off: the model's "
                                         "maximum)")
     register_timeout: float = setting(60.0, "how long to keep trying to reach memsvc",

@@ -5,9 +5,10 @@ until `route(routes)` says otherwise. routes is a list of (below, backend): the 
 whose `below` exceeds the rows M of x (None: any M) names the backend. The other backends
 multiply by a copy of the weight prepared once, when a route first names them: "onednn" by a
 weight prepacked for oneDNN (`torch.ops.mkldnn`, CPU, exact float32), "int8" by per-channel
-int8 weights (executor.linear_int8: bfloat16 activations, not exact, opt-in only). If
-preparing or a call raises, the layer logs what happened and uses F.linear from then on
-(that call included). `drop_dense()`, for a layer whose every route has its own copy and
+int8 weights (executor.linear_int8), "int4" by the Q4_1 GGUF's own 4-bit weights read back
+from the float32 ones (executor.linear_int4); both with bfloat16 activations, not exact,
+opt-in only. If preparing or a call raises, the layer logs what happened and uses F.linear
+from then on (that call included). `drop_dense()`, for a layer whose every route has its own copy and
 that owns its weight (built from a tensor, not from a Parameter it shares such as a tied
 embedding), frees the dense copy (else the weights are held twice); its failures then raise.
 """
@@ -19,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executor import linear_int8
+from executor import linear_int4, linear_int8
 
-BACKENDS = ("mkl", "onednn", "int8")
-NAMES = {"onednn": "oneDNN", "int8": "int8"}  # for the log
+BACKENDS = ("mkl", "onednn", "int8", "int4")
+NAMES = {"onednn": "oneDNN", "int8": "int8", "int4": "int4"}  # for the log
 
 log = logging.getLogger("pagedserve.executor")
 
@@ -39,6 +40,8 @@ def prepare(backend: str, weight: torch.Tensor):
     """The copy of `weight` that `backend` multiplies by (raises where it cannot serve)."""
     if backend == "onednn":
         return onednn_pack(weight)
+    if backend == "int4":
+        return linear_int4.pack(weight)
     why = linear_int8.unsupported(weight)
     if why is not None:
         raise ValueError(why)
@@ -82,12 +85,14 @@ class Linear(nn.Module):
         dense = 0 if self.weight is None else self.weight.numel() * self.weight.element_size()
         prepared = 0
         for copy in self.prepared.values():
-            prepared += copy.nbytes if isinstance(copy, linear_int8.Int8Weight) else copy.numel() * copy.element_size()
+            prepared += copy.nbytes if isinstance(copy, (linear_int8.Int8Weight, linear_int4.Int4Weight)) \
+                else copy.numel() * copy.element_size()
         return dense, prepared
 
-    def route(self, routes: list[tuple[int | None, str]]) -> None:
+    def route(self, routes: list[tuple[int | None, str]], prepared: dict[str, object] | None = None) -> None:
         """Use `routes` from now on, preparing each backend's copy of the weight when a route
-        first names it; a failed preparation leaves the layer on F.linear (logged)."""
+        first names it (unless `prepared` holds it, made by the caller); a failed preparation
+        leaves the layer on F.linear (logged)."""
         unknown = {b for _, b in routes} - set(BACKENDS)
         if unknown or not routes or routes[-1][0] is not None:
             raise ValueError(f"routes {routes}: want (below, backend) pairs ending with (None, "
@@ -96,6 +101,7 @@ class Linear(nn.Module):
             raise ValueError(f"linear {self.shape}: its dense weight was dropped (drop_dense): "
                              f"it stays on {', '.join(self.prepared)}")
         wanted = {b for _, b in routes} - {"mkl"}
+        self.prepared.update(prepared or {})
         for backend in sorted(wanted - set(self.prepared)):
             try:
                 self.prepared[backend] = prepare(backend, self.weight)
@@ -119,6 +125,8 @@ class Linear(nn.Module):
         x2 = x if x.dim() == 2 else x.reshape(-1, k)
         if backend == "onednn":
             y = onednn_linear(x2, self.prepared["onednn"], self.bias)
+        elif backend == "int4":
+            y = linear_int4.matmul(x2, self.prepared["int4"], self.bias)
         else:
             y = linear_int8.matmul(x2, self.prepared["int8"], self.bias)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])

@@ -9,6 +9,11 @@ the same for a model already built. Backends:
 - "int8": every layer on per-channel int8 weights (executor.linear_int8; CPU; not exact, so
   opt-in only, its accuracy against float32 measured in BENCHMARKS.md); a layer the kernel
   cannot take (in_features not a multiple of 16) stays on F.linear, logged;
+- "int4": every layer whose float32 weight is exactly a Q4_1 GGUF's on its own 4-bit weights
+  (executor.linear_int4; CPU float32; not exact, opt-in only, measured like int8); a shape
+  that is not Q4_1 (the default model's LM head: its tied embedding is Q8_0) is timed as for
+  auto, logged. Where the kernel is missing, or the first decoder layer holds no Q4_1 weight,
+  it raises (ValueError naming the fix) rather than serve something else;
 - "auto": on the CPU in float32, each shape is timed through both at the step's row counts
   STEP_ROWS (one decode, a decode batch, a prefill chunk) on one of its layers, a few
   alternated repetitions, best of each; the faster backend at a timed M serves the rows from
@@ -17,7 +22,7 @@ the same for a model already built. Backends:
   whose one call would cost over MAX_TIMED_FLOP is timed at the largest M within it instead
   (the vocabulary projection). Elsewhere: mkl.
 Where oneDNN is unavailable or raises, layers use F.linear, and the log says why.
-"auto" never picks int8.
+"auto" never picks int8 or int4.
 """
 from __future__ import annotations
 
@@ -28,10 +33,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from executor import linear_int4, linear_int8
 from executor.linear import BACKENDS, Linear
 
 CHOICES = ("auto", *BACKENDS)
-TIMED = ("mkl", "onednn")  # what "auto" chooses among (int8 changes the outputs: opt-in only)
+TIMED = ("mkl", "onednn")  # what "auto" chooses among (int8, int4 change the outputs: opt-in only)
 STEP_ROWS = (1, 64, 512)
 MAX_TIMED_FLOP = 2e9
 REPS = 3
@@ -40,6 +46,7 @@ MIXED_MARGIN = 1.25  # oneDNN at most 25% slower than MKL: one copy of the weigh
 # <= 0.7 ms of a ~25 ms decode step, for 105 MiB more weights)
 
 log = logging.getLogger("pagedserve.executor")
+int8_unavailable = linear_int8.unavailable
 
 
 @dataclass
@@ -106,8 +113,11 @@ class Planner:
         if backend not in CHOICES:
             raise ValueError(f"linear backend {backend!r}: want one of {', '.join(CHOICES)}")
         device = torch.device(device)
+        if backend == "int4" and (why := linear_int4.unavailable(device, dtype)) is not None:
+            raise ValueError(f"--linear-backend int4: {why}")
+        self.onednn = onednn_unavailable(device, dtype) is None
         why = int8_unavailable(device, dtype) if backend == "int8" else onednn_unavailable(device, dtype)
-        if backend != "mkl" and why is not None:
+        if backend not in ("mkl", "int4") and why is not None:
             if backend != "auto" or device.type == "cpu":
                 log.info("linear backend %s: %s; F.linear (mkl) for every layer", backend, why)
             backend = "mkl"
@@ -116,8 +126,10 @@ class Planner:
         self._current: dict[tuple[int, int], ShapeChoice] = {}
         self._placed: set[int] = set()
         self.dropped = 0
+        self.not_q4_1: list[str] = []  # int4: why each shape left on float32 is
 
     def place(self, module: torch.nn.Module) -> None:
+        first = not self._placed
         for layer in module.modules():
             if not isinstance(layer, Linear) or id(layer) in self._placed:
                 continue
@@ -133,37 +145,39 @@ class Planner:
                 else:
                     choice.routes = [(None, "mkl")]
             choice.layers += 1
+        if self.backend == "int4" and first and self._placed and not any(
+                b == "int4" for c in self.choices for _, b in c.routes):
+            raise ValueError(f"--linear-backend int4: the first decoder layer holds no Q4_1 weights "
+                             f"({self.not_q4_1[0]}); int4 serves a Q4_1 GGUF (the default model) "
+                             f"in float32: use --linear-backend auto for this model")
 
     def finish(self) -> list[ShapeChoice]:
         for choice in self.choices:
             log.info("%s", choice.describe())
         if self.dropped:
-            log.info("linear: %d layers on oneDNN at every M hold only their prepacked weight",
-                     self.dropped)
+            log.info("linear: %d layers on one backend other than mkl at every M hold only its copy "
+                     "of their weight", self.dropped)
         return self.choices
 
     def _decide(self, layer: Linear) -> ShapeChoice:
-        if self.backend == "auto":
-            seconds = time_shape(layer, self.rows)
-            routes = routes_from(seconds) if seconds else [(None, "mkl")]
-        else:
-            seconds, routes = {}, [(None, self.backend)]
+        seconds, routes = {}, [(None, self.backend)]
+        if self.backend == "int4":
+            try:
+                layer.route(routes, {"int4": linear_int4.pack(layer.weight)})
+            except linear_int4.NotQ4_1 as e:
+                self.not_q4_1.append(str(e))
+                log.info("%s: float32 for this shape, timed as for auto", e)
+                seconds, routes = self._timed(layer)
+        elif self.backend == "auto":
+            seconds, routes = self._timed(layer)
         choice = ShapeChoice(*layer.shape, 0, routes, seconds)
         self.choices.append(choice)
         self._current[layer.shape] = choice
         return choice
 
-
-def int8_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why int8 weights cannot serve here, or None (a shape the kernel cannot take is refused
-    layer by layer: executor.linear_int8.unsupported)."""
-    if device.type != "cpu":
-        return f"int8 weights are offered on the CPU only (device {device})"
-    if dtype not in (torch.float32, torch.bfloat16):
-        return f"int8 weights serve float32 and bfloat16 models (dtype {dtype})"
-    if not hasattr(torch, "_weight_int8pack_mm"):
-        return "this torch build lacks torch._weight_int8pack_mm"
-    return None
+    def _timed(self, layer: Linear) -> tuple[dict[int, dict[str, float]], list[tuple[int | None, str]]]:
+        seconds = time_shape(layer, self.rows) if self.onednn else {}
+        return seconds, routes_from(seconds) if seconds else [(None, "mkl")]
 
 
 def configure(model: torch.nn.Module, backend: str = "auto", device: torch.device | str = "cpu",

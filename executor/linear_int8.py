@@ -32,6 +32,18 @@ class Int8Weight:
         return self.q.numel() + self.scales.numel() * self.scales.element_size()
 
 
+def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why int8 weights cannot serve here, or None (a shape the kernel cannot take is refused
+    layer by layer: unsupported)."""
+    if device.type != "cpu":
+        return f"int8 weights are offered on the CPU only (device {device})"
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"int8 weights serve float32 and bfloat16 models (dtype {dtype})"
+    if not hasattr(torch, "_weight_int8pack_mm"):
+        return "this torch build lacks torch._weight_int8pack_mm"
+    return None
+
+
 def unsupported(weight: torch.Tensor) -> str | None:
     """Why `weight` cannot be served by the int8 kernel here, or None."""
     if not hasattr(torch, "_weight_int8pack_mm"):
