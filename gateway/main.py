@@ -103,7 +103,7 @@ async def serve(config: GatewayConfig) -> int:
              or f"every address of {config.discover}", config.routing)
     http = None
     if config.http_port:
-        from gateway.openai_server import start_openai
+        from gateway.openai.server import start_openai
 
         try:
             http = await start_openai(gateway, config.http_host, config.http_port, config.api_key,

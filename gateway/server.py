@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -42,16 +41,16 @@ from grpc_reflection.v1alpha import reflection
 from gateway.api_key import ApiKeyInterceptor
 from gateway.api_request import ApiError, chat_prompt, check_model, generate_prompt, sampling_from_proto
 from gateway.batch_loop import BatchLoop
-from gateway.requests import RequestError
 from gateway.metrics import GatewayMetrics
-from wire.convert import prompt_logprobs_to_proto
-from wire.protocol import Delta
 from gateway.request_guard import DecodeGuard
+from gateway.request_stream import RequestStream, StreamError
 from gateway.request_telemetry import RequestTelemetry
 from gateway.scheduler import SchedulerConfig
 from gateway.step_retry import StepRetry
-from gateway.step_runner import QueueFull, StepRunner, describe
+from gateway.step_runner import StepRunner, describe
 from gateway.step_telemetry import ObservedExecutor, ObservedMemory
+from wire.convert import prompt_logprobs_to_proto
+from wire.protocol import Delta
 from wire.v1 import generation_pb2 as pb
 from wire.v1 import generation_pb2_grpc as pb_grpc
 
@@ -206,59 +205,26 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def _stream(self, context, prompt_ids, sampling, priority, client_request_id, operation,
                       salt: str | None = None):
-        runner = self.runner
-        request_id = uuid.uuid4().hex
-        public_id = client_request_id or request_id
-        queue: asyncio.Queue = asyncio.Queue()
-        aio_loop = asyncio.get_running_loop()
-        record = self.telemetry.start(request_id, operation, self.info.name, sampling, len(prompt_ids),
-                                      context.invocation_metadata(), public_id)
-
-        async def fail(code: grpc.StatusCode, message: str):
-            self.telemetry.finish(record, code, message)
-            await context.abort(code, message)
-
-        def sink(item) -> None:  # called on the step thread
-            try:
-                aio_loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the event loop is closed: the server is going away
-                pass
-
-        done = False
+        stream = RequestStream(self.runner, [prompt_ids], sampling, operation=operation,
+                               model=self.info.name, telemetry=self.telemetry,
+                               metadata=context.invocation_metadata(), priority=priority, salt=salt,
+                               public_id=client_request_id)
+        public_id = client_request_id or stream.ids[0]
+        ended = False
         try:
-            try:
-                extra = {"salt": salt} if salt is not None else {}
-                await asyncio.wrap_future(runner.submit(request_id, prompt_ids, sampling, sink, priority,
-                                                        **extra))
-            except RequestError as e:
-                done = True
-                await fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            except QueueFull as e:
-                done = True
-                await fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-            open_completions = sampling.n
-            while open_completions:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    done = True
-                    await fail(grpc.StatusCode.UNAVAILABLE, str(item))
-                self.telemetry.streamed(record, item)
-                for d in item:
-                    if d.finish_reason == "error":
-                        done = True
-                        await fail(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                   d.error or "the KV pool cannot hold this request")
-                    if d.finish_reason:
-                        open_completions -= 1
+            await stream.start()
+            async for batch in stream.batches():
+                for _, d in batch:
                     yield to_response(d, public_id)
-            done = True
-            self.telemetry.finish(record)
+            ended = True
+        except StreamError as e:
+            ended = True
+            await context.abort(e.code, e.message)
         finally:
-            if not done:
-                runner.abort(request_id)
-                expired = context.time_remaining() is not None and context.time_remaining() <= 0
-                self.telemetry.finish(record, grpc.StatusCode.DEADLINE_EXCEEDED if expired
-                                      else grpc.StatusCode.CANCELLED, "the client went away")
+            if not ended:
+                left = context.time_remaining()
+                stream.abort(grpc.StatusCode.DEADLINE_EXCEEDED if left is not None and left <= 0
+                             else grpc.StatusCode.CANCELLED)
 
 
 class Gateway:
@@ -345,6 +311,16 @@ class Gateway:
         log.info("serving %s (max length %d) on %s", info.name, info.max_model_len, self.address)
         await self._set_health(SERVING)
         self.ready.set()
+
+    @property
+    def recovering(self) -> bool:
+        """A step failed and the backend has not answered a probe since (health NOT_SERVING)."""
+        return self._recovering
+
+    @property
+    def serving(self) -> bool:
+        """Connected, not recovering and not shutting down: what the HTTP API's /health says."""
+        return self.ready.is_set() and not self._recovering and not self.service.draining
 
     def _on_backend_failed(self) -> None:
         if not self._recovering:

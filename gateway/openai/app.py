@@ -45,10 +45,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse  # noq
 from starlette.routing import Route  # noqa: E402
 
 from gateway.metrics_proxy import CONTENT_TYPE, ReplicaMetrics
-from gateway.openai_errors import OpenAIError, bad_request, model_not_found, unavailable
-from gateway.openai_request import parse_chat, parse_completion, tokenize_body
-from gateway.openai_response import DONE, Formatter, sse
-from gateway.openai_run import Run
+from gateway.openai.errors import OpenAIError, bad_request, from_stream_error, model_not_found, unavailable
+from gateway.openai.request import OpenAIRequest, parse_chat, parse_completion, tokenize_body
+from gateway.openai.response import DONE, Formatter, sse
+from gateway.request_stream import RequestStream, StreamError
 
 CLIENT_CLOSED = 499
 MAX_BODY_BYTES = 4 << 20
@@ -135,12 +135,8 @@ class OpenAIApi:
         ]
         return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
 
-    def serving(self) -> bool:
-        return (self.gateway.ready.is_set() and not getattr(self.gateway, "_recovering", False)
-                and not getattr(self.gateway.service, "draining", False))
-
     async def health(self, request: Request) -> Response:
-        if self.serving():
+        if self.gateway.serving:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable"}, status_code=503)
 
@@ -204,43 +200,43 @@ class OpenAIApi:
         return await self._generate(request, parse_chat)
 
     async def _generate(self, request: Request, parse) -> Response:
-        run = None
+        stream = None
         try:
             self._authorize(request)
             service = self._service()
             body = await read_json(request, self.max_body_bytes)
             req = parse(body, service.info, service.backend.tokenizer)
-            run = Run(service.runner, req.prompts, req.sampling, "messages" if req.chat else "prompt",
-                      priority=req.priority, salt=req.cache_salt, telemetry=service.telemetry,
-                      model=service.info.name, headers=list(request.headers.items()))
-            await run.start()
+            stream = RequestStream(service.runner, req.prompts, req.sampling,
+                                   operation="chat" if req.chat else "text_completion",
+                                   model=service.info.name, telemetry=service.telemetry,
+                                   metadata=list(request.headers.items()), priority=req.priority,
+                                   salt=req.cache_salt)
+            await _http_errors(req, stream.start())
             fmt = Formatter(req, service.backend.tokenizer)
-            first = await _unless_disconnected(request, run.next_batch())
+            first = await _unless_disconnected(request, _http_errors(req, stream.next_batch()))
             if first is None:
-                run.abort()
                 return Response(status_code=CLIENT_CLOSED)
             if req.stream:
-                stream, run = _Stream(self._events(run, fmt, first), run.abort), None
-                return stream
-            if await _unless_disconnected(request, self._collect(run, fmt, first)) is None:
-                run.abort()
+                response, stream = _Stream(self._events(stream, fmt, first), stream.abort), None
+                return response
+            if await _unless_disconnected(request, self._collect(stream, fmt, first)) is None:
                 return Response(status_code=CLIENT_CLOSED)
             return JSONResponse(fmt.body())
         except OpenAIError as e:
             return error_response(e)
         finally:
-            if run is not None:
-                run.abort()
+            if stream is not None:
+                stream.abort()
 
-    async def _collect(self, run: Run, fmt: Formatter, first) -> bool:
+    async def _collect(self, stream: RequestStream, fmt: Formatter, first) -> bool:
         for i, d in first:
             fmt.add(i, d)
-        async for batch in run.batches():
-            for i, d in batch:
+        while stream.open:
+            for i, d in await _http_errors(fmt.request, stream.next_batch()):
                 fmt.add(i, d)
         return True
 
-    async def _events(self, run: Run, fmt: Formatter, first):
+    async def _events(self, stream: RequestStream, fmt: Formatter, first):
         batch = first
         try:
             while True:
@@ -248,9 +244,9 @@ class OpenAIApi:
                     fmt.add(i, d)
                     for event in fmt.chunks(i, d):
                         yield event
-                if not run.open:
+                if not stream.open:
                     break
-                batch = await run.next_batch()
+                batch = await _http_errors(fmt.request, stream.next_batch())
         except OpenAIError as e:
             yield sse(e.body())
         else:
@@ -279,6 +275,14 @@ class OpenAIApi:
         info = self._service().info
         return {"id": info.name, "object": "model", "created": self.created, "owned_by": "pagedserve",
                 "max_model_len": info.max_model_len}
+
+
+async def _http_errors(req: OpenAIRequest, coro):
+    """`coro`'s result, its StreamError as the HTTP API's OpenAIError."""
+    try:
+        return await coro
+    except StreamError as e:
+        raise from_stream_error(e, "messages" if req.chat else "prompt", len(req.prompts)) from None
 
 
 def _check_model(body: dict, info) -> None:

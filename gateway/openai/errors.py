@@ -43,6 +43,20 @@ def model_not_found(requested: str, served: str) -> OpenAIError:
                             f"{served!r}.", "model", "model_not_found")
 
 
+def from_stream_error(e, prompt_param: str, num_prompts: int) -> OpenAIError:
+    """gateway.request_stream.StreamError as the HTTP API answers it: a refused prompt is a 400
+    naming it (`prompt[k]` when there are several), a full queue 429, a request the KV pool
+    can never hold a 400 on max_tokens, a failed backend 503."""
+    if e.kind == "invalid":
+        where = f"{prompt_param}[{e.prompt}]" if num_prompts > 1 and e.prompt is not None else prompt_param
+        return bad_request(f"{where}: {e.message}", prompt_param)
+    if e.kind == "queue_full":
+        return OpenAIError(429, e.message, code="queue_full")
+    if e.kind == "too_large":
+        return bad_request(e.message, "max_tokens")
+    return unavailable(e.message)
+
+
 def from_api_error(e, param: str | None) -> OpenAIError:
     """gateway.api_request.ApiError (a gRPC status) as an OpenAIError about `param`."""
     if e.code == grpc.StatusCode.UNAVAILABLE:

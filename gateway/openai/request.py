@@ -19,9 +19,9 @@ from types import SimpleNamespace
 
 from gateway.api_request import ApiError, chat_prompt, generate_prompt
 from gateway import structured
-from gateway.openai_errors import OpenAIError, bad_request, from_api_error, model_not_found
-from gateway.tool_calls import guided as guided_tools
-from gateway.tool_calls import parse_tools, render
+from gateway.openai.errors import OpenAIError, bad_request, from_api_error, model_not_found
+from gateway.openai.tool_calls import guided as guided_tools
+from gateway.openai.tool_calls import parse_tools, render
 from wire.protocol import ModelInfo, SamplingParams
 
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")
@@ -40,7 +40,7 @@ class OpenAIRequest:
     user: str | None = None
     echo: bool = False  # completions: each choice's text starts with its prompt
     prompt_texts: list[str] = dataclasses.field(default_factory=list)  # with echo
-    tools: object = None  # gateway.tool_calls.Tools, chat only
+    tools: object = None  # gateway.openai.tool_calls.Tools, chat only
     priority: int = 0  # lower runs first (the scheduler's queue order)
     cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share
     prompt_logprobs: int | None = None  # completions: as asked (choices[i].prompt_logprobs); the

@@ -18,8 +18,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from gateway.openai_request import OpenAIRequest
-from gateway.tool_calls import parse
+from gateway.openai.request import OpenAIRequest
+from gateway.openai.tool_calls import parse
 from wire.protocol import Delta, PromptLogprob
 
 DONE = "data: [DONE]\n\n"
@@ -30,7 +30,9 @@ def sse(payload: dict) -> str:
 
 
 @dataclass
-class Choice:
+class ChoiceState:
+    """What one choice (an OpenAI `choices[i]`) has accumulated so far."""
+
     text: str = ""
     finish_reason: str | None = None
     logprobs: dict | None = None
@@ -53,7 +55,7 @@ class Formatter:
     tokenizer: object = None
     id: str = ""
     created: int = 0
-    choices: dict[int, Choice] = field(default_factory=dict)
+    choices: dict[int, ChoiceState] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.id = self.id or ("chatcmpl-" if self.request.chat else "cmpl-") + uuid.uuid4().hex
@@ -63,11 +65,11 @@ class Formatter:
     def object(self) -> str:
         return "chat.completion" if self.request.chat else "text_completion"
 
-    def add(self, index: int, d: Delta) -> Choice:
+    def add(self, index: int, d: Delta) -> ChoiceState:
         """Account for a delta of choice `index` (text, logprobs, finish, usage)."""
         c = self.choices.get(index)
         if c is None:
-            c = self.choices[index] = Choice(prompt=index // self.request.sampling.n)
+            c = self.choices[index] = ChoiceState(prompt=index // self.request.sampling.n)
             if self.request.echo:
                 c.text = self.request.prompt_texts[c.prompt]
                 c.echo_pending = True
@@ -144,7 +146,7 @@ class Formatter:
             chunk["usage"] = None
         return chunk
 
-    def _tool_chunks(self, index: int, c: Choice, d: Delta) -> list[str]:
+    def _tool_chunks(self, index: int, c: ChoiceState, d: Delta) -> list[str]:
         if not d.finish_reason:
             return []
         content, calls = parse(c.text, self.request.tools)
@@ -160,7 +162,7 @@ class Formatter:
                                         "finish_reason": reason}])))
         return events
 
-    def _choice(self, index: int, c: Choice) -> dict:
+    def _choice(self, index: int, c: ChoiceState) -> dict:
         if self.request.chat and self.request.tools is not None:
             content, calls = parse(c.text, self.request.tools)
             message = {"role": "assistant", "content": content}
@@ -183,7 +185,7 @@ class Formatter:
                 entry[t] = {"logprob": v, "rank": rank, "decoded_token": self._token(t)}
         return entry
 
-    def _echo_logprobs(self, c: Choice, entries: list[PromptLogprob]) -> dict:
+    def _echo_logprobs(self, c: ChoiceState, entries: list[PromptLogprob]) -> dict:
         """The legacy logprobs of the echoed prompt: its first token has none."""
         k = self.request.sampling.logprobs
         tokens = [self._token(t) for t in self.request.prompts[c.prompt]]
@@ -196,7 +198,7 @@ class Formatter:
         c.offset = len(self.request.prompt_texts[c.prompt])  # the completion's text comes after it
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
-    def _logprobs(self, c: Choice, d: Delta) -> dict:
+    def _logprobs(self, c: ChoiceState, d: Delta) -> dict:
         tokens = [self._token(t) for t in d.token_ids]
         values = [d.logprobs[i] if i < len(d.logprobs) else None for i in range(len(tokens))]
         tops = [[(self._token(t), v) for t, v in (d.top_logprobs[i] if i < len(d.top_logprobs) else [])]

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import socket
 
-from gateway.openai_app import HTTP_FEATURE, HTTP_OFF, build_app  # checks starlette and httpx
+from gateway.openai.app import HTTP_FEATURE, HTTP_OFF, build_app  # checks starlette and httpx
 from wire.optional_import import require
 
 uvicorn = require("uvicorn", "uvicorn", HTTP_FEATURE, off=HTTP_OFF)
@@ -72,7 +72,7 @@ async def start_openai(gateway, host: str, port: int, api_key: str | None = None
                        grace: float = 2.0, tls=None, **options) -> HttpServer:
     """Serve the OpenAI API of `gateway` (a gateway.server.Gateway) on host:port; HTTPS with
     `tls` (a wire.tls.TlsConfig with a certificate: the gRPC API's own --tls-cert/--tls-key;
-    clients are not asked for certificates). `options` go to gateway.openai_app.OpenAIApi."""
+    clients are not asked for certificates). `options` go to gateway.openai.app.OpenAIApi."""
     cert, key = (tls.cert, tls.key) if tls is not None and tls.cert else (None, None)
     server = HttpServer(build_app(gateway, api_key, **options), host, port, grace, cert, key)
     await server.start()

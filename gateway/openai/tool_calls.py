@@ -25,7 +25,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from gateway.openai_errors import bad_request
+from gateway.openai.errors import bad_request
 
 
 @dataclass

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.metrics_proxy import ReplicaMetrics, merge
-from gateway.openai_server import start_openai
+from gateway.openai.server import start_openai
 from tests.integration.test_openai_http import Server
 
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.openai_server import start_openai
+from gateway.openai.server import start_openai
 from gateway.scheduler import SchedulerConfig
 from gateway.server import Backend
 from memsvc.memory_manager import MemoryConfig, MemoryManager
@@ -253,8 +253,8 @@ def test_other_errors_unknown_model_json_and_the_client_exceptions(server):
 def test_beam_search_fields_pass_through_or_are_named():
     from dataclasses import fields
 
-    from gateway.openai_errors import OpenAIError
-    from gateway.openai_request import parse_completion
+    from gateway.openai.errors import OpenAIError
+    from gateway.openai.request import parse_completion
     from wire.protocol import SamplingParams
     from tests.support.fake_executor import FakeExecutor
 

@@ -81,7 +81,7 @@ def test_chunked_prefill(tiny):
 def served(tmp_path_factory):
     """A gateway (gRPC and OpenAI HTTP) over a tiny Llama in process."""
     from executor import Executor
-    from gateway.openai_server import start_openai
+    from gateway.openai.server import start_openai
     from gateway.scheduler import SchedulerConfig
     from gateway.server import Backend
     from gateway.tokenizer import load_tokenizer

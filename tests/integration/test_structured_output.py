@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from gateway.openai_server import start_openai
+from gateway.openai.server import start_openai
 from gateway.scheduler import SchedulerConfig
 from gateway.server import Backend
 from memsvc.memory_manager import MemoryConfig, MemoryManager

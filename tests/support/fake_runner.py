@@ -1,4 +1,5 @@
-"""A step runner stand-in for replica-set tests: records submissions and aborts, does no work."""
+"""A step runner stand-in for replica-set and request-stream tests: records submissions and
+aborts, does no work; `refuse` makes the next submission fail with that exception."""
 from __future__ import annotations
 
 from concurrent.futures import Future
@@ -8,11 +9,16 @@ from types import SimpleNamespace
 class FakeRunner:
     def __init__(self):
         self.sinks, self.aborted = {}, []
+        self.refuse: BaseException | None = None
         self.loop = SimpleNamespace(info="info", scheduler=SimpleNamespace(running=[], waiting=[]))
 
-    def submit(self, request_id, prompt, sampling, sink, priority=0):
-        self.sinks[request_id] = sink
+    def submit(self, request_id, prompt, sampling, sink, priority=0, salt=None):
         done = Future()
+        if self.refuse is not None:
+            done.set_exception(self.refuse)
+            self.refuse = None
+            return done
+        self.sinks[request_id] = sink
         done.set_result(None)
         return done
 

@@ -116,14 +116,14 @@ def test_clients_need_no_health_package_and_a_service_names_it(missing, fresh):
 
 def test_the_gateway_without_http_packages_imports_and_http_names_them(missing, fresh, monkeypatch):
     missing("starlette", "uvicorn", "httpx")
-    for name in ("gateway.openai_server", "gateway.openai_app"):
+    for name in ("gateway.openai.server", "gateway.openai.app"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     fresh("gateway.main")  # the gateway's process: no HTTP module at import
     with pytest.raises(MissingPackage, match="'starlette'.*--http-port 0 to turn it off"):
-        fresh("gateway.openai_app")
+        fresh("gateway.openai.app")
 
 
 def test_http_without_uvicorn_names_it(missing, fresh):
     missing("uvicorn")
     with pytest.raises(MissingPackage, match="'uvicorn'.*pip install uvicorn, or --http-port 0"):
-        fresh("gateway.openai_server")
+        fresh("gateway.openai.server")
