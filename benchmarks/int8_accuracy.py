@@ -1,7 +1,8 @@
-"""How far `--linear-backend int8` moves a model from float32: `python -m benchmarks.int8_accuracy`.
+"""How far `--linear-backend int8` / `int4` move a model from float32:
+`python -m benchmarks.int8_accuracy [--candidate int8 --candidate int4]` (default: both).
 
 compare(reference, candidate, prompts, new_tokens) takes two in-process engines on the same
-model (float32 weights, int8 weights) and returns, over the prompts:
+model (float32 weights, int8 or int4 weights) and returns, over the prompts:
 - teacher-forced: both models score the same text (each prompt followed by the reference's
   greedy continuation) in one prefill: the largest |logit difference| at any position, the
   same relative to the reference's logit spread there (max - min), and the share of
@@ -84,11 +85,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model directory or .gguf (off: the default model)")
     p.add_argument("--reference", default="auto", help="the float32 run's --linear-backend")
+    p.add_argument("--candidate", action="append", choices=("int8", "int4"),
+                   help="a --linear-backend to compare with the reference (repeatable; default: both)")
     p.add_argument("--new-tokens", type=int, default=32)
     args = p.parse_args()
-    engines = [LLMEngine(model=args.model, linear_backend=b, kv_tokens=4096, device="cpu", dtype="float32")
-               for b in (args.reference, "int8")]
-    print(json.dumps(compare(*engines, PROMPTS, args.new_tokens), indent=1))
+    make = lambda b: LLMEngine(model=args.model, linear_backend=b, kv_tokens=4096, device="cpu",  # noqa: E731
+                               dtype="float32")
+    reference = make(args.reference)
+    results = {b: compare(reference, make(b), PROMPTS, args.new_tokens) for b in args.candidate or ("int8", "int4")}
+    print(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

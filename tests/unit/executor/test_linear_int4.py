@@ -126,7 +126,9 @@ def test_a_model_without_q4_1_weights_is_refused(tmp_path):
 
 def test_default_model_int4_runs_and_stays_near_float32(default_model_dir):
     """The engine on int4 against float32 on the default model (BENCHMARKS.md has the
-    six-prompt figures): a guard against a regression, not a promise of equal outputs."""
+    six-prompt figures: max |logit diff| 0.73, 2.5% of the logit spread, argmax agreement 100%,
+    6 of 6 continuations identical): a guard against a regression, not a promise of equal
+    outputs."""
     from pagedserve.engine import LLMEngine
 
     engines = [LLMEngine(model=default_model_dir, linear_backend=b, kv_tokens=1024, device="cpu")
@@ -134,6 +136,6 @@ def test_default_model_int4_runs_and_stays_near_float32(default_model_dir):
     plan = engines[1].executor.linear_plan
     assert sum(c.layers for c in plan if c.routes == [(None, "int4")]) == 4 * 30
     r = compare(*engines, PROMPTS[:3], new_tokens=16)
-    assert r["argmax_agreement"] >= 0.9
-    assert r["max_logit_diff_over_spread"] <= 0.1
-    assert r["mean_tokens_before_divergence"] >= 2
+    assert r["argmax_agreement"] >= 0.95
+    assert r["max_logit_diff_over_spread"] <= 0.05
+    assert r["mean_tokens_before_divergence"] >= 8
