@@ -1,11 +1,13 @@
 """`pagedserve bench throughput`: offline engine vs transformers' static batching, same workload."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
 import time
 
+from benchmarks.roofline import copy_bandwidth, matmul_ceiling, model_weights
 from benchmarks.workloads import WORKLOADS, BenchRequest, random_prompt_ids, sample_lengths
 
 
@@ -27,72 +29,14 @@ def add_parser(sub) -> None:
     p.add_argument("--max-len", type=int, default=512, help="uniform workload: longest length")
     p.add_argument("--hf-batch-size", type=int, default=64, help="transformers' static batch size")
     p.add_argument("--skip-hf", action="store_true", help="run the engine only")
+    p.add_argument("--linear-backends", metavar="LIST", default=None,
+                   help="comma-separated --linear-backend values run one after another in this "
+                        "process, side by side (e.g. auto,int4,auto,int4); the engine only; the "
+                        "memory figures after the first run include what the allocator kept)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_results/throughput.json", help="JSON results file")
     add_engine_flags(p)
     p.set_defaults(run=run)
-
-
-def matmul_ceiling(hidden: int, intermediate: int, flops_per_token: float, trials: int = 5) -> dict:
-    """Measured fp32 matmul rate at a serving-like shape (the best of `trials` timings: a
-    ceiling, so a trial slowed by a neighbour on a shared machine does not lower it), and the
-    tokens/s it allows."""
-    import torch
-
-    a = torch.randn(512, hidden)
-    b = torch.randn(hidden, 2 * intermediate)
-    for _ in range(3):
-        a @ b
-    best, reps = float("inf"), 8
-    for _ in range(trials):
-        t = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        best = min(best, time.perf_counter() - t)
-    rate = reps * 2 * a.shape[0] * hidden * 2 * intermediate / best
-    return {"matmul_flops_per_s": rate, "flops_per_token": flops_per_token,
-            "ceiling_tokens_per_s": rate / flops_per_token}
-
-
-def copy_bandwidth(nbytes: int = 512 << 20) -> float:
-    """Measured memory bandwidth in bytes/s: bytes read per second by a large tensor copy
-    (the source is read once, the destination written once), best of a few."""
-    import torch
-
-    src = torch.ones(nbytes // 4)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best
-
-
-def model_weights(model) -> tuple[int, int]:
-    """(parameters, bytes a one-token step reads): every weight counted once whatever holds it
-    (a tied embedding is the LM head's; a dropped dense weight by its shape), and each linear
-    layer read in the form its one-row backend uses (dense, prepacked), the other parameters
-    as they are, but not the embedding table (a step reads one row of it per token)."""
-    import torch
-
-    from executor.linear import Linear
-
-    linears = [m for m in model.modules() if isinstance(m, Linear)]
-    in_linears = {id(m.weight) for m in linears if m.weight is not None}
-    params = read = 0
-    for m in linears:
-        dense, prepared = m.held_bytes()
-        params += m.shape[0] * m.shape[1]
-        read += dense if m.backend_for(1) == "mkl" else prepared
-    embed = getattr(model, "embed", None)
-    for p in model.parameters():
-        if id(p) in in_linears:
-            continue
-        params += p.numel()
-        if not (isinstance(embed, torch.Tensor) and p is embed):
-            read += p.numel() * p.element_size()
-    return params, read
 
 
 def one_sequence(engine, vocab: int, seed: int, prompt_len: int = 128, steps: int = 32) -> dict:
@@ -163,17 +107,57 @@ def run_hf(model_dir: str, reqs: list[BenchRequest], vocab: int, seed: int, batc
 
 def run(args) -> int:
     from benchmarks.cpu_info import cpu_info, describe
-    from benchmarks.proc_memory import resident
-    from executor.linear import Linear
-    from pagedserve.engine import LLMEngine
-    from pagedserve.engine_config import EngineConfig
-    from wire.heap import freeze_heap
 
     cpu = cpu_info()
     print(f"cpu          {describe(cpu)}, {os.cpu_count()} CPUs")
     reqs = sample_lengths(args.workload, args.num_requests, seed=args.seed,
                           input_len=args.input_len, output_len=args.output_len,
                           min_len=args.min_len, max_len=args.max_len)
+    if args.linear_backends:
+        from executor.config import LINEAR_BACKENDS
+
+        backends = args.linear_backends.split(",")
+        unknown = [b for b in backends if b not in LINEAR_BACKENDS]
+        if unknown:
+            raise SystemExit(f"--linear-backends: {', '.join(unknown)} not among {', '.join(LINEAR_BACKENDS)}")
+        result = {"cpu": cpu, "runs": []}
+        for backend in backends:
+            args.linear_backend = backend
+            result["runs"].append(run_engine_part(args, reqs, cpu)[0])
+            gc.unfreeze()  # the engine was frozen with the heap: let the next one have its memory
+            gc.collect()
+        print("side by side (in the order run):")
+        for r in result["runs"]:
+            print(f"  {r['linear_backend']:7} {r['engine']['output_tokens_per_s']:8.1f} output tok/s   one sequence "
+                  f"{r['one_sequence']['step_s_median'] * 1e3:6.1f} ms per decode step "
+                  f"({r['one_sequence']['weight_bytes'] / 1e6:.0f} MB of weights read)")
+    else:
+        result, engine = run_engine_part(args, reqs, cpu)
+        if not args.skip_hf:
+            engine_model_dir = engine.executor.model_dir
+            del engine
+            result["transformers"] = run_hf(engine_model_dir, reqs, result["vocab"], args.seed,
+                                            args.hf_batch_size, args.dtype)
+            h = result["transformers"]
+            result["ratio"] = result["engine"]["output_tokens_per_s"] / h["output_tokens_per_s"]
+            print(f"transformers {h['output_tokens_per_s']:8.1f} output tok/s  ({h['seconds']:.1f} s)")
+            print(f"ratio        {result['ratio']:8.2f}x")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def run_engine_part(args, reqs: list[BenchRequest], cpu: dict):
+    """The engine on `args.linear_backend`: its plan, memory, offline run, ceiling and one
+    sequence, printed; (the result, the engine)."""
+    from benchmarks.proc_memory import resident
+    from executor.linear import Linear
+    from pagedserve.engine import LLMEngine
+    from pagedserve.engine_config import EngineConfig
+    from wire.heap import freeze_heap
+
     engine = LLMEngine(EngineConfig.from_args(args))
     plan = engine.executor.linear_plan
     print(f"linear       --linear-backend {args.linear_backend}:")
@@ -195,7 +179,7 @@ def run(args) -> int:
     cfg = engine.executor.config
     params, weight_bytes = model_weights(engine.executor.model)
     result = {
-        "workload": args.workload, "num_requests": len(reqs), "model": info.name,
+        "workload": args.workload, "vocab": vocab, "num_requests": len(reqs), "model": info.name,
         "mean_prompt_len": sum(r.prompt_len for r in reqs) / len(reqs),
         "mean_output_len": sum(r.output_len for r in reqs) / len(reqs),
         "machine": f"{os.cpu_count()} CPUs", "cpu": cpu,
@@ -233,17 +217,4 @@ def run(args) -> int:
           f"({weight_bytes / 1e6:.0f} MB of weights / {bandwidth / 1e9:.1f} GB/s copy bandwidth): "
           f"{one['over_floor']:.2f}x the floor")
     result["load_avg"] = os.getloadavg()
-    if not args.skip_hf:
-        engine_model_dir = engine.executor.model_dir
-        del engine
-        result["transformers"] = run_hf(engine_model_dir, reqs, vocab, args.seed,
-                                        args.hf_batch_size, args.dtype)
-        h = result["transformers"]
-        result["ratio"] = e["output_tokens_per_s"] / h["output_tokens_per_s"]
-        print(f"transformers {h['output_tokens_per_s']:8.1f} output tok/s  ({h['seconds']:.1f} s)")
-        print(f"ratio        {result['ratio']:8.2f}x")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out}")
-    return 0
+    return result, engine
