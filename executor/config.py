@@ -7,6 +7,7 @@ from executor.simulated import SPEC_HELP, parse_spec
 from wire.health_port import health_port_setting
 from wire.metrics import metrics_port_setting
 from wire.settings import setting
+from wire.step_channel import StepChannelConfig
 from wire.tls import TlsConfig
 from wire.device import DEVICE_HELP, DTYPE_CHOICES
 from wire.tracing import TracingConfig
@@ -59,6 +60,7 @@ class ExecutorConfig:
     health_port: int | None = health_port_setting()
     tls: TlsConfig = field(default_factory=TlsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    step_channel: StepChannelConfig = field(default_factory=StepChannelConfig)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -53,8 +53,9 @@ from wire.step_feed import FedTokenUnknown
 from wire import convert, peer_auth
 from wire.grpc_service import Service, get_logger, open_channel, stop_on_signals, wait
 from wire.heap import freeze_heap
+from wire.step_channel import offer_step_channel
 from wire.protocol import ModelInfo
-from wire.v1 import executor_pb2_grpc, memory_pb2, memory_pb2_grpc
+from wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 SERVICE_NAME = "pagedserve.v1.Executor"
 TOKENIZER_FILES = (
@@ -89,6 +90,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self.metrics = ExecutorMetrics()
         self.last_call = float("-inf")  # time.monotonic() of the latest Execute's start or end
         self.active = 0  # Execute calls in progress
+        self.step_port = 0  # the step channel's (wire.step_channel), when one is offered
         self._calls = threading.Lock()
 
     def _enter(self, delta: int) -> None:
@@ -145,7 +147,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
 
         self._enter(1)
         try:
-            outputs = self.merger.run(batch, context.peer(), before, after)
+            outputs = self.merger.run(batch, request.session_id or context.peer(), before, after)
             seconds = ran[1] - ran[0]
         except FedTokenUnknown as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
@@ -158,7 +160,9 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         if span.is_recording():
             span.set_attributes({"pagedserve.batch.sequences": len(batch.seqs),
                                  "pagedserve.batch.tokens": tokens, "pagedserve.forward_seconds": seconds})
-        return convert.outputs_to_proto(outputs, self.states.incarnation)
+        response = convert.outputs_to_proto(outputs, self.states.incarnation)
+        response.step_port = self.step_port
+        return response
 
 
 def drain(service: Service, servicer: ExecutorService, timeout: float, idle: float = DRAIN_IDLE_S,
@@ -307,6 +311,8 @@ def serve(config: ExecutorConfig) -> int:
             stop.set()
 
     address = service.start(config.host, config.port, credentials)
+    channel = offer_step_channel(config, credentials, {"Execute": (servicer.Execute, executor_pb2.ExecuteRequest)})
+    servicer.step_port = channel.port if channel is not None else 0
     serve_metrics(servicer.metrics.registry, config.host, config.metrics_port, log)
     health_server = serve_health(service.health, config.host, config.health_port, log)
     log.info("listening on %s (NOT_SERVING until the pool is mapped)", address)
@@ -320,6 +326,8 @@ def serve(config: ExecutorConfig) -> int:
     finally:
         if health_server is not None:
             health_server.stop(0)
+        if channel is not None:
+            channel.close()
         service.stop()
         shutdown_tracing()
     if failed:

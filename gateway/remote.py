@@ -25,6 +25,7 @@ from wire import convert
 from wire.clients import ExecutorClient, MemoryClient
 from wire.grpc_service import open_channel
 from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
+from wire.step_channel import StepChannelSlot
 from wire.step_delta import STATE_LOST, StepDelta, encode_delta
 from wire.step_feed import StepOrder
 from wire.tracing import trace_metadata
@@ -39,6 +40,7 @@ class RemoteMemoryClient(MemoryClient):
         self.timeout = timeout
         self.channel = open_channel(address, tls)
         self.stub = memory_pb2_grpc.MemoryManagerStub(self.channel)
+        self._steps = StepChannelSlot(address, enabled=not (tls is not None and tls.client_enabled))
         self._last_call = time.monotonic()
         self._closed = threading.Event()
         self._heartbeat_s = heartbeat_s
@@ -48,7 +50,13 @@ class RemoteMemoryClient(MemoryClient):
     def reserve(self, plan: Plan) -> ReserveResult:
         request = convert.plan_to_proto(plan, self.session_id)
         self._last_call = time.monotonic()
-        response = self.stub.Reserve(request, timeout=self.timeout, metadata=trace_metadata())
+        metadata = trace_metadata()
+        channel = self._steps.get() if metadata is None else None
+        if channel is not None:
+            response = channel.call("Reserve", request, memory_pb2.ReserveResponse, self.timeout)
+        else:
+            response = self.stub.Reserve(request, timeout=self.timeout, metadata=metadata)
+            self._steps.offer(response.step_port)
         return convert.reserve_result_from_proto(response)
 
     def free(self, seq_ids: list[str]) -> None:
@@ -80,6 +88,7 @@ class RemoteMemoryClient(MemoryClient):
 
     def close(self) -> None:
         self._closed.set()
+        self._steps.close()
         self.channel.close()
 
 
@@ -104,6 +113,7 @@ class RemoteExecutorClient(ExecutorClient):
         self.info_timeout = info_timeout
         self.channel = open_channel(address, tls)
         self.stub = executor_pb2_grpc.ExecutorStub(self.channel)
+        self._steps = StepChannelSlot(address, enabled=not (tls is not None and tls.client_enabled))
         self._info: ModelInfo | None = None
         self._tokenizer_dir: str | None = None
 
@@ -139,7 +149,13 @@ class RemoteExecutorClient(ExecutorClient):
         finally:
             self._encoded.passed(step.step)
         try:
-            response = self.stub.Execute(request, timeout=self.timeout, metadata=trace_metadata())
+            metadata = trace_metadata()
+            channel = self._steps.get() if metadata is None else None
+            if channel is not None:
+                response = channel.call("Execute", request, executor_pb2.ExecuteResponse, self.timeout)
+            else:
+                response = self.stub.Execute(request, timeout=self.timeout, metadata=metadata)
+                self._steps.offer(response.step_port)
         except grpc.RpcError:
             with self._lock:
                 self._sent.clear()
@@ -152,6 +168,7 @@ class RemoteExecutorClient(ExecutorClient):
         return convert.outputs_from_proto(response, [s.seq_id for s in step.seqs if s.sample])
 
     def close(self) -> None:
+        self._steps.close()
         self.channel.close()
         if self._tokenizer_dir:
             shutil.rmtree(self._tokenizer_dir, ignore_errors=True)

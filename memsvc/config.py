@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from wire.health_port import health_port_setting
 from wire.metrics import metrics_port_setting
 from wire.settings import setting
+from wire.step_channel import StepChannelConfig
 from wire.tls import TlsConfig
 from wire.tracing import TracingConfig
 
@@ -46,6 +47,7 @@ class MemsvcConfig:
     health_port: int | None = health_port_setting()
     tls: TlsConfig = field(default_factory=TlsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    step_channel: StepChannelConfig = field(default_factory=StepChannelConfig)
 
     def __post_init__(self) -> None:
         if self.kv_tokens is not None and self.kv_tokens < 1:

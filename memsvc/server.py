@@ -44,6 +44,7 @@ from memsvc.metrics import MemsvcMetrics
 from wire import convert, peer_auth
 from wire.grpc_service import Service, get_logger, stop_on_signals, wait
 from wire.heap import freeze_heap
+from wire.step_channel import offer_step_channel
 from wire.v1 import memory_pb2, memory_pb2_grpc
 
 SERVICE_NAME = "pagedserve.v1.MemoryManager"
@@ -57,6 +58,7 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
         self.lock = threading.Lock()
         self.metrics = MemsvcMetrics(self)
         self.block_changes = BlockChanges()
+        self.step_port = 0  # the step channel's (wire.step_channel), when one is offered
         self._stopped = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep, name="memsvc-lease-sweep", daemon=True)
         self._sweeper.start()
@@ -131,7 +133,9 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
                 "pagedserve.preemptions.recompute": modes.count("recompute"),
                 "pagedserve.blocks_free": self.manager.allocator.num_free_blocks(),
             })
-        return convert.reserve_result_to_proto(result)
+        response = convert.reserve_result_to_proto(result)
+        response.step_port = self.step_port
+        return response
 
     def Free(self, request, context):
         session = _session(request, context)
@@ -208,9 +212,11 @@ def serve(config: MemsvcConfig) -> int:
     service = Service([SERVICE_NAME], max_workers=16,
                       interceptors=peer_auth.interceptors(config.tls, peer_auth.MEMSVC_POLICY))
     memory_pb2_grpc.add_MemoryManagerServicer_to_server(servicer, service.server)
-    health_server = None
+    health_server = channel = None
     try:
         address = service.start(config.host, config.port, credentials)
+        channel = offer_step_channel(config, credentials, {"Reserve": (servicer.Reserve, memory_pb2.ReserveRequest)})
+        servicer.step_port = channel.port if channel is not None else 0
         serve_metrics(servicer.metrics.registry, config.host, config.metrics_port, log)
         health_server = serve_health(service.health, config.host, config.health_port, log)
         freeze_heap()
@@ -223,6 +229,8 @@ def serve(config: MemsvcConfig) -> int:
     finally:
         if health_server is not None:
             health_server.stop(0)
+        if channel is not None:
+            channel.close()
         service.stop()
         servicer.close()
         shutdown_tracing()

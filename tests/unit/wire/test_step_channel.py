@@ -1,0 +1,108 @@
+"""wire.step_channel: frames carry the servicer's answers and its errors as gRPC would."""
+import threading
+
+import grpc
+import pytest
+
+from wire.step_channel import StepChannelError, StepChannelServer, StepChannelSlot, host_of
+from wire.v1 import memory_pb2
+
+
+def _reserve(request, context):
+    if request.session_id == "bad":
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session bad")
+    if request.session_id == "boom":
+        raise RuntimeError("handler broke")
+    if request.session_id == "slow":
+        _release.wait(5)
+    return memory_pb2.ReserveResponse(pool_epoch=f"{request.session_id}@{context.peer()[:12]}",
+                                      grant_seq_ids=list(request.free))
+
+
+_release = threading.Event()
+
+
+@pytest.fixture
+def server():
+    s = StepChannelServer("127.0.0.1", {"Reserve": (_reserve, memory_pb2.ReserveRequest)})
+    yield s
+    s.close()
+
+
+def _client(server):
+    slot = StepChannelSlot(f"127.0.0.1:{server.port + 0}")
+    slot.offer(server.port)
+    assert slot.get() is not None
+    return slot
+
+
+def test_answers_and_errors_as_grpc_would(server):
+    slot = _client(server)
+    c = slot.get()
+    r = c.call("Reserve", memory_pb2.ReserveRequest(session_id="g", free=["a", "b"]), memory_pb2.ReserveResponse, 5)
+    assert r.pool_epoch == "g@step-channel" and list(r.grant_seq_ids) == ["a", "b"]
+    with pytest.raises(grpc.RpcError) as e:
+        c.call("Reserve", memory_pb2.ReserveRequest(session_id="bad"), memory_pb2.ReserveResponse, 5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and e.value.details() == "session bad"
+    with pytest.raises(StepChannelError) as e:
+        c.call("Reserve", memory_pb2.ReserveRequest(session_id="boom"), memory_pb2.ReserveResponse, 5)
+    assert e.value.code() == grpc.StatusCode.UNKNOWN and "handler broke" in e.value.details()
+    with pytest.raises(StepChannelError) as e:
+        c.call("Execute", memory_pb2.ReserveRequest(), memory_pb2.ReserveResponse, 5)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert c.alive  # errors leave the connection up
+    slot.close()
+
+
+def test_a_second_call_runs_while_the_first_waits(server):
+    _release.clear()
+    c = _client(server).get()
+    out = []
+    t = threading.Thread(target=lambda: out.append(
+        c.call("Reserve", memory_pb2.ReserveRequest(session_id="slow"), memory_pb2.ReserveResponse, 5)))
+    t.start()
+    fast = c.call("Reserve", memory_pb2.ReserveRequest(session_id="fast"), memory_pb2.ReserveResponse, 5)
+    assert fast.pool_epoch.startswith("fast@") and not out
+    _release.set()
+    t.join(5)
+    assert out[0].pool_epoch.startswith("slow@")
+
+
+def test_a_closed_server_fails_calls_in_flight_and_the_slot_drops_it(server):
+    _release.clear()
+    slot = _client(server)
+    c = slot.get()
+    errors = []
+
+    def call():
+        try:
+            c.call("Reserve", memory_pb2.ReserveRequest(session_id="slow"), memory_pb2.ReserveResponse, 5)
+        except StepChannelError as e:
+            errors.append(e.code())
+
+    t = threading.Thread(target=call)
+    t.start()
+    server.close()
+    t.join(5)
+    _release.set()
+    assert errors == [grpc.StatusCode.UNAVAILABLE]
+    assert slot.get() is None  # the next call goes over gRPC
+    with pytest.raises(StepChannelError) as e:
+        c.call("Reserve", memory_pb2.ReserveRequest(session_id="g"), memory_pb2.ReserveResponse, 5)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_an_unreachable_port_is_not_tried_again():
+    s = StepChannelServer("127.0.0.1", {})
+    port = s.port
+    s.close()
+    slot = StepChannelSlot(f"127.0.0.1:{port}")
+    slot.offer(port)
+    assert slot.get() is None and port in slot._refused
+
+
+def test_host_of():
+    assert host_of("127.0.0.1:50051") == "127.0.0.1"
+    assert host_of("[::1]:50051") == "::1"
+    assert host_of("unix:/tmp/x") is None and host_of("dns:///svc:1") is None
+    assert StepChannelSlot("127.0.0.1:1", enabled=False).host is None
