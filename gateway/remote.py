@@ -50,13 +50,8 @@ class RemoteMemoryClient(MemoryClient):
     def reserve(self, plan: Plan) -> ReserveResult:
         request = convert.plan_to_proto(plan, self.session_id)
         self._last_call = time.monotonic()
-        metadata = trace_metadata()
-        channel = self._steps.get() if metadata is None else None
-        if channel is not None:
-            response = channel.call("Reserve", request, memory_pb2.ReserveResponse, self.timeout)
-        else:
-            response = self.stub.Reserve(request, timeout=self.timeout, metadata=metadata)
-            self._steps.offer(response.step_port)
+        response = self._steps.call("Reserve", self.stub.Reserve, request, memory_pb2.ReserveResponse,
+                                    self.timeout)
         return convert.reserve_result_from_proto(response)
 
     def free(self, seq_ids: list[str]) -> None:
@@ -149,13 +144,8 @@ class RemoteExecutorClient(ExecutorClient):
         finally:
             self._encoded.passed(step.step)
         try:
-            metadata = trace_metadata()
-            channel = self._steps.get() if metadata is None else None
-            if channel is not None:
-                response = channel.call("Execute", request, executor_pb2.ExecuteResponse, self.timeout)
-            else:
-                response = self.stub.Execute(request, timeout=self.timeout, metadata=metadata)
-                self._steps.offer(response.step_port)
+            response = self._steps.call("Execute", self.stub.Execute, request, executor_pb2.ExecuteResponse,
+                                        self.timeout)
         except grpc.RpcError:
             with self._lock:
                 self._sent.clear()

@@ -37,6 +37,7 @@ import grpc
 
 from wire.grpc_service import MAX_MESSAGE_BYTES
 from wire.settings import setting
+from wire.tracing import trace_metadata
 
 HEADER = struct.Struct("<IIB")
 METHODS = {"Reserve": 1, "Execute": 2}
@@ -290,6 +291,17 @@ class StepChannelSlot:
                 self.client = None
                 self._refused.add(port)
                 log.warning("step channel %s:%d unreachable (%s): steps go over gRPC", self.host, port, e)
+
+    def call(self, method: str, grpc_call, request, response_type, timeout: float | None):
+        """`method` over the channel while it is up and there is no trace context to carry;
+        else through `grpc_call` (the stub's method), whose answer may offer the channel."""
+        metadata = trace_metadata()
+        channel = self.get() if metadata is None else None
+        if channel is not None:
+            return channel.call(method, request, response_type, timeout)
+        response = grpc_call(request, timeout=timeout, metadata=metadata)
+        self.offer(response.step_port)
+        return response
 
     def get(self) -> StepChannelClient | None:
         c = self.client

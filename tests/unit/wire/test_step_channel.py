@@ -106,3 +106,24 @@ def test_host_of():
     assert host_of("[::1]:50051") == "::1"
     assert host_of("unix:/tmp/x") is None and host_of("dns:///svc:1") is None
     assert StepChannelSlot("127.0.0.1:1", enabled=False).host is None
+
+
+def test_the_slot_goes_over_grpc_until_an_answer_offers_the_channel(server):
+    grpc_calls = []
+
+    def over_grpc(request, timeout, metadata):
+        grpc_calls.append(request.session_id)
+        return memory_pb2.ReserveResponse(pool_epoch="grpc", step_port=server.port)
+
+    slot = StepChannelSlot(f"127.0.0.1:{server.port}")
+    first = slot.call("Reserve", over_grpc, memory_pb2.ReserveRequest(session_id="a"), memory_pb2.ReserveResponse, 5)
+    second = slot.call("Reserve", over_grpc, memory_pb2.ReserveRequest(session_id="b"), memory_pb2.ReserveResponse, 5)
+    assert first.pool_epoch == "grpc" and second.pool_epoch.startswith("b@step-channel")
+    assert grpc_calls == ["a"]
+    client = slot.get()
+    server.close()
+    with pytest.raises(StepChannelError):  # in flight or next: UNAVAILABLE, then gRPC again
+        for _ in range(50):
+            client.call("Reserve", memory_pb2.ReserveRequest(session_id="c"), memory_pb2.ReserveResponse, 5)
+    third = slot.call("Reserve", over_grpc, memory_pb2.ReserveRequest(session_id="d"), memory_pb2.ReserveResponse, 5)
+    assert third.pool_epoch == "grpc" and grpc_calls == ["a", "d"]
