@@ -25,6 +25,8 @@ def odd_value(owner, f):
         return {"max_num_seqs": 24, "max_num_batched_tokens": 4096, "block_size": 32,
                 "http_port": 18123, "metrics_port": 19123,
                 "max_request_bytes": 8192}.get(dest(f), 37)
+    if dest(f) == "kv_offload":  # needs paged + prefix caching, which the odd values turn off
+        return f.default
     if kind is float:
         return 3.25
     return {"simulate": "llama-1b@h100"}.get(dest(f), f"/tmp/x-{dest(f)}")
@@ -83,6 +85,11 @@ def test_every_flag_of_every_service_reaches_that_service_through_serve(monkeypa
         assert got == want, f"{service} {flag_name(f)}: {got!r} != {want!r}"
         checked += 1
     assert checked >= 40
+
+
+def test_kv_offload_reaches_memsvc_through_serve():
+    memsvc = service_specs(build_parser().parse_args(["serve", "--kv-offload", "1.5"]))[0]
+    assert child_config(memsvc)[1].kv_offload == 1.5
 
 
 def test_wiring_points_the_services_at_each_other():
