@@ -30,7 +30,7 @@ def server():
 
 
 def _client(server):
-    slot = StepChannelSlot(f"127.0.0.1:{server.port + 0}")
+    slot = StepChannelSlot(f"127.0.0.1:{server.port}")
     slot.offer(server.port)
     assert slot.get() is not None
     return slot
