@@ -19,9 +19,8 @@ from types import SimpleNamespace
 
 from gateway.api_request import ApiError, chat_prompt, generate_prompt
 from gateway import structured
-from gateway.openai.errors import OpenAIError, bad_request, from_api_error, model_not_found
-from gateway.openai.tool_calls import guided as guided_tools
-from gateway.openai.tool_calls import parse_tools, render
+from gateway.openai.errors import bad_request, from_api_error, model_not_found
+from gateway.openai.tool_calls import guided as guided_tools, parse_tools, render
 from wire.protocol import ModelInfo, SamplingParams
 
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")

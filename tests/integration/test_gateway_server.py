@@ -11,22 +11,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from gateway.scheduler import SchedulerConfig
 from memsvc.memory_manager import MemoryConfig, MemoryManager
 from wire.v1 import generation_pb2 as pb
-from tests.support.fake_executor import FakeExecutor, reference_next
+from tests.support.fake_executor import SlowExecutor, reference_next
 from tests.support.gateway_harness import GatewayThread, collect, greedy, in_process
 
 BLOCK = 4
-
-
-class SlowExecutor(FakeExecutor):
-    """The fake executor, with a pause per step so streams can be cancelled mid-generation."""
-
-    def __init__(self, *args, delay=0.0, **kw):
-        super().__init__(*args, **kw)
-        self.delay = delay
-
-    def execute(self, batch):
-        time.sleep(self.delay)
-        return super().execute(batch)
 
 
 def make(num_blocks=256, delay=0.0, max_model_len=2048, gate=None):

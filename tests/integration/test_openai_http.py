@@ -15,20 +15,10 @@ from gateway.scheduler import SchedulerConfig
 from gateway.server import Backend
 from memsvc.memory_manager import MemoryConfig, MemoryManager
 from wire.v1 import generation_pb2 as pb
-from tests.support.fake_executor import FakeExecutor
+from tests.support.fake_executor import FakeExecutor, SlowExecutor
 from tests.support.gateway_harness import GatewayThread, collect
 
 BLOCK = 4
-
-
-class SlowExecutor(FakeExecutor):
-    def __init__(self, *args, delay=0.0, **kw):
-        super().__init__(*args, **kw)
-        self.delay = delay
-
-    def execute(self, batch):
-        time.sleep(self.delay)
-        return super().execute(batch)
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +246,6 @@ def test_beam_search_fields_pass_through_or_are_named():
     from gateway.openai.errors import OpenAIError
     from gateway.openai.request import parse_completion
     from wire.protocol import SamplingParams
-    from tests.support.fake_executor import FakeExecutor
 
     info = FakeExecutor(BLOCK).info
     body = {"prompt": [1, 2], "beam_width": 3, "length_penalty": 0.5, "early_stopping": True, "n": 2}

@@ -2,11 +2,13 @@
 
 It stores each token id in its KV slot and "samples" a hash of the whole context read
 back through the block table, so any wrong slot, block table, copy or prefix hit changes
-the output. `reference_next` computes the same from the plain token list.
+the output. `reference_next` computes the same from the plain token list. `SlowExecutor`
+pauses each step, so a test can cancel or kill something mid-generation.
 """
 from __future__ import annotations
 
 import hashlib
+import time
 
 import torch
 
@@ -49,3 +51,15 @@ class FakeExecutor:
             context = [int(pool_k[s.block_table[p // bs], p % bs]) for p in range(n)]
             outs.append(SampleOutput(s.seq_id, reference_next(context, s.seed)))
         return outs
+
+
+class SlowExecutor(FakeExecutor):
+    """The fake executor with a pause of `delay` seconds before each step."""
+
+    def __init__(self, *args, delay: float = 0.0, **kw):
+        super().__init__(*args, **kw)
+        self.delay = delay
+
+    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+        time.sleep(self.delay)
+        return super().execute(batch)

@@ -1,7 +1,9 @@
 """memsvc, an executor (the real model or tests.support.fake_executor_server) and a gateway as real
-processes on loopback, for the reliability tests; each logs to a file; always stopped."""
+processes on loopback, for the reliability tests; each logs to a file; always stopped.
+`serving_stack` is the system tests' module fixture: a Stack once its gateway serves."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -143,3 +145,17 @@ class Stack:
         for name in ("gateway", "executor", "memsvc"):
             if name in self.procs:
                 self.procs[name].stop()
+
+
+@contextlib.contextmanager
+def serving_stack(log_dir: str, *, credentials=None, **options):
+    """A Stack (`options` as Stack's) whose gateway says SERVING; with plaintext (no
+    `credentials`), `gen` and `mem` are its Generation and MemoryManager stubs. Always stopped."""
+    stack = Stack(log_dir, **options)
+    try:
+        stack.wait_serving(credentials=credentials)
+        if credentials is None:
+            stack.gen, stack.mem = stack.stubs()
+        yield stack
+    finally:
+        stack.stop()

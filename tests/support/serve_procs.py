@@ -1,12 +1,17 @@
-"""Start `pagedserve` commands as real processes on loopback for the serve tests; always stop them."""
+"""Start `pagedserve` commands as real processes on loopback for the serve tests; always stop them.
+`serving_http` is the HTTP system tests' module fixture: `pagedserve serve` with its HTTP API,
+once /health says 200."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import signal
 import subprocess
 import sys
 import time
+
+from types import SimpleNamespace
 
 from pagedserve.serve_cmd import free_port
 from tests.support import ROOT
@@ -60,3 +65,35 @@ def stop(procs: list[subprocess.Popen], grace: float = 20.0) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> None:
+    """Until `url`/health answers 200; RuntimeError if `proc` exits first."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{url}/health was not 200 after {timeout:.0f}s")
+
+
+@contextlib.contextmanager
+def serving_http(*args: str):
+    """`pagedserve serve ARGS` with the HTTP API on a free port, once healthy: `url`, `port`
+    (gRPC), `memsvc_port`, `proc`. Always stopped."""
+    ports = SimpleNamespace(port=free_port(), memsvc_port=free_port(), http_port=free_port())
+    proc = start("serve", "--port", str(ports.port), "--memsvc-port", str(ports.memsvc_port),
+                 "--http-port", str(ports.http_port), *args)
+    try:
+        url = f"http://127.0.0.1:{ports.http_port}"
+        wait_healthy(url, proc)
+        yield SimpleNamespace(url=url, proc=proc, **vars(ports))
+    finally:
+        stop([proc])

@@ -14,7 +14,7 @@ from wire.v1 import generation_pb2 as pb
 from tests.support import ROOT
 from tests.support.gateway_harness import collect, greedy
 from tests.support.health import NOT_SERVING, wait_for_health
-from tests.support.reliability_procs import Stack, scrape
+from tests.support.reliability_procs import scrape, serving_stack
 
 LEASE = 4.0
 CLIENT = """
@@ -32,13 +32,9 @@ time.sleep(600)
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack(str(tmp_path_factory.mktemp("faults")), lease=LEASE, executor_args=["--step-delay", "0.02"])
-    try:
-        s.wait_serving()
-        s.gen, s.mem = s.stubs()
+    with serving_stack(str(tmp_path_factory.mktemp("faults")), lease=LEASE,
+                       executor_args=["--step-delay", "0.02"]) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def long_request(i: int, max_tokens: int = 1500) -> pb.GenerateRequest:

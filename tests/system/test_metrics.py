@@ -8,20 +8,16 @@ import pytest
 
 from wire.v1 import generation_pb2 as pb
 from tests.support.gateway_harness import collect, greedy
-from tests.support.reliability_procs import Stack, scrape
+from tests.support.reliability_procs import scrape, serving_stack
 
 PROMPT = "A paged KV cache keeps each sequence in fixed-size blocks of tokens, so that " * 3
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack(str(tmp_path_factory.mktemp("metrics")), kv_tokens=1024, executor_args=["--step-delay", "0.05"])
-    try:
-        s.wait_serving()
-        s.gen, s.mem = s.stubs()
+    with serving_stack(str(tmp_path_factory.mktemp("metrics")), kv_tokens=1024,
+                       executor_args=["--step-delay", "0.05"]) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def test_each_service_serves_prometheus_text(stack):

@@ -9,24 +9,16 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.serve_procs import free_port, start, stop
-from tests.system.test_openai_serve import wait_healthy
+from tests.support.serve_procs import serving_http
 
 MODEL = "SmolLM2-135M-Instruct"
 
 
 @pytest.fixture(scope="module")
 def served():
-    port, http_port = free_port(), free_port()
-    proc = start("serve", "--port", str(port), "--kv-tokens", "4096", "--max-num-seqs", "8",
-                 "--http-port", str(http_port))
-    try:
-        url = f"http://127.0.0.1:{http_port}"
-        wait_healthy(url, proc)
-        yield SimpleNamespace(url=url, client=openai.OpenAI(base_url=url + "/v1", api_key="none",
-                                                            max_retries=0, timeout=300))
-    finally:
-        stop([proc])
+    with serving_http("--kv-tokens", "4096", "--max-num-seqs", "8") as serve:
+        yield SimpleNamespace(url=serve.url, client=openai.OpenAI(base_url=serve.url + "/v1", api_key="none",
+                                                                  max_retries=0, timeout=300))
 
 
 def scrape(url: str) -> dict:

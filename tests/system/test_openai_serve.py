@@ -6,7 +6,6 @@ import time
 from types import SimpleNamespace
 
 import grpc
-import httpx
 import openai
 import pytest
 
@@ -14,7 +13,7 @@ from wire.v1 import generation_pb2 as pb
 from wire.v1 import generation_pb2_grpc as pb_grpc
 from wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support.gateway_harness import collect, greedy
-from tests.support.serve_procs import free_port, start, stop
+from tests.support.serve_procs import serving_http
 
 KEY = "test-key"
 MODEL = "SmolLM2-135M-Instruct"
@@ -22,37 +21,19 @@ PROMPT = "The capital of France is"
 AUTH = [("authorization", f"Bearer {KEY}")]  # the key may guard the gRPC API too
 
 
-def wait_healthy(url: str, proc, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"serve exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"{url}/health was not 200 after {timeout:.0f}s")
-
-
 @pytest.fixture(scope="module")
 def served():
-    port, mem_port, http_port = free_port(), free_port(), free_port()
-    proc = start("serve", "--port", str(port), "--memsvc-port", str(mem_port), "--kv-tokens", "4096",
-                 "--max-num-seqs", "8", "--http-port", str(http_port), "--api-key", KEY)
-    channels = []
-    try:
-        url = f"http://127.0.0.1:{http_port}"
-        wait_healthy(url, proc)
-        channels = [grpc.insecure_channel(f"127.0.0.1:{port}"), grpc.insecure_channel(f"127.0.0.1:{mem_port}")]
-        yield SimpleNamespace(
-            url=url, client=openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120),
-            stub=pb_grpc.GenerationStub(channels[0]), memory=memory_pb2_grpc.MemoryManagerStub(channels[1]))
-    finally:
-        for c in channels:
-            c.close()
-        stop([proc])
+    with serving_http("--kv-tokens", "4096", "--max-num-seqs", "8", "--api-key", KEY) as serve:
+        channels = [grpc.insecure_channel(f"127.0.0.1:{serve.port}"),
+                    grpc.insecure_channel(f"127.0.0.1:{serve.memsvc_port}")]
+        try:
+            yield SimpleNamespace(
+                url=serve.url, stub=pb_grpc.GenerationStub(channels[0]),
+                client=openai.OpenAI(base_url=serve.url + "/v1", api_key=KEY, max_retries=0, timeout=120),
+                memory=memory_pb2_grpc.MemoryManagerStub(channels[1]))
+        finally:
+            for c in channels:
+                c.close()
 
 
 def referenced(served) -> int:

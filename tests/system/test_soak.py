@@ -8,7 +8,7 @@ import os
 import pytest
 
 from benchmarks.soak import CLEAR, SoakConfig, soak
-from tests.support.reliability_procs import Stack, scrape
+from tests.support.reliability_procs import scrape, serving_stack
 
 REQUESTS = int(os.environ.get("SOAK_REQUESTS", "2000"))
 GROWTH_LIMIT = 24 << 20  # bytes of RSS between the first and the last quarter
@@ -16,13 +16,9 @@ GROWTH_LIMIT = 24 << 20  # bytes of RSS between the first and the last quarter
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack(str(tmp_path_factory.mktemp("soak")), kv_tokens=2048,
-              gateway_args=["--max-num-seqs", "32", "--max-waiting", "28"])
-    try:
-        s.wait_serving()
+    with serving_stack(str(tmp_path_factory.mktemp("soak")), kv_tokens=2048,
+                       gateway_args=["--max-num-seqs", "32", "--max-waiting", "28"]) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def test_soak_ends_clean(stack):

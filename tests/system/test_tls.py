@@ -19,7 +19,7 @@ from wire.v1 import generation_pb2_grpc as pb_grpc
 from wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support.gateway_harness import collect, greedy
 from tests.support.health import SERVING, health
-from tests.support.reliability_procs import Stack
+from tests.support.reliability_procs import serving_stack
 
 KEY = "s3cret-key"
 
@@ -90,15 +90,12 @@ def tls(certs, name):
 
 @pytest.fixture(scope="module")
 def stack(certs, tmp_path_factory):
-    s = Stack(str(tmp_path_factory.mktemp("tls")), kv_tokens=1024, memsvc_args=tls(certs, "memsvc"),
-              executor_args=tls(certs, "executor"), gateway_args=tls(certs, "gateway"),
-              env={"PAGEDSERVE_API_KEY": KEY})
-    s.public = grpc.ssl_channel_credentials(root_certificates=pem(certs["ca"]))
-    try:
-        s.wait_serving(credentials=s.public)
+    public = grpc.ssl_channel_credentials(root_certificates=pem(certs["ca"]))
+    with serving_stack(str(tmp_path_factory.mktemp("tls")), credentials=public, kv_tokens=1024,
+                       memsvc_args=tls(certs, "memsvc"), executor_args=tls(certs, "executor"),
+                       gateway_args=tls(certs, "gateway"), env={"PAGEDSERVE_API_KEY": KEY}) as s:
+        s.public = public
         yield s
-    finally:
-        s.stop()
 
 
 def client_credentials(certs, name=None):

@@ -10,7 +10,7 @@ import pytest
 from wire import tracing
 from wire.v1 import generation_pb2 as pb
 from tests.support.gateway_harness import collect, greedy
-from tests.support.reliability_procs import Stack
+from tests.support.reliability_procs import serving_stack
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -20,13 +20,9 @@ MODEL = "SmolLM2-135M-Instruct"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("tracing"))
-    s = Stack(d, fake=False, kv_tokens=2048, env={tracing.TRACE_FILE_ENV: os.path.join(d, "{service}.jsonl")})
-    try:
-        s.wait_serving()
-        s.gen, s.mem = s.stubs()
+    with serving_stack(d, fake=False, kv_tokens=2048,
+                       env={tracing.TRACE_FILE_ENV: os.path.join(d, "{service}.jsonl")}) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def spans(stack, trace_id: str | None, want_request: bool = True, timeout: float = 10.0) -> list[dict]:
