@@ -2,9 +2,10 @@
 with the prefix cache's host tier (--kv-offload) off and on, in one run (issue 27).
 
 N conversations share a system prompt; each has T turns whose prompt is the whole history
-so far (system, then every user message and answer) plus a new user message. Every
-conversation's first turn arrives at the start; each later turn arrives the moment the
-previous answer of that conversation ends, so turns of different conversations interleave.
+so far (system, then every user message and answer) plus a new user message. Turns arrive
+interleaved, round robin over the conversations (every conversation's first turn, then
+every second turn, ...), from a closed-loop client with `--concurrency` requests in flight:
+by the time a conversation speaks again, the others' histories have gone through the pool.
 The engine is the in-process one (pagedserve.engine), greedy, the same prompts both runs.
 Per run: prompt tokens computed (prompt - cached, per request), every token the executor
 computed (recomputes after preemption included), prefix-cache hit rates (pool and host, of
@@ -40,6 +41,7 @@ def add_parser(sub) -> None:
     p.add_argument("--system-len", type=int, default=128, help="shared system prompt tokens")
     p.add_argument("--user-len", type=int, default=64, help="tokens of each user message")
     p.add_argument("--output-len", type=int, default=32, help="tokens of each answer")
+    p.add_argument("--concurrency", type=int, default=2, help="requests in flight at most")
     p.add_argument("--no-reuse", action="store_true",
                    help="every prompt fresh (same lengths): the tier's cost when it never pays")
     p.add_argument("--seed", type=int, default=0)
@@ -85,9 +87,18 @@ def run_chats(engine, args) -> dict:
         engine.add_request(prompt, greedy, request_id=rid)
         arrived[rid], outputs[rid] = time.perf_counter(), []
 
+    order = [(c, t) for t in range(args.turns) for c in range(args.conversations)]
+    done: set[tuple[int, int]] = set()
+
+    def feed() -> None:
+        while order and len(arrived) - len(done) < args.concurrency:
+            c, t = order[0]
+            if t and (c, t - 1) not in done:
+                return
+            submit(*order.pop(0))
+
     start = time.perf_counter()
-    for c in range(args.conversations):
-        submit(c, 0)
+    feed()
     loop = engine.loop
     while loop.has_work():
         for d in loop.step():
@@ -102,8 +113,8 @@ def run_chats(engine, args) -> dict:
                 prompt_total += d.prompt_tokens
                 prompt_computed += d.prompt_tokens - d.cached_tokens
                 history[c] = history[c] + outputs[d.request_id]
-                if t + 1 < args.turns:
-                    submit(c, t + 1)
+                done.add((c, t))
+        feed()
     seconds = time.perf_counter() - start
     engine.executor.execute = execute
     ttft = sorted(first[r] - arrived[r] for r in arrived)
@@ -146,7 +157,8 @@ def run(args) -> int:
     cpu = cpu_info()
     print(f"cpu      {describe(cpu)}, {os.cpu_count()} CPUs")
     hist = args.system_len + args.turns * (args.user_len + args.output_len)
-    print(f"workload {args.conversations} conversations x {args.turns} turns, system {args.system_len}, "
+    print(f"workload {args.conversations} conversations x {args.turns} turns, {args.concurrency} in flight, "
+          f"system {args.system_len}, "
           f"user {args.user_len}, answer {args.output_len} tokens{' (no reuse)' if args.no_reuse else ''}; "
           f"histories {args.conversations * hist} tokens on a pool of {args.kv_tokens} "
           f"({args.conversations * hist / args.kv_tokens:.1f}x)")
