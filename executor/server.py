@@ -48,7 +48,7 @@ from opentelemetry import trace
 from executor.config import ExecutorConfig
 from executor.metrics import ExecutorMetrics
 from executor.sequence_state import SequenceStates, StateLost
-from executor.step_merger import StepMerger
+from executor.step_merger import StepMerger, launch_of
 from wire.step_feed import FedTokenUnknown
 from wire import convert, peer_auth
 from wire.grpc_service import Service, get_logger, open_channel, stop_on_signals, wait
@@ -101,7 +101,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def set_ready(self, executor, info: ModelInfo, tokenizer_files: dict[str, bytes],
                   pool_epoch: str | None = None) -> None:
         self.executor = executor
-        self.merger = StepMerger(_on_device_of(executor), self.metrics.merged_calls.inc)
+        self.merger = StepMerger(_launch_of(executor), self.metrics.merged_calls.inc)
         self.info_message = convert.model_info_to_proto(info, tokenizer_files)
         self.pool_epoch = pool_epoch
         self.states = SequenceStates(info.kv.block_size)
@@ -132,23 +132,16 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         batch = step.batch
         tokens = sum(len(s.token_ids) for s in batch.seqs)
 
-        ran = [0.0, 0.0]  # perf_counter at the pass's start and end: not the wait behind another
-
         def before():  # on the model thread, just before the pass: the session's next step may expand
-            ran[0] = time.perf_counter()
             try:
                 self.states.fill(step)
             finally:
                 order.passed(request.step)
 
-        def after(outs):
-            self.states.record(step, outs)
-            ran[1] = time.perf_counter()
-
         self._enter(1)
         try:
-            outputs = self.merger.run(batch, request.session_id or context.peer(), before, after)
-            seconds = ran[1] - ran[0]
+            outputs, seconds = self.merger.run(batch, request.session_id or context.peer(), before,
+                                               lambda outs: self.states.record(step, outs))
         except FedTokenUnknown as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except (ValueError, IndexError) as e:
@@ -205,8 +198,9 @@ def map_pool(handle: memory_pb2.PoolHandle):
     raise ValueError("memsvc sent a pool handle with neither shm_name nor cuda_ipc_handle")
 
 
-def _on_device_of(executor):
-    """executor.execute with its device current, for the merger's model thread.
+def _launch_of(executor):
+    """The executor's launch (executor.step_merger) with its device current, for the merger's
+    model thread.
 
     One long-lived model thread: torch's OpenMP runtime keeps one thread team per calling
     thread, so passes hopping between gRPC workers left the last team's threads spinning
@@ -215,12 +209,14 @@ def _on_device_of(executor):
     from wire.device import on_device
 
     device = getattr(executor, "device", "cpu")
+    if hasattr(executor, "launch"):
+        return executor.launch
 
     def execute(batch):
         with on_device(device):
             return executor.execute(batch)
 
-    return execute
+    return launch_of(execute)
 
 
 def resolve_device(device: str) -> tuple[str, str]:

@@ -2,9 +2,11 @@
 
 `pagedserve executor --simulate MODEL_SHAPE@GPU` (or `--simulate-step-ms MS`) serves it. It
 answers as executor.zero_cost does (same minimal KV geometry, one fixed token per sampling
-sequence) after `time.sleep(step time)`: the sleep releases the GIL and uses no CPU, so the
-control plane around it runs as it would beside a busy GPU. `simulated_seconds` is the sum of
-the modeled times slept, `num_steps` the steps answered; an empty step sleeps nothing.
+sequence) once a modeled step time has passed on a simulated device: a step launched while
+another runs starts when that one ends (executor.step_merger launches ahead), the waits
+release the GIL and use no CPU, so the control plane around it runs as it would beside a busy
+GPU. `simulated_seconds` is the device's busy time (the sum of the modeled times), `num_steps`
+the steps answered; an empty step takes no time.
 
 Step time (roofline): max(memory, compute) + LAUNCH_OVERHEAD_S, where
   memory  = (params * 2 bytes (bf16 weights) + KV bytes read) / memory bandwidth
@@ -26,6 +28,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from executor.step_merger import Launched
 from executor.zero_cost import ZeroCostExecutor
 from wire.protocol import StepBatch
 
@@ -102,28 +105,41 @@ def parse_spec(spec: str) -> Roofline:
 
 
 class SimulatedExecutor(ZeroCostExecutor):
-    """ZeroCostExecutor whose execute first sleeps `step_ms` or the roofline of `spec`."""
+    """ZeroCostExecutor on a simulated device that takes `step_ms` or the roofline of `spec`
+    per step. `launch` queues a step on the device as a GPU stream would (it starts when the
+    step before it ends, or now if the device is idle) and returns at once with its outputs
+    (the fixed token: known at launch, as a sample resolved on the device would be to the
+    next step) and when it ends; `execute` also sleeps until then."""
 
     def __init__(self, block_size: int = 16, max_model_len: int = 8192, tokenizer_dir: str = "",
-                 *, spec: str | None = None, step_ms: float | None = None, sleep=time.sleep):
+                 *, spec: str | None = None, step_ms: float | None = None, sleep=time.sleep,
+                 clock=time.monotonic):
         if (spec is None) == (step_ms is None):
             raise ValueError("a simulated executor takes one of --simulate and --simulate-step-ms")
         super().__init__(block_size, max_model_len, tokenizer_dir)
         self.roofline = parse_spec(spec) if spec is not None else None
         self.step_ms = step_ms
         self.sleep = sleep
-        self.simulated_seconds = 0.0
+        self.clock = clock
+        self.simulated_seconds = 0.0  # the device's busy time: every step's modeled time
+        self.free_at = 0.0  # when the device ends the last step launched
         self.info.name = f"simulated:{spec.strip().lower()}" if spec else f"simulated:{step_ms:g}ms"
 
     def step_seconds(self, batch: StepBatch) -> float:
         return self.roofline.step_seconds(batch) if self.roofline else self.step_ms / 1e3
 
-    def execute(self, batch: StepBatch):
+    def launch(self, batch: StepBatch) -> Launched:
         seconds = self.step_seconds(batch) if batch.seqs else 0.0
-        if seconds:
-            start = time.perf_counter()
-            self.sleep(seconds)
-            # the device is busy as long as the sleep lasts, which overshoots the modeled
-            # time (~0.2 ms here): counted, so that `busy` measures only the gaps between
-            self.simulated_seconds += max(seconds, time.perf_counter() - start)
-        return super().execute(batch)
+        outputs = super().execute(batch)
+        if not seconds:
+            return Launched(outputs)
+        self.free_at = max(self.clock(), self.free_at) + seconds
+        self.simulated_seconds += seconds
+        return Launched(outputs, seconds, self.free_at)
+
+    def execute(self, batch: StepBatch):
+        launched = self.launch(batch)
+        left = launched.ends_at - self.clock()
+        if left > 0:
+            self.sleep(left)
+        return launched.outputs

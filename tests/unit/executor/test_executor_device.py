@@ -39,7 +39,7 @@ def test_gpu_names_go_to_memsvc_as_uuids(two_gpus):
 
 
 def test_steps_run_with_the_executors_gpu_current(monkeypatch):
-    from executor.server import _on_device_of
+    from executor.server import _launch_of
 
     chosen = []
 
@@ -62,5 +62,5 @@ def test_steps_run_with_the_executors_gpu_current(monkeypatch):
             assert chosen == [1]
             return ["out", batch]
 
-    assert _on_device_of(FakeExecutor())("b") == ["out", "b"]
+    assert _launch_of(FakeExecutor())("b").outputs == ["out", "b"]
     assert chosen == [1, None]

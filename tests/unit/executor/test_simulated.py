@@ -1,4 +1,5 @@
-"""The simulated accelerator: zero-cost outputs after a modeled (here: recorded, not slept) step time."""
+"""The simulated accelerator: zero-cost outputs after a modeled step time, on a device that
+runs a step launched early after the one before it (here on a fake clock: nothing slept)."""
 import pytest
 
 from executor.config import ExecutorConfig
@@ -16,6 +17,23 @@ def decode(batch: int, context: int) -> StepBatch:
 
 def prefill(tokens: int) -> StepBatch:
     return StepBatch([SeqStep("p", list(range(tokens)), 0, [0] * tokens, [0], True, SP, 1)])
+
+
+class FakeClock:
+    def __init__(self):
+        self.now, self.slept = 100.0, []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def simulated(**kw) -> tuple[SimulatedExecutor, FakeClock]:
+    clock = FakeClock()
+    return SimulatedExecutor(sleep=clock.sleep, clock=clock, **kw), clock
 
 
 def test_roofline_is_positive_and_grows_with_tokens_and_context():
@@ -48,33 +66,43 @@ def test_bad_spec_names_the_choices(spec):
 
 
 def test_step_ms_is_slept_and_counted():
-    slept = []
-    ex = SimulatedExecutor(step_ms=10.0, sleep=slept.append)
+    ex, clock = simulated(step_ms=10.0)
     ex.execute(decode(3, 5))
     ex.execute(decode(2, 6))
-    assert slept == [0.01, 0.01]
+    assert clock.slept == pytest.approx([0.01, 0.01])
     assert ex.simulated_seconds == pytest.approx(0.02) and ex.num_steps == 2
 
 
 def test_roofline_time_is_what_is_slept():
-    slept = []
-    ex = SimulatedExecutor(spec="llama-1b@h200", sleep=slept.append)
+    ex, clock = simulated(spec="llama-1b@h200")
     batch = decode(8, 50)
     ex.execute(batch)
-    assert slept == [ex.roofline.step_seconds(batch)] and ex.simulated_seconds == slept[0]
+    assert clock.slept == pytest.approx([ex.roofline.step_seconds(batch)])
+    assert ex.simulated_seconds == ex.roofline.step_seconds(batch)
+
+
+def test_a_step_launched_while_one_runs_starts_when_it_ends():
+    ex, clock = simulated(step_ms=10.0)
+    first = ex.launch(decode(2, 5))
+    clock.now += 0.004  # the host launches the next step 4 ms into the first
+    second = ex.launch(decode(2, 6))
+    assert first.ends_at == pytest.approx(100.01) and second.ends_at == pytest.approx(100.02)
+    assert second.outputs == first.outputs and second.seconds == pytest.approx(0.01)
+    clock.now = 100.05  # idle for 30 ms: the next step starts when launched
+    assert ex.launch(decode(2, 7)).ends_at == pytest.approx(100.06)
+    assert ex.simulated_seconds == pytest.approx(0.03)  # the idle time is not busy time
 
 
 def test_empty_step_sleeps_nothing():
-    slept = []
-    ex = SimulatedExecutor(step_ms=5.0, sleep=slept.append)
-    assert ex.execute(StepBatch([])) == [] and slept == [] and ex.simulated_seconds == 0
+    ex, clock = simulated(step_ms=5.0)
+    assert ex.execute(StepBatch([])) == [] and clock.slept == [] and ex.simulated_seconds == 0
 
 
 def test_outputs_and_geometry_equal_zero_cost():
     batch = StepBatch([SeqStep("a", [1, 2], 0, [0, 1], [0], True, SP, 1),
                        SeqStep("b", [3], 0, [16], [1], False, SP, 1),
                        SeqStep("c", [4], 9, [9], [0], True, SP, 1)])
-    sim = SimulatedExecutor(16, 4096, spec="llama-8b@h100", sleep=lambda s: None)
+    sim = SimulatedExecutor(16, 4096, spec="llama-8b@h100", sleep=lambda s: None, clock=lambda: 0.0)
     zero = ZeroCostExecutor(16, 4096)
     assert sim.execute(batch) == zero.execute(batch)
     assert sim.model_info().kv == zero.model_info().kv
@@ -113,7 +141,7 @@ def test_simulated_seconds_in_metrics():
 
     from executor.metrics import ExecutorMetrics, SimulatedSeconds
 
-    metrics, ex = ExecutorMetrics(), SimulatedExecutor(step_ms=250.0, sleep=lambda s: None)
+    metrics, (ex, _) = ExecutorMetrics(), simulated(step_ms=250.0)
     SimulatedSeconds(ex, metrics.registry)
     ex.execute(decode(1, 1))
     assert "pagedserve:execute_simulated_seconds_total 0.25" in generate_latest(metrics.registry).decode()

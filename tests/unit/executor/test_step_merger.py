@@ -1,9 +1,10 @@
 """executor.step_merger without processes: one pass at a time, outputs split back to each
-caller, a failed pass fails its callers only, and two gateways' steps share passes."""
+caller, a failed pass fails its callers only, two gateways' steps share passes, and a device
+that runs behind the host gets the next pass before the last one ends."""
 import threading
 import time
 
-from executor.step_merger import StepMerger
+from executor.step_merger import Launched, StepMerger, launch_of
 from wire.protocol import SampleOutput, SamplingParams, SeqStep, StepBatch
 
 
@@ -22,13 +23,13 @@ def test_merger_runs_one_pass_at_a_time_and_splits_outputs_by_position():
         running.pop()
         return [SampleOutput(s.seq_id, i) for i, s in enumerate(batch.seqs) if s.sample]
 
-    merger = StepMerger(execute)
+    merger = StepMerger(launch_of(execute))
     results = {}
 
     def call(name, n):
         # the same seq ids from every caller (two gateways both say "0/0")
         batch = StepBatch([step("0/0"), step("0/1", sample=False), *[step(f"x{i}") for i in range(n)]])
-        results[name] = merger.run(batch)
+        results[name] = merger.run(batch)[0]
 
     threads = [threading.Thread(target=call, args=(f"g{i}", i)) for i in range(4)]
     for t in threads:
@@ -51,13 +52,13 @@ def test_merger_fails_every_call_of_a_failed_pass_and_goes_on():
             raise ValueError("bad slot")
         return [SampleOutput(s.seq_id, 0) for s in batch.seqs]
 
-    merger = StepMerger(execute)
+    merger = StepMerger(launch_of(execute))
     try:
         merger.run(StepBatch([step("a")]))
         raise AssertionError("no error")
     except ValueError:
         pass
-    assert merger.run(StepBatch([step("b")]))[0].seq_id == "b"
+    assert merger.run(StepBatch([step("b")]))[0][0].seq_id == "b"
 
 
 def test_merger_waits_briefly_for_an_active_caller_so_two_gateways_share_passes():
@@ -68,11 +69,11 @@ def test_merger_waits_briefly_for_an_active_caller_so_two_gateways_share_passes(
         sizes.append(len(batch.seqs))
         return [SampleOutput(s.seq_id, 0) for s in batch.seqs]
 
-    merger = StepMerger(execute, window=1.0, max_wait_s=0.05)
+    merger = StepMerger(launch_of(execute), window=1.0, max_wait_s=0.05)
 
     def gateway(name):  # steps in turn: each waits for its answer, then plans for 2 ms
         for _ in range(10):
-            assert len(merger.run(StepBatch([step(name)]), caller=name)) == 1
+            assert len(merger.run(StepBatch([step(name)]), caller=name)[0]) == 1
             time.sleep(0.002)
 
     threads = [threading.Thread(target=gateway, args=(n,)) for n in ("a", "b")]
@@ -93,11 +94,11 @@ def test_merger_splits_prompt_only_outputs_with_the_sampled_ones():
         return [SampleOutput(s.seq_id, 9) if s.sample else SampleOutput(s.seq_id, -1, sampled=False)
                 for s in batch.seqs if s.reports]
 
-    merger = StepMerger(execute)
+    merger = StepMerger(launch_of(execute))
     results = {}
     batches = {"g0": StepBatch([scoring("0/0"), step("0/1")]),
                "g1": StepBatch([step("0/0", sample=False), scoring("0/1"), step("0/2")])}
-    threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, merger.run(batches[n])))
+    threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, merger.run(batches[n])[0]))
                for n in batches]
     for t in threads:
         t.start()
@@ -114,6 +115,72 @@ def test_merged_pass_carries_every_callers_forget_list():
         seen.append(list(batch.forget))
         return [SampleOutput(s.seq_id, 0) for s in batch.seqs if s.sample]
 
-    merger = StepMerger(execute)
-    assert merger.run(StepBatch([step("x")], forget=["gone/0", "gone/1"])) == [SampleOutput("x", 0)]
+    merger = StepMerger(launch_of(execute))
+    assert merger.run(StepBatch([step("x")], forget=["gone/0", "gone/1"]))[0] == [SampleOutput("x", 0)]
     assert seen == [["gone/0", "gone/1"]]
+
+
+class BehindDevice:
+    """A device that runs each launched pass for `seconds` after the one before it ends."""
+
+    def __init__(self, seconds):
+        self.seconds, self.free_at, self.launched = seconds, 0.0, []
+
+    def launch(self, batch):
+        self.free_at = max(time.monotonic(), self.free_at) + self.seconds
+        self.launched.append((time.monotonic(), self.free_at, [s.seq_id for s in batch.seqs]))
+        return Launched([SampleOutput(s.seq_id, len(self.launched)) for s in batch.seqs], self.seconds,
+                        self.free_at)
+
+
+def test_next_pass_is_launched_while_the_last_runs_and_answers_wait_for_the_device():
+    device = BehindDevice(0.1)
+    merger = StepMerger(device.launch)
+    answered, order = {}, []
+
+    def call(name):
+        outputs, seconds = merger.run(StepBatch([step(name)]), caller=name,
+                                      before=lambda: order.append(("before", name)),
+                                      after=lambda outs: order.append(("after", name)))
+        answered[name] = (time.monotonic(), outputs[0].token_id, seconds)
+
+    first = threading.Thread(target=call, args=("a",))
+    first.start()
+    time.sleep(0.03)  # "b" comes while "a" runs on the device, from another gateway
+    call("b")
+    first.join()
+    (launch_a, end_a, _), (launch_b, end_b, _) = device.launched
+    assert launch_b < end_a  # launched before the device ended "a"
+    assert end_b == end_a + 0.1  # and started on the device the moment "a" ended
+    assert answered["a"][0] >= end_a and answered["b"][0] >= end_b
+    assert answered["a"][1:] == (1, 0.1) and answered["b"][1:] == (2, 0.1)
+    # "a"'s outputs were recorded before "b"'s fed tokens were filled
+    assert order == [("before", "a"), ("after", "a"), ("before", "b"), ("after", "b")]
+
+
+def test_a_failed_launch_behind_a_running_pass_fails_its_caller_only():
+    device = BehindDevice(0.05)
+    calls = []
+
+    def launch(batch):
+        calls.append(batch)
+        if len(calls) == 2:
+            raise ValueError("bad slot")
+        return device.launch(batch)
+
+    merger = StepMerger(launch)
+    results = {}
+
+    def call(name):
+        try:
+            results[name] = merger.run(StepBatch([step(name)]))[0][0].seq_id
+        except ValueError as e:
+            results[name] = str(e)
+
+    first = threading.Thread(target=call, args=("a",))
+    first.start()
+    time.sleep(0.01)
+    call("b")
+    first.join()
+    call("c")
+    assert results == {"a": "a", "b": "bad slot", "c": "c"}
