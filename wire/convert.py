@@ -246,7 +246,10 @@ _SNAPSHOT_FIELDS = ("num_blocks", "blocks_free", "blocks_cached", "blocks_refere
                     "reserved", "internal_fragmentation", "external_fragmentation", "free")
 _PREEMPTION_FIELDS = ("num_swapped_out", "num_swapped_in", "num_recomputed", "num_swap_fallbacks",
                       "host_blocks", "host_blocks_free", "swap_seconds_per_block",
-                      "recompute_seconds_per_token", "preemption_mode")
+                      "recompute_seconds_per_token", "preemption_mode",
+                      "host_tier_blocks", "host_tier_blocks_used", "host_tier_lookups",
+                      "host_tier_hits", "host_tier_offloaded", "host_tier_restored",
+                      "host_tier_dropped", "host_tier_evicted", "host_tier_tokens_restored")
 
 
 def stats_to_proto(stats: PoolStats, block_size: int, num_sequences: int | None = None,
@@ -270,5 +273,8 @@ def stats_from_proto(m: memory_pb2.StatsResponse) -> PoolStats:
     snap = {k: getattr(m, k) for k in _SNAPSHOT_FIELDS}
     snap["total_slots"] = m.num_blocks * m.block_size
     snap["token_state_fraction"] = m.token_state / snap["total_slots"] if snap["total_slots"] else 0.0
+    preemption = {k: getattr(m, k) for k in _PREEMPTION_FIELDS}
+    lookups = preemption["host_tier_lookups"]
+    preemption["host_tier_hit_rate"] = preemption["host_tier_hits"] / lookups if lookups else 0.0
     return PoolStats(snap, m.prefix_cache_queries, m.prefix_cache_hits, m.num_preemptions,
-                     m.num_sequences, m.num_sessions, {k: getattr(m, k) for k in _PREEMPTION_FIELDS})
+                     m.num_sequences, m.num_sessions, preemption)

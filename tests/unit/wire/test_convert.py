@@ -129,10 +129,24 @@ def test_stats_from_a_memory_manager():
     assert (back.num_sequences, back.num_sessions) == (1, 2)
     assert back.num_preemptions == stats.num_preemptions
     assert type(stats) is type(back) is PoolStats
-    travels = {k: v for k, v in stats.preemption.items() if k in convert._PREEMPTION_FIELDS}
-    assert back.preemption == pytest.approx(travels)  # the host tier's counters: Stats in process, /metrics
+    assert back.preemption == stats.preemption
     own = convert.stats_from_proto(wire(convert.stats_to_proto(stats, 4)))
     assert (own.num_sequences, own.num_sessions) == (stats.num_sequences, stats.num_sessions) == (1, 0)
+
+
+def test_stats_carry_the_host_tier():
+    mem = MemoryManager(MemoryConfig(num_blocks=4, num_offload_blocks=8, offload_policy="always"))
+    mem.register_executor(KVGeometry(1, 1, 1, 4))
+    a, b = list(range(100, 113)), list(range(300, 313))
+    for seq_id, prompt in (("a", a), ("b", b), ("c", a)):  # b evicts a's blocks; c restores them
+        mem.reserve(Plan([PlanEntry(seq_id, prompt, True, 16)]))
+        mem.reserve(Plan([], free=[seq_id]))
+    stats = mem.stats()
+    p = stats.preemption
+    assert p["host_tier_offloaded"] > 0 and p["host_tier_restored"] == 3 and p["host_tier_tokens_restored"] == 12
+    assert 0 < p["host_tier_hit_rate"] <= 1
+    back = convert.stats_from_proto(wire(convert.stats_to_proto(stats, 4)))
+    assert back.preemption == pytest.approx(p)  # every counter travels, none is dropped
 
 
 @pytest.mark.parametrize("kw, message", [
