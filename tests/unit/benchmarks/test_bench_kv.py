@@ -30,3 +30,20 @@ def test_sliding_window_frees_blocks_and_runs_more():
     assert paged["blocks_released"] == 0 and windowed["blocks_released"] > 0
     assert windowed["mean_running"] > paged["mean_running"]
     assert windowed["rejected"] == 0
+
+
+def test_chats_with_a_host_tier_compute_what_it_restores_less():
+    reqs = sample_lengths("sharegpt", 60, seed=2, max_total=1024)
+    kw = dict(kv_tokens=2000, block_size=16, max_model_len=1024, max_num_seqs=64,
+              max_num_batched_tokens=2048, conversations=6)
+    off = simulate("paged", reqs, **kw)
+    on = simulate("paged", reqs, offload_blocks=128, **kw)
+    tier = on["host_tier"]
+    assert off["host_tier"] is None and off["rejected"] == on["rejected"] == 0
+    assert on["prompt_tokens"] == off["prompt_tokens"]
+    assert tier["restored"] == tier["hits"] > 0 and tier["offloaded"] > 0
+    assert 0 < tier["hit_rate"] <= 1 and 0 < tier["occupancy"] <= 1
+    assert tier["tokens_not_recomputed"] == tier["restored"] * 16
+    assert on["tokens_computed"] == off["tokens_computed"] - tier["tokens_not_recomputed"]
+    for r in (off, on):
+        assert abs(sum(r["breakdown"].values()) - 1) < 1e-9
