@@ -16,7 +16,8 @@ the same for a model already built. Backends:
   it raises (ValueError naming the fix) rather than serve something else;
 - "auto": on the CPU in float32, each shape is timed through both at the step's row counts
   STEP_ROWS (one decode, a decode batch, a prefill chunk) on one of its layers, a few
-  alternated repetitions, best of each; the faster backend at a timed M serves the rows from
+  alternated repetitions, best of each (kept per machine: executor.linear_plan_cache); the
+  faster backend at a timed M (MKL only by more than PREFER_MARGIN) serves the rows from
   the geometric midpoint below it to the one above (a shape that would mix the two, where
   MKL wins by under MIXED_MARGIN, goes all oneDNN: one copy of its weight). A row count
   whose one call would cost over MAX_TIMED_FLOP is timed at the largest M within it instead
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from executor import linear_int4, linear_int8
+from executor import linear_int4, linear_int8, linear_plan_cache as plan_cache
 from executor.linear import BACKENDS, Linear
 
 CHOICES = ("auto", *BACKENDS)
@@ -41,6 +42,8 @@ TIMED = ("mkl", "onednn")  # what "auto" chooses among (int8, int4 change the ou
 STEP_ROWS = (1, 64, 512)
 MAX_TIMED_FLOP = 2e9
 REPS = 3
+PREFER_MARGIN = 1.10  # MKL serves an M only where it is faster than oneDNN by more than this:
+# a win inside the timing noise would flip from one load to the next
 MIXED_MARGIN = 1.25  # oneDNN at most 25% slower than MKL: one copy of the weight beats two
 # (measured, AMD EPYC: where MKL wins, at M = 1 on the 576-wide projections, by 15-40%, that is
 # <= 0.7 ms of a ~25 ms decode step, for 105 MiB more weights)
@@ -176,7 +179,16 @@ class Planner:
         return choice
 
     def _timed(self, layer: Linear) -> tuple[dict[int, dict[str, float]], list[tuple[int | None, str]]]:
-        seconds = time_shape(layer, self.rows) if self.onednn else {}
+        if not self.onednn:
+            return {}, [(None, "mkl")]
+        k = plan_cache.key(layer.shape, layer.weight.dtype, self.rows)
+        seconds = plan_cache.load(k)
+        if seconds is not None:
+            log.info("linear %dx%d: timings kept from an earlier load (%s)", *layer.shape, plan_cache.path())
+        else:
+            seconds = time_shape(layer, self.rows)
+            if seconds:
+                plan_cache.store(k, seconds)
         return seconds, routes_from(seconds) if seconds else [(None, "mkl")]
 
 
@@ -229,7 +241,7 @@ def routes_from(seconds: dict[int, dict[str, float]]) -> list[tuple[int | None, 
     when oneDNN is within MIXED_MARGIN of MKL wherever MKL is faster (a mixed layer holds its
     weight twice, dense and packed: a win inside the timing noise is not worth that)."""
     ms = sorted(seconds)
-    best = {m: min(seconds[m], key=seconds[m].get) for m in ms}
+    best = {m: "mkl" if seconds[m]["mkl"] * PREFER_MARGIN < seconds[m]["onednn"] else "onednn" for m in ms}
     if len(set(best.values())) > 1 and all(
             seconds[m]["onednn"] <= seconds[m]["mkl"] * MIXED_MARGIN for m in ms):
         best = dict.fromkeys(ms, "onednn")

@@ -1,6 +1,6 @@
 """The linear layers' backend (executor.linear, executor.linear_backend): each forced backend
 and "auto" give transformers' logits and greedy tokens on tiny models; a failing oneDNN falls
-back to F.linear with a log line."""
+back to F.linear with a log line; auto's timings are kept per machine and reused."""
 import logging
 
 import pytest
@@ -18,6 +18,12 @@ from wire.protocol import SamplingParams
 TOL = 1e-3  # test_model_logits' tolerance
 ONEDNN = linear_backend.onednn_unavailable(torch.device("cpu"), torch.float32) is None
 needs_onednn = pytest.mark.skipif(not ONEDNN, reason="no oneDNN in this torch build")
+
+
+@pytest.fixture(autouse=True)
+def own_plan_cache(tmp_path_factory, monkeypatch):
+    """Timings kept in a folder of this test's own (executor.linear_plan_cache)."""
+    monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path_factory.mktemp("plan-cache")))
 
 
 @pytest.fixture
@@ -157,3 +163,39 @@ def test_engine_greedy_matches_transformers_per_backend(tmp_path, backend):
         assert all(c.routes == [(None, backend)] for c in plan)
     sampling = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     assert [o.completions[0].token_ids for o in engine.generate(prompts, sampling)] == expected
+
+
+def test_mkl_must_win_by_the_margin_to_serve_an_m():
+    close = {1: {"mkl": 1.0, "onednn": 1.05}, 64: {"mkl": 1.0, "onednn": 1.5}}
+    assert linear_backend.routes_from(close) == [(8, "onednn"), (None, "mkl")]
+
+
+@needs_onednn
+def test_timings_are_kept_per_machine_and_reused(tmp_path, monkeypatch, log_records):
+    monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    make_tiny_model(tmp_path, "qwen2")
+    model, _ = load_model(str(tmp_path))
+    first = {(c.out_features, c.in_features): (c.routes, c.seconds) for c in linear_backend.configure(model)}
+
+    def not_again(*args):
+        raise AssertionError("timed again although the timings were kept")
+    monkeypatch.setattr(linear_backend, "time_shape", not_again)
+    model, _ = load_model(str(tmp_path))
+    again = {(c.out_features, c.in_features): (c.routes, c.seconds) for c in linear_backend.configure(model)}
+    assert again == first
+    assert any("timings kept from an earlier load" in r.getMessage() for r in log_records)
+
+
+@needs_onednn
+def test_an_unreadable_plan_file_is_timed_again_and_rewritten(tmp_path, monkeypatch, log_records):
+    from executor import linear_plan_cache
+
+    monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path))
+    with open(linear_plan_cache.path(), "w") as f:
+        f.write("{not json")
+    layer = Linear(torch.randn(24, 16))
+    plan = linear_backend.configure(layer, "auto", rows=(1, 4))
+    assert set(plan[0].seconds) == {1, 4}
+    assert any("unreadable" in r.getMessage() for r in log_records)
+    k = linear_plan_cache.key((24, 16), torch.float32, (1, 4))
+    assert linear_plan_cache.load(k) == plan[0].seconds
