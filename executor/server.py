@@ -17,9 +17,11 @@ Service contract:
   sends everything again. A session's steps run in their numbered order, the next one
   expanded while the current one runs; a fed token (wire.step_feed) is put in place from
   this executor's own last sample just before the pass, and one it does not hold is
-  FAILED_PRECONDITION (the gateway sends the token). Calls that arrive while a forward pass runs (several gateways) are merged
-  into the next pass (executor.step_merger); never two passes at once. A batch that does not fit (bad slots, ids
-  outside the vocabulary) is INVALID_ARGUMENT; the executor stays usable.
+  FAILED_PRECONDITION (the gateway sends the token). Calls that arrive while a pass runs
+  (several gateways) are merged into the next pass, launched one at a time from one thread
+  (executor.step_merger: on a device that runs behind the host, while the last one runs).
+  A batch that does not fit (bad slots, ids outside the vocabulary) is INVALID_ARGUMENT;
+  the executor stays usable.
 - The pool belongs to memsvc: this process only maps it, and must run on memsvc's host.
   An Execute whose `pool_epoch` names another pool is ABORTED (docs/ARCHITECTURE.md,
   "The pool epoch").
