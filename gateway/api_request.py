@@ -32,7 +32,7 @@ def sampling_from_proto(p) -> SamplingParams:
             if sp.guided_kind not in ("json_schema", "json_object", "regex", "choice", "grammar",
                                       "structural_tag"):
                 raise ValueError(f"unknown kind {sp.guided_kind!r}")
-            structured.check(sp.guided_kind, sp.guided_spec)
+            sp.guided_spec = structured.prepare(sp.guided_kind, sp.guided_spec)
         except ValueError as e:
             raise invalid(f"sampling.guided_spec ({sp.guided_kind}): {e}") from None
     return sp

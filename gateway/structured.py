@@ -6,11 +6,19 @@ OpenAI: response_format {"type": "text" | "json_object" | "json_schema", "json_s
 {"name", "schema", "strict"}}; extensions (vLLM's names): guided_json (a schema),
 guided_regex, guided_choice (list of strings), guided_grammar (EBNF/GBNF). At most one.
 `strict` false is accepted and enforced all the same (the output always follows the schema).
+
+A JSON schema is sent to the executor as `prepare` makes it: normalized and checked
+(gateway.schema_support: a keyword the grammar engine would not enforce exactly is a 400
+naming it) and bounded (gateway.schema_bounds: strings, arrays, numbers and open objects get
+limits, so that an output can close within max_tokens; its outputs stay valid against the
+schema the client sent).
 """
 from __future__ import annotations
 
 import json
 import re
+
+from gateway import schema_bounds, schema_support
 
 GUIDED_PARAMS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
@@ -92,7 +100,24 @@ def from_openai(body: dict) -> tuple[str, str]:
                           f"{' and '.join(p for _, _, p in found)}", found[1][2])
     kind, spec, param = found[0]
     try:
-        check(kind, spec)
+        return kind, prepare(kind, spec)
     except ValueError as e:
         raise GuidedError(f"{param}: {e}", param) from None
-    return kind, spec
+
+
+def prepare(kind: str, spec: str) -> str:
+    """The spec to send to the executor for (kind, spec): a JSON schema normalized, checked
+    and bounded, anything else as given; ValueError (naming the keyword) when it cannot be
+    enforced exactly or does not compile."""
+    if kind == "json_schema":
+        try:
+            schema = json.loads(spec)
+        except ValueError as e:
+            raise ValueError(f"the schema is not JSON: {e}") from None
+        if not isinstance(schema, dict):
+            raise ValueError("the schema must be a JSON object")
+        schema = schema_support.normalize(schema)
+        schema_support.check(schema)
+        spec = json.dumps(schema_bounds.bound(schema))
+    check(kind, spec)
+    return spec

@@ -92,7 +92,11 @@ def parse_chat(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
         if sampling.guided:
             raise bad_request("tool_choice required or named cannot be combined with response_format "
                               "or guided_*", "tool_choice")
-        sampling.guided_kind, sampling.guided_spec = guided_tools(tools)
+        kind, spec = guided_tools(tools)
+        try:
+            sampling.guided_kind, sampling.guided_spec = kind, structured.prepare(kind, spec)
+        except ValueError as e:
+            raise bad_request(f"tools: {e}", "tools") from None
     req = _finish(body, info, True, [prompt], sampling)
     req.tools = tools if tools is not None and tools.active else None
     return req
