@@ -18,6 +18,12 @@ Contract:
   refused (impossible through this mask, unless the request changed its grammar) leaves the
   sequence unconstrained rather than failing the step.
 - Grammars are compiled once per (kind, spec) and cached (bounded).
+- Closing within max_tokens: once a sequence has `close_window(max_tokens)` tokens or fewer
+  left (CLOSE_WITHIN, or a quarter of max_tokens when that is fewer), its mask
+  keeps only the closing tokens (made of `"`, `]`, `}` alone, or a stop token) wherever the
+  grammar allows one, so that an output that is still open ends as soon as the grammar lets
+  it (a string, array or object closes instead of growing). Only allowed tokens are kept:
+  the output follows the grammar all the same.
 
 The model runner applies them (ModelRunner.execute: `prepare` before the forward pass,
 `apply` to the sampled rows' logits before the sampler); the Executor gives its runner one
@@ -36,6 +42,8 @@ from wire.protocol import SeqStep
 
 MAX_MATCHERS = 4096
 MAX_GRAMMARS = 256
+CLOSE_WITHIN = 24  # tokens left to max_tokens from which a guided output is steered to close
+CLOSING_CHARS = frozenset('"]}')
 
 
 def compile_grammar(compiler, kind: str, spec: str):
@@ -70,6 +78,30 @@ def choice_grammar(choices: list[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c) for c in choices)
 
 
+def close_window(max_tokens: int) -> int:
+    return min(CLOSE_WITHIN, max_tokens // 4)
+
+
+def closing_bitmask(tokenizer, vocab_size: int, stop_token_ids) -> torch.Tensor:
+    """xgrammar's bitmask row (int32 words) of the tokens made of CLOSING_CHARS alone, and the
+    stop tokens."""
+    import xgrammar as xgr
+
+    allowed = torch.zeros(vocab_size, dtype=torch.bool)
+    for i, piece in enumerate(tokenizer.convert_ids_to_tokens(list(range(min(len(tokenizer), vocab_size))))):
+        if piece and set(piece) <= CLOSING_CHARS:
+            allowed[i] = True
+    for t in stop_token_ids:
+        if 0 <= t < vocab_size:
+            allowed[t] = True
+    row = xgr.allocate_token_bitmask(1, vocab_size)[0]
+    for word in range(row.numel()):
+        bits = allowed[word * 32:(word + 1) * 32].tolist()
+        row[word] = int.from_bytes(sum(1 << b for b, on in enumerate(bits) if on).to_bytes(4, "little"),
+                                   "little", signed=True)
+    return row
+
+
 class _Matcher:
     __slots__ = ("matcher", "tokens", "broken")
 
@@ -89,6 +121,7 @@ class GuidedDecoding:
         self._compiler = None
         self._grammars: collections.OrderedDict = collections.OrderedDict()
         self._matchers: collections.OrderedDict[str, _Matcher] = collections.OrderedDict()
+        self._closing = None  # bitmask row of the closing tokens, built with the compiler
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-grammar")
         self._lock = threading.Lock()
 
@@ -104,6 +137,7 @@ class GuidedDecoding:
                 tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
             info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
                                                       stop_token_ids=self.stop_token_ids or None)
+            self._closing = closing_bitmask(tokenizer, self.vocab_size, self.stop_token_ids)
             self._compiler = xgr.GrammarCompiler(info)
         return self._compiler
 
@@ -154,6 +188,11 @@ class GuidedDecoding:
             if m.broken or m.matcher.is_terminated():  # finishing: the stop token is in
                 continue
             m.matcher.fill_next_token_bitmask(bitmask, i)
+            sp = seqs[i].sampling
+            if sp.max_tokens - len(seqs[i].output_token_ids) <= close_window(sp.max_tokens):
+                closing = bitmask[i] & self._closing
+                if bool(closing.any()):
+                    bitmask[i] = closing
             masked.append(i)
         return bitmask, masked
 

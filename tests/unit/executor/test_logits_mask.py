@@ -23,10 +23,10 @@ def guided(default_model_dir):
     return GuidedDecoding(default_model_dir, 49152, [tok.eos_token_id], tokenizer=tok), tok
 
 
-def decode(guided, kind, spec, seq_id="s", steps=80, seed=0, outputs=None):
+def decode(guided, kind, spec, seq_id="s", steps=80, seed=0, outputs=None, max_tokens=80):
     g, tok = guided
     gen = torch.Generator().manual_seed(seed)
-    sp = SamplingParams(guided_kind=kind, guided_spec=spec)
+    sp = SamplingParams(max_tokens=max_tokens, guided_kind=kind, guided_spec=spec)
     out = list(outputs or [])
     for _ in range(steps):
         step = SeqStep(seq_id, [1], 5, [0], [0], True, sp, 0, [1], list(out))
@@ -86,3 +86,25 @@ def test_forget_drops_the_matchers_of_finished_sequences(guided):
     assert owners() >= {"a", "b"}
     g.forget(["a"])
     assert "a" not in owners() and "b" in owners()
+
+
+def test_closing_tokens_are_the_closers_and_the_stop_token(guided):
+    g, tok = guided
+    g.compiler()
+    bits = lambda t: bool((int(g._closing[t // 32]) >> (t % 32)) & 1)  # noqa: E731
+    for piece in ('}', '"]', '"}', ']'):
+        assert bits(tok.convert_tokens_to_ids(piece)), piece
+    assert bits(tok.eos_token_id)
+    assert not any(bits(tok.convert_tokens_to_ids(p)) for p in ("a", "{", ",", "1", ":"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_open_output_closes_within_max_tokens(guided, seed):
+    """An array of strings has no end of its own; from random logits it closes (valid) within
+    max_tokens because the last tokens prefer the closing ones."""
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}},
+              "required": ["tags"], "additionalProperties": False}
+    tokens, text = decode(guided, "json_schema", json.dumps(schema), seq_id=f"c{seed}", steps=41, seed=seed,
+                          max_tokens=40)
+    assert len(tokens) <= 40
+    jsonschema.validate(json.loads(text), schema)
