@@ -18,8 +18,9 @@ Contract:
   refused (impossible through this mask, unless the request changed its grammar) leaves the
   sequence unconstrained rather than failing the step.
 - Grammars are compiled once per (kind, spec) and cached (bounded).
-- Closing within max_tokens: once a sequence has `close_window(max_tokens)` tokens or fewer
-  left (CLOSE_WITHIN, or a quarter of max_tokens when that is fewer), its mask
+- Closing within max_tokens: once a sequence has `close_window(max_tokens, depth)` tokens
+  or fewer left (a quarter of max_tokens up to CLOSE_WITHIN, and at least the output's open
+  strings, arrays and objects plus CLOSE_MARGIN), its mask
   keeps only the closing tokens (made of `"`, `]`, `}` alone, or a stop token) wherever the
   grammar allows one, so that an output that is still open ends as soon as the grammar lets
   it (a string, array or object closes instead of growing). Only allowed tokens are kept:
@@ -42,7 +43,8 @@ from wire.protocol import SeqStep
 
 MAX_MATCHERS = 4096
 MAX_GRAMMARS = 256
-CLOSE_WITHIN = 24  # tokens left to max_tokens from which a guided output is steered to close
+CLOSE_WITHIN = 64  # tokens left to max_tokens from which a guided output is steered to close
+CLOSE_MARGIN = 8  # ... or the open nesting depth plus these
 CLOSING_CHARS = frozenset('"]}')
 
 
@@ -78,17 +80,18 @@ def choice_grammar(choices: list[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c) for c in choices)
 
 
-def close_window(max_tokens: int) -> int:
-    return min(CLOSE_WITHIN, max_tokens // 4)
+def close_window(max_tokens: int, depth: int = 0) -> int:
+    return max(min(CLOSE_WITHIN, max_tokens // 4), depth + CLOSE_MARGIN if depth else 0)
 
 
-def closing_bitmask(tokenizer, vocab_size: int, stop_token_ids) -> torch.Tensor:
+def closing_bitmask(pieces: list[str], vocab_size: int, stop_token_ids) -> torch.Tensor:
     """xgrammar's bitmask row (int32 words) of the tokens made of CLOSING_CHARS alone, and the
-    stop tokens."""
+    stop tokens; `pieces` are the tokens' vocabulary strings (the tokenizer's
+    convert_ids_to_tokens: JSON's punctuation is itself in them)."""
     import xgrammar as xgr
 
     allowed = torch.zeros(vocab_size, dtype=torch.bool)
-    for i, piece in enumerate(tokenizer.convert_ids_to_tokens(list(range(min(len(tokenizer), vocab_size))))):
+    for i, piece in enumerate(pieces[:vocab_size]):
         if piece and set(piece) <= CLOSING_CHARS:
             allowed[i] = True
     for t in stop_token_ids:
@@ -103,12 +106,30 @@ def closing_bitmask(tokenizer, vocab_size: int, stop_token_ids) -> torch.Tensor:
 
 
 class _Matcher:
-    __slots__ = ("matcher", "tokens", "broken")
+    __slots__ = ("matcher", "tokens", "broken", "depth", "in_string", "escaped")
 
     def __init__(self, matcher):
         self.matcher = matcher
         self.tokens: list[int] = []
         self.broken = False
+        self.depth = 0  # open JSON strings, arrays and objects in the output so far
+        self.in_string = self.escaped = False
+
+    def scan(self, piece: str) -> None:
+        for ch in piece:
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string, self.depth = False, self.depth - 1
+            elif ch == '"':
+                self.in_string, self.depth = True, self.depth + 1
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth = max(0, self.depth - 1)
 
 
 class GuidedDecoding:
@@ -122,6 +143,7 @@ class GuidedDecoding:
         self._grammars: collections.OrderedDict = collections.OrderedDict()
         self._matchers: collections.OrderedDict[str, _Matcher] = collections.OrderedDict()
         self._closing = None  # bitmask row of the closing tokens, built with the compiler
+        self._pieces: list[str] = []  # token id -> vocabulary string, likewise
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-grammar")
         self._lock = threading.Lock()
 
@@ -137,7 +159,9 @@ class GuidedDecoding:
                 tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
             info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
                                                       stop_token_ids=self.stop_token_ids or None)
-            self._closing = closing_bitmask(tokenizer, self.vocab_size, self.stop_token_ids)
+            self._pieces = [p or "" for p in tokenizer.convert_ids_to_tokens(
+                list(range(min(len(tokenizer), self.vocab_size))))]
+            self._closing = closing_bitmask(self._pieces, self.vocab_size, self.stop_token_ids)
             self._compiler = xgr.GrammarCompiler(info)
         return self._compiler
 
@@ -175,6 +199,8 @@ class GuidedDecoding:
             if not m.broken and not m.matcher.is_terminated() and not m.matcher.accept_token(t):
                 m.broken = True
             m.tokens.append(t)
+            if t < len(self._pieces):
+                m.scan(self._pieces[t])
         return m
 
     def _masks(self, seqs: list[SeqStep]):
@@ -189,7 +215,7 @@ class GuidedDecoding:
                 continue
             m.matcher.fill_next_token_bitmask(bitmask, i)
             sp = seqs[i].sampling
-            if sp.max_tokens - len(seqs[i].output_token_ids) <= close_window(sp.max_tokens):
+            if sp.max_tokens - len(seqs[i].output_token_ids) <= close_window(sp.max_tokens, m.depth):
                 closing = bitmask[i] & self._closing
                 if bool(closing.any()):
                     bitmask[i] = closing

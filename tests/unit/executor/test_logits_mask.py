@@ -98,13 +98,26 @@ def test_closing_tokens_are_the_closers_and_the_stop_token(guided):
     assert not any(bits(tok.convert_tokens_to_ids(p)) for p in ("a", "{", ",", "1", ":"))
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_an_open_output_closes_within_max_tokens(guided, seed):
-    """An array of strings has no end of its own; from random logits it closes (valid) within
-    max_tokens because the last tokens prefer the closing ones."""
-    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}},
-              "required": ["tags"], "additionalProperties": False}
-    tokens, text = decode(guided, "json_schema", json.dumps(schema), seq_id=f"c{seed}", steps=41, seed=seed,
-                          max_tokens=40)
-    assert len(tokens) <= 40
+TAGS = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["tags"], "additionalProperties": False}
+NESTED = {"type": "object", "properties": {"_": {"$ref": "#"}, "n": {"type": "array", "items": {"$ref": "#"}}},
+          "additionalProperties": False}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("schema", [TAGS, NESTED], ids=["array", "nested"])
+def test_an_open_output_closes_within_max_tokens(guided, seed, schema):
+    """An array of strings, or objects nested without end, have no end of their own; from
+    random logits they close (valid) within max_tokens because the last tokens (at least as
+    many as the open levels) prefer the closing ones."""
+    tokens, text = decode(guided, "json_schema", json.dumps(schema), seq_id=f"c{seed}{len(str(schema))}",
+                          steps=41, seed=seed, max_tokens=40)
+    assert len(tokens) <= 40, text
     jsonschema.validate(json.loads(text), schema)
+
+
+def test_the_closing_window_covers_the_open_levels():
+    from executor.logits_mask import CLOSE_MARGIN, CLOSE_WITHIN, close_window
+
+    assert close_window(16) == 4 and close_window(1000) == CLOSE_WITHIN
+    assert close_window(300, depth=100) == 100 + CLOSE_MARGIN  # deep output: one token per level at least
