@@ -8,9 +8,12 @@ import torch
 
 from executor import linear_backend as linear_backends
 from executor.default_model import DEFAULT_GGUF, resolve_model
+from executor.model_config import ModelConfig
 from executor.model_loader import load_model
 from executor.logits_mask import GuidedDecoding
 from executor.model_runner import ModelRunner
+from executor.sharding import ShardPlan
+from executor import tensor_parallel
 from executor.weights import parse_dtype
 from wire.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
 
@@ -24,10 +27,17 @@ class Executor:
     model_info() says what the gateway and memsvc need; attach_pool(pool) hands over the KV
     pool (shape KVGeometry.pool_shape(num_blocks), this dtype, on this device), again after
     memsvc re-creates it; execute(batch) runs one step.
+
+    tensor_parallel_size N > 1: this is rank 0 of a group of N processes, each holding its
+    shard of the model (executor.tensor_parallel; ValueError when the model does not split
+    N ways); a lost rank calls on_group_lost(why) and fails every later step. `rank`
+    (rank, address) joins a group led elsewhere instead (executor.tp_worker).
     """
 
     def __init__(self, model: str | None = None, dtype: str = "float32", block_size: int = 16,
-                 device: str = "cpu", linear_backend: str = "auto"):
+                 device: str = "cpu", linear_backend: str = "auto", tensor_parallel_size: int = 1,
+                 group_timeout: float = tensor_parallel.DEFAULT_TIMEOUT_S, on_group_lost=None,
+                 rank: tuple[int, str] | None = None):
         parse_dtype(dtype)
         if torch.device(device).type == "cpu":
             use_owned_cores()
@@ -35,8 +45,15 @@ class Executor:
         self.block_size = block_size
         self.device = torch.device(device)
         self.model_dir = resolve_model(model)
+        self.plan = self.leader = None
+        if tensor_parallel_size > 1:
+            self._join(tensor_parallel_size, rank, group_timeout, on_group_lost,
+                       dict(model=self.model_dir, dtype=dtype, block_size=block_size, device=device,
+                            linear_backend=linear_backend))
         planner = linear_backends.Planner(linear_backend, self.device, parse_dtype(dtype))
-        self.model, self.config = load_model(self.model_dir, dtype, on_built=planner.place)
+        self.model, self.config = load_model(self.model_dir, dtype, on_built=planner.place, plan=self.plan)
+        if self.plan is not None:
+            tensor_parallel.shard_model(self.model, self.plan)
         self.model.to(self.device)
         self.linear_plan = planner.finish()
         self.name = _model_name(model, self.model_dir)
@@ -44,9 +61,20 @@ class Executor:
         self.guided = GuidedDecoding(self.model_dir, self.config.vocab_size,
                                      list(self.config.eos_token_ids))  # loads on first use
 
+    def _join(self, world: int, rank: tuple[int, str] | None, timeout: float, on_lost, args: dict) -> None:
+        if self.device.type != "cpu":
+            raise ValueError("--tensor-parallel-size > 1 runs on the CPU only so far: memsvc does not "
+                             "yet give each GPU its own pool")
+        self.plan = ShardPlan.of(ModelConfig.from_dir(self.model_dir), world, rank[0] if rank else 0)
+        if rank is None:
+            self.leader = tensor_parallel.Leader(self.plan, self.device, args, timeout, on_lost)
+        else:
+            tensor_parallel.join(self.plan, rank[1], self.device, timeout)
+
     def kv_geometry(self) -> KVGeometry:
         c = self.config
-        return KVGeometry(num_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_size=c.head_dim,
+        heads = c.num_kv_heads if self.plan is None else self.plan.group_kv_heads
+        return KVGeometry(num_layers=c.num_layers, num_kv_heads=heads, head_size=c.head_dim,
                           block_size=self.block_size, dtype=self.dtype, window=c.kv_window or 0)
 
     def model_info(self) -> ModelInfo:
@@ -66,8 +94,13 @@ class Executor:
             raise ValueError(f"KV pool is on {pool.device}, the model on {self.device}")
         if pool.shape[3] != self.block_size:
             raise ValueError(f"KV pool block size {pool.shape[3]} differs from {self.block_size}")
+        if self.plan is not None:  # the group's pool: every rank maps it, each uses its KV heads
+            if self.leader is not None:
+                self.leader.lead("attach", (tensor_parallel.pool_name(pool), list(pool.shape),
+                                            str(pool.dtype).removeprefix("torch.")))
+            pool = tensor_parallel.pool_part(pool, self.plan)
         if self.runner is None:
-            self.runner = ModelRunner(self.model, self.config, pool)
+            self.runner = ModelRunner(self.model, self.model.config, pool)
             self.runner.guided = self.guided
         else:
             self.runner.attach_pool(pool)
@@ -77,7 +110,22 @@ class Executor:
         prompt logprobs: SeqStep.reports), in batch order."""
         if self.runner is None:
             raise RuntimeError("no KV pool attached: call attach_pool first")
+        if self.leader is not None:
+            return self.leader.lead("execute", batch, lambda: self.runner.execute(batch))
         return self.runner.execute(batch)
+
+    def logits(self, batch: StepBatch) -> torch.Tensor:
+        """float32 logits [T, vocab] of every token of the step (ModelRunner.logits)."""
+        if self.runner is None:
+            raise RuntimeError("no KV pool attached: call attach_pool first")
+        if self.leader is not None:
+            return self.leader.lead("logits", batch, lambda: self.runner.logits(batch))
+        return self.runner.logits(batch)
+
+    def close(self) -> None:
+        """Stop the group's other ranks (tensor parallel); nothing otherwise."""
+        if self.leader is not None:
+            self.leader.close()
 
 
 def use_owned_cores() -> None:

@@ -158,6 +158,7 @@ class LlamaForCausalLM(nn.Module):
 
     layer_class = DecoderLayer
     final_norm = staticmethod(rms_norm)
+    tp = None  # executor.tensor_parallel.Collectives when this is one rank's shard
 
     def __init__(self, config: ModelConfig, weights: Mapping[str, torch.Tensor],
                  on_built: Callable[[nn.Module], None] | None = None):
@@ -192,6 +193,8 @@ class LlamaForCausalLM(nn.Module):
         return cos.to(self.dtype)[:, None, :], sin.to(self.dtype)[:, None, :]
 
     def embed_tokens(self, input_ids):
+        if self.tp is not None:
+            return self.tp.embed(input_ids, self.embed)
         return F.embedding(input_ids, self.embed)
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_pool: torch.Tensor):
@@ -205,7 +208,10 @@ class LlamaForCausalLM(nn.Module):
         return self.final_norm(x, self.norm, self.config.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden).float()
+        logits = self.lm_head(hidden)
+        if self.tp is not None:
+            logits = self.tp.gather_vocab(logits)
+        logits = logits.float()
         cap = self.config.final_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
