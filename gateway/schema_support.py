@@ -6,10 +6,10 @@ only approximate, so that the gateway refuses the request (400) instead of enfor
 Found by probing xgrammar 0.2.9 (tests/unit/gateway/test_schema_support.py keeps the
 probes): it ignores not, if/then/else, dependencies, dependent*, contains, uniqueItems,
 multipleOf on numbers, lookahead in patterns, minLength/maxLength beside pattern or format,
-siblings of $ref / anyOf / oneOf / allOf, and a required property that `properties` does
-not declare, and string or number keywords in a schema without a type; it reads oneOf as
-anyOf and allOf loosely. Formats it does not check that JSON
-Schema defines are refused; other formats are annotations (as the specification says).
+siblings of $ref / anyOf / oneOf / allOf, a required property that `properties` does not
+declare, and string or number keywords in a schema without a type; it reads oneOf as anyOf
+and allOf loosely. The formats JSON Schema defines that it does not check are refused;
+other formats are annotations (as the specification says).
 """
 from __future__ import annotations
 
@@ -68,11 +68,18 @@ def normalize(schema: dict) -> dict:
                 if extra is False:
                     raise UnsupportedKeyword("required", path, f"names {name!r}, which additionalProperties "
                                              "false forbids (no output can be valid)")
-                if any(re.search(p, name) for p in node.get("patternProperties", {})):
+                if any(_may_match(p, name) for p in node.get("patternProperties", {})):
                     raise UnsupportedKeyword("required", path, f"names {name!r}, which only patternProperties "
                                              "declares")
                 props[name] = extra if isinstance(extra, dict) else {}
     return schema
+
+
+def _may_match(pattern: str, name: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return True  # a pattern Python cannot read: assume it may
 
 
 def check(schema: dict) -> None:
