@@ -70,14 +70,14 @@ def start_services(block_size: int, kv_tokens: int, prefix_caching: bool = True,
     """memsvc and a zero-cost (or simulated) executor as processes under a Supervisor (started).
     The executor of a simulation serves metrics (`--metrics-port`), for its simulated seconds."""
     from executor.config import ExecutorConfig
-    from memsvc.config import MemsvcConfig
+    from memsvc.config import MemoryConfig, MemsvcConfig
     from pagedserve.serve_cmd import free_port
     from pagedserve.supervisor import ServiceSpec, Supervisor
     from wire.settings import to_argv
 
     cli = [sys.executable, "-m", "pagedserve.cli"]
-    m = MemsvcConfig(port=free_port(), kv_tokens=kv_tokens, prefix_caching=prefix_caching,
-                     preemption_mode="recompute")
+    m = MemsvcConfig(port=free_port(), memory=MemoryConfig(
+        kv_tokens=kv_tokens, prefix_caching=prefix_caching, preemption_mode="recompute"))
     simulated = simulate is not None or simulate_step_ms is not None
     e = ExecutorConfig(port=free_port(), memsvc=f"127.0.0.1:{m.port}", block_size=block_size,
                        zero_cost=not simulated, simulate=simulate, simulate_step_ms=simulate_step_ms,

@@ -27,8 +27,7 @@ import random
 
 from executor.config import ExecutorConfig
 from gateway.batch_loop import BatchLoop
-from gateway.config import GatewayConfig
-from memsvc.config import MemsvcConfig
+from memsvc.config import MemoryConfig
 from gateway.scheduler import SchedulerConfig
 from memsvc import POLICIES, make_allocator
 from memsvc.step_planner import StepPlanner
@@ -113,7 +112,8 @@ def simulate(policy: str, requests, *, kv_tokens: int, block_size: int, max_mode
                                max_model_len=max_model_len, enable_prefix_caching=conversations > 0,
                                window=window or None, num_offload_blocks=offload_blocks)
     executor = _InstantExecutor(max_model_len, block_size, window)
-    loop = BatchLoop(_SimMemory(allocator), executor, SchedulerConfig(max_num_seqs, max_num_batched_tokens))
+    loop = BatchLoop(_SimMemory(allocator), executor,
+                     SchedulerConfig(max_num_seqs, max_num_batched_tokens, overlap=False))
     rng = random.Random(seed)
     chats = _Chats(loop, requests, conversations, max_model_len, rng) if conversations else None
     for i, r in enumerate(requests if chats is None else []):
@@ -187,9 +187,9 @@ def add_parser(sub) -> None:
     p.add_argument("--workload", default="sharegpt", choices=WORKLOADS)
     p.add_argument("--trace", default=None, help="a JSONL trace instead of --workload")
     p.add_argument("--num-requests", type=int, default=300)
-    add_flags(p, MemsvcConfig, only={"kv_tokens"}, defaults={"kv_tokens": 15700})
+    add_flags(p, MemoryConfig, only={"kv_tokens"}, defaults={"kv_tokens": 15700})
     add_flags(p, ExecutorConfig, only={"block_size", "max_model_len"}, defaults={"max_model_len": 2048})
-    add_flags(p, GatewayConfig, only={"max_num_seqs", "max_num_batched_tokens"},
+    add_flags(p, SchedulerConfig, only={"max_num_seqs", "max_num_batched_tokens"},
               defaults={"max_num_seqs": 256, "max_num_batched_tokens": 4096})
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
     p.add_argument("--seed", type=int, default=0)

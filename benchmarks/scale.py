@@ -23,7 +23,7 @@ import time
 
 import grpc
 
-from memsvc.config import MemsvcConfig
+from memsvc.config import MemoryConfig
 from pagedserve.serve_cmd import free_port
 from pagedserve.supervisor import health_status
 from wire.v1 import generation_pb2 as pb
@@ -99,7 +99,7 @@ def measured(memsvcs, address, prompts, max_tokens, concurrency) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_flags(p, MemsvcConfig, only={"kv_tokens"}, defaults={"kv_tokens": 4096})
+    add_flags(p, MemoryConfig, only={"kv_tokens"}, defaults={"kv_tokens": 4096})
     p.add_argument("--json", default=None)
     p.add_argument("--sections", default="routing,replicas,gateways",
                    help="comma-separated: routing, replicas, gateways (default: all)")

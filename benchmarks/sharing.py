@@ -25,7 +25,7 @@ import statistics
 import time
 
 from executor.config import ExecutorConfig
-from memsvc.config import MemsvcConfig
+from memsvc.config import MemoryConfig
 from wire.settings import add_flags
 
 SHARING_WIDTHS = (2, 4, 6)
@@ -106,7 +106,7 @@ def parallel_sampling_saving(requests, n: int, block_size: int, max_model_len: i
     alloc = PagedAllocator(need + 16, block_size, enable_prefix_caching=False)
     memory = _Measured(_PlannerMemory(alloc), alloc)
     loop = BatchLoop(memory, _InstantExecutor(block_size, max_model_len),
-                     SchedulerConfig(max_num_seqs=1024, max_num_batched_tokens=1 << 16))
+                     SchedulerConfig(max_num_seqs=1024, max_num_batched_tokens=1 << 16, overlap=False))
     rng = random.Random(0)
     for i, r in enumerate(requests):
         loop.add_request(str(i), [rng.randrange(32000) for _ in range(r.prompt_len)],
@@ -256,7 +256,7 @@ def add_parser(sub) -> None:
     p.add_argument("--parts", default="sharing,prefix,swap", help="comma-separated: sharing,prefix,swap")
     add_flags(p, ExecutorConfig, only={"model", "block_size", "device", "max_model_len"},
               defaults={"max_model_len": 2048})
-    add_flags(p, MemsvcConfig, only={"kv_tokens", "swap_space"}, defaults={"kv_tokens": 65536, "swap_space": 1.0})
+    add_flags(p, MemoryConfig, only={"kv_tokens", "swap_space"}, defaults={"kv_tokens": 65536, "swap_space": 1.0})
     p.add_argument("--num-requests", type=int, default=200, help="requests per workload (parallel sampling)")
     p.add_argument("--beam-requests", type=int, default=6, help="requests per workload (beam search, real model)")
     p.add_argument("--beam-max-output", type=int, default=400,

@@ -120,7 +120,7 @@ def measure(batch: int, input_len: int, output_len: int) -> dict:
     from gateway.batch_loop import BatchLoop
     from gateway.scheduler import SchedulerConfig
     from gateway.tokenizer import load_tokenizer
-    from memsvc.config import MemsvcConfig
+    from memsvc.config import MemoryConfig
     from memsvc.memory_manager import MemoryManager
     from wire.heap import freeze_heap
     from wire.protocol import SamplingParams
@@ -128,8 +128,7 @@ def measure(batch: int, input_len: int, output_len: int) -> dict:
     parts = _Parts()
     executor = ZeroCostExecutor(16, 8192, resolve_model(None, progress=False))
     kv_tokens = (batch * -(-(input_len + output_len) // 16) + 64) * 16
-    manager = MemoryManager(MemsvcConfig(kv_tokens=kv_tokens).memory_config(
-        num_blocks=kv_tokens // 16, max_model_len=8192))
+    manager = MemoryManager(MemoryConfig(num_blocks=kv_tokens // 16, max_model_len=8192))
     manager.register_executor(executor.model_info().kv, device="cpu")
     config = SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * input_len),
                              overlap=True, plan_ahead=True)

@@ -1,4 +1,5 @@
-"""The gateway's settings: one dataclass, its flags made from it (wire.settings)."""
+"""The gateway's settings: a dataclass whose fields are its flags (wire.settings); the
+batching loop's are its nested `SchedulerConfig` (gateway.scheduler)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,13 +32,7 @@ class GatewayConfig:
                                   wiring=True)
     routing: str = setting("prefix", "how requests are spread over replicas: prefix-cache "
                            "affinity and load, or in turn", choices=["prefix", "round-robin"])
-    max_num_seqs: int = setting(64, "sequences per step")
-    max_num_batched_tokens: int = setting(2048, "tokens per step; longer prompts are prefilled "
-                                          "in chunks")
-    overlap: bool = setting(True, "while the executor runs a step: detokenize, apply stop strings "
-                            "and stream the last step's tokens, and plan and reserve the next step "
-                            "(a stop string then ends its sequence one step later; the extra token "
-                            "is dropped); --no-overlap: one phase after the other")
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     max_waiting: int = setting(1024, "refuse a request (RESOURCE_EXHAUSTED, HTTP 429) while N "
                                "sequences wait for a step; 0: no bound", metavar="N")
     max_request_bytes: int = setting(4 << 20, "largest request either API accepts: a gRPC message "
@@ -66,12 +61,7 @@ class GatewayConfig:
         if self.max_request_bytes < 1024:
             raise ValueError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
         self.upstreams()
-        self.scheduler()
         self.replica_addresses()
-
-    def scheduler(self) -> SchedulerConfig:
-        return SchedulerConfig(max_num_seqs=self.max_num_seqs,
-                               max_num_batched_tokens=self.max_num_batched_tokens, overlap=self.overlap)
 
     def upstreams(self) -> list[tuple[str, str]]:
         """The (name, url) pairs of --metrics-upstream."""

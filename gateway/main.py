@@ -16,7 +16,7 @@ def replica_set(config: GatewayConfig, service, tls=None):
     from gateway.replica_set import ReplicaSet
     from gateway.router import Router
 
-    router = Router(config.routing, block_size=16, max_num_seqs=config.max_num_seqs,
+    router = Router(config.routing, block_size=16, max_num_seqs=config.scheduler.max_num_seqs,
                     registry=service.metrics.registry)
     discover = None
     if config.discover:
@@ -79,7 +79,7 @@ async def serve(config: GatewayConfig) -> int:
 
     tls = config.tls
     setup_tracing("gateway", config.tracing)
-    gateway = Gateway(lambda: connect_remote(config.memsvc, config.executor, tls), config.scheduler(),
+    gateway = Gateway(lambda: connect_remote(config.memsvc, config.executor, tls), config.scheduler,
                       host=config.host, port=config.port, max_waiting=config.max_waiting,
                       step_retry_s=config.step_retry_timeout, api_key=config.api_key or None,
                       credentials=tls.server_credentials(require_client_cert=False),

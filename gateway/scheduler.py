@@ -25,24 +25,32 @@ from gateway.samples import SampleHolds
 from gateway.sequence import Sequence, SeqStatus
 from wire.held_seqs import apply_table_change
 from wire.protocol import Plan, PlanEntry, PromptLogprob, ReserveResult, SampleOutput
+from wire.settings import setting
 from wire.step_delta import SeqDelta, StepDelta
 from wire.step_feed import FED
 
 
 @dataclass
 class SchedulerConfig:
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    """The batching loop's limits: flags of the gateway (and of the engine), plus fields set
+    in process (no flag)."""
+
+    max_num_seqs: int = setting(64, "sequences per step")
+    max_num_batched_tokens: int = setting(2048, "tokens per step; longer prompts are prefilled "
+                                          "in chunks")
+    overlap: bool = setting(True, "while the executor runs a step: detokenize, apply stop strings "
+                            "and stream the last step's tokens, and plan and reserve the next step "
+                            "(a stop string then ends its sequence one step later; the extra token "
+                            "is dropped); --no-overlap: one phase after the other")
     enable_chunked_prefill: bool = True
-    overlap: bool = False  # BatchLoop: turn step N's tokens into text while step N + 1 runs
     plan_ahead: bool = True  # with overlap: also plan and reserve step N + 1 while step N runs
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+            raise ValueError(f"--max-num-seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(
-                f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}"
+                f"--max-num-batched-tokens must be positive, got {self.max_num_batched_tokens}"
             )
 
 

@@ -7,12 +7,12 @@ returns, and reports preemptions (by swap or recompute, see memsvc.preemption_po
 resumed sequences; `free`, `fork` and `stats` act on sequences by id. Every ReserveResult
 carries this manager's `pool_epoch` (docs/ARCHITECTURE.md, "The pool epoch").
 
-The host swap space (`swap_space_bytes`) is a block-major tensor like the pool (pinned when
+The host swap space (`swap_space`) is a block-major tensor like the pool (pinned when
 the pool is on a GPU); block-copy time is measured when it is allocated and with every
 swap, and the recompute cost is learned from the step reports in each plan (see
 memsvc.cost_model).
 
-The prefix cache's host tier (`kv_offload_bytes`, off by default) is a second host tensor of
+The prefix cache's host tier (`kv_offload`, off by default) is a second host tensor of
 the same layout, separate from the swap space: evicted cached blocks are copied there when
 the cost model says a hit pays, and prefix hits there are copied back in, both before
 Reserve answers (memsvc.prefix_offload; docs/ARCHITECTURE.md).
@@ -28,69 +28,20 @@ Not thread-safe: memsvc's server serializes every call with one lock.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 
 import torch
 
 from kernels import copy_blocks
 from memsvc import make_allocator
+from memsvc.config import GIB, MemoryConfig
 from memsvc.fair_share import over_share
 from memsvc.host_pool import (allocate_host_pool, finish_copies, host_blocks_for, measure_block_copy,
                               timed_copy)
 from memsvc.kv_pool import allocate_pool, num_blocks_for_budget
-from memsvc.preemption_policy import PREEMPTION_MODES, PreemptionPolicy
+from memsvc.preemption_policy import PreemptionPolicy
 from memsvc.sessions import Sessions
 from memsvc.step_planner import StepPlanner, check_plan
 from wire.protocol import KVGeometry, Plan, PoolStats, Preemption, ReserveResult
-
-
-@dataclass
-class MemoryConfig:
-    policy: str = "paged"
-    enable_prefix_caching: bool = True
-    num_blocks: int | None = None  # wins over kv_tokens, which wins over kv_budget_bytes
-    kv_tokens: int | None = None  # pool size in slots, rounded down to whole blocks
-    kv_budget_bytes: int = 2 << 30
-    max_model_len: int = 8192
-    device: str = "cpu"  # default when the executor names none: "cpu", "cuda:N" or a GPU UUID
-    shared: bool = False  # pool in shared memory (CPU) or exported by CUDA IPC (GPU)
-    shm_name: str | None = None  # shared CPU pool: the segment's name (default: generated)
-    session_lease_s: float = 10.0
-    preemption_mode: str = "auto"  # recompute | swap | auto
-    swap_space_bytes: int = 4 << 30  # host swap space (paged policy only)
-    num_host_blocks: int | None = None  # wins over swap_space_bytes
-    watermark: float = 0.01  # fraction of the pool kept free by admission and resumption
-    kv_offload_bytes: int = 0  # the prefix cache's host tier (paged, prefix caching); 0: off
-    num_offload_blocks: int | None = None  # wins over kv_offload_bytes
-    offload_policy: str = "auto"  # auto: when the cost model says a hit pays; always (tests)
-
-    def __post_init__(self) -> None:
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
-                             f"got {self.preemption_mode!r}")
-        if self.swap_space_bytes < 0:
-            raise ValueError(f"swap_space_bytes must be >= 0, got {self.swap_space_bytes}")
-        if self.num_host_blocks is not None and self.num_host_blocks < 0:
-            raise ValueError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
-        if self.kv_offload_bytes < 0:
-            raise ValueError(f"kv_offload_bytes must be >= 0 (0 turns the host tier off), got "
-                             f"{self.kv_offload_bytes}")
-        if self.num_offload_blocks is not None and self.num_offload_blocks < 0:
-            raise ValueError(f"num_offload_blocks must be >= 0, got {self.num_offload_blocks}")
-        if self.offload_policy not in ("auto", "always"):
-            raise ValueError(f"offload_policy must be 'auto' or 'always', got {self.offload_policy!r}")
-        if not 0 <= self.watermark < 1:
-            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
-        if self.num_blocks is not None and self.num_blocks < 1:
-            raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
-        if self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
-        if self.kv_tokens is not None and self.kv_tokens < 1:
-            raise ValueError(f"kv_tokens must be positive, got {self.kv_tokens}")
-        if self.kv_budget_bytes < 1:
-            raise ValueError(f"kv_budget_bytes must be positive, got {self.kv_budget_bytes}")
-        if self.session_lease_s <= 0:
-            raise ValueError(f"session_lease_s must be positive, got {self.session_lease_s}")
 
 
 HOST_TIER_FIELDS = ("host_tier_blocks", "host_tier_blocks_used", "host_tier_lookups", "host_tier_hits",
@@ -108,7 +59,7 @@ class MemoryManager:
         self.cuda_handle = None  # wire.cuda_ipc.CudaIpcHandle when the GPU pool is shared
         self.allocator = None
         self.planner: StepPlanner | None = None
-        self.sessions = Sessions(config.session_lease_s)
+        self.sessions = Sessions(config.session_lease)
         self.num_preemptions = 0
         self.host_pool: torch.Tensor | None = None
         self.tier_pool: torch.Tensor | None = None  # the prefix cache's host tier
@@ -122,7 +73,7 @@ class MemoryManager:
 
         A later executor (a restart, a replica) with the same geometry and device gets the
         same pool; a different one is a ValueError. Size: `config.num_blocks`, else
-        `config.kv_tokens`, else `budget_bytes` (0: `config.kv_budget_bytes`).
+        `config.kv_tokens`, else `budget_bytes` (0: `config.kv_memory`).
         `max_model_len` 0 means `config.max_model_len`.
         """
         device = device or self.config.device
@@ -138,22 +89,22 @@ class MemoryManager:
             if num_blocks < 1:
                 raise ValueError(f"kv_tokens={cfg.kv_tokens} holds no block of {geometry.block_size} tokens")
         if num_blocks is None:
-            num_blocks = num_blocks_for_budget(geometry, budget_bytes or cfg.kv_budget_bytes)
+            num_blocks = num_blocks_for_budget(geometry, budget_bytes or int(cfg.kv_memory * GIB))
         self.pool = self._allocate(geometry, num_blocks, device)
         self.geometry, self.pool_device = geometry, device
         num_host = 0
         if cfg.policy == "paged" and cfg.preemption_mode != "recompute":
             num_host = cfg.num_host_blocks
             if num_host is None:
-                num_host = host_blocks_for(geometry, cfg.swap_space_bytes)
+                num_host = host_blocks_for(geometry, int(cfg.swap_space * GIB))
         num_tier = 0
-        if cfg.policy == "paged" and cfg.enable_prefix_caching:
+        if cfg.policy == "paged" and cfg.prefix_caching:
             num_tier = cfg.num_offload_blocks
             if num_tier is None:
-                num_tier = host_blocks_for(geometry, cfg.kv_offload_bytes)
+                num_tier = host_blocks_for(geometry, int(cfg.kv_offload * GIB))
         self.allocator = make_allocator(
             cfg.policy, num_blocks, geometry.block_size,
-            max_model_len=max_model_len or cfg.max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
+            max_model_len=max_model_len or cfg.max_model_len, enable_prefix_caching=cfg.prefix_caching,
             num_host_blocks=num_host, window=geometry.window or None, num_offload_blocks=num_tier,
         )
         if num_host:

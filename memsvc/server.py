@@ -29,6 +29,7 @@ Service contract:
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -64,7 +65,7 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
         self._sweeper.start()
 
     def _sweep(self) -> None:
-        interval = min(self.manager.config.session_lease_s / 4, 1.0)
+        interval = min(self.manager.config.session_lease / 4, 1.0)
         while not self._stopped.wait(interval):
             with self.lock:
                 freed = self.manager.expire_sessions()
@@ -201,7 +202,7 @@ def serve(config: MemsvcConfig) -> int:
 
     stop = stop_on_signals()
     try:
-        memory = config.memory_config(shared=True)
+        memory = dataclasses.replace(config.memory, shared=True)
         credentials = config.tls.server_credentials()
     except (ValueError, OSError) as e:
         print(f"memsvc: {e}", file=sys.stderr)
@@ -222,8 +223,8 @@ def serve(config: MemsvcConfig) -> int:
         freeze_heap()
         service.set_serving(True)
         log.info("serving on %s (policy %s, preemption %s, swap space %g GiB, session lease %gs)",
-                 address, memory.policy, memory.preemption_mode, memory.swap_space_bytes / (1 << 30),
-                 memory.session_lease_s)
+                 address, memory.policy, memory.preemption_mode, memory.swap_space,
+                 memory.session_lease)
         wait(stop)
         log.info("stopping")
     finally:

@@ -52,19 +52,12 @@ class LLMEngine:
         info = self.executor.model_info()
         max_len = min(info.max_model_len, ex.max_model_len or info.max_model_len)
         info.max_model_len = max_len
-        num_blocks = config.num_blocks
-        if num_blocks is None and config.memsvc.kv_tokens is not None:
-            num_blocks = config.memsvc.kv_tokens // ex.block_size
-            if num_blocks < 1:
-                raise ValueError(f"kv_tokens={config.memsvc.kv_tokens} holds no block of "
-                                 f"{ex.block_size} tokens")
-        self.memory = MemoryManager(config.memsvc.memory_config(
-            num_blocks=num_blocks, max_model_len=max_len, num_host_blocks=config.num_host_blocks))
+        self.memory = MemoryManager(dataclasses.replace(config.memory, max_model_len=max_len))
         self.executor.attach_pool(self.memory.register_executor(info.kv, device=self.device))
         self.info = info
         self.tokenizer = load_tokenizer(info.tokenizer_dir)
         # serial: in one process there is no RPC wait for the output work to hide in
-        scheduler = dataclasses.replace(config.gateway.scheduler(), overlap=False)
+        scheduler = dataclasses.replace(config.scheduler, overlap=False)
         self.loop = BatchLoop(self.memory, _FixedInfo(self.executor, info), scheduler, self.tokenizer)
         self._ids = itertools.count()
 

@@ -1,4 +1,5 @@
-"""The in-process engine's config: the services' own configs, and the flags it takes from them.
+"""The in-process engine's config: the services' own setting dataclasses, and the flags it
+takes from them.
 
 Light to import (no torch): `pagedserve generate` and the benchmarks build their parsers
 from it.
@@ -8,39 +9,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from executor.config import ExecutorConfig
-from gateway.config import GatewayConfig
-from memsvc.config import MemsvcConfig
+from gateway.scheduler import SchedulerConfig
+from memsvc.config import MemoryConfig
 from wire.settings import add_flags, from_args, to_argv
 
 ENGINE_SETTINGS = {
     ExecutorConfig: ("model", "device", "dtype", "block_size", "max_model_len", "linear_backend"),
-    MemsvcConfig: ("kv_tokens", "kv_memory", "policy", "prefix_caching", "preemption_mode",
-                   "swap_space"),
-    GatewayConfig: ("max_num_seqs", "max_num_batched_tokens"),
+    MemoryConfig: ("kv_tokens", "kv_memory", "policy", "prefix_caching", "preemption_mode",
+                   "swap_space", "num_blocks", "num_host_blocks"),
+    SchedulerConfig: ("max_num_seqs", "max_num_batched_tokens"),
 }
 
 
 @dataclass
 class EngineConfig:
-    """The services' own configs, of which the engine uses the ENGINE_SETTINGS fields."""
+    """The executor's, memsvc's pool and the batching loop's settings, of which the engine
+    takes the ENGINE_SETTINGS fields (num_blocks and num_host_blocks, exact sizes for tests,
+    have no flag)."""
 
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
-    memsvc: MemsvcConfig = field(default_factory=MemsvcConfig)
-    gateway: GatewayConfig = field(default_factory=GatewayConfig)
-    num_blocks: int | None = None  # exact pool size, for tests; wins over kv_tokens
-    num_host_blocks: int | None = None  # exact swap space, for tests
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     @classmethod
     def of(cls, **settings) -> "EngineConfig":
         """From flat setting names (`model=`, `kv_tokens=`, `max_num_seqs=`, ...)."""
-        parts = {}
+        parts = []
         for config_cls, names in ENGINE_SETTINGS.items():
-            mine = {k: settings.pop(k) for k in names if k in settings}
-            parts[config_cls] = config_cls(**mine)
-        extra = {k: settings.pop(k) for k in ("num_blocks", "num_host_blocks") if k in settings}
+            parts.append(config_cls(**{k: settings.pop(k) for k in names if k in settings}))
         if settings:
             raise TypeError(f"unknown engine settings: {', '.join(sorted(settings))}")
-        return cls(parts[ExecutorConfig], parts[MemsvcConfig], parts[GatewayConfig], **extra)
+        return cls(*parts)
 
     @classmethod
     def from_args(cls, args) -> "EngineConfig":
@@ -49,8 +48,8 @@ class EngineConfig:
     def to_argv(self) -> list[str]:
         """The engine's settings as flags (of `generate`, or of `serve`, which has them all)."""
         return [*to_argv(self.executor, ENGINE_SETTINGS[ExecutorConfig]),
-                *to_argv(self.memsvc, ENGINE_SETTINGS[MemsvcConfig]),
-                *to_argv(self.gateway, ENGINE_SETTINGS[GatewayConfig])]
+                *to_argv(self.memory, ENGINE_SETTINGS[MemoryConfig]),
+                *to_argv(self.scheduler, ENGINE_SETTINGS[SchedulerConfig])]
 
 
 def add_engine_flags(parser) -> None:

@@ -5,8 +5,9 @@ declared with `setting(...)`: default, help, and optionally the environment vari
 choices and metavar. From that one declaration come the flag `--field-name`, its fallback
 `PAGEDSERVE_FIELD_NAME` (or the `env` named), `from_args` (namespace -> config) and
 `to_argv` (config -> flags another process parses back to the same config). A field whose
-type is a dataclass (TlsConfig, TracingConfig) contributes that dataclass's flags, under
-the same names in every service.
+type is a dataclass (TlsConfig, TracingConfig, MemoryConfig) contributes that dataclass's
+flags, under the same names in every service; a field declared without `setting` is set in
+process only (no flag).
 
 `wiring=True` marks where a process listens and whom it calls (host, port, peer
 addresses, metrics port): `pagedserve serve` chooses those itself for its children.
@@ -130,7 +131,7 @@ def from_args(cls, args: argparse.Namespace, **overrides):
             values[f.name] = overrides[f.name]
         elif dataclasses.is_dataclass(hints[f.name]):
             values[f.name] = from_args(hints[f.name], args)
-        elif hasattr(args, dest(f)):
+        elif "help" in f.metadata and hasattr(args, dest(f)):
             value = getattr(args, dest(f))
             if value is None and _kind(cls, f)[1]:
                 value = _env_value(cls, f)  # an append flag given nowhere: env or default

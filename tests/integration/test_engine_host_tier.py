@@ -5,7 +5,7 @@ no block afterwards (issue 27)."""
 from pagedserve.engine import LLMEngine
 from pagedserve.engine_config import EngineConfig
 from executor.config import ExecutorConfig
-from memsvc.config import MemsvcConfig
+from memsvc.config import MemoryConfig
 from wire.protocol import SamplingParams
 
 SYSTEM = "You are a helpful assistant who answers briefly and precisely. " * 2
@@ -18,8 +18,8 @@ TURNS = ["Name a color.", "Why that one?", "And a second?"]
 def chat(kv_offload: float):
     engine = LLMEngine(EngineConfig(
         executor=ExecutorConfig(block_size=16),
-        memsvc=MemsvcConfig(kv_offload=kv_offload, preemption_mode="recompute"),
-        num_blocks=14))  # 224 slots: about one conversation's history
+        # 14 blocks, 224 slots: about one conversation's history
+        memory=MemoryConfig(kv_offload=kv_offload, preemption_mode="recompute", num_blocks=14)))
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     history = {c: engine.encode(f"{SYSTEM} Talk about {TOPICS[c]}. " * 3) for c in range(3)}
     outputs, computed = [], 0

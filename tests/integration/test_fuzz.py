@@ -40,7 +40,7 @@ def gw():
 
     engine = LLMEngine(kv_tokens=2048, max_num_seqs=8, max_model_len=MAX_MODEL_LEN)
     g = GatewayThread(in_process(engine.memory, engine.loop.executor, engine.tokenizer),
-                      SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512))
+                      SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, overlap=False))
     g.wait_ready()
     g.memory = engine.memory
     yield g

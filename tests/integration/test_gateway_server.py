@@ -28,7 +28,7 @@ def make(num_blocks=256, delay=0.0, max_model_len=2048, gate=None):
             raise TimeoutError("gate")
         return backend()
 
-    return GatewayThread(connect, SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=512)), mem
+    return GatewayThread(connect, SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=512, overlap=False)), mem
 
 
 def expected(prompt, n, seed):

@@ -42,7 +42,7 @@ class Server:
                 raise TimeoutError("gate")
             return Backend(self.memory, self.executor, tokenizer)
 
-        self.g = GatewayThread(connect, SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=512))
+        self.g = GatewayThread(connect, SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=512, overlap=False))
         self.http = self.g._call(start_openai(self.g.gateway, "127.0.0.1", 0, api_key))
         self.url = f"http://127.0.0.1:{self.http.port}"
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key or "none", max_retries=0)

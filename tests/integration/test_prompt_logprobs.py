@@ -96,7 +96,7 @@ def served(tmp_path_factory):
     executor.attach_pool(memory.register_executor(executor.kv_geometry()))
     tokenizer = load_tokenizer(str(path))
     g = GatewayThread(lambda: Backend(memory, executor, tokenizer),
-                      SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=6))
+                      SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=6, overlap=False))
     http = g._call(start_openai(g.gateway, "127.0.0.1", 0))
     g.wait_ready()
     yield g, f"http://127.0.0.1:{http.port}", hf
@@ -226,7 +226,7 @@ def test_across_the_wire_with_chunks_and_a_cached_prompt(tmp_path):
     service.set_ready(ex, info, {}, epoch)
     memory, remote = RemoteMemoryClient(addresses[0], heartbeat_s=0), RemoteExecutorClient(addresses[1], timeout=60)
     try:
-        loop = BatchLoop(memory, remote, SchedulerConfig(max_num_batched_tokens=5))
+        loop = BatchLoop(memory, remote, SchedulerConfig(max_num_batched_tokens=5, overlap=False))
         prompt = random_prompt(17, 10)
 
         def run(request_id, sampling):

@@ -48,7 +48,7 @@ def served(default_model_dir):
     executor.attach_pool(memory.register_executor(info.kv))
     assert executor.runner.guided is executor.guided  # the model runner applies the masks
     g = GatewayThread(lambda: Backend(memory, executor, tokenizer),
-                      SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512))
+                      SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, overlap=False))
     http = g._call(start_openai(g.gateway, "127.0.0.1", 0))
     g.wait_ready()
     url = f"http://127.0.0.1:{http.port}"

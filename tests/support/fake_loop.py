@@ -12,11 +12,11 @@ from tests.support.fake_executor import FakeExecutor, reference_next
 def make_loop(num_blocks=64, block_size=4, prefix=True, max_num_seqs=16, max_tokens_step=64,
               max_model_len=4096):
     ex = FakeExecutor(block_size, max_model_len)
-    mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, enable_prefix_caching=prefix,
+    mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, prefix_caching=prefix,
                                      max_model_len=max_model_len))
     ex.attach_pool(mem.register_executor(ex.info.kv))
     loop = BatchLoop(mem, ex, SchedulerConfig(max_num_seqs=max_num_seqs,
-                                              max_num_batched_tokens=max_tokens_step))
+                                              max_num_batched_tokens=max_tokens_step, overlap=False))
     return loop, mem, ex
 
 

@@ -98,7 +98,7 @@ def test_greedy_output_matches_the_in_process_engine(backend, engine):
     assert info.chat_template == engine.info.chat_template
     assert "tokenizer.json" in os.listdir(info.tokenizer_dir)
     tokenizer = load_tokenizer(info.tokenizer_dir)
-    loop = BatchLoop(backend.memory, backend.remote, SchedulerConfig(max_num_seqs=8), tokenizer)
+    loop = BatchLoop(backend.memory, backend.remote, SchedulerConfig(max_num_seqs=8, overlap=False), tokenizer)
     sampling = SamplingParams(max_tokens=8, temperature=0.0)
     for i, p in enumerate(PROMPTS):
         loop.add_request(str(i), engine.encode(p), sampling)

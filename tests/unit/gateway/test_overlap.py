@@ -31,7 +31,7 @@ def make(loop_kind, *, num_blocks=256, mode="recompute", host_blocks=None, prefi
     if loop_kind in (True, False):
         loop_kind = "ahead" if loop_kind else "serial"
     ex = executor or FakeExecutor(4)
-    mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, enable_prefix_caching=prefix,
+    mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, prefix_caching=prefix,
                                      preemption_mode=mode, num_host_blocks=host_blocks))
     ex.attach_pool(mem.register_executor(ex.info.kv))
     config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_tokens_step,

@@ -37,12 +37,12 @@ RECOMPUTE_IS_CHEAPER = FixedCosts(1e-3, 1e-6)
 def make_loop(mode, *, num_blocks=24, block_size=4, host_blocks=None, costs=None, prefix=False,
               max_tokens_step=64):
     ex = FakeExecutor(block_size)
-    mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, enable_prefix_caching=prefix,
+    mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, prefix_caching=prefix,
                                      preemption_mode=mode, num_host_blocks=host_blocks))
     ex.attach_pool(mem.register_executor(ex.info.kv))
     if costs is not None:
         mem.policy.costs = costs
-    loop = BatchLoop(mem, ex, SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_tokens_step))
+    loop = BatchLoop(mem, ex, SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_tokens_step, overlap=False))
     return loop, mem
 
 
@@ -104,7 +104,7 @@ def test_swap_with_prefix_caching_samples_and_priorities():
 
 
 def test_swapped_sequences_resume_before_new_admissions():
-    mem = MemoryManager(MemoryConfig(num_blocks=6, preemption_mode="swap", enable_prefix_caching=False))
+    mem = MemoryManager(MemoryConfig(num_blocks=6, preemption_mode="swap", prefix_caching=False))
     mem.register_executor(FakeExecutor(4).info.kv)
     new = [PlanEntry(s, [1] * 8, True, 24) for s in ("a", "b")]
     assert len(mem.reserve(Plan(new)).grants) == 2  # 4 blocks
@@ -125,7 +125,7 @@ def test_swapped_sequences_resume_before_new_admissions():
 
 
 def test_watermark_keeps_admission_from_filling_the_pool():
-    mem = MemoryManager(MemoryConfig(num_blocks=10, watermark=0.2, enable_prefix_caching=False))
+    mem = MemoryManager(MemoryConfig(num_blocks=10, watermark=0.2, prefix_caching=False))
     mem.register_executor(FakeExecutor(4).info.kv)
     assert mem.reserve(Plan([PlanEntry("a", [1] * 16, True, 40)])).grants  # empty pool: no watermark
     r = mem.reserve(Plan([PlanEntry("b", [1] * 17, True, 40)]))  # 5 blocks + 2 kept free > 6
@@ -161,10 +161,10 @@ def test_memsvc_flags(monkeypatch):
     def parse(argv):
         parser = argparse.ArgumentParser()
         service_cmds.add_parsers(parser.add_subparsers(dest="command", required=True))
-        return service_cmds.config_from("memsvc", parser.parse_args(argv)).memory_config()
+        return service_cmds.config_from("memsvc", parser.parse_args(argv)).memory
 
     config = parse(["memsvc", "--preemption-mode", "swap", "--swap-space", "0.5"])
-    assert config.preemption_mode == "swap" and config.swap_space_bytes == 1 << 29
+    assert config.preemption_mode == "swap" and config.swap_space == 0.5
     assert parse(["memsvc"]).preemption_mode == "auto"
     monkeypatch.setenv("PAGEDSERVE_PREEMPTION_MODE", "recompute")
     assert parse(["memsvc"]).preemption_mode == "recompute"
@@ -220,9 +220,9 @@ class _OverTheWire:
 
 def test_swap_and_forks_through_a_session_over_the_wire():
     ex = FakeExecutor(4)
-    mem = MemoryManager(MemoryConfig(num_blocks=24, preemption_mode="swap", enable_prefix_caching=False))
+    mem = MemoryManager(MemoryConfig(num_blocks=24, preemption_mode="swap", prefix_caching=False))
     ex.attach_pool(mem.register_executor(ex.info.kv))
-    loop = BatchLoop(_OverTheWire(mem), ex, SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64))
+    loop = BatchLoop(_OverTheWire(mem), ex, SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64, overlap=False))
     ps = prompts(6, lo=10, hi=20, seed=4)
     for i, p in enumerate(ps):
         loop.add_request(str(i), p, SamplingParams(max_tokens=20, temperature=1.0, seed=i, n=2))

@@ -45,7 +45,7 @@ class ScoringExecutor(FakeExecutor):
 
 def make(num_blocks=64, max_tokens_step=64, prefix=True, overlap=False):
     ex = ScoringExecutor(4)
-    mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, enable_prefix_caching=prefix,
+    mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, prefix_caching=prefix,
                                      preemption_mode="recompute"))
     ex.attach_pool(mem.register_executor(ex.info.kv))
     loop = BatchLoop(mem, ex, SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_tokens_step,

@@ -26,7 +26,7 @@ def make_loop(tier, *, num_blocks=24, policy="always", mode="recompute", host_bl
                                      offload_policy=policy, preemption_mode=mode,
                                      num_host_blocks=host_blocks))
     ex.attach_pool(mem.register_executor(ex.info.kv))
-    return BatchLoop(mem, ex, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64)), mem, ex
+    return BatchLoop(mem, ex, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, overlap=False)), mem, ex
 
 
 def chat(loop, mem, *, conversations=4, turns=4, seed=0, salts=False):
@@ -155,7 +155,7 @@ def test_a_restarted_memsvc_has_an_empty_tier_and_serves_the_same():
     assert mem.stats().preemption["host_tier_blocks_used"] > 0
     fresh = MemoryManager(mem.config)  # what a memsvc killed and started again holds
     ex.attach_pool(fresh.register_executor(ex.info.kv))
-    loop2 = BatchLoop(fresh, ex, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64))
+    loop2 = BatchLoop(fresh, ex, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, overlap=False))
     assert fresh.stats().preemption["host_tier_blocks_used"] == 0
     assert chat(loop2, fresh, turns=2) == first
     assert_clean(fresh)

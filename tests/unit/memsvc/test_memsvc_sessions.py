@@ -4,7 +4,7 @@ from wire.protocol import KVGeometry, Plan, PlanEntry
 
 
 def manager(num_blocks=16, lease=10.0):
-    mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, session_lease_s=lease))
+    mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, session_lease=lease))
     mem.register_executor(KVGeometry(1, 1, 1, 4))
     return mem
 
@@ -86,7 +86,7 @@ def test_without_a_session_ids_are_used_as_given():
 
 
 def test_memsvc_admits_no_new_sequence_for_a_session_over_its_share():
-    mem = MemoryManager(MemoryConfig(num_blocks=32, session_lease_s=10.0))
+    mem = MemoryManager(MemoryConfig(num_blocks=32, session_lease=10.0))
     mem.register_executor(KVGeometry(1, 1, 1, 4))
 
     def new(seq_id, first):  # 20 tokens: 5 blocks of 4

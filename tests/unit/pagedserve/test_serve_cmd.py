@@ -89,7 +89,7 @@ def test_every_flag_of_every_service_reaches_that_service_through_serve(monkeypa
 
 def test_kv_offload_reaches_memsvc_through_serve():
     memsvc = service_specs(build_parser().parse_args(["serve", "--kv-offload", "1.5"]))[0]
-    assert child_config(memsvc)[1].kv_offload == 1.5
+    assert child_config(memsvc)[1].memory.kv_offload == 1.5
 
 
 def test_wiring_points_the_services_at_each_other():
@@ -120,7 +120,7 @@ def test_serve_with_replicas_and_gateways_starts_each_pair_then_every_gateway_on
         assert gateway.replica == pairs and gateway.routing == "round-robin"
         assert gateway.http_port == (8000 if i == 0 else 0)
         assert gateway.metrics_port == (9000 if i == 0 else 0)
-    assert child_config(specs[2])[1].session_lease == 3
+    assert child_config(specs[2])[1].memory.session_lease == 3
     # every memsvc and executor gets a metrics port that the first gateway's /metrics scrapes
     ports = [child_config(s)[1].metrics_port for s in specs[:4]]
     assert all(ports) and child_config(specs[4])[1].metrics_upstream == [

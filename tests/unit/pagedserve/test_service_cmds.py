@@ -15,7 +15,7 @@ def parse(argv):
 
 def test_defaults_listen_on_loopback():
     m = parse(["memsvc"])
-    assert (m.host, m.port, m.policy, m.session_lease, m.kv_tokens) == ("127.0.0.1", 50052, "paged", 10.0, None)
+    assert (m.host, m.port, m.memory.policy, m.memory.session_lease, m.memory.kv_tokens) == ("127.0.0.1", 50052, "paged", 10.0, None)
     e = parse(["executor"])
     assert (e.host, e.port, e.memsvc, e.block_size, e.dtype, e.device) == (
         "127.0.0.1", 50053, "127.0.0.1:50052", 16, "auto", "auto")
@@ -31,12 +31,10 @@ def test_environment_fills_in_what_flags_leave_out(monkeypatch):
     monkeypatch.setenv("PAGEDSERVE_MEMSVC", "10.0.0.5:6000")
     monkeypatch.setenv("PAGEDSERVE_REPLICAS", "a:1,b:2 c:3,d:4")
     m = parse(["memsvc", "--policy", "contiguous-max"])
-    assert (m.port, m.kv_tokens, m.prefix_caching, m.session_lease) == (6000, 4096, False, 2.5)
-    config = m.memory_config(shared=True)
-    assert config.shared and config.kv_tokens == 4096 and not config.enable_prefix_caching
-    assert config.policy == "contiguous-max" and config.session_lease_s == 2.5
+    assert (m.port, m.memory.kv_tokens, m.memory.prefix_caching, m.memory.session_lease) == (6000, 4096, False, 2.5)
+    assert m.memory.policy == "contiguous-max"
     assert parse(["memsvc", "--port", "7"]).port == 7
-    assert parse(["memsvc", "--prefix-caching"]).prefix_caching
+    assert parse(["memsvc", "--prefix-caching"]).memory.prefix_caching
     assert parse(["executor"]).memsvc == "10.0.0.5:6000"
     assert parse(["gateway"]).replica_addresses() == [("a:1", "b:2"), ("c:3", "d:4")]
     assert parse(["gateway", "--replica", "e:5,f:6"]).replica == ["e:5,f:6"]
@@ -44,7 +42,7 @@ def test_environment_fills_in_what_flags_leave_out(monkeypatch):
 
 def test_kv_tokens_wins_over_kv_memory():
     m = parse(["memsvc", "--kv-tokens", "160", "--kv-memory", "1"])
-    assert m.memory_config().kv_tokens == 160
+    assert m.memory.kv_tokens == 160
 
 
 @pytest.mark.parametrize("argv,word", [
