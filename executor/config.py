@@ -40,6 +40,13 @@ class ExecutorConfig:
                                   "exact: opt-in, likewise measured)", choices=LINEAR_BACKENDS)
     max_model_len: int | None = setting(None, "cap on prompt + output tokens (off: the model's "
                                         "maximum)")
+    tensor_parallel_size: int = setting(1, "split the model over this many processes joined by "
+                                        "torch.distributed (gloo), each computing every step on "
+                                        "its shard: heads, MLP width and vocabulary split N ways "
+                                        "(CPU only so far)", metavar="N")
+    tensor_parallel_timeout: float = setting(60.0, "how long a rank of a tensor-parallel group "
+                                             "waits in a collective before the group goes down",
+                                             metavar="SECONDS")
     register_timeout: float = setting(60.0, "how long to keep trying to reach memsvc",
                                       metavar="SECONDS")
     drain_timeout: float = setting(0.0, "on SIGTERM, say NOT_SERVING at once (gateways route no "
@@ -67,6 +74,10 @@ class ExecutorConfig:
             raise ValueError(f"--block-size must be positive, got {self.block_size}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be positive, got {self.max_model_len}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}")
+        if not self.tensor_parallel_timeout > 0:
+            raise ValueError(f"--tensor-parallel-timeout must be positive, got {self.tensor_parallel_timeout}")
         if self.drain_timeout < 0:
             raise ValueError(f"--drain-timeout must be >= 0, got {self.drain_timeout}")
         if self.simulate is not None:

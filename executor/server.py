@@ -268,7 +268,10 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
         log.info("device %s (%s), dtype %s", torch_device, memsvc_device, dtype)
         with on_device(torch_device):
             executor = Executor(config.model, dtype=dtype, block_size=config.block_size,
-                                device=torch_device, linear_backend=config.linear_backend)
+                                device=torch_device, linear_backend=config.linear_backend,
+                                tensor_parallel_size=config.tensor_parallel_size,
+                                group_timeout=config.tensor_parallel_timeout,
+                                on_group_lost=_exit_group_lost)
     info = executor.model_info()
     if config.max_model_len:
         info.max_model_len = min(info.max_model_len, config.max_model_len)
@@ -280,6 +283,13 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
     freeze_heap()
     service.set_serving(True)
     log.info("pool mapped (%d blocks of %d tokens); serving", handle.num_blocks, info.kv.block_size)
+
+
+def _exit_group_lost(why: str) -> None:
+    """A tensor-parallel rank is gone: end this process (status 1), so the supervisor restarts
+    the whole group; the pool stays in memsvc."""
+    log.error("%s: exiting", why)
+    os._exit(1)
 
 
 def serve(config: ExecutorConfig) -> int:

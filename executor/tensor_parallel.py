@@ -205,7 +205,7 @@ class Leader:
     stopping = False
 
     def close(self) -> None:
-        """Tell the workers to stop, then make sure they have."""
+        """Tell the workers to stop (killed if they do not), then leave the group."""
         if self.stopping:
             return
         try:
@@ -215,7 +215,8 @@ class Leader:
             pass
         self.stopping = True
         self.stop_workers()
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
     def stop_workers(self) -> None:
         self.stopping = True

@@ -48,11 +48,16 @@ class LLMEngine:
         self.device = resolve_device(ex.device)
         self.dtype = resolve_dtype(ex.dtype, self.device)
         self.executor = Executor(ex.model, dtype=self.dtype, block_size=ex.block_size, device=self.device,
-                                 linear_backend=ex.linear_backend)
+                                 linear_backend=ex.linear_backend,
+                                 tensor_parallel_size=ex.tensor_parallel_size,
+                                 group_timeout=ex.tensor_parallel_timeout)
         info = self.executor.model_info()
         max_len = min(info.max_model_len, ex.max_model_len or info.max_model_len)
         info.max_model_len = max_len
-        self.memory = MemoryManager(dataclasses.replace(config.memory, max_model_len=max_len))
+        # a tensor-parallel group's other ranks map the pool too: shared memory
+        self.memory = MemoryManager(dataclasses.replace(
+            config.memory, max_model_len=max_len,
+            shared=config.memory.shared or ex.tensor_parallel_size > 1))
         self.executor.attach_pool(self.memory.register_executor(info.kv, device=self.device))
         self.info = info
         self.tokenizer = load_tokenizer(info.tokenizer_dir)
@@ -60,6 +65,11 @@ class LLMEngine:
         scheduler = dataclasses.replace(config.scheduler, overlap=False)
         self.loop = BatchLoop(self.memory, _FixedInfo(self.executor, info), scheduler, self.tokenizer)
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop a tensor-parallel group's other ranks and give up a shared pool's name."""
+        self.executor.close()
+        self.memory.close()
 
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
         if isinstance(prompt, list):

@@ -66,10 +66,12 @@ def run(args) -> int:
         return 2
     try:
         engine.add_request(args.prompt, sampling, chat=args.chat, request_id="cli")
+        return print_stream(engine.stream(), args)
     except RequestError as e:
         print(f"pagedserve generate: {e}", file=sys.stderr)
         return 2
-    return print_stream(engine.stream(), args)
+    finally:
+        engine.close()
 
 
 def _run_remote(args, sampling: SamplingParams) -> int:

@@ -105,6 +105,46 @@ def test_bad_grammars_are_400_and_invalid_argument(served):
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_schemas_the_engine_cannot_enforce_are_refused_naming_the_keyword(served):
+    unique = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    r = httpx.post(served.url + "/v1/chat/completions", timeout=30, json={
+        "messages": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": unique}}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    assert "uniqueItems" in r.json()["error"]["message"]
+    negated = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "not": {"const": 0}}}, "required": ["n"]}}}
+    r = httpx.post(served.url + "/v1/chat/completions", timeout=30, json={
+        "messages": ASK, "tools": [negated], "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools" and "not" in r.json()["error"]["message"]
+    with pytest.raises(grpc.RpcError) as e:
+        list(served.g.stub.Generate(pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(
+            guided_kind="json_schema", guided_spec=json.dumps({"oneOf": [{"type": "integer"}, {"type": "number"}]}))),
+            timeout=30))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "oneOf" in e.value.details()
+
+
+# each ran to max_tokens before issue 28's fix (greedy, 300): names, digits, array items repeated
+RAN_TO_LENGTH = ("data/Glaiveai2K/schedule_meeting_c300e0b7.json", "data/Github_easy/o9876.json",
+                 "data/Glaiveai2K/generate_invoice_ab8f4ea7.json")
+
+
+@pytest.mark.parametrize("source", RAN_TO_LENGTH)
+def test_real_schemas_that_ran_to_max_tokens_now_close_and_validate(served, source):
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "jsonschemabench", "sample.jsonl")
+    if not os.path.exists(path):
+        pytest.skip(f"no JSONSchemaBench sample at {path}")
+    with open(path) as f:
+        schema = next(r["schema"] for r in map(json.loads, f) if r["source"] == source)
+    prompt = f"Give an example of a JSON object that follows this JSON schema:\n{json.dumps(schema)}"
+    r = served.client.chat.completions.create(
+        model=served.model, max_tokens=300, temperature=0, messages=[{"role": "user", "content": prompt}],
+        response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content[-200:]
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
 def test_grpc_guided_json(served):
     out = list(served.g.stub.Generate(pb.GenerateRequest(prompt="City data:", sampling=pb.SamplingParams(
         max_tokens=60, guided_kind="json_schema", guided_spec=json.dumps(SCHEMA))), timeout=120))

@@ -59,16 +59,19 @@ def test_json_schema_and_tool_calls_on_the_default_model(served, stream):
 
     import jsonschema
 
-    kw = dict(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Paris as JSON"}],
+    kw = dict(model=MODEL, max_tokens=100, temperature=0, messages=[{"role": "user", "content": "Paris as JSON"}],
               response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA,
                                                                       "strict": True}})
     if stream:
-        text = "".join(c.choices[0].delta.content or "" for c in served.client.chat.completions.create(
-            stream=True, **kw) if c.choices)
+        chunks = [c for c in served.client.chat.completions.create(stream=True, **kw) if c.choices]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        reason = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason][-1]
     else:
-        text = served.client.chat.completions.create(**kw).choices[0].message.content
+        r = served.client.chat.completions.create(**kw)
+        text, reason = r.choices[0].message.content, r.choices[0].finish_reason
+    assert reason == "stop", text  # the output closes within max_tokens (bounded, steered to close)
     jsonschema.validate(json.loads(text), SCHEMA)
-    kw = dict(model=MODEL, max_tokens=60, tools=[WEATHER], tool_choice="required",
+    kw = dict(model=MODEL, max_tokens=60, temperature=0, tools=[WEATHER], tool_choice="required",
               messages=[{"role": "user", "content": "Weather in Paris?"}])
     if stream:
         chunks = list(served.client.chat.completions.create(stream=True, **kw))
@@ -77,5 +80,6 @@ def test_json_schema_and_tool_calls_on_the_default_model(served, stream):
     else:
         r = served.client.chat.completions.create(**kw)
         calls, reason = r.choices[0].message.tool_calls, r.choices[0].finish_reason
-    assert reason == "tool_calls" and calls[0].function.name == "get_weather"
+    assert reason == "tool_calls", calls  # not "length": the calls' JSON closes within max_tokens
+    assert calls[0].function.name == "get_weather"
     jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER["function"]["parameters"])
