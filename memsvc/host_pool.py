@@ -32,12 +32,9 @@ def host_blocks_for(geometry: KVGeometry, swap_bytes: int) -> int:
 
 
 def allocate_host_pool(geometry: KVGeometry, num_blocks: int, pool: torch.Tensor) -> torch.Tensor:
-    """Host blocks with their pages faulted in now (zeroed), not by the first copies into
-    them, which run inside Reserve (first-touch copies measured 10-30x slower: BENCHMARKS.md,
-    issue 27)."""
     dtype = getattr(torch, geometry.dtype)
     with on_device(pool.device):  # pinning uses the current device's context
-        return torch.zeros(geometry.pool_shape(num_blocks), dtype=dtype, pin_memory=pool.is_cuda)
+        return torch.empty(geometry.pool_shape(num_blocks), dtype=dtype, pin_memory=pool.is_cuda)
 
 
 def _runs(ids: list[int]) -> list[tuple[int, int, int]]:

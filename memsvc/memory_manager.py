@@ -111,6 +111,7 @@ class MemoryManager:
             self.host_pool = allocate_host_pool(geometry, num_host, self.pool)
         if num_tier:
             self.tier_pool = allocate_host_pool(geometry, num_tier, self.pool)
+            self.tier_pool.zero_()  # its pages faulted in now, not by offloads in Reserve
             self.allocator.offload.pays = self._offload_pays
         host = self.host_pool if self.host_pool is not None else self.tier_pool
         if host is not None:
