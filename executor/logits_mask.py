@@ -21,8 +21,8 @@ Contract:
 - Closing within max_tokens: once a sequence has `close_window(max_tokens, depth)` tokens
   or fewer left (a quarter of max_tokens up to CLOSE_WITHIN, and at least the output's open
   strings, arrays and objects plus CLOSE_MARGIN), its mask
-  keeps only the closing tokens (made of `"`, `]`, `}` alone, or a stop token) wherever the
-  grammar allows one, so that an output that is still open ends as soon as the grammar lets
+  keeps only the closing tokens (made of `"`, `]`, `}` alone, or a stop token; inside a
+  string, those that begin with `"`) wherever the grammar allows one, so that an output that is still open ends as soon as the grammar lets
   it (a string, array or object closes instead of growing). Only allowed tokens are kept:
   the output follows the grammar all the same.
 
@@ -84,15 +84,17 @@ def close_window(max_tokens: int, depth: int = 0) -> int:
     return max(min(CLOSE_WITHIN, max_tokens // 4), depth + CLOSE_MARGIN if depth else 0)
 
 
-def closing_bitmask(pieces: list[str], vocab_size: int, stop_token_ids) -> torch.Tensor:
-    """xgrammar's bitmask row (int32 words) of the tokens made of CLOSING_CHARS alone, and the
-    stop tokens; `pieces` are the tokens' vocabulary strings (the tokenizer's
-    convert_ids_to_tokens: JSON's punctuation is itself in them)."""
+def closing_bitmask(pieces: list[str], vocab_size: int, stop_token_ids,
+                    in_string: bool = False) -> torch.Tensor:
+    """xgrammar's bitmask row (int32 words) of the tokens made of CLOSING_CHARS alone (in a
+    string: and beginning with its closing quote), and the stop tokens; `pieces` are the
+    tokens' vocabulary strings (the tokenizer's convert_ids_to_tokens: JSON's punctuation is
+    itself in them)."""
     import xgrammar as xgr
 
     allowed = torch.zeros(vocab_size, dtype=torch.bool)
     for i, piece in enumerate(pieces[:vocab_size]):
-        if piece and set(piece) <= CLOSING_CHARS:
+        if piece and set(piece) <= CLOSING_CHARS and (piece[0] == '"' or not in_string):
             allowed[i] = True
     for t in stop_token_ids:
         if 0 <= t < vocab_size:
@@ -142,7 +144,8 @@ class GuidedDecoding:
         self._compiler = None
         self._grammars: collections.OrderedDict = collections.OrderedDict()
         self._matchers: collections.OrderedDict[str, _Matcher] = collections.OrderedDict()
-        self._closing = None  # bitmask row of the closing tokens, built with the compiler
+        self._closing = None  # bitmask rows of the closing tokens (out of, in a string), built
+        # with the compiler
         self._pieces: list[str] = []  # token id -> vocabulary string, likewise
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-grammar")
         self._lock = threading.Lock()
@@ -161,7 +164,8 @@ class GuidedDecoding:
                                                       stop_token_ids=self.stop_token_ids or None)
             self._pieces = [p or "" for p in tokenizer.convert_ids_to_tokens(
                 list(range(min(len(tokenizer), self.vocab_size))))]
-            self._closing = closing_bitmask(self._pieces, self.vocab_size, self.stop_token_ids)
+            self._closing = [closing_bitmask(self._pieces, self.vocab_size, self.stop_token_ids, in_string)
+                             for in_string in (False, True)]
             self._compiler = xgr.GrammarCompiler(info)
         return self._compiler
 
@@ -215,8 +219,9 @@ class GuidedDecoding:
                 continue
             m.matcher.fill_next_token_bitmask(bitmask, i)
             sp = seqs[i].sampling
-            if sp.max_tokens - len(seqs[i].output_token_ids) <= close_window(sp.max_tokens, m.depth):
-                closing = bitmask[i] & self._closing
+            left = sp.max_tokens - len(seqs[i].output_token_ids)
+            if left <= close_window(sp.max_tokens, m.depth) and not m.escaped:
+                closing = bitmask[i] & self._closing[m.in_string]
                 if bool(closing.any()):
                     bitmask[i] = closing
             masked.append(i)

@@ -91,11 +91,14 @@ def test_forget_drops_the_matchers_of_finished_sequences(guided):
 def test_closing_tokens_are_the_closers_and_the_stop_token(guided):
     g, tok = guided
     g.compiler()
-    bits = lambda t: bool((int(g._closing[t // 32]) >> (t % 32)) & 1)  # noqa: E731
-    for piece in ('}', '"]', '"}', ']'):
-        assert bits(tok.convert_tokens_to_ids(piece)), piece
-    assert bits(tok.eos_token_id)
-    assert not any(bits(tok.convert_tokens_to_ids(p)) for p in ("a", "{", ",", "1", ":"))
+    def bits(t, in_string=False):
+        return bool((int(g._closing[in_string][t // 32]) >> (t % 32)) & 1)
+
+    ids = {p: tok.convert_tokens_to_ids(p) for p in ('}', '"]', '"}', ']', '"', "a", "{", ",", "1", ":")}
+    assert all(bits(ids[p]) for p in ('}', '"]', '"}', ']', '"')) and bits(tok.eos_token_id)
+    assert not any(bits(ids[p]) for p in ("a", "{", ",", "1", ":"))
+    # in a string, `]` and `}` are content: only what begins with the closing quote closes
+    assert all(bits(ids[p], True) for p in ('"]', '"}', '"')) and not bits(ids["]"], True)
 
 
 TAGS = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}},
