@@ -20,11 +20,11 @@ Contract:
 - Grammars are compiled once per (kind, spec) and cached (bounded).
 - Closing within max_tokens: once a sequence has `close_window(max_tokens, depth)` tokens
   or fewer left (a quarter of max_tokens up to CLOSE_WITHIN, and at least the output's open
-  strings, arrays and objects plus CLOSE_MARGIN), its mask
-  keeps only the closing tokens (made of `"`, `]`, `}` alone, or a stop token; inside a
-  string, those that begin with `"`) wherever the grammar allows one, so that an output that is still open ends as soon as the grammar lets
-  it (a string, array or object closes instead of growing). Only allowed tokens are kept:
-  the output follows the grammar all the same.
+  strings, arrays and objects plus CLOSE_MARGIN), its mask keeps only the closing tokens
+  (made of `"`, `]`, `}` alone, or a stop token; inside a string, those that begin with `"`)
+  wherever the grammar allows one, so that an output that is still open ends as soon as the
+  grammar lets it (a string, array or object closes instead of growing). Only allowed tokens
+  are kept: the output follows the grammar all the same.
 
 The model runner applies them (ModelRunner.execute: `prepare` before the forward pass,
 `apply` to the sampled rows' logits before the sampler); the Executor gives its runner one
