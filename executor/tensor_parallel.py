@@ -22,6 +22,7 @@ CPU), each computing every step on its shard of the model (executor.sharding).
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -158,6 +159,7 @@ class Leader:
             threading.Thread(target=self._watch, args=(r, proc), daemon=True,
                              name=f"tp-watch-{r}").start()
         threading.Thread(target=self._heartbeat, daemon=True, name="tp-heartbeat").start()
+        atexit.register(self.close)  # a caller that never closes still stops its workers
 
     def lead(self, kind: str, payload, run: Callable[[], object] | None = None):
         """Broadcast (kind, payload) to the workers, then run this rank's part (`run`)."""
