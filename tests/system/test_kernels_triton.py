@@ -42,7 +42,7 @@ def check_paged_attention():
     import torch
     from kernels.paged_attention_ref import paged_attention_ref
     from kernels.paged_attention_triton import paged_attention_triton
-    from test_kernels_attention import make_batch
+    from tests.unit.kernels.test_kernels_attention import make_batch
 
     # (seq_len, q_len): decodes, whole prompts, prefill chunks over a prefix, an empty entry
     specs = [(19, 1), (4, 1), (23, 23), (30, 7), (9, 0), (40, 1)]
@@ -75,7 +75,7 @@ def check_paged_attention_split_decode():
     import torch
     from kernels.paged_attention_ref import paged_attention_ref
     from kernels.paged_attention_triton import paged_attention_triton
-    from test_kernels_attention import make_batch
+    from tests.unit.kernels.test_kernels_attention import make_batch
 
     specs = [(150, 1), (7, 1), (96, 1)]
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
@@ -92,7 +92,7 @@ def check_paged_attention_window():
     import torch
     from kernels.paged_attention_ref import paged_attention_ref
     from kernels.paged_attention_triton import paged_attention_triton
-    from test_kernels_attention import make_batch, poison_outside_window
+    from tests.unit.kernels.test_kernels_attention import make_batch, poison_outside_window
 
     specs = [(19, 1), (4, 1), (23, 23), (30, 7), (9, 0), (40, 1)]
     for block_size, window, softcap, tile, splits in ((4, 6, None, 16, None), (8, 13, 1.5, 16, None),

@@ -1,11 +1,12 @@
 """The opt-in int4 weights (executor/linear_int4.py, --linear-backend int4): Q4_1 read back
 exactly from its float32 image, the matmul against the dequantized float reference, the
-refusals (not Q4_1, no kernel, not float32), a tiny Q4_1 model and the default model on it."""
+refusals (not Q4_1, no kernel, not float32), a tiny Q4_1 model (the default model on it:
+tests/integration/test_linear_default_model.py)."""
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks.int8_accuracy import PROMPTS, compare, prefill_logits
+from benchmarks.int8_accuracy import prefill_logits
 from executor import linear_backend, linear_int4
 from executor.linear import Linear
 from executor.model_loader import load_model
@@ -122,20 +123,3 @@ def test_a_model_without_q4_1_weights_is_refused(tmp_path):
     make_tiny_model(tmp_path, "qwen2")
     with pytest.raises(ValueError, match="first decoder layer holds no Q4_1 weights .*--linear-backend auto"):
         load_model(str(tmp_path), on_built=linear_backend.Planner("int4").place)
-
-
-def test_default_model_int4_runs_and_stays_near_float32(default_model_dir):
-    """The engine on int4 against float32 on the default model (BENCHMARKS.md has the
-    six-prompt figures: max |logit diff| 0.73, 2.5% of the logit spread, argmax agreement 100%,
-    6 of 6 continuations identical): a guard against a regression, not a promise of equal
-    outputs."""
-    from pagedserve.engine import LLMEngine
-
-    engines = [LLMEngine(model=default_model_dir, linear_backend=b, kv_tokens=1024, device="cpu")
-               for b in ("mkl", "int4")]
-    plan = engines[1].executor.linear_plan
-    assert sum(c.layers for c in plan if c.routes == [(None, "int4")]) == 4 * 30
-    r = compare(*engines, PROMPTS[:3], new_tokens=16)
-    assert r["argmax_agreement"] >= 0.95
-    assert r["max_logit_diff_over_spread"] <= 0.05
-    assert r["mean_tokens_before_divergence"] >= 8

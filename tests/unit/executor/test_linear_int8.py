@@ -1,12 +1,13 @@
 """The opt-in int8 weights (executor/linear_int8.py, --linear-backend int8): the quantization
 and the kernel's contract, the fallback for shapes it cannot take, the layers it serves
-holding no dense weight, and its measured distance from float32 on the default model."""
+holding no dense weight (its distance from float32 on the default model:
+tests/integration/test_linear_default_model.py)."""
 import logging
 
 import pytest
 import torch
 
-from benchmarks.int8_accuracy import PROMPTS, compare, prefill_logits
+from benchmarks.int8_accuracy import prefill_logits
 from executor import linear_backend, linear_int8
 from executor.linear import Linear
 from executor.model_loader import load_model
@@ -83,17 +84,3 @@ def test_tiny_model_on_int8_holds_no_dense_weight_and_stays_near_float32(tmp_pat
         a, b = prefill_logits(ref, config, ids), prefill_logits(model, config, ids)
         spread = (a.amax(-1) - a.amin(-1)).min().item()
         assert (a - b).abs().max().item() <= 0.05 * spread
-
-
-def test_default_model_int8_accuracy(default_model_dir):
-    """Measured distance of int8 from float32 on the default model (BENCHMARKS.md has the
-    six-prompt figures: max |logit diff| 2.17, 7% of the logit spread, argmax agreement 95%):
-    a guard against a regression, not a promise of equal outputs."""
-    from pagedserve.engine import LLMEngine
-
-    engines = [LLMEngine(model=default_model_dir, linear_backend=b, kv_tokens=1024, device="cpu")
-               for b in ("mkl", "int8")]
-    r = compare(*engines, PROMPTS[:3], new_tokens=16)
-    assert r["argmax_agreement"] >= 0.9
-    assert r["max_logit_diff_over_spread"] <= 0.15
-    assert r["mean_tokens_before_divergence"] >= 2

@@ -4,48 +4,17 @@ JSON lands in $OUT; the services part's comparisons are equivalent on both sides
 a sequence in transformers and in pagedserve alike) and its bfloat16 metric passes a right
 answer and fails wrong ones; the kernel cases' inputs (mixed launches, far blocks, windows,
 soft-capping) agree with kernels/paged_attention_ref. The services part itself on the CPU is
-`scripts/gpu_check.sh --rehearse` (real processes, ~40 s here)."""
+`scripts/gpu_check.sh --rehearse` (real processes, ~40 s here); the script run as a process:
+tests/system/test_gpu_check_scripts.py."""
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 import threading
 import types
 
 import pytest
 import torch
 
-from tests.support import REPO
-from tests.support.gpu_check import SCRIPTS, load_gpu_check as load
-
-
-
-
-def test_without_cuda_the_cuda_parts_check_what_they_can_and_skip(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(OUT=str(tmp_path), CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run([sys.executable, str(SCRIPTS / "gpu_check.py"), "--quick", "--parts", "kernels,bench,serve",
-                           "--budget", "serve=40"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    gc = load()
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert gc.validate(report) == [] and report["dry_run"] is False
-    parts = report["parts"]
-    assert parts["services"] == {"status": "skipped", "reason": "not in --parts"}
-    for name in ("kernels", "bench", "serve"):
-        assert parts[name]["status"] == "skipped" and parts[name]["reason"] == "no CUDA", (name, parts[name])
-        assert f"{name}: skipped: no CUDA" in done.stdout
-    assert parts["kernels"]["swap_copy_cpu"] is True
-    assert parts["kernels"]["cases_planned"] == len(gc.kernel_cases(True)) < len(gc.KERNEL_CASES)
-    if importlib.util.find_spec("triton"):
-        assert set(parts["kernels"]["triton_imports"].values()) == {"ok"}
-    assert parts["serve"]["arguments"]["parsed"] is True and len(parts["serve"]["arguments"]["commands"]) == 4
-    assert report["budgets"] == dict(gc.QUICK_BUDGETS, serve=40.0)
-    assert report["env"]["cuda_available"] is False and report["env"]["problems"] == []
-    assert "the GPU machine's image has torch 2.11" in report["env"]["note"]
+from tests.support.gpu_check import load_gpu_check as load
 
 
 def test_budgets_fit_the_device_time():
@@ -181,27 +150,3 @@ def test_every_kernel_case_names_a_shape_and_a_reason():
     assert quick == gc.KERNEL_CASES[:len(quick)]  # the quick cases are the most important, first
     assert {c.dtype for c in quick} == {"bfloat16", "float16", "float32"} and any(c.mixed_launch for c in quick)
     assert any(c.far for c in gc.KERNEL_CASES) and any(c.window for c in gc.KERNEL_CASES)
-
-
-INTERPRETED = """
-import importlib.util, sys, torch
-spec = importlib.util.spec_from_file_location("gc", sys.argv[1]); gc = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gc)
-from kernels.paged_attention_triton import paged_attention_triton
-for window, softcap, splits in ((None, None, None), (6, None, None), (None, 2.0, 2)):
-    a = gc.make_paged(torch, 4, 40, 5, 4, 2, 16, 8, torch.float32, "cpu", mixed=True, pad=2, poison=True,
-                      mixed_launch=True, far=2048)
-    r = gc.compare_attention(torch, paged_attention_triton, a, 0.25, splits, window, softcap)
-    assert r["ok"], (window, softcap, r)
-print("ok")
-"""
-
-
-def test_the_triton_kernel_passes_the_new_cases_interpreted():
-    """Prefill chunks beside decodes, far blocks, a window, soft-capping: the Triton kernel
-    under TRITON_INTERPRET=1 at tiny shapes (the GPU runs them at real ones)."""
-    pytest.importorskip("triton")
-    done = subprocess.run([sys.executable, "-c", INTERPRETED, str(SCRIPTS / "gpu_check.py")], cwd=REPO,
-                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
