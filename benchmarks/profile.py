@@ -140,7 +140,7 @@ def profile_batch(engine, batch: int, input_len: int, steps: int, warmup: int, s
 
     rng = random.Random(seed)
     loop = engine.loop
-    total = steps + warmup + 2
+    total = warmup + 2 * steps + 2  # both timed phases decode every sequence at every step
     for i in range(batch):
         engine.add_request(random_prompt_ids(rng, input_len, engine.info.vocab_size),
                            SamplingParams(max_tokens=total + 4, temperature=0.0, ignore_eos=True),
@@ -164,8 +164,7 @@ def profile_batch(engine, batch: int, input_len: int, steps: int, warmup: int, s
     # unprofiled timing
     engine.loop.executor._executor.execute = timed
     t0 = time.perf_counter()
-    for _ in range(steps):
-        loop.step()
+    plain_tokens = sum(len(d.token_ids) for _ in range(steps) for d in loop.step())
     plain_step = (time.perf_counter() - t0) / steps
     plain_execute = spent[0] / steps
     saved = _patch_scopes(engine)
@@ -173,12 +172,14 @@ def profile_batch(engine, batch: int, input_len: int, steps: int, warmup: int, s
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
-            for _ in range(steps):
-                loop.step()
+            profiled_tokens = sum(len(d.token_ids) for _ in range(steps) for d in loop.step())
             wall = time.perf_counter() - t0
     finally:
         _unpatch(saved)
         engine.loop.executor._executor.execute = execute
+    if plain_tokens != batch * steps or profiled_tokens != batch * steps:
+        raise RuntimeError(f"a timed phase decoded {plain_tokens} and {profiled_tokens} tokens, "
+                           f"not {batch} x {steps}: its steps were not all full decode steps")
     ms = breakdown(prof.events(), wall, spent[0], steps)
     while loop.has_work():
         loop.step()

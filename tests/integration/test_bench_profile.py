@@ -1,0 +1,17 @@
+"""`pagedserve bench profile` on a tiny model: both timed phases are full decode steps of
+every sequence (it once ran out of tokens halfway, so the profiled steps were mostly empty
+and the breakdown read several times too fast)."""
+from benchmarks.profile import CATEGORIES, profile_batch
+from pagedserve.engine import LLMEngine
+from pagedserve.engine_config import EngineConfig
+from tests.support.tiny_models import make_tiny_model, save_tiny_tokenizer
+
+
+def test_profile_times_full_decode_steps_and_leaves_nothing_running(tmp_path):
+    make_tiny_model(tmp_path, "llama_bias")
+    save_tiny_tokenizer(tmp_path)
+    engine = LLMEngine(EngineConfig.of(model=str(tmp_path), kv_tokens=2048))
+    r = profile_batch(engine, batch=3, input_len=8, steps=8, warmup=1, seed=0)
+    assert r["batch"] == 3 and r["step_ms"] > 0 and r["profiled_step_ms"] > 0
+    assert set(r["breakdown_ms"]) == set(CATEGORIES) and r["breakdown_ms"]["matmul"] > 0
+    assert not engine.loop.has_work()
