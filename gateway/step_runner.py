@@ -22,9 +22,8 @@ from typing import Callable
 import grpc
 
 from gateway.batch_loop import BatchLoop
-from wire.protocol import Delta
+from wire.protocol import Delta, SamplingParams
 from gateway.step_retry import PoolChanged
-from wire.protocol import SamplingParams
 
 log = logging.getLogger("pagedserve.gateway")
 

@@ -16,8 +16,7 @@ from gateway.tokenizer import load_tokenizer
 from memsvc.memory_manager import MemoryManager
 from pagedserve.engine_config import EngineConfig
 from wire.device import resolve_device, resolve_dtype
-from wire.protocol import Delta, PromptLogprob
-from wire.protocol import SamplingParams
+from wire.protocol import Delta, PromptLogprob, SamplingParams
 
 
 @dataclass
