@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from gateway.scheduler import SchedulerConfig
 from wire.v1 import generation_pb2 as pb
-from tests.support.gateway_harness import GatewayThread, collect, greedy, in_process
+from tests.support.gateway_harness import GatewayThread, Serialized, collect, greedy, in_process
 
 REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
             grpc.StatusCode.FAILED_PRECONDITION}
@@ -39,10 +39,11 @@ def gw():
     from pagedserve.engine import LLMEngine
 
     engine = LLMEngine(kv_tokens=2048, max_num_seqs=8, max_model_len=MAX_MODEL_LEN)
-    g = GatewayThread(in_process(engine.memory, engine.loop.executor, engine.tokenizer),
+    memory = Serialized(engine.memory)
+    g = GatewayThread(in_process(memory, engine.loop.executor, engine.tokenizer),
                       SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, overlap=False))
     g.wait_ready()
-    g.memory = engine.memory
+    g.memory = memory
     yield g
     g.close()
 

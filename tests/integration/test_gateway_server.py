@@ -12,14 +12,14 @@ from gateway.scheduler import SchedulerConfig
 from memsvc.memory_manager import MemoryConfig, MemoryManager
 from wire.v1 import generation_pb2 as pb
 from tests.support.fake_executor import SlowExecutor, reference_next
-from tests.support.gateway_harness import GatewayThread, collect, greedy, in_process
+from tests.support.gateway_harness import GatewayThread, Serialized, collect, greedy, in_process
 
 BLOCK = 4
 
 
 def make(num_blocks=256, delay=0.0, max_model_len=2048, gate=None):
     ex = SlowExecutor(BLOCK, max_model_len, delay=delay)
-    mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, max_model_len=max_model_len))
+    mem = Serialized(MemoryManager(MemoryConfig(num_blocks=num_blocks, max_model_len=max_model_len)))
     ex.attach_pool(mem.register_executor(ex.info.kv))
     backend = in_process(mem, ex)
 

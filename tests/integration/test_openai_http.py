@@ -16,7 +16,7 @@ from gateway.server import Backend
 from memsvc.memory_manager import MemoryConfig, MemoryManager
 from wire.v1 import generation_pb2 as pb
 from tests.support.fake_executor import FakeExecutor, SlowExecutor
-from tests.support.gateway_harness import GatewayThread, collect
+from tests.support.gateway_harness import GatewayThread, Serialized, collect
 
 BLOCK = 4
 
@@ -34,7 +34,7 @@ class Server:
     def __init__(self, tokenizer, num_blocks=256, delay=0.0, api_key=None, gate=None, max_num_seqs=32):
         self.executor = SlowExecutor(BLOCK, 2048, delay=delay)
         self.executor.info.vocab_size = len(tokenizer)  # outputs stay below 999, never EOS
-        self.memory = MemoryManager(MemoryConfig(num_blocks=num_blocks, max_model_len=2048))
+        self.memory = Serialized(MemoryManager(MemoryConfig(num_blocks=num_blocks, max_model_len=2048)))
         self.executor.attach_pool(self.memory.register_executor(self.executor.info.kv))
 
         def connect():

@@ -1,4 +1,6 @@
-"""Run a Gateway on its own uvloop thread for tests, and small gRPC client helpers."""
+"""Run a Gateway on its own uvloop thread for tests, and small gRPC client helpers.
+`Serialized` makes an in-process MemoryManager safe to read from the test's thread while
+the gateway's loop thread reserves (memsvc's server serializes its calls the same way)."""
 from __future__ import annotations
 
 import asyncio
@@ -38,6 +40,23 @@ class GatewayThread:
         self._call(self.gateway.stop(0))
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+class Serialized:
+    """`target` with every method call under one lock."""
+
+    def __init__(self, target):
+        self._target, self._lock = target, threading.Lock()
+
+    def __getattr__(self, name):
+        attr = getattr(self._target, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            with self._lock:
+                return attr(*args, **kwargs)
+        return call
 
 
 def in_process(memory, executor, tokenizer=None):
