@@ -211,14 +211,13 @@ def _launch_of(executor):
     from wire.device import on_device
 
     device = getattr(executor, "device", "cpu")
-    if hasattr(executor, "launch"):
-        return executor.launch
+    launch = getattr(executor, "launch", None) or launch_of(executor.execute)
 
-    def execute(batch):
+    def on_its_device(batch):
         with on_device(device):
-            return executor.execute(batch)
+            return launch(batch)
 
-    return launch_of(execute)
+    return on_its_device
 
 
 def resolve_device(device: str) -> tuple[str, str]:
