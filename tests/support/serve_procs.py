@@ -1,6 +1,7 @@
 """Start `pagedserve` commands as real processes on loopback for the serve tests; always stop them.
 `serving_http` is the HTTP system tests' module fixture: `pagedserve serve` with its HTTP API,
-once /health says 200."""
+once /health says 200; `serving_grpc` the fault tests': `pagedserve serve` once it says it
+serves, with its Generation and MemoryManager stubs."""
 from __future__ import annotations
 
 import contextlib
@@ -97,3 +98,41 @@ def serving_http(*args: str):
         yield SimpleNamespace(url=url, proc=proc, **vars(ports))
     finally:
         stop([proc])
+
+
+@contextlib.contextmanager
+def serving_grpc(*args: str):
+    """`pagedserve serve ARGS` (HTTP off) once it prints that it serves: a dict of `proc`,
+    `stub` (Generation), `memory` (MemoryManager) and `pids`, a set the test adds the
+    processes it kills to. Stopped with SIGTERM (SIGKILL after 60 s); then every process in
+    `pids` or ever a child of serve that is still alive is killed."""
+    import grpc
+
+    from wire.v1 import generation_pb2_grpc, memory_pb2_grpc
+
+    port, mem_port, ex_port = free_port(), free_port(), free_port()
+    env = dict(os.environ, PAGEDSERVE_HTTP_PORT="0", PYTHONPATH=ROOT)
+    proc = subprocess.Popen([*CLI, "serve", "--port", str(port), "--memsvc-port", str(mem_port),
+                             "--executor-port", str(ex_port), *args],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, process_group=0)
+    pids: set[int] = set()
+    try:
+        assert proc.stdout.readline().startswith("pagedserve: serving"), "serve did not start"
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        mem_channel = grpc.insecure_channel(f"127.0.0.1:{mem_port}")
+        yield dict(proc=proc, stub=generation_pb2_grpc.GenerationStub(channel), pids=pids,
+                   memory=memory_pb2_grpc.MemoryManagerStub(mem_channel))
+        channel.close()
+        mem_channel.close()
+    finally:
+        pids.update(children(proc.pid))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)

@@ -3,8 +3,6 @@ SIGKILL the executor, then memsvc, while greedy requests generate; every request
 with exactly the tokens of a fault-free run, and no block stays referenced."""
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -12,12 +10,10 @@ import grpc
 import pytest
 
 from wire.v1 import generation_pb2 as pb
-from wire.v1 import generation_pb2_grpc as pb_grpc
-from wire.v1 import memory_pb2, memory_pb2_grpc
-from tests.support import ROOT
+from wire.v1 import memory_pb2
 from tests.support.gateway_harness import greedy
 from tests.support.reliability_procs import scrape
-from tests.support.serve_procs import alive, children, cmdline, free_port
+from tests.support.serve_procs import children, cmdline, free_port, serving_grpc
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,"]
 MAX_TOKENS = 40
@@ -25,33 +21,9 @@ MAX_TOKENS = 40
 
 @pytest.fixture(scope="module")
 def served():
-    port, mem_port, ex_port, metrics = free_port(), free_port(), free_port(), free_port()
-    env = dict(os.environ, PAGEDSERVE_HTTP_PORT="0", PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "pagedserve.cli", "serve", "--port", str(port),
-                             "--memsvc-port", str(mem_port), "--executor-port", str(ex_port),
-                             "--kv-tokens", "2048", "--max-num-seqs", "8", "--metrics-port", str(metrics)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, process_group=0)
-    pids = set()
-    try:
-        assert proc.stdout.readline().startswith("pagedserve: serving"), "serve did not start"
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        mem_channel = grpc.insecure_channel(f"127.0.0.1:{mem_port}")
-        yield dict(proc=proc, stub=pb_grpc.GenerationStub(channel), metrics=metrics, pids=pids,
-                   memory=memory_pb2_grpc.MemoryManagerStub(mem_channel))
-        channel.close()
-        mem_channel.close()
-    finally:
-        pids.update(children(proc.pid))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for p in pids:
-            if alive(p):
-                os.kill(p, signal.SIGKILL)
+    metrics = free_port()
+    with serving_grpc("--kv-tokens", "2048", "--max-num-seqs", "8", "--metrics-port", str(metrics)) as served:
+        yield dict(served, metrics=metrics)
 
 
 def request(prompt: str) -> pb.GenerateRequest:

@@ -4,19 +4,15 @@ show it empty), and nothing is served wrong: every request, before and after the
 with one killed mid-generation, gets the tokens of a run on a fresh server."""
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import grpc
 import pytest
 
 from wire.v1 import generation_pb2 as pb
-from wire.v1 import generation_pb2_grpc as pb_grpc
-from wire.v1 import memory_pb2, memory_pb2_grpc
-from tests.support import ROOT
+from wire.v1 import memory_pb2
 from tests.support.gateway_harness import greedy
-from tests.support.serve_procs import alive, children, cmdline, free_port
+from tests.support.serve_procs import alive, children, cmdline, serving_grpc
 
 WORDS = ("river", "lantern", "copper", "meadow", "signal", "harbor", "velvet", "orbit", "thunder",
          "pepper", "garden", "marble")
@@ -28,33 +24,8 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def served():
-    port, mem_port, ex_port = free_port(), free_port(), free_port()
-    env = dict(os.environ, PAGEDSERVE_HTTP_PORT="0", PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "pagedserve.cli", "serve", "--port", str(port),
-                             "--memsvc-port", str(mem_port), "--executor-port", str(ex_port),
-                             "--kv-tokens", "256", "--kv-offload", "0.1", "--max-num-seqs", "4"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, process_group=0)
-    pids = set()
-    try:
-        assert proc.stdout.readline().startswith("pagedserve: serving"), "serve did not start"
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        mem_channel = grpc.insecure_channel(f"127.0.0.1:{mem_port}")
-        yield dict(proc=proc, stub=pb_grpc.GenerationStub(channel), pids=pids,
-                   memory=memory_pb2_grpc.MemoryManagerStub(mem_channel))
-        channel.close()
-        mem_channel.close()
-    finally:
-        pids.update(children(proc.pid))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for p in pids:
-            if alive(p):
-                os.kill(p, signal.SIGKILL)
+    with serving_grpc("--kv-tokens", "256", "--kv-offload", "0.1", "--max-num-seqs", "4") as served:
+        yield served
 
 
 def generate(served, prompt: str) -> list[int]:
