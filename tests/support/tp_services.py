@@ -1,0 +1,130 @@
+"""The split services around a tensor-parallel executor group, for the TP system tests: memsvc
+in this process (its real gRPC service, so a test can run its integrity check under its
+lock), the executor group and the gateway as `pagedserve executor` / `pagedserve gateway`
+processes under a pagedserve Supervisor (a crashed executor group restarts as under `serve`).
+Always stopped; `pids` collects every process started, the workers of each group included."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+
+import grpc
+
+from memsvc.config import MemoryConfig
+from memsvc.memory_manager import MemoryManager
+from memsvc.server import SERVICE_NAME, MemoryService
+from pagedserve.serve_cmd import GENERATION, free_port
+from pagedserve.supervisor import ServiceSpec, Supervisor
+from tests.support import ROOT
+from tests.support.serve_procs import alive, children, cmdline
+from wire.grpc_service import Service
+from wire.v1 import generation_pb2 as pb
+from wire.v1 import generation_pb2_grpc, memory_pb2_grpc
+
+CLI = [sys.executable, "-m", "pagedserve.cli"]
+
+
+def descendants(pid: int) -> list[int]:
+    out = []
+    for c in children(pid):
+        out += [c, *descendants(c)]
+    return out
+
+
+class TPServices:
+    """memsvc (in process) + `pagedserve executor --tensor-parallel-size N` + a gateway."""
+
+    def __init__(self, model: str, memory: MemoryConfig, world: int = 2, executor_args=(),
+                 gateway_args=()):
+        self.memory = MemoryService(MemoryManager(dataclasses.replace(memory, shared=True)))
+        self.service = Service([SERVICE_NAME], max_workers=16)
+        memory_pb2_grpc.add_MemoryManagerServicer_to_server(self.memory, self.service.server)
+        mem_address = self.service.start("127.0.0.1", 0)
+        self.service.set_serving(True)
+        ex_port, gw_port = free_port(), free_port()
+        env = {"PYTHONPATH": ROOT, "PAGEDSERVE_HTTP_PORT": "0"}
+        executor = [*CLI, "executor", "--model", model, "--port", str(ex_port), "--memsvc",
+                    mem_address, "--tensor-parallel-size", str(world), "--device", "cpu",
+                    "--linear-backend", "mkl", "--tensor-parallel-timeout", "30", *executor_args]
+        gateway = [*CLI, "gateway", "--port", str(gw_port), "--memsvc", mem_address, "--executor",
+                   f"127.0.0.1:{ex_port}", "--http-port", "0", *gateway_args]
+        self.sup = Supervisor([ServiceSpec("executor", executor, f"127.0.0.1:{ex_port}", env=env),
+                               ServiceSpec("gateway", gateway, f"127.0.0.1:{gw_port}",
+                                           health_service=GENERATION, env=env)],
+                              log=lambda m: print(f"tp-services: {m}", file=sys.stderr, flush=True))
+        self.pids: set[int] = set()
+        self._thread = None
+        try:
+            self.sup.start()
+        except BaseException:
+            self.close()
+            raise
+        self._thread = threading.Thread(target=self.sup.run, daemon=True, name="tp-supervisor")
+        self._thread.start()
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{gw_port}")
+        self.stub = generation_pb2_grpc.GenerationStub(self.channel)
+
+    @property
+    def executor(self):
+        return self.sup.by_name["executor"].proc
+
+    def workers(self) -> list[int]:
+        """The tp_worker processes of the running executor group."""
+        proc = self.executor
+        found = [p for p in descendants(proc.pid) if any("executor.tp_worker" in a for a in cmdline(p))]
+        self.pids.update(found)
+        return found
+
+    def generate(self, prompt: list[int], sampling: pb.SamplingParams, timeout: float = 300):
+        return self.stub.Generate(pb.GenerateRequest(prompt_token_ids=prompt, sampling=sampling),
+                                  timeout=timeout)
+
+    def check_integrity(self) -> dict:
+        """memsvc's integrity check (IntegrityError when broken) and its stats, under its lock."""
+        with self.memory.lock:
+            self.memory.manager.check_integrity()
+            st = self.memory.manager.stats()
+        return {**st.snapshot, **st.preemption, "prefix_cache_hits": st.prefix_cache_hits,
+                "num_sequences": st.num_sequences}
+
+    def wait_unreferenced(self, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            snap = self.check_integrity()
+            if snap["blocks_referenced"] == 0 or time.monotonic() > deadline:
+                return snap
+            time.sleep(0.1)
+
+    def wait_restarted(self, old_workers: list[int], timeout: float = 180.0) -> None:
+        """Until the executor group runs again with new workers and says SERVING."""
+        from pagedserve.supervisor import health_status
+
+        deadline = time.monotonic() + timeout
+        spec = self.sup.by_name["executor"].spec
+        while time.monotonic() < deadline:
+            new = [p for p in self.workers() if p not in old_workers]
+            if new and health_status(spec.address) == 1:  # SERVING
+                return
+            time.sleep(0.2)
+        raise TimeoutError("the tensor-parallel executor group did not restart")
+
+    def close(self) -> None:
+        for r in self.sup.services:
+            if r.proc is not None:
+                self.pids.add(r.proc.pid)
+                self.pids.update(descendants(r.proc.pid))
+        self.sup.request_stop()
+        if self._thread is not None:
+            self._thread.join(30)
+        self.sup.stop()
+        if hasattr(self, "channel"):
+            self.channel.close()
+        self.service.stop(0)
+        self.memory.close()
+        for p in self.pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
