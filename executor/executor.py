@@ -88,17 +88,15 @@ class Executor:
             kv=self.kv_geometry(),
         )
 
-    def attach_pool(self, pool: torch.Tensor) -> None:
-        """Use `pool` for the KV cache from now on (ValueError if it does not fit the model)."""
+    def attach_pool(self, pool) -> None:
+        """Use `pool` for the KV cache from now on (ValueError if it does not fit the model).
+        Tensor parallel: the list of every rank's pool (tensor_parallel.own_pool)."""
+        if self.plan is not None:
+            pool = tensor_parallel.own_pool(pool, self.plan, self.leader)
         if pool.device.type != self.device.type:
             raise ValueError(f"KV pool is on {pool.device}, the model on {self.device}")
         if pool.shape[3] != self.block_size:
             raise ValueError(f"KV pool block size {pool.shape[3]} differs from {self.block_size}")
-        if self.plan is not None:  # the group's pool: every rank maps it, each uses its KV heads
-            if self.leader is not None:
-                self.leader.lead("attach", (tensor_parallel.pool_name(pool), list(pool.shape),
-                                            str(pool.dtype).removeprefix("torch.")))
-            pool = tensor_parallel.pool_part(pool, self.plan)
         if self.runner is None:
             self.runner = ModelRunner(self.model, self.model.config, pool)
             self.runner.guided = self.guided

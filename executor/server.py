@@ -173,26 +173,33 @@ def drain(service: Service, servicer: ExecutorService, timeout: float, idle: flo
     return False
 
 
-def register(memsvc: str, info: ModelInfo, device: str, timeout: float, tls=None
+def register(memsvc: str, info: ModelInfo, device: str, timeout: float, tls=None, ranks: int = 1
              ) -> tuple[memory_pb2.PoolHandle, str | None]:
-    """RegisterExecutor at memsvc, waiting up to `timeout` seconds for it to answer.
+    """RegisterExecutor at memsvc, waiting up to `timeout` seconds for it to answer (a
+    tensor-parallel group: one pool per rank, each on `device`).
     Returns the pool handle and the pool's epoch (None from a memsvc that sends none)."""
     with open_channel(memsvc, tls) as channel:
         grpc.channel_ready_future(channel).result(timeout=timeout)
         response = memory_pb2_grpc.MemoryManagerStub(channel).RegisterExecutor(
             memory_pb2.RegisterExecutorRequest(geometry=convert.geometry_to_proto(info.kv),
-                                               device=device, max_model_len=info.max_model_len),
+                                               device=device, max_model_len=info.max_model_len,
+                                               rank_devices=[device] * ranks if ranks > 1 else []),
             timeout=timeout, wait_for_ready=True)
     return response.pool, response.pool_epoch or None
 
 
 def map_pool(handle: memory_pb2.PoolHandle):
-    """The pool tensor described by memsvc's PoolHandle, mapped into this process."""
+    """The pool tensor described by memsvc's PoolHandle, mapped into this process; a
+    tensor-parallel group's: rank 0's mapped, then each other rank's (name, shape, dtype),
+    which that rank maps (executor.tensor_parallel.own_pool)."""
     kind = handle.WhichOneof("handle")
     if kind == "shm_name":
         from wire.shm_pool import attach_shm_pool
 
-        return attach_shm_pool(handle.shm_name, list(handle.shape), handle.dtype)
+        pool = attach_shm_pool(handle.shm_name, list(handle.shape), handle.dtype)
+        if len(handle.rank_shm_names) > 1:
+            return [pool, *[(name, list(handle.shape), handle.dtype) for name in handle.rank_shm_names[1:]]]
+        return pool
     if kind == "cuda_ipc_handle":
         from wire.cuda_ipc import CudaIpcHandle, attach_cuda_pool
 
@@ -275,7 +282,8 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
     if config.max_model_len:
         info.max_model_len = min(info.max_model_len, config.max_model_len)
     log.info("model %s loaded; registering with memsvc at %s", info.name, config.memsvc)
-    handle, pool_id = register(config.memsvc, info, memsvc_device, config.register_timeout, config.tls)
+    handle, pool_id = register(config.memsvc, info, memsvc_device, config.register_timeout, config.tls,
+                               ranks=1 if config.model_free else config.tensor_parallel_size)
     with on_device(torch_device):
         executor.attach_pool(map_pool(handle))
     servicer.set_ready(executor, info, read_tokenizer_files(info.tokenizer_dir), pool_id)

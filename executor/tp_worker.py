@@ -2,8 +2,8 @@
 
 `python -m executor.tp_worker '{"model": ..., "rank": r, "world": n, "address": "host:port",
 "timeout_s": s, ...}'`, started by rank 0. It joins the group, loads its shard, then runs
-what rank 0 broadcasts, in order, until "stop": "attach" maps the pool and takes its KV
-heads, "execute"/"logits" run the step on its shard (outputs dropped: rank 0 answers),
+what rank 0 broadcasts, in order, until "stop": "attach" maps this rank's own pool (the
+list of every rank's pool specs), "execute"/"logits" run the step on its shard (outputs dropped: rank 0 answers),
 "ping" is the idle heartbeat. A batch rejected as invalid is rejected alike on every rank
 and skipped; any other failure, a collective that times out or fails, or rank 0 exiting,
 ends this process with status 1 (rank 0 sees it and the group goes down).
@@ -29,14 +29,12 @@ def receive():
 
 
 def run(executor) -> None:
-    from wire.shm_pool import attach_shm_pool
-
     while True:
         kind, payload = receive()
         if kind == "stop":
             return
         if kind == "attach":
-            executor.attach_pool(attach_shm_pool(*payload))
+            executor.attach_pool(payload)
         elif kind in ("execute", "logits"):
             try:
                 getattr(executor.runner, kind)(payload)

@@ -17,6 +17,11 @@ the same layout, separate from the swap space: evicted cached blocks are copied 
 the cost model says a hit pays, and prefix hits there are copied back in, both before
 Reserve answers (memsvc.prefix_offload; docs/ARCHITECTURE.md).
 
+A tensor-parallel group registers with `ranks` > 1: memsvc holds one pool per rank (and
+one swap space and host tier per rank) of the same block geometry, 1/ranks of the KV heads
+each (memsvc.kv_pool.rank_geometry); every decision is made once, on block ids, and every
+block copy is applied to every rank's pools. Capacity and budgets count all ranks' bytes.
+
 With `MemoryConfig.shared`, the pool lives where another process can map it: a POSIX
 shared-memory segment on the CPU (`shm_pool`), a CUDA IPC allocation on a GPU named by
 UUID (`cuda_ipc`). Calls that carry a `session_id` act in that session's namespace of
@@ -37,7 +42,7 @@ from memsvc.config import GIB, MemoryConfig
 from memsvc.fair_share import over_share
 from memsvc.host_pool import (allocate_host_pool, finish_copies, host_blocks_for, measure_block_copy,
                               timed_copy)
-from memsvc.kv_pool import allocate_pool, num_blocks_for_budget
+from memsvc.kv_pool import allocate_pool, num_blocks_for_budget, rank_geometry
 from memsvc.preemption_policy import PreemptionPolicy
 from memsvc.sessions import Sessions
 from memsvc.step_planner import StepPlanner, check_plan
@@ -53,9 +58,12 @@ class MemoryManager:
     def __init__(self, config: MemoryConfig):
         self.config = config
         self.geometry: KVGeometry | None = None
-        self.pool: torch.Tensor | None = None
+        self.pool: torch.Tensor | None = None  # rank 0's pool (the only one without TP)
+        self.pools: list[torch.Tensor] = []  # every rank's, rank r's at r
+        self.ranks = 1
         self.pool_device: str | None = None  # what the executor asked for
-        self.shm = None  # wire.shm_pool.ShmPool when the CPU pool is shared
+        self.shm = None  # wire.shm_pool.ShmPool when the CPU pool is shared (rank 0's)
+        self.shms: list = []  # every rank's ShmPool
         self.cuda_handle = None  # wire.cuda_ipc.CudaIpcHandle when the GPU pool is shared
         self.allocator = None
         self.planner: StepPlanner | None = None
@@ -63,25 +71,31 @@ class MemoryManager:
         self.num_preemptions = 0
         self.host_pool: torch.Tensor | None = None
         self.tier_pool: torch.Tensor | None = None  # the prefix cache's host tier
+        self.host_pools: list[torch.Tensor] = []  # per rank (host_pool is rank 0's)
+        self.tier_pools: list[torch.Tensor] = []
         self._last_stamp: dict[str, int] = {}  # session -> stamp of its last Reserve
         self.policy = PreemptionPolicy(config.preemption_mode)
         self.pool_epoch = uuid.uuid4().hex  # names this manager's pool in every ReserveResult
 
     def register_executor(self, geometry: KVGeometry, budget_bytes: int = 0,
-                          device: str | None = None, max_model_len: int = 0) -> torch.Tensor:
-        """Allocate the pool for this geometry (once) and return it.
+                          device: str | None = None, max_model_len: int = 0, ranks: int = 1):
+        """Allocate the pool for this geometry (once) and return it; with `ranks` > 1 (a
+        tensor-parallel group, `geometry` holding all its KV heads) the list of every rank's
+        pool, rank r's at r.
 
-        A later executor (a restart, a replica) with the same geometry and device gets the
-        same pool; a different one is a ValueError. Size: `config.num_blocks`, else
-        `config.kv_tokens`, else `budget_bytes` (0: `config.kv_memory`).
+        A later executor (a restart, a replica) with the same geometry, device and ranks gets
+        the same pool; a different one is a ValueError. Size: `config.num_blocks`, else
+        `config.kv_tokens`, else `budget_bytes` (0: `config.kv_memory`) over all ranks.
         `max_model_len` 0 means `config.max_model_len`.
         """
         device = device or self.config.device
         if self.pool is not None:
-            if geometry != self.geometry or device != self.pool_device:
-                raise ValueError(f"the pool exists for {self.geometry} on {self.pool_device}; "
-                                 f"this executor sent {geometry} on {device}")
-            return self.pool
+            if geometry != self.geometry or device != self.pool_device or ranks != self.ranks:
+                raise ValueError(f"the pool exists for {self.geometry} on {self.pool_device} "
+                                 f"({self.ranks} ranks); this executor sent {geometry} on {device} "
+                                 f"({ranks} ranks)")
+            return self.pool if ranks == 1 else list(self.pools)
+        per_rank = rank_geometry(geometry, ranks)
         cfg = self.config
         num_blocks = cfg.num_blocks
         if num_blocks is None and cfg.kv_tokens is not None:
@@ -90,7 +104,8 @@ class MemoryManager:
                 raise ValueError(f"kv_tokens={cfg.kv_tokens} holds no block of {geometry.block_size} tokens")
         if num_blocks is None:
             num_blocks = num_blocks_for_budget(geometry, budget_bytes or int(cfg.kv_memory * GIB))
-        self.pool = self._allocate(geometry, num_blocks, device)
+        self.pools = [self._allocate(per_rank, num_blocks, device, r) for r in range(ranks)]
+        self.pool, self.ranks = self.pools[0], ranks
         self.geometry, self.pool_device = geometry, device
         num_host = 0
         if cfg.policy == "paged" and cfg.preemption_mode != "recompute":
@@ -108,24 +123,30 @@ class MemoryManager:
             num_host_blocks=num_host, window=geometry.window or None, num_offload_blocks=num_tier,
         )
         if num_host:
-            self.host_pool = allocate_host_pool(geometry, num_host, self.pool)
+            self.host_pools = [allocate_host_pool(per_rank, num_host, p) for p in self.pools]
+            self.host_pool = self.host_pools[0]
         if num_tier:
-            self.tier_pool = allocate_host_pool(geometry, num_tier, self.pool)
-            self.tier_pool.zero_()  # its pages faulted in now, not by offloads in Reserve
+            self.tier_pools = [allocate_host_pool(per_rank, num_tier, p) for p in self.pools]
+            for tier in self.tier_pools:
+                tier.zero_()  # its pages faulted in now, not by offloads in Reserve
+            self.tier_pool = self.tier_pools[0]
             self.allocator.offload.pays = self._offload_pays
         host = self.host_pool if self.host_pool is not None else self.tier_pool
         if host is not None:
             seconds = measure_block_copy(self.pool, host)
-            if seconds is not None:
-                self.policy.costs.observe_copy(1, seconds)
+            if seconds is not None:  # a block copy moves every rank's part
+                self.policy.costs.observe_copy(1, seconds * ranks)
         self.planner = StepPlanner(self.allocator, self.policy, int(cfg.watermark * num_blocks))
-        return self.pool
+        return self.pool if ranks == 1 else list(self.pools)
 
-    def _allocate(self, geometry: KVGeometry, num_blocks: int, device: str) -> torch.Tensor:
+    def _allocate(self, geometry: KVGeometry, num_blocks: int, device: str, rank: int = 0) -> torch.Tensor:
         from wire.cuda_ipc import allocate_cuda_pool, is_gpu_uuid
 
         if not self.config.shared:
             return allocate_pool(geometry, num_blocks, device)
+        if is_gpu_uuid(device) and rank > 0:
+            raise ValueError("rank_devices: one pool per GPU for a tensor-parallel group is not "
+                             "built yet (only CPU ranks, each with a shared-memory pool)")
         if is_gpu_uuid(device):
             pool, self.cuda_handle = allocate_cuda_pool(geometry, num_blocks, device)
             return pool
@@ -133,8 +154,13 @@ class MemoryManager:
             raise ValueError(f"a shared pool lives on 'cpu' or a GPU named by UUID, not {device!r}")
         from wire.shm_pool import ShmPool
 
-        self.shm = ShmPool(geometry, num_blocks, self.config.shm_name)
-        return self.shm.tensor
+        name = self.config.shm_name
+        if name and rank:
+            name = f"{name}-rank{rank}"
+        shm = ShmPool(geometry, num_blocks, name)
+        self.shms.append(shm)
+        self.shm = self.shms[0]
+        return shm.tensor
 
     def reserve(self, plan: Plan, session_id: str = "") -> ReserveResult:
         """Grant slots for one step; see StepPlanner.
@@ -221,16 +247,21 @@ class MemoryManager:
                 j += 1
             src = [c[1] for c in copies[i:j]]
             dst = [c[2] for c in copies[i:j]]
-            if kind == "cow":
-                copy_blocks(self.pool, self.pool, torch.tensor(src, dtype=torch.long),
-                            torch.tensor(dst, dtype=torch.long))
+            if kind == "cow":  # every rank's pool: the same block ids on each
+                for pool in self.pools:
+                    copy_blocks(pool, pool, torch.tensor(src, dtype=torch.long),
+                                torch.tensor(dst, dtype=torch.long))
             else:
-                host = self.tier_pool if kind in ("offload", "restore") else self.host_pool
-                pools = (self.pool, host) if kind in ("out", "offload") else (host, self.pool)
-                self.policy.costs.observe_copy(j - i, timed_copy(*pools, src, dst))
+                hosts = self.tier_pools if kind in ("offload", "restore") else self.host_pools
+                seconds = 0.0
+                for pool, host in zip(self.pools, hosts):
+                    pair = (pool, host) if kind in ("out", "offload") else (host, pool)
+                    seconds += timed_copy(*pair, src, dst)
+                self.policy.costs.observe_copy(j - i, seconds)
             i = j
         if copies:  # complete before Reserve answers: the executor reads from another context
-            finish_copies(self.pool)
+            for pool in self.pools:
+                finish_copies(pool)
 
     def free(self, seq_ids: list[str], session_id: str = "") -> None:
         for seq_id in seq_ids:
@@ -306,8 +337,8 @@ class MemoryManager:
 
     def close(self) -> None:
         """Give up the pool's name (shared memory is unlinked; mappings stay valid)."""
-        if self.shm is not None:
-            self.shm.unlink()
+        for shm in self.shms:
+            shm.unlink()
 
     def _planner(self) -> StepPlanner:
         if self.planner is None:

@@ -5,7 +5,9 @@ Service contract:
   first call and returns its PoolHandle: `shm_name` (CPU: /dev/shm/<name>, mode 0600) or
   `cuda_ipc_handle` + `gpu_uuid` (GPU). Later executors with the same geometry get the
   same pool (an executor restart keeps the KV state); a different geometry is
-  FAILED_PRECONDITION.
+  FAILED_PRECONDITION. A tensor-parallel group lists its ranks' devices (`rank_devices`):
+  memsvc holds one pool per rank (memsvc.kv_pool.rank_geometry) and answers each rank's
+  segment in `rank_shm_names`, each rank mapping only its own (CPU ranks only so far).
 - Reserve/Free/Fork need a `session_id` (one per gateway process): sequence ids are
   scoped to it, and each call renews its lease. A session silent for longer than the lease
   loses its sequences (an empty Reserve is a heartbeat). A running sequence memsvc no
@@ -90,16 +92,25 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"geometry: {e}")
         device = request.device or "cpu"
+        ranks = list(request.rank_devices)
+        if ranks and len(set(ranks)) != 1:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"rank_devices {ranks}: every rank of a group on one device kind "
+                          f"(all 'cpu') is all memsvc holds pools for so far")
+        if ranks:
+            device = ranks[0]
         try:
             with self.lock:
                 pool = self.manager.register_executor(geometry, request.budget_bytes, device,
-                                                      request.max_model_len)
+                                                      request.max_model_len, ranks=len(ranks) or 1)
         except ValueError as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except (LookupError, RuntimeError) as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot allocate the pool on {device}: {e}")
-        log.info("executor registered: pool %s %s on %s", list(pool.shape), geometry.dtype, device)
-        return memory_pb2.RegisterExecutorResponse(pool=self._handle(pool),
+        pools = pool if isinstance(pool, list) else [pool]
+        log.info("executor registered: pool %s %s on %s%s", list(pools[0].shape), geometry.dtype,
+                 device, f" for each of {len(pools)} ranks" if len(pools) > 1 else "")
+        return memory_pb2.RegisterExecutorResponse(pool=self._handle(pools[0]),
                                                    pool_epoch=self.manager.pool_epoch)
 
     def _handle(self, pool) -> memory_pb2.PoolHandle:
@@ -108,6 +119,8 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
                                        dtype=m.geometry.dtype)
         if m.shm is not None:
             handle.shm_name = m.shm.name
+            if len(m.shms) > 1:
+                handle.rank_shm_names.extend(shm.name for shm in m.shms)
         elif m.cuda_handle is not None:
             handle.cuda_ipc_handle = m.cuda_handle.pack()
             handle.gpu_uuid = m.cuda_handle.gpu_uuid

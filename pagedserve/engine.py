@@ -53,11 +53,12 @@ class LLMEngine:
         info = self.executor.model_info()
         max_len = min(info.max_model_len, ex.max_model_len or info.max_model_len)
         info.max_model_len = max_len
-        # a tensor-parallel group's other ranks map the pool too: shared memory
+        # a tensor-parallel group's other ranks map their pools: shared memory, one per rank
         self.memory = MemoryManager(dataclasses.replace(
             config.memory, max_model_len=max_len,
             shared=config.memory.shared or ex.tensor_parallel_size > 1))
-        self.executor.attach_pool(self.memory.register_executor(info.kv, device=self.device))
+        self.executor.attach_pool(self.memory.register_executor(info.kv, device=self.device,
+                                                                ranks=ex.tensor_parallel_size))
         self.info = info
         self.tokenizer = load_tokenizer(info.tokenizer_dir)
         # serial: in one process there is no RPC wait for the output work to hide in

@@ -3,7 +3,8 @@ compute the logits of 1 rank within 1e-4 (observed ~1e-6: only the row-parallel 
 added in another order) and greedy continuations equal transformers' token for token,
 through the in-process engine with prefix caching, batched; KV heads replicated when there
 are fewer than ranks; an odd vocabulary padded; a model that does not split says which
-numbers; a killed rank puts the group down at once, without a hang."""
+numbers; a killed rank puts the group down at once, without a hang. Every rank maps only
+its own pool (memsvc holds one per rank)."""
 import json
 import time
 
@@ -13,11 +14,12 @@ import torch
 from executor import Executor
 from executor.sharding import ShardPlan
 from executor.tensor_parallel import GroupDown
+from memsvc.config import MemoryConfig
+from memsvc.memory_manager import MemoryManager
 from pagedserve.cli import main
 from pagedserve.engine import LLMEngine
 from tests.support.tiny_models import make_tiny_model, paged_batches, save_tiny_tokenizer
 from wire.protocol import SamplingParams
-from wire.shm_pool import ShmPool
 
 NEW_TOKENS = 24
 LOGIT_TOLERANCE = 1e-4
@@ -41,13 +43,18 @@ def step_logits(path, world: int) -> list[torch.Tensor]:
     chunks = [[("a", list(range(5, 17))), ("b", list(range(40, 47)))], [("a", [3]), ("b", [9])],
               [("a", [4]), ("b", list(range(60, 65)))]]
     ex = Executor(str(path), block_size=4, linear_backend="mkl", tensor_parallel_size=world)
-    pool = ShmPool(ex.kv_geometry(), 32)
+    mem = shared_pools()
     try:
-        ex.attach_pool(pool.tensor)
+        ex.attach_pool(mem.register_executor(ex.kv_geometry(), ranks=world))
         return [ex.logits(b) for b in paged_batches(chunks, 4, 32)]
     finally:
         ex.close()
-        pool.unlink()
+        mem.close()
+
+
+def shared_pools() -> MemoryManager:
+    """memsvc's manager with 32 blocks in shared memory (one segment per rank)."""
+    return MemoryManager(MemoryConfig(num_blocks=32, shared=True, max_model_len=128))
 
 
 def test_logits_close_to_one_rank(model_dir):
@@ -131,12 +138,15 @@ def test_a_killed_rank_takes_the_group_down(tmp_path):
     lost = []
     ex = Executor(str(tmp_path), block_size=4, linear_backend="mkl", tensor_parallel_size=2,
                   group_timeout=20, on_group_lost=lost.append)
-    pool = ShmPool(ex.kv_geometry(), 32)
+    mem = shared_pools()
     try:
-        ex.attach_pool(pool.tensor)
+        ex.attach_pool(mem.register_executor(ex.kv_geometry(), ranks=2))
         batches = list(paged_batches([[("a", list(range(5, 17)))], [("a", [3])]], 4, 32))
         ex.execute(batches[0])
         worker = ex.leader.workers[0]
+        with open(f"/proc/{worker.pid}/maps") as f:  # rank 1 maps its own pool only
+            maps = f.read()
+        assert mem.shms[1].name in maps and mem.shms[0].name not in maps
         worker.kill()
         start = time.monotonic()
         with pytest.raises(GroupDown, match="tensor-parallel group down"):
@@ -150,4 +160,4 @@ def test_a_killed_rank_takes_the_group_down(tmp_path):
         assert lost and ("rank 1" in lost[0] or "collective" in lost[0])
     finally:
         ex.close()
-        pool.unlink()
+        mem.close()
