@@ -59,3 +59,15 @@ def default_model_dir():
     from executor.default_model import resolve_model
 
     return resolve_model(None, progress=False)
+
+
+@pytest.fixture(scope="session")
+def hf_default(default_model_dir):
+    """transformers' tokenizer and float32 model of the default model, loaded once per session
+    and shared: read-only (tests/support/hf_reference.py's hf_greedy restores what it sets)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
+    return tok, model

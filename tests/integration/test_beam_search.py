@@ -22,13 +22,10 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def test_beam_width_4_matches_transformers(default_model_dir, one_thread):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def test_beam_width_4_matches_transformers(default_model_dir, hf_default, one_thread):
     from pagedserve.engine import LLMEngine
 
-    tok = AutoTokenizer.from_pretrained(default_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
+    tok, model = hf_default
     chat = tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}],
                                    add_generation_prompt=True, tokenize=True, return_dict=False)
     prompts = [tok.encode("The capital of France is", add_special_tokens=False), list(chat)]

@@ -63,11 +63,8 @@ def test_default_model_answers_a_chat_prompt(default_model_dir):
     assert tok.decode(out) == "The capital of France is Paris.<|im_end|>"
 
 
-def test_default_model_matches_transformers(default_model_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(default_model_dir)
-    hf = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
+def test_default_model_matches_transformers(default_model_dir, hf_default):
+    tok, hf = hf_default
     model, config = load_model(default_model_dir)
     block_size, num_blocks = 16, 24
     pool = torch.zeros(num_blocks, config.num_layers, 2, block_size, config.num_kv_heads, config.head_dim)

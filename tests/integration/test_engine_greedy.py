@@ -1,9 +1,11 @@
 """The offline engine against transformers on the default model: greedy continuations token
-for token, in a batch and one by one, across block sizes, prefix caching and preemption."""
+for token, in a batch and one by one, across block sizes, prefix caching and preemption.
+transformers' continuations are checked against ours by one forward pass per prompt, and
+generated token by token only where they differ (tests/support/hf_reference.py)."""
 import pytest
-import torch
 
 from pagedserve.engine import LLMEngine
+from tests.support.hf_reference import hf_greedy
 from wire.protocol import SamplingParams
 
 PROMPTS = [
@@ -20,22 +22,20 @@ NEW_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
-def reference(default_model_dir):
-    """transformers' greedy generate, one prompt at a time (no padding effects)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def prompt_ids(hf_default):
+    tok, _ = hf_default
+    return [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
 
-    tok = AutoTokenizer.from_pretrained(default_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # run past EOS like ignore_eos, without masking it
-    ids, outs = [], []
-    for p in PROMPTS:
-        x = tok.encode(p, add_special_tokens=False)
-        with torch.inference_mode():
-            y = model.generate(torch.tensor([x]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                               pad_token_id=0)
-        ids.append(x)
-        outs.append(y[0, len(x):].tolist())
-    return ids, outs
+
+@pytest.fixture
+def expected(hf_default, prompt_ids):
+    """transformers' greedy continuations, one prompt at a time (no padding effects), of the
+    prompts (all, or the first n) given our engine's (tests/support/hf_reference.py)."""
+    _, model = hf_default
+
+    def expected(got, n=len(PROMPTS)):
+        return hf_greedy(model, prompt_ids[:n], got, NEW_TOKENS)
+    return expected
 
 
 def greedy():
@@ -51,33 +51,32 @@ def run(engine, prompt_ids, batched):
 @pytest.mark.parametrize("block_size, prefix, batched", [
     (16, True, True), (16, False, False), (1, True, False), (1, False, True),
 ])
-def test_greedy_matches_transformers(default_model_dir, reference, block_size, prefix, batched):
-    prompt_ids, expected = reference
+def test_greedy_matches_transformers(default_model_dir, prompt_ids, expected, block_size, prefix, batched):
     engine = LLMEngine(model=default_model_dir, block_size=block_size, kv_tokens=4096,
                        prefix_caching=prefix)
-    assert run(engine, prompt_ids, batched) == expected
+    got = run(engine, prompt_ids, batched)
+    assert got == expected(got)
     engine.memory.check_integrity()
     assert engine.memory.stats().snapshot["blocks_referenced"] == 0
 
 
-def test_greedy_matches_under_preemption_by_recompute(default_model_dir, reference):
-    prompt_ids, expected = reference
+def test_greedy_matches_under_preemption_by_recompute(default_model_dir, prompt_ids, expected):
     longest = max(len(p) for p in prompt_ids) + NEW_TOKENS
     engine = LLMEngine(model=default_model_dir, block_size=4, kv_tokens=2 * longest + 8,
                        prefix_caching=False)
-    assert run(engine, prompt_ids, batched=True) == expected
+    got = run(engine, prompt_ids, batched=True)
+    assert got == expected(got)
     assert engine.loop.scheduler.num_preemptions > 0
     engine.memory.check_integrity()
 
 
-def test_chunked_prefill_matches(default_model_dir, reference):
-    prompt_ids, expected = reference
+def test_chunked_prefill_matches(default_model_dir, prompt_ids, expected):
     engine = LLMEngine(model=default_model_dir, kv_tokens=4096, max_num_batched_tokens=7)
-    assert run(engine, prompt_ids[:3], batched=True) == expected[:3]
+    got = run(engine, prompt_ids[:3], batched=True)
+    assert got == expected(got, n=3)
 
 
-def test_seeded_sampling_is_the_same_alone_and_in_a_batch(default_model_dir, reference):
-    prompt_ids, _ = reference
+def test_seeded_sampling_is_the_same_alone_and_in_a_batch(default_model_dir, prompt_ids):
     engine = LLMEngine(model=default_model_dir, kv_tokens=4096)
     sp = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, top_k=50, seed=1234)
     alone = engine.generate([prompt_ids[0]], sp)[0].completions[0].token_ids

@@ -5,8 +5,14 @@
    compared with the converted model.safetensors (q/k rows put back in llama.cpp's order).
 2. transformers' own GGUF loader (`from_pretrained(..., gguf_file=...)`, which needs
    accelerate): its weights equal the converted ones, and greedy continuations of the held
-   prompts from our engine on the converted directory equal transformers' on the GGUF.
+   prompts from our engine on the converted directory equal transformers' on the GGUF
+   (checked by one forward pass per prompt: tests/support/hf_reference.py).
+
+The file's metadata is parsed once for the module (gguf-py's reader takes ~3 s per parse;
+transformers' loader would parse it twice more).
 """
+import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -18,6 +24,7 @@ from safetensors.torch import load_file
 
 from executor.default_model import default_gguf_path
 from executor.gguf_convert import GLOBAL_NAMES, LAYER_NAMES
+from tests.support.hf_reference import hf_greedy
 from tests.unit.executor.test_model_gguf import llama_cpp_permute
 
 QK = 32  # weights per block in Q8_0 and Q4_1
@@ -50,10 +57,39 @@ def hf_name(name: str) -> str:
     return f"model.layers.{layer}.{LAYER_NAMES[rest]}"
 
 
-def test_tensors_match_an_independent_dequantization(default_model_dir):
+@pytest.fixture(scope="module")
+def reader():
+    """gguf-py's reader of the default GGUF file (read-only: a memory map and its parse)."""
     import gguf
 
-    reader = gguf.GGUFReader(default_gguf_path())
+    return gguf.GGUFReader(default_gguf_path())
+
+
+@pytest.fixture
+def parsed_once(reader):
+    """A context in which transformers' GGUF loader, which parses the file again for the
+    config and again for the weights and builds gguf-py's tensor-name table anew for each
+    of the model's ~400 modules (~5 s), gets the module's reader for this file and one table
+    per (architecture, layers). Both are pure reads of the same file: no value changes."""
+    import gguf
+
+    new_reader, name_map = gguf.GGUFReader, functools.cache(gguf.get_tensor_name_map)
+
+    def reader_of(path, *args, **kwargs):
+        if not args and not kwargs and os.path.samefile(path, default_gguf_path()):
+            return reader
+        return new_reader(path, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def parsed_once():
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(gguf, "GGUFReader", reader_of)
+            mp.setattr(gguf, "get_tensor_name_map", name_map)
+            yield
+    return parsed_once
+
+
+def test_tensors_match_an_independent_dequantization(default_model_dir, reader):
     converted = load_file(os.path.join(default_model_dir, "model.safetensors"))
     cfg = json.load(open(os.path.join(default_model_dir, "config.json")))
     kinds = set()
@@ -80,28 +116,23 @@ NEW_TOKENS = 24
 @pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
                     reason="transformers refuses to load a GGUF file without accelerate "
                            "('accelerate is required when loading a GGUF file'); pip install accelerate")
-def test_greedy_matches_transformers_gguf_loader(default_model_dir):
+def test_greedy_matches_transformers_gguf_loader(default_model_dir, parsed_once):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pagedserve.engine import LLMEngine
     from wire.protocol import SamplingParams
 
     path = default_gguf_path()
-    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                              dtype=torch.float32).eval()
+    with parsed_once():
+        hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                  dtype=torch.float32).eval()
+        tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
     ours = load_file(os.path.join(default_model_dir, "model.safetensors"))
     theirs = hf.state_dict()
     for name, w in ours.items():
         assert torch.equal(theirs[name].float(), w), name
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    hf.generation_config.eos_token_id = None
     prompt_ids = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
-    expected = []
-    for ids in prompt_ids:
-        with torch.inference_mode():
-            y = hf.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
-        expected.append(y[0, len(ids):].tolist())
     engine = LLMEngine(model=path, block_size=16, kv_tokens=2048)  # the .gguf path: our converted cache
     sampling = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     got = [o.completions[0].token_ids for o in engine.generate(prompt_ids, sampling)]
-    assert got == expected
+    assert got == hf_greedy(hf, prompt_ids, got, NEW_TOKENS)
