@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from executor.simulated import SPEC_HELP, parse_spec
+from executor.tp_group import TensorParallelGroupConfig
 from wire.health_port import health_port_setting
 from wire.metrics import metrics_port_setting
 from wire.settings import setting
@@ -47,6 +48,7 @@ class ExecutorConfig:
     tensor_parallel_timeout: float = setting(60.0, "how long a rank of a tensor-parallel group "
                                              "waits in a collective before the group goes down",
                                              metavar="SECONDS")
+    tensor_parallel_group: TensorParallelGroupConfig = field(default_factory=TensorParallelGroupConfig)
     register_timeout: float = setting(60.0, "how long to keep trying to reach memsvc",
                                       metavar="SECONDS")
     drain_timeout: float = setting(0.0, "on SIGTERM, say NOT_SERVING at once (gateways route no "

@@ -31,13 +31,14 @@ class Executor:
     tensor_parallel_size N > 1: this is rank 0 of a group of N processes, each holding its
     shard of the model (executor.tensor_parallel; ValueError when the model does not split
     N ways); a lost rank calls on_group_lost(why) and fails every later step. `rank`
-    (rank, address) joins a group led elsewhere instead (executor.tp_worker).
+    (rank, address) joins a group led elsewhere instead (executor.tp_worker); `group` (an
+    executor.tp_group.GroupLayout) says where the group meets and which ranks run here.
     """
 
     def __init__(self, model: str | None = None, dtype: str = "float32", block_size: int = 16,
                  device: str = "cpu", linear_backend: str = "auto", tensor_parallel_size: int = 1,
                  group_timeout: float = tensor_parallel.DEFAULT_TIMEOUT_S, on_group_lost=None,
-                 rank: tuple[int, str] | None = None):
+                 rank: tuple[int, str] | None = None, group=None):
         parse_dtype(dtype)
         if torch.device(device).type == "cpu":
             use_owned_cores()
@@ -49,7 +50,7 @@ class Executor:
         if tensor_parallel_size > 1:
             self._join(tensor_parallel_size, rank, group_timeout, on_group_lost,
                        dict(model=self.model_dir, dtype=dtype, block_size=block_size, device=device,
-                            linear_backend=linear_backend))
+                            linear_backend=linear_backend), group)
         planner = linear_backends.Planner(linear_backend, self.device, parse_dtype(dtype))
         self.model, self.config = load_model(self.model_dir, dtype, on_built=planner.place, plan=self.plan)
         if self.plan is not None:
@@ -61,13 +62,14 @@ class Executor:
         self.guided = GuidedDecoding(self.model_dir, self.config.vocab_size,
                                      list(self.config.eos_token_ids))  # loads on first use
 
-    def _join(self, world: int, rank: tuple[int, str] | None, timeout: float, on_lost, args: dict) -> None:
+    def _join(self, world: int, rank: tuple[int, str] | None, timeout: float, on_lost, args: dict,
+              group=None) -> None:
         if self.device.type != "cpu":
             raise ValueError("--tensor-parallel-size > 1 runs on the CPU only so far: memsvc does not "
                              "yet give each GPU its own pool")
         self.plan = ShardPlan.of(ModelConfig.from_dir(self.model_dir), world, rank[0] if rank else 0)
         if rank is None:
-            self.leader = tensor_parallel.Leader(self.plan, self.device, args, timeout, on_lost)
+            self.leader = tensor_parallel.Leader(self.plan, self.device, args, timeout, on_lost, group)
         else:
             tensor_parallel.join(self.plan, rank[1], self.device, timeout)
 

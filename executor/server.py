@@ -277,7 +277,7 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
                                 device=torch_device, linear_backend=config.linear_backend,
                                 tensor_parallel_size=config.tensor_parallel_size,
                                 group_timeout=config.tensor_parallel_timeout,
-                                on_group_lost=_exit_group_lost)
+                                on_group_lost=_exit_group_lost, group=_group(config))
     info = executor.model_info()
     if config.max_model_len:
         info.max_model_len = min(info.max_model_len, config.max_model_len)
@@ -290,6 +290,13 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
     freeze_heap()
     service.set_serving(True)
     log.info("pool mapped (%d blocks of %d tokens); serving", handle.num_blocks, info.kv.block_size)
+
+
+def _group(config: ExecutorConfig):
+    """Where the tensor-parallel group meets and which of its ranks run here (executor.tp_group)."""
+    from executor.tp_group import layout_of
+
+    return layout_of(config.tensor_parallel_size, config.tensor_parallel_group)
 
 
 def _exit_group_lost(why: str) -> None:
@@ -305,6 +312,15 @@ def serve(config: ExecutorConfig) -> int:
     from wire.metrics import serve_metrics
     from wire.tracing import setup_tracing, shutdown_tracing
 
+    from executor.tp_group import layout_of, run_worker_node
+
+    try:
+        layout = layout_of(config.tensor_parallel_size, config.tensor_parallel_group)
+    except ValueError as e:
+        print(f"executor: {e}", file=sys.stderr)
+        return 2
+    if layout.node > 0:  # a node of a tensor-parallel group that rank 0 leads from elsewhere
+        return run_worker_node(config, layout)
     stop = stop_on_signals()
     try:
         credentials = config.tls.server_credentials()

@@ -1,10 +1,10 @@
 """A tensor-parallel executor group: `world` processes joined by torch.distributed (gloo on a
 CPU), each computing every step on its shard of the model (executor.sharding).
 
-- Rank 0 is the executor the rest of pagedserve talks to. `Leader.start` validates nothing
-  itself (ShardPlan.of does, before anything starts), launches ranks 1.. as child processes
-  (`python -m executor.tp_worker`, which exit when it does), joins the group and watches
-  them. Each step goes out first, as one object broadcast (`lead`); then every rank runs it,
+- Rank 0 is the executor the rest of pagedserve talks to. `Leader` validates nothing
+  itself (ShardPlan.of does, before anything starts), launches its node's other ranks as
+  child processes (`python -m executor.tp_worker`, which exit when it does; other nodes'
+  join from there: executor.tp_group), joins the group and watches them. Each step goes out first, as one object broadcast (`lead`); then every rank runs it,
   so all ranks meet the same collectives in the same order; rank 0's outputs are the answer.
 - Collectives: the row-parallel projections (o_proj, down; Mixtral's whole MLP) all-reduce
   their output, the vocab-parallel embedding all-reduces the looked-up rows, the LM head
@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from executor.sharding import ShardPlan
+from executor.tp_group import GroupLayout
 
 DEFAULT_TIMEOUT_S = 60.0
 log = logging.getLogger("pagedserve.executor")
@@ -127,7 +128,14 @@ def own_pool(pools, plan: ShardPlan, leader: "Leader | None") -> torch.Tensor:
     if not isinstance(mine, torch.Tensor):
         from wire.shm_pool import attach_shm_pool
 
-        mine = attach_shm_pool(*mine)
+        try:
+            mine = attach_shm_pool(*mine)
+        except FileNotFoundError:
+            raise RuntimeError(
+                f"rank {plan.rank} cannot map its KV pool segment {mine[0]!r}: memsvc's pools live "
+                f"in the shared memory of memsvc's host, which a rank on another node cannot map; "
+                f"pools held by the ranks of other nodes are not built yet (docs/ARCHITECTURE.md, "
+                f"\"Tensor parallelism\")") from None
     if mine.shape[4] != plan.kv_heads:
         raise ValueError(f"rank {plan.rank}'s KV pool has {mine.shape[4]} KV heads; its shard "
                          f"holds {plan.kv_heads}")
@@ -156,14 +164,16 @@ class Leader:
     """Rank 0's side: the workers it launched, the step broadcast, the heartbeat and the watch."""
 
     def __init__(self, plan: ShardPlan, device: torch.device, worker_args: dict, timeout_s: float,
-                 on_lost: Callable[[str], None] | None = None):
+                 on_lost: Callable[[str], None] | None = None, layout: GroupLayout | None = None):
         self.plan, self.timeout_s, self.on_lost = plan, timeout_s, on_lost
         self.lock = threading.Lock()
         self.down: str | None = None
         self.last_send = time.monotonic()
-        address = free_address()
+        layout = layout or GroupLayout(plan.world)
+        address = f"{layout.host}:{layout.port}" if layout.port else free_address(layout.host)
+        # this node's other ranks; those of other nodes join from there (executor.tp_group)
         self.workers = [launch_worker(dict(worker_args, rank=r, world=plan.world, address=address,
-                                           timeout_s=timeout_s)) for r in range(1, plan.world)]
+                                           timeout_s=timeout_s)) for r in layout.local_ranks if r]
         try:
             join(plan, address, device, timeout_s)
         except BaseException:

@@ -2,12 +2,15 @@
 in this process (its real gRPC service, so a test can run its integrity check under its
 lock), the executor group and the gateway as `pagedserve executor` / `pagedserve gateway`
 processes under a pagedserve Supervisor (a crashed executor group restarts as under `serve`).
-Always stopped; `pids` collects every process started, the workers of each group included."""
+`other_nodes` starts, first, one more `pagedserve executor` per environment given (e.g.
+LeaderWorkerSet's variables for a worker pod), each running only its node's ranks. Always
+stopped; `pids` collects every process started, the workers of each group included."""
 from __future__ import annotations
 
 import dataclasses
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -39,7 +42,7 @@ class TPServices:
     """memsvc (in process) + `pagedserve executor --tensor-parallel-size N` + a gateway."""
 
     def __init__(self, model: str, memory: MemoryConfig, world: int = 2, executor_args=(),
-                 gateway_args=()):
+                 gateway_args=(), other_nodes: list[dict[str, str]] = ()):
         self.memory = MemoryService(MemoryManager(dataclasses.replace(memory, shared=True)))
         self.service = Service([SERVICE_NAME], max_workers=16)
         memory_pb2_grpc.add_MemoryManagerServicer_to_server(self.memory, self.service.server)
@@ -52,11 +55,16 @@ class TPServices:
                     "--linear-backend", "mkl", "--tensor-parallel-timeout", "30", *executor_args]
         gateway = [*CLI, "gateway", "--port", str(gw_port), "--memsvc", mem_address, "--executor",
                    f"127.0.0.1:{ex_port}", "--http-port", "0", *gateway_args]
+        self.nodes = [subprocess.Popen([*CLI, "executor", "--model", model, "--tensor-parallel-size",
+                                        str(world), "--device", "cpu", "--linear-backend", "mkl",
+                                        "--tensor-parallel-timeout", "30", *executor_args],
+                                       cwd=ROOT, env=dict(os.environ, **env, **node_env))
+                      for node_env in other_nodes]
         self.sup = Supervisor([ServiceSpec("executor", executor, f"127.0.0.1:{ex_port}", env=env),
                                ServiceSpec("gateway", gateway, f"127.0.0.1:{gw_port}",
                                            health_service=GENERATION, env=env)],
                               log=lambda m: print(f"tp-services: {m}", file=sys.stderr, flush=True))
-        self.pids: set[int] = set()
+        self.pids: set[int] = {p.pid for p in self.nodes}
         self._thread = None
         try:
             self.sup.start()
@@ -123,6 +131,15 @@ class TPServices:
         self.sup.stop()
         if hasattr(self, "channel"):
             self.channel.close()
+        for node in self.nodes:
+            self.pids.update(descendants(node.pid))
+            if node.poll() is None:
+                node.terminate()
+            try:
+                node.wait(20)
+            except subprocess.TimeoutExpired:
+                node.kill()
+                node.wait()
         self.service.stop(0)
         self.memory.close()
         for p in self.pids:
