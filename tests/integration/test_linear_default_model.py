@@ -10,34 +10,39 @@ INT4 = linear_int4.unavailable(torch.device("cpu"), torch.float32) is None
 INT8 = linear_backend.int8_unavailable(torch.device("cpu"), torch.float32) is None
 
 
+def engine(model_dir, backend):
+    from pagedserve.engine import LLMEngine
+
+    return LLMEngine(model=model_dir, linear_backend=backend, kv_tokens=1024, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def float32(default_model_dir):
+    """The float32 reference engine both tests compare with (as `python -m
+    benchmarks.int8_accuracy` compares each candidate with one reference)."""
+    return engine(default_model_dir, "mkl")
+
+
 @pytest.mark.skipif(not INT4, reason="no int4 CPU kernel in this torch build")
-def test_default_model_int4_runs_and_stays_near_float32(default_model_dir):
+def test_default_model_int4_runs_and_stays_near_float32(default_model_dir, float32):
     """The engine on int4 against float32 on the default model (BENCHMARKS.md has the
     six-prompt figures: max |logit diff| 0.73, 2.5% of the logit spread, argmax agreement 100%,
     6 of 6 continuations identical): a guard against a regression, not a promise of equal
     outputs."""
-    from pagedserve.engine import LLMEngine
-
-    engines = [LLMEngine(model=default_model_dir, linear_backend=b, kv_tokens=1024, device="cpu")
-               for b in ("mkl", "int4")]
-    plan = engines[1].executor.linear_plan
-    assert sum(c.layers for c in plan if c.routes == [(None, "int4")]) == 4 * 30
-    r = compare(*engines, PROMPTS[:3], new_tokens=16)
+    int4 = engine(default_model_dir, "int4")
+    assert sum(c.layers for c in int4.executor.linear_plan if c.routes == [(None, "int4")]) == 4 * 30
+    r = compare(float32, int4, PROMPTS[:3], new_tokens=16)
     assert r["argmax_agreement"] >= 0.95
     assert r["max_logit_diff_over_spread"] <= 0.05
     assert r["mean_tokens_before_divergence"] >= 8
 
 
 @pytest.mark.skipif(not INT8, reason="no torch._weight_int8pack_mm in this torch build")
-def test_default_model_int8_accuracy(default_model_dir):
+def test_default_model_int8_accuracy(default_model_dir, float32):
     """Measured distance of int8 from float32 on the default model (BENCHMARKS.md has the
     six-prompt figures: max |logit diff| 2.17, 7% of the logit spread, argmax agreement 95%):
     a guard against a regression, not a promise of equal outputs."""
-    from pagedserve.engine import LLMEngine
-
-    engines = [LLMEngine(model=default_model_dir, linear_backend=b, kv_tokens=1024, device="cpu")
-               for b in ("mkl", "int8")]
-    r = compare(*engines, PROMPTS[:3], new_tokens=16)
+    r = compare(float32, engine(default_model_dir, "int8"), PROMPTS[:3], new_tokens=16)
     assert r["argmax_agreement"] >= 0.9
     assert r["max_logit_diff_over_spread"] <= 0.15
     assert r["mean_tokens_before_divergence"] >= 2
