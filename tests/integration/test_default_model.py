@@ -3,6 +3,7 @@ cache, a greedy chat answer, and logits through the paged path equal to transfor
 import json
 import os
 
+import pytest
 import torch
 
 from executor import gguf_convert
@@ -11,6 +12,13 @@ from executor.model_loader import load_model
 from executor.model_runner import ModelRunner
 from tests.unit.executor.test_model_logits import PROMPTS, check_against_hf
 from wire.protocol import SamplingParams, SeqStep, StepBatch
+
+
+@pytest.fixture(scope="module")
+def loaded(default_model_dir):
+    """Our model of the default directory and its config, loaded once for the module (a
+    ModelRunner reads the model and writes only its own pool)."""
+    return load_model(default_model_dir)
 
 
 def test_default_model_directory(default_model_dir):
@@ -38,13 +46,13 @@ def test_cache_is_reused(default_model_dir, monkeypatch):
     assert resolve_model(default_model_dir) == default_model_dir
 
 
-def test_default_model_answers_a_chat_prompt(default_model_dir):
+def test_default_model_answers_a_chat_prompt(default_model_dir, loaded):
     """Greedy decoding of the converted model (weights identical to transformers' own GGUF
     loader on this file, checked once by hand) answers the question."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(default_model_dir)
-    model, config = load_model(default_model_dir)
+    model, config = loaded
     pool = torch.zeros(8, config.num_layers, 2, 16, config.num_kv_heads, config.head_dim)
     runner = ModelRunner(model, config, pool)
     prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
@@ -63,9 +71,9 @@ def test_default_model_answers_a_chat_prompt(default_model_dir):
     assert tok.decode(out) == "The capital of France is Paris.<|im_end|>"
 
 
-def test_default_model_matches_transformers(default_model_dir, hf_default):
+def test_default_model_matches_transformers(hf_default, loaded):
     tok, hf = hf_default
-    model, config = load_model(default_model_dir)
+    model, config = loaded
     block_size, num_blocks = 16, 24
     pool = torch.zeros(num_blocks, config.num_layers, 2, block_size, config.num_kv_heads, config.head_dim)
     runner = ModelRunner(model, config, pool)
