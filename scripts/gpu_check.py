@@ -15,6 +15,10 @@ next to it):
              of other sizes compile nothing new
   bench      decode kernel bandwidth vs the D2D copy bandwidth measured in the same run (batch
              256 x context 2k, bf16), paged vs dense attention on the same data
+  tp         only with 2 or more GPUs (else "skipped", saying it did not run): NCCL
+             all-reduce bandwidth between 2 GPUs and pagedserve's greedy tokens with
+             --tensor-parallel-size 2 against 1 rank (scripts/gpu_check_tp.py); when it does
+             not run, its budget goes to serve
   serve      `pagedserve serve` throughput (random-weight 1B Llama shape, ShareGPT-like
              lengths, rates 4/16/inf) vs transformers static batching; control-plane share
 
@@ -47,7 +51,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 SCHEMA = "pagedserve.gpu_check/1"
-PARTS = ["services", "kernels", "bench", "serve"]  # the most decisive first
+PARTS = ["services", "kernels", "bench", "tp", "serve"]  # the most decisive first
 ROOT = Path(__file__).resolve().parent.parent
 # Seconds per part on one H200. The full run ends under 8 minutes and --quick under 4, start-up
 # included: gpu_check.sh's wheel check, torch's import and CUDA's start take ~15 s, and the
@@ -56,10 +60,12 @@ ROOT = Path(__file__).resolve().parent.parent
 #             compiles ~5 variants), transformers' references, ~1500 tokens generated
 #   kernels:  ~1 s a case plus ~3-8 s for each new compiled variant (8 quick cases share ~6)
 #   bench:    the copy bandwidth, then 2 (quick) or 5 shapes, 20 timed launches each
+#   tp:       2 NCCL processes (~10 s to start), a tiny model on 1 and 2 ranks; with fewer than
+#             2 GPUs it does not run and serve gets its seconds
 #   serve:    a 1B model built on the GPU, its services, the rates, transformers' batches
-DEFAULT_BUDGETS = {"services": 150, "kernels": 100, "bench": 45, "serve": 150}  # 445 s
-QUICK_BUDGETS = {"services": 100, "kernels": 45, "bench": 15, "serve": 50}  # 210 s
-CUDA_PARTS = ("kernels", "bench", "serve")  # skipped without CUDA (services run on the CPU)
+DEFAULT_BUDGETS = {"services": 150, "kernels": 100, "bench": 45, "tp": 25, "serve": 125}  # 445 s
+QUICK_BUDGETS = {"services": 100, "kernels": 45, "bench": 15, "tp": 10, "serve": 40}  # 210 s
+CUDA_PARTS = ("kernels", "bench", "tp", "serve")  # skipped without CUDA (services run on the CPU)
 STATUSES = ("pending", "running", "skipped", "ok", "failed", "error")
 
 
@@ -996,11 +1002,17 @@ def environment(args) -> dict:
 
 def runners(args, work: Path) -> dict:
     """Each part's function of its Part; without CUDA, the stand-ins of the CUDA parts."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_check_tp import part_tp
+
+    tp = lambda p: part_tp(args, p, work, build_model)  # noqa: E731  (says itself when it does not run)
     if str(args.device).startswith("cuda"):
         return {"kernels": lambda p: part_kernels(args, p), "services": lambda p: part_services(args, p, work),
-                "bench": lambda p: part_bench(args, p), "serve": lambda p: part_serve(args, p, work)}
+                "bench": lambda p: part_bench(args, p), "serve": lambda p: part_serve(args, p, work), "tp": tp}
     return {"kernels": lambda p: kernels_without_cuda(args, p), "services": lambda p: part_services(args, p, work),
-            "bench": lambda p: skipped_without_cuda(args, p), "serve": lambda p: serve_without_cuda(args, p, work)}
+            "bench": lambda p: skipped_without_cuda(args, p), "serve": lambda p: serve_without_cuda(args, p, work),
+            "tp": tp}
 
 
 def main(argv=None) -> int:
@@ -1024,7 +1036,10 @@ def main(argv=None) -> int:
     run = runners(args, work)
     for name in args.parts:
         t0 = time.monotonic()
-        part = Part(report, name, t0 + args.budgets[name], lambda: write(report, args.out))
+        budget = args.budgets[name]
+        if name == "serve" and report["parts"]["tp"]["status"] == "skipped" and "tp" in args.parts:
+            budget += args.budgets["tp"]  # tp did not run (fewer than 2 GPUs): serve gets its seconds
+        part = Part(report, name, t0 + budget, lambda: write(report, args.out))
         cut = None
         try:
             part.result.update(run[name](part))

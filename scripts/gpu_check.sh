@@ -11,7 +11,7 @@
 # image's site-packages, so one that fails stops no other. No model travels: random-weight
 # Llama models are built from transformers' configs.
 #
-#   bash scripts/gpu_check.sh [--rehearse] [--out FILE] [--parts services,kernels,bench,serve] [--quick]
+#   bash scripts/gpu_check.sh [--rehearse] [--out FILE] [--parts services,kernels,bench,tp,serve] [--quick]
 # The JSON goes to --out, else $OUT/gpu_check.json, else bench_results/gpu_check.json; the install
 # log and the service logs go next to it. The whole run is cut at GPU_CHECK_TIMEOUT (default 470 s,
 # 235 s with --quick; the parts' own budgets are in gpu_check.py).
