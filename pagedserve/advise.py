@@ -1,7 +1,10 @@
 """`pagedserve advise`: how many requests fit, paged vs contiguous, and what binds, on paper.
 
 KV bytes per token = 2 (K and V) x layers x KV heads x head size x bytes per element.
-The KV budget is the accelerator's memory x utilization, less the weights. The batch
+The KV budget is the accelerator's memory x utilization, less the weights. A tensor-parallel
+group of N accelerators (--tensor-parallel-size) has N times the memory, bandwidth and
+compute, and its KV bytes count every rank's heads: with fewer KV heads than ranks each rank
+holds a replica of one (executor/sharding.py), so N heads are stored, not the model's. The batch
 ceiling is the budget over the tokens each request holds: its mean length when paged
 (one partial block of waste), the maximum length when a contiguous region is reserved.
 """
@@ -53,8 +56,10 @@ class ModelShape:
         pos = 0 if self.gated_mlp else self.max_model_len * h  # OPT learns positions
         return self.num_layers * (attn + mlp) + self.vocab_size * h + pos
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_size * dtype_bytes
+    def kv_bytes_per_token(self, dtype_bytes: int, tensor_parallel: int = 1) -> int:
+        """Over every rank of a group of `tensor_parallel` (KV heads replicated when fewer)."""
+        heads = max(self.num_kv_heads, tensor_parallel)
+        return 2 * self.num_layers * heads * self.head_size * dtype_bytes
 
 
 def load_shape(model: str) -> ModelShape:
@@ -89,10 +94,17 @@ class Advice:
 def advise(shape: ModelShape, *, memory_gib: float, bandwidth_gbs: float, tflops: float,
            weight_bytes_per_param: float = 2, kv_dtype_bytes: int = 2,
            utilization: float = 0.9, mean_tokens: float = 499, max_len: int | None = None,
-           block_size: int = 16, concurrency: float | None = None) -> Advice:
-    """mean_tokens: the mean prompt + output length of the workload (ShareGPT-like: 499)."""
+           block_size: int = 16, concurrency: float | None = None,
+           tensor_parallel: int = 1) -> Advice:
+    """mean_tokens: the mean prompt + output length of the workload (ShareGPT-like: 499);
+    memory, bandwidth and tflops are one accelerator's, `tensor_parallel` of them in a group."""
+    n, kv = tensor_parallel, shape.num_kv_heads
+    if n < 1 or (kv >= n and kv % n) or (kv < n and n % kv):
+        raise ValueError(f"--tensor-parallel-size {n} cannot split {kv} KV heads evenly "
+                         f"(choose a divisor of {kv}, or a multiple of it to replicate them)")
+    memory_gib, bandwidth_gbs, tflops = memory_gib * n, bandwidth_gbs * n, tflops * n
     max_len = max_len or shape.max_model_len
-    per_token = shape.kv_bytes_per_token(kv_dtype_bytes)
+    per_token = shape.kv_bytes_per_token(kv_dtype_bytes, n)
     weights = int(shape.num_parameters * weight_bytes_per_param)
     budget = int(memory_gib * GIB * utilization) - weights
     if budget <= 0:
@@ -138,6 +150,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max-len", type=int, default=None, help="contiguous reservation length")
     p.add_argument("--concurrency", type=float, default=None,
                    help="requests in flight at your load, if known")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="a group of N accelerators serving the model (memory, bandwidth and "
+                        "compute times N; KV bytes count every rank's heads, replicas included)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 
@@ -148,7 +163,7 @@ def run(args) -> int:
     a = advise(shape, memory_gib=args.memory_gib or mem, bandwidth_gbs=bw, tflops=tf,
                weight_bytes_per_param=args.weights_bytes, kv_dtype_bytes=args.kv_bytes,
                utilization=args.utilization, mean_tokens=args.mean_tokens, max_len=args.max_len,
-               concurrency=args.concurrency)
+               concurrency=args.concurrency, tensor_parallel=args.tensor_parallel_size)
     if args.json:
         print(json.dumps(asdict(a), indent=1))
         return 0
