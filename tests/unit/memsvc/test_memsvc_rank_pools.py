@@ -92,3 +92,27 @@ def test_shared_pools_are_one_segment_per_rank_all_unlinked_at_close(tmp_path):
     assert all(os.path.exists(s.path) for s in m.shms)
     m.close()
     assert not any(os.path.exists(s.path) for s in m.shms)
+
+
+def test_the_host_tier_offloads_and_restores_every_ranks_blocks():
+    m = manager(num_blocks=4, num_offload_blocks=8, offload_policy="always", preemption_mode="recompute")
+    pools = m.register_executor(GEOMETRY, ranks=2)
+    assert len(m.tier_pools) == 2 and m.tier_pools[0].data_ptr() != m.tier_pools[1].data_ptr()
+    prompt = list(range(9))  # two full blocks, keyed
+    [a] = m.reserve(Plan([PlanEntry("a", prompt, True, 16)])).grants
+    blocks = table(a)
+    for r, pool in enumerate(pools):
+        for i, b in enumerate(blocks[:2]):
+            pool[b] = float(100 * r + i)
+    m.reserve(Plan([], free=["a"]))
+    m.reserve(Plan([PlanEntry("b", list(range(50, 66)), True, 16)]))  # takes all 4 blocks: a's go out
+    assert m.host_tier_stats()["host_tier_offloaded"] == 2
+    for r in range(2):
+        pools[r].zero_()
+    m.reserve(Plan([], free=["b"]))
+    [c] = m.reserve(Plan([PlanEntry("c", prompt, True, 16)])).grants
+    assert c.num_cached_tokens == 8 and m.host_tier_stats()["host_tier_restored"] == 2
+    for r, pool in enumerate(pools):
+        for i, b in enumerate(table(c)[:2]):
+            assert pool[b].eq(100 * r + i).all(), (r, i)
+    m.check_integrity()
