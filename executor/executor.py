@@ -13,7 +13,7 @@ from executor.model_loader import load_model
 from executor.logits_mask import GuidedDecoding
 from executor.model_runner import ModelRunner
 from executor.sharding import ShardPlan
-from executor import tensor_parallel
+from executor import tensor_parallel, tp_pools
 from executor.weights import parse_dtype
 from wire.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
 
@@ -92,9 +92,9 @@ class Executor:
 
     def attach_pool(self, pool) -> None:
         """Use `pool` for the KV cache from now on (ValueError if it does not fit the model).
-        Tensor parallel: the list of every rank's pool (tensor_parallel.own_pool)."""
+        Tensor parallel: the list of every rank's pool (executor.tp_pools.own_pool)."""
         if self.plan is not None:
-            pool = tensor_parallel.own_pool(pool, self.plan, self.leader)
+            pool = tp_pools.own_pool(pool, self.plan, self.leader)
         if pool.device.type != self.device.type:
             raise ValueError(f"KV pool is on {pool.device}, the model on {self.device}")
         if pool.shape[3] != self.block_size:

@@ -191,7 +191,7 @@ def register(memsvc: str, info: ModelInfo, device: str, timeout: float, tls=None
 def map_pool(handle: memory_pb2.PoolHandle):
     """The pool tensor described by memsvc's PoolHandle, mapped into this process; a
     tensor-parallel group's: rank 0's mapped, then each other rank's (name, shape, dtype),
-    which that rank maps (executor.tensor_parallel.own_pool)."""
+    which that rank maps (executor.tp_pools.own_pool)."""
     kind = handle.WhichOneof("handle")
     if kind == "shm_name":
         from wire.shm_pool import attach_shm_pool

@@ -9,11 +9,7 @@ CPU), each computing every step on its shard of the model (executor.sharding).
 - Collectives: the row-parallel projections (o_proj, down; Mixtral's whole MLP) all-reduce
   their output, the vocab-parallel embedding all-reduces the looked-up rows, the LM head
   all-gathers the logits (every rank samples the same rows; only rank 0's are used).
-- The pools (docs/ARCHITECTURE.md, "Tensor parallelism"): memsvc holds one pool per rank
-  with the same block geometry (each rank's KV heads); rank 0 gets the list (`own_pool`),
-  sends every rank the (segment name, shape, dtype) of each, and each rank maps only its
-  own. A block id names the same block on every rank; memsvc applies every block copy to
-  every rank's pool.
+- The pools: one per rank, each rank mapping only its own (executor.tp_pools).
 - Faults: every collective times out after `timeout_s` (gloo raises; no rank waits
   forever); rank 0 broadcasts a heartbeat when idle so waiting ranks do not time out. A
   worker that exits, or a collective that fails, puts the group down: logged, `on_lost`
@@ -112,46 +108,6 @@ def shard_model(model: nn.Module, plan: ShardPlan) -> None:
         else:  # Mixtral: each expert's down projection is partial, so the whole MLP's sum is
             mlp = layer.mlp
             layer.mlp = lambda h, mlp=mlp: c.all_reduce(mlp(h))
-
-
-def own_pool(pools, plan: ShardPlan, leader: "Leader | None") -> torch.Tensor:
-    """This rank's KV pool from the group's list (rank r's at r: a mapped tensor or a
-    (shared-memory name, shape, dtype) spec that this rank maps); rank 0 (`leader`) first
-    sends the specs to every rank."""
-    if isinstance(pools, torch.Tensor) or len(pools) != plan.world:
-        got = "one pool" if isinstance(pools, torch.Tensor) else f"{len(pools)} pools"
-        raise ValueError(f"a tensor-parallel group of {plan.world} ranks needs one KV pool per "
-                         f"rank (memsvc registration with {plan.world} rank_devices); got {got}")
-    if leader is not None:
-        leader.lead("attach", [pool_spec(p) for p in pools])
-    mine = pools[plan.rank]
-    if not isinstance(mine, torch.Tensor):
-        from wire.shm_pool import attach_shm_pool
-
-        try:
-            mine = attach_shm_pool(*mine)
-        except FileNotFoundError:
-            raise RuntimeError(
-                f"rank {plan.rank} cannot map its KV pool segment {mine[0]!r}: memsvc's pools live "
-                f"in the shared memory of memsvc's host, which a rank on another node cannot map; "
-                f"pools held by the ranks of other nodes are not built yet (docs/ARCHITECTURE.md, "
-                f"\"Tensor parallelism\")") from None
-    if mine.shape[4] != plan.kv_heads:
-        raise ValueError(f"rank {plan.rank}'s KV pool has {mine.shape[4]} KV heads; its shard "
-                         f"holds {plan.kv_heads}")
-    return mine
-
-
-def pool_spec(pool) -> tuple[str, list[int], str]:
-    """(shared-memory name, shape, dtype) of a rank's CPU pool, for the rank that maps it."""
-    if not isinstance(pool, torch.Tensor):
-        name, shape, dtype = pool
-        return name, list(shape), dtype
-    path = pool.untyped_storage().filename if pool.device.type == "cpu" else None
-    if not path or not path.startswith("/dev/shm/"):
-        raise ValueError("tensor parallel needs each rank's KV pool in shared memory (memsvc's "
-                         "shared CPU pools), so that the rank can map it")
-    return os.path.basename(path), list(pool.shape), str(pool.dtype).removeprefix("torch.")
 
 
 def free_address(host: str = "127.0.0.1") -> str:
