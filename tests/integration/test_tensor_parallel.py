@@ -18,7 +18,7 @@ from memsvc.config import MemoryConfig
 from memsvc.memory_manager import MemoryManager
 from pagedserve.cli import main
 from pagedserve.engine import LLMEngine
-from tests.support.tiny_models import make_tiny_model, paged_batches, save_tiny_tokenizer
+from tests.support.tiny_models import hf_greedy_past_eos, make_tiny_model, paged_batches, save_tiny_tokenizer
 from wire.protocol import SamplingParams
 
 NEW_TOKENS = 24
@@ -70,12 +70,7 @@ def test_greedy_matches_transformers(model_dir):
     g = torch.Generator().manual_seed(5)
     shared = torch.randint(3, 300, (9,), generator=g).tolist()
     prompts = [shared + torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 3, 8)]
-    hf.generation_config.eos_token_id = None
-    expected = []
-    for p in prompts:
-        with torch.inference_mode():
-            y = hf.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
-        expected.append(y[0, len(p):].tolist())
+    expected = hf_greedy_past_eos(hf, prompts, NEW_TOKENS)
     engine = LLMEngine(model=str(path), block_size=4, kv_tokens=1024, prefix_caching=True,
                        tensor_parallel_size=2, linear_backend="mkl")
     try:

@@ -125,3 +125,15 @@ def save_tiny_tokenizer(path, vocab_size: int = 300, eos_id: int = 1) -> None:
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
     with open(config_path, "w") as f:
         json.dump(config, f, indent=2)
+
+
+def hf_greedy_past_eos(hf, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt, one at a time, run past EOS (as
+    ignore_eos does)."""
+    hf.generation_config.eos_token_id = None
+    out = []
+    for p in prompts:
+        with torch.inference_mode():
+            y = hf.generate(torch.tensor([p]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        out.append(y[0, len(p):].tolist())
+    return out

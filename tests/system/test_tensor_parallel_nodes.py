@@ -7,12 +7,11 @@ worker node's process exits on its own (its pod restarts with the group), and me
 nothing."""
 import time
 
-import torch
 
 from memsvc.config import MemoryConfig
 from pagedserve.serve_cmd import free_port
 from tests.support.gateway_harness import collect, greedy
-from tests.support.tiny_models import make_tiny_model, save_tiny_tokenizer
+from tests.support.tiny_models import hf_greedy_past_eos, make_tiny_model, save_tiny_tokenizer
 from tests.support.tp_services import TPServices
 
 NEW_TOKENS = 16
@@ -22,12 +21,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40, 41, 42, 5, 6]]
 def test_a_worker_node_placed_by_leaderworkerset_env_joins_the_group(tmp_path):
     hf = make_tiny_model(tmp_path, "llama3")
     save_tiny_tokenizer(tmp_path)
-    hf.generation_config.eos_token_id = None
-    expected = []
-    for p in PROMPTS:
-        with torch.inference_mode():
-            y = hf.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
-        expected.append(y[0, len(p):].tolist())
+    expected = hf_greedy_past_eos(hf, PROMPTS, NEW_TOKENS)
     port = str(free_port())
     lws = {"LWS_LEADER_ADDRESS": "127.0.0.1", "LWS_GROUP_SIZE": "2", "PAGEDSERVE_TENSOR_PARALLEL_PORT": port}
     s = TPServices(str(tmp_path), MemoryConfig(num_blocks=128, max_model_len=256),

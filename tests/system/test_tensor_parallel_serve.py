@@ -10,11 +10,10 @@ import time
 
 import grpc
 import pytest
-import torch
 
 from pagedserve.client import GenerationClient
 from tests.support.serve_procs import alive, children, cmdline, free_port, segments, start, stop
-from tests.support.tiny_models import make_tiny_model, save_tiny_tokenizer
+from tests.support.tiny_models import hf_greedy_past_eos, make_tiny_model, save_tiny_tokenizer
 from wire.protocol import SamplingParams
 
 NEW_TOKENS = 16
@@ -26,12 +25,7 @@ def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("tp_llama")
     hf = make_tiny_model(path, "llama3", num_key_value_heads=1)  # its KV head replicated on both ranks
     save_tiny_tokenizer(path)
-    hf.generation_config.eos_token_id = None
-    expected = []
-    for p in PROMPTS:
-        with torch.inference_mode():
-            y = hf.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
-        expected.append(y[0, len(p):].tolist())
+    expected = hf_greedy_past_eos(hf, PROMPTS, NEW_TOKENS)
     return path, expected
 
 
