@@ -16,11 +16,12 @@ the same for a model already built. Backends:
   it raises (ValueError naming the fix) rather than serve something else;
 - "auto": on the CPU in float32, each shape is timed through both at the step's row counts
   STEP_ROWS (one decode, a decode batch, a prefill chunk) on one of its layers, a few
-  alternated repetitions, best of each (kept per machine: executor.linear_plan_cache); the
+  alternated repetitions, best of each, one row with the weight out of the cache as a
+  decode step meets it (executor.linear_timing; kept per machine: executor.linear_plan_cache); the
   faster backend at a timed M (MKL only by more than PREFER_MARGIN) serves the rows from
   the geometric midpoint below it to the one above (a shape that would mix the two, where
   MKL wins by under MIXED_MARGIN, goes all oneDNN: one copy of its weight). A row count
-  whose one call would cost over MAX_TIMED_FLOP is timed at the largest M within it instead
+  whose one call would cost over linear_timing.MAX_TIMED_FLOP is timed at the largest M within it instead
   (the vocabulary projection). Elsewhere: mkl.
 Where oneDNN is unavailable or raises, layers use F.linear, and the log says why.
 "auto" never picks int8 or int4.
@@ -29,19 +30,16 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from executor import linear_int4, linear_int8, linear_plan_cache as plan_cache
 from executor.linear import BACKENDS, Linear
+from executor.linear_timing import TIMED, time_shape  # noqa: F401  (TIMED: what auto chooses among)
 
 CHOICES = ("auto", *BACKENDS)
-TIMED = ("mkl", "onednn")  # what "auto" chooses among (int8, int4 change the outputs: opt-in only)
 STEP_ROWS = (1, 64, 512)
-MAX_TIMED_FLOP = 2e9
-REPS = 3
 PREFER_MARGIN = 1.10  # MKL serves an M only where it is faster than oneDNN by more than this:
 # a win inside the timing noise would flip from one load to the next
 MIXED_MARGIN = 1.25  # oneDNN at most 25% slower than MKL: one copy of the weight beats two
@@ -198,41 +196,6 @@ def configure(model: torch.nn.Module, backend: str = "auto", device: torch.devic
     planner = Planner(backend, device, dtype, rows)
     planner.place(model)
     return planner.finish()
-
-
-def time_shape(layer: Linear, rows: tuple[int, ...]) -> dict[int, dict[str, float]]:
-    """Seconds per call of each backend at each affordable M; empty when oneDNN fails here
-    (logged)."""
-    n, k = layer.shape
-    layer.route([(None, "onednn")])
-    if layer.packed is None:
-        return {}
-    seconds: dict[int, dict[str, float]] = {}
-    g = torch.Generator().manual_seed(0)
-    with torch.inference_mode():
-        for m in rows:
-            m = min(m, max(1, int(MAX_TIMED_FLOP // (2 * n * k))))
-            if m in seconds:
-                continue
-            flop = 2 * m * n * k
-            x = torch.randn(m, k, generator=g, dtype=layer.weight.dtype)
-            calls = max(1, min(20, int(5e7 / flop)))
-            best: dict[str, float] = {}
-            try:
-                for b in TIMED:
-                    layer.run(b, x)  # warm
-                for _ in range(REPS):
-                    for b in TIMED:
-                        t = time.perf_counter()
-                        for _ in range(calls):
-                            layer.run(b, x)
-                        best[b] = min(best.get(b, math.inf), (time.perf_counter() - t) / calls)
-            except Exception as e:  # noqa: BLE001  (oneDNN failed at this M: F.linear)
-                log.warning("linear %dx%d: oneDNN failed while timed at M=%d (%r); F.linear (mkl)",
-                            n, k, m, e)
-                return {}
-            seconds[m] = best
-    return seconds
 
 
 def routes_from(seconds: dict[int, dict[str, float]]) -> list[tuple[int | None, str]]:

@@ -3,7 +3,7 @@
 `--linear-backend auto` times each weight shape at load (executor.linear_backend). The
 seconds measured are kept in `linear-plan.json` under $PAGEDSERVE_CACHE_DIR (default
 ~/.cache/pagedserve), keyed by the CPU (model name and ISA), torch's version, the dtype, the
-shape and the row counts timed; a later load on the same machine takes them instead of
+shape and the row counts timed (and how: executor.linear_timing); a later load on the same machine takes them instead of
 timing again. Timings taken under load can differ from run to run, and so could the plan
 and, by float rounding, greedy outputs: kept, the plan and the outputs stay the same across
 restarts and replicas of one machine. Delete the file to time again. A file that cannot be
@@ -18,6 +18,7 @@ import tempfile
 
 import torch
 
+from executor.linear_timing import COLD_BELOW
 from wire.cpu_info import cpu_info
 
 FILE_NAME = "linear-plan.json"
@@ -32,7 +33,8 @@ def path() -> str:
 def key(shape: tuple[int, int], dtype: torch.dtype, rows: tuple[int, ...]) -> str:
     cpu = cpu_info()
     return (f"{cpu['model_name']} [{' '.join(cpu['isa'])}] {os.cpu_count()} CPUs | torch "
-            f"{torch.__version__} | {dtype} | {shape[0]}x{shape[1]} | M {','.join(map(str, rows))}")
+            f"{torch.__version__} | {dtype} | {shape[0]}x{shape[1]} | M {','.join(map(str, rows))} "
+            f"(cold below {COLD_BELOW})")
 
 
 def _read(file: str) -> dict:

@@ -15,3 +15,14 @@ def test_missing_file_says_unknown(tmp_path):
     info = cpu_info(str(tmp_path / "absent"))
     assert info == {"model_name": "unknown", "isa": []}
     assert "none of avx2/avx512f/amx_tile" in describe(info)
+
+
+def test_last_level_cache_is_the_highest_level(tmp_path):
+    from wire.cpu_info import last_level_cache_bytes
+
+    for index, level, size in [("index0", 1, "48K"), ("index2", 2, "1024K"), ("index3", 3, "32768K")]:
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "level").write_text(f"{level}\n")
+        (tmp_path / index / "size").write_text(f"{size}\n")
+    assert last_level_cache_bytes(str(tmp_path)) == 32 << 20
+    assert last_level_cache_bytes(str(tmp_path / "absent")) is None

@@ -1,0 +1,36 @@
+"""executor.linear_timing: one row is timed with the weight evicted before every call (as a
+decode step meets it), larger row counts warm; every backend is timed at every row count."""
+import pytest
+import torch
+
+from executor import linear_backend, linear_timing
+from executor.linear import Linear
+
+pytestmark = pytest.mark.skipif(
+    linear_backend.onednn_unavailable(torch.device("cpu"), torch.float32) is not None,
+    reason="no oneDNN in this torch build")
+
+
+def test_rows_below_the_bound_are_timed_cold(monkeypatch):
+    sweeps = []
+    monkeypatch.setattr(linear_timing.Sweep, "__call__", lambda self: sweeps.append(1))
+    seconds = linear_timing.time_shape(Linear(torch.randn(24, 16)), (1, 64))
+    assert set(seconds) == {1, 64} and all(set(t) == set(linear_timing.TIMED) for t in seconds.values())
+    assert all(s > 0 for t in seconds.values() for s in t.values())
+    assert len(sweeps) == linear_timing.REPS * len(linear_timing.TIMED) * linear_timing.COLD_CALLS
+
+
+def test_warm_rows_only_sweep_nothing(monkeypatch):
+    def no_sweep(self):
+        raise AssertionError("a sweep buffer made for warm rows")
+    monkeypatch.setattr(linear_timing.Sweep, "__init__", no_sweep)
+    assert set(linear_timing.time_shape(Linear(torch.randn(24, 16)), (64, 512))) == {64, 512}
+
+
+def test_the_sweep_exceeds_the_last_level_cache(monkeypatch):
+    monkeypatch.setattr(linear_timing, "last_level_cache_bytes", lambda: 1 << 20)
+    assert linear_timing.Sweep().buffer.numel() * 4 == 2 << 20
+    monkeypatch.setattr(linear_timing, "last_level_cache_bytes", lambda: None)
+    assert linear_timing.Sweep().buffer.numel() * 4 == 2 * linear_timing.DEFAULT_LLC
+    monkeypatch.setattr(linear_timing, "last_level_cache_bytes", lambda: 4 << 30)
+    assert linear_timing.Sweep().buffer.numel() * 4 == linear_timing.MAX_SWEEP_BYTES
