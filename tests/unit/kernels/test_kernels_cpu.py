@@ -25,7 +25,7 @@ def test_native_kernel_builds_here():
     [(37, 1), (5, 1), (1, 1), (33, 1), (160, 1), (16, 1)] * 3,  # decodes only, split across threads
     [(37, 1), (64, 64), (5, 1), (50, 13), (90, 2), (1, 1)],  # mixed with prefill chunks
 ])
-@pytest.mark.parametrize("num_kv_heads,group,head_size", [(3, 3, 64), (2, 1, 16), (1, 4, 128)])
+@pytest.mark.parametrize("num_kv_heads,group,head_size", [(3, 3, 64), (2, 1, 16), (1, 4, 128), (1, 10, 64), (2, 8, 128)])
 @pytest.mark.parametrize("padding", ["negative", "random"])
 def test_cpu_attention_matches_reference(specs, num_kv_heads, group, head_size, padding):
     args, _, _ = make_batch(specs, 16, num_kv_heads, group, head_size, padding=padding)
