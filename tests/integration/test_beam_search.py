@@ -14,15 +14,7 @@ from tests.support.fake_executor import EOS, FakeExecutor
 from tests.support.fake_loop import expected, run_all
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the CI cores are shared: one thread is several times faster
-    yield
-    torch.set_num_threads(n)
-
-
-def test_beam_width_4_matches_transformers(default_model_dir, hf_default, one_thread):
+def test_beam_width_4_matches_transformers(default_model_dir, hf_default):
     from pagedserve.engine import LLMEngine
 
     tok, model = hf_default

@@ -1,22 +1,10 @@
 """Preemption by swap, recompute or either leaves the default model's greedy outputs as
 they are with room for everything, and the pool clean."""
-import pytest
-
 from wire.protocol import SamplingParams
 from tests.unit.gateway.test_preemption import assert_clean
 
 
-@pytest.fixture
-def one_thread():
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the CI cores are shared: one thread is several times faster
-    yield
-    torch.set_num_threads(n)
-
-
-def test_real_model_greedy_is_the_same_whatever_preempts(default_model_dir, one_thread):
+def test_real_model_greedy_is_the_same_whatever_preempts(default_model_dir):
     from pagedserve.engine import LLMEngine
 
     texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "1, 2, 3, 4,"]
