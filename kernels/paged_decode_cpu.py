@@ -49,12 +49,46 @@ static inline float exp_neg(float x) {
     return p * bits.f;
 }
 
+// Each of `heads` rows of `len` scores replaced by its softmax, in place.
+static void softmax_rows(float* scores, int64_t heads, int64_t len) {
+    for (int64_t h = 0; h < heads; ++h) {
+        float* sc = scores + h * len;
+        float m = -INFINITY;
+        for (int64_t t = 0; t < len; ++t) m = std::max(m, sc[t]);
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < len; ++t) {
+            sc[t] = exp_neg(sc[t] - m);
+            sum += sc[t];
+        }
+        const float inv = 1.f / sum;
+#pragma omp simd
+        for (int64_t t = 0; t < len; ++t) sc[t] *= inv;
+    }
+}
+
 // The next block's rows, asked for ahead of use: blocks lie anywhere in the pool, so the
 // hardware's stream prefetchers (which follow one page) start cold at every block.
 static inline void prefetch_rows(const float* first, int64_t st, int64_t row_bytes, int64_t rows) {
     for (int64_t i = 0; i < rows; ++i) {
         const char* p = reinterpret_cast<const char*>(first + i * st);
         for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b);
+    }
+}
+
+// Calls f(row, t) for each of a sequence's tokens t in order, row pointing at its K or V row
+// (all kv heads) in `cache`; with `ahead`, the first block and then each next block's rows
+// are prefetched while the one before is walked.
+template <class F>
+static inline void walk(const float* cache, const int32_t* table, int64_t len, int64_t block_size,
+                        int64_t sb, int64_t st, int64_t row_bytes, bool ahead, F f) {
+    if (ahead) prefetch_rows(cache + table[0] * sb, st, row_bytes, std::min(block_size, len));
+    for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+        const int64_t blk = table[t0 / block_size];
+        const int64_t n = std::min(block_size, len - t0);
+        if (ahead && t0 + block_size < len)
+            prefetch_rows(cache + table[t0 / block_size + 1] * sb, st, row_bytes, block_size);
+        for (int64_t i = 0; i < n; ++i) f(cache + blk * sb + i * st, t0 + i);
     }
 }
 
@@ -69,56 +103,29 @@ static void decode_one(const float* q, int64_t q_sh, const float* k, const float
     int64_t kv_of[num_heads];  // each query head's kv head (no division in the loops)
     for (int64_t h = 0; h < num_heads; ++h) kv_of[h] = h / group;
     const int64_t row = (kv_of[num_heads - 1] * sh + hd) * sizeof(float);  // bytes of a token's K
-    prefetch_rows(k + table[0] * sb, st, row, std::min(block_size, len));
     for (int64_t h = 0; h < num_heads; ++h)
         for (int64_t d = 0; d < hd; ++d) qs[h * hd + d] = q[h * q_sh + d] * scale;
-    for (int64_t t0 = 0; t0 < len; t0 += block_size) {
-        const int64_t blk = table[t0 / block_size];
-        const int64_t n = std::min(block_size, len - t0);
-        if (t0 + block_size < len) prefetch_rows(k + table[t0 / block_size + 1] * sb, st, row, block_size);
-        for (int64_t i = 0; i < n; ++i) {
-            const float* kt = k + blk * sb + i * st;
-            for (int64_t h = 0; h < num_heads; ++h) {
-                const float* kp = kt + kv_of[h] * sh;
-                const float* qh = qs + h * hd;
-                float s = 0.f;
+    walk(k, table, len, block_size, sb, st, row, true, [&](const float* kt, int64_t t) {
+        for (int64_t h = 0; h < num_heads; ++h) {
+            const float* kp = kt + kv_of[h] * sh;
+            const float* qh = qs + h * hd;
+            float s = 0.f;
 #pragma omp simd reduction(+ : s)
-                for (int64_t d = 0; d < hd; ++d) s += qh[d] * kp[d];
-                scores[h * len + t0 + i] = s;
-            }
+            for (int64_t d = 0; d < hd; ++d) s += qh[d] * kp[d];
+            scores[h * len + t] = s;
         }
-    }
-    for (int64_t h = 0; h < num_heads; ++h) {
-        float* sc = scores + h * len;
-        float m = -INFINITY;
-        for (int64_t t = 0; t < len; ++t) m = std::max(m, sc[t]);
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < len; ++t) {
-            sc[t] = exp_neg(sc[t] - m);
-            sum += sc[t];
-        }
-        const float inv = 1.f / sum;
-#pragma omp simd
-        for (int64_t t = 0; t < len; ++t) sc[t] *= inv;
-    }
+    });
+    softmax_rows(scores, num_heads, len);
     std::fill(acc, acc + num_heads * hd, 0.f);
-    prefetch_rows(v + table[0] * sb, st, row, std::min(block_size, len));
-    for (int64_t t0 = 0; t0 < len; t0 += block_size) {
-        const int64_t blk = table[t0 / block_size];
-        const int64_t n = std::min(block_size, len - t0);
-        if (t0 + block_size < len) prefetch_rows(v + table[t0 / block_size + 1] * sb, st, row, block_size);
-        for (int64_t i = 0; i < n; ++i) {
-            const float* vt = v + blk * sb + i * st;
-            for (int64_t h = 0; h < num_heads; ++h) {
-                const float* vp = vt + kv_of[h] * sh;
-                const float p = scores[h * len + t0 + i];
-                float* a = acc + h * hd;
+    walk(v, table, len, block_size, sb, st, row, true, [&](const float* vt, int64_t t) {
+        for (int64_t h = 0; h < num_heads; ++h) {
+            const float* vp = vt + kv_of[h] * sh;
+            const float p = scores[h * len + t];
+            float* a = acc + h * hd;
 #pragma omp simd
-                for (int64_t d = 0; d < hd; ++d) a[d] += p * vp[d];
-            }
+            for (int64_t d = 0; d < hd; ++d) a[d] += p * vp[d];
         }
-    }
+    });
     for (int64_t h = 0; h < num_heads; ++h)
         for (int64_t d = 0; d < hd; ++d) out[h * o_sh + d] = acc[h * hd + d];
 }
@@ -145,64 +152,35 @@ static void decode_fixed(const float* q, int64_t q_sh, const float* k, const flo
                          float* scores) {
     constexpr int NV = D / VL;
     const int64_t row = ((kv_heads - 1) * sh + D) * sizeof(float);
-    prefetch_rows(k + table[0] * sb, st, row, std::min(block_size, len));
-    for (int64_t kh = 0; kh < kv_heads; ++kh) {
+    for (int64_t kh = 0; kh < kv_heads; ++kh) {  // the first kv head's walk prefetches
         vec qv[G][NV];
         for (int g = 0; g < G; ++g)
             for (int j = 0; j < NV; ++j) qv[g][j] = vload(q + (kh * G + g) * q_sh + j * VL) * scale;
         float* sc = scores + kh * G * len;
-        for (int64_t t0 = 0; t0 < len; t0 += block_size) {
-            const int64_t blk = table[t0 / block_size];
-            const int64_t n = std::min(block_size, len - t0);
-            if (kh == 0 && t0 + block_size < len)
-                prefetch_rows(k + table[t0 / block_size + 1] * sb, st, row, block_size);
-            for (int64_t i = 0; i < n; ++i) {
-                const float* kp = k + blk * sb + i * st + kh * sh;
-                vec kv[NV];
-                for (int j = 0; j < NV; ++j) kv[j] = vload(kp + j * VL);
-                for (int g = 0; g < G; ++g) {
-                    vec a = qv[g][0] * kv[0];
-                    for (int j = 1; j < NV; ++j) a += qv[g][j] * kv[j];
-                    sc[g * len + t0 + i] = hsum(a);
-                }
+        walk(k, table, len, block_size, sb, st, row, kh == 0, [&](const float* kt, int64_t t) {
+            vec kv[NV];
+            for (int j = 0; j < NV; ++j) kv[j] = vload(kt + kh * sh + j * VL);
+            for (int g = 0; g < G; ++g) {
+                vec a = qv[g][0] * kv[0];
+                for (int j = 1; j < NV; ++j) a += qv[g][j] * kv[j];
+                sc[g * len + t] = hsum(a);
             }
-        }
+        });
     }
-    for (int64_t h = 0; h < kv_heads * G; ++h) {
-        float* sc = scores + h * len;
-        float m = -INFINITY;
-        for (int64_t t = 0; t < len; ++t) m = std::max(m, sc[t]);
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < len; ++t) {
-            sc[t] = exp_neg(sc[t] - m);
-            sum += sc[t];
-        }
-        const float inv = 1.f / sum;
-#pragma omp simd
-        for (int64_t t = 0; t < len; ++t) sc[t] *= inv;
-    }
-    prefetch_rows(v + table[0] * sb, st, row, std::min(block_size, len));
+    softmax_rows(scores, kv_heads * G, len);
     for (int64_t kh = 0; kh < kv_heads; ++kh) {
         vec acc[G][NV];
         for (int g = 0; g < G; ++g)
             for (int j = 0; j < NV; ++j) acc[g][j] = vec{};
         const float* sc = scores + kh * G * len;
-        for (int64_t t0 = 0; t0 < len; t0 += block_size) {
-            const int64_t blk = table[t0 / block_size];
-            const int64_t n = std::min(block_size, len - t0);
-            if (kh == 0 && t0 + block_size < len)
-                prefetch_rows(v + table[t0 / block_size + 1] * sb, st, row, block_size);
-            for (int64_t i = 0; i < n; ++i) {
-                const float* vp = v + blk * sb + i * st + kh * sh;
-                vec vv[NV];
-                for (int j = 0; j < NV; ++j) vv[j] = vload(vp + j * VL);
-                for (int g = 0; g < G; ++g) {
-                    const float p = sc[g * len + t0 + i];
-                    for (int j = 0; j < NV; ++j) acc[g][j] += p * vv[j];
-                }
+        walk(v, table, len, block_size, sb, st, row, kh == 0, [&](const float* vt, int64_t t) {
+            vec vv[NV];
+            for (int j = 0; j < NV; ++j) vv[j] = vload(vt + kh * sh + j * VL);
+            for (int g = 0; g < G; ++g) {
+                const float p = sc[g * len + t];
+                for (int j = 0; j < NV; ++j) acc[g][j] += p * vv[j];
             }
-        }
+        });
         for (int g = 0; g < G; ++g)
             for (int j = 0; j < NV; ++j) vstore(out + (kh * G + g) * o_sh + j * VL, acc[g][j]);
     }
