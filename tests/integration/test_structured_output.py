@@ -155,7 +155,7 @@ def test_grpc_guided_json(served):
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_tool_calls_required_and_named(served, stream, choice):
     kw = dict(model=served.model, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice, max_tokens=80,
-              parallel_tool_calls=False)
+              parallel_tool_calls=False, temperature=0)
     if stream:
         chunks = list(served.client.chat.completions.create(stream=True, **kw))
         calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
@@ -188,8 +188,11 @@ def test_tool_results_go_back_through_the_template(served):
 
 
 def test_matchers_of_finished_sequences_are_dropped(served):
-    r = served.client.chat.completions.create(model=served.model, messages=ASK, max_tokens=40,
-                                              response_format=schema_format())
+    # greedy, and room for the longest object the schema admits (a 20-character city can take
+    # 20 tokens): sampled at temperature 1 within 40 tokens, an output could be cut off
+    r = served.client.chat.completions.create(model=served.model, messages=ASK, max_tokens=100,
+                                              temperature=0, response_format=schema_format())
+    assert r.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
     assert served.executor.guided._matchers  # kept while the sequence ran
     # the next step tells the executor which sequences finished (StepBatch.forget)
