@@ -14,6 +14,7 @@ import torch
 from kernels.paged_attention_ref import _prefill, paged_attention_ref
 from kernels.paged_decode_cpu import native_available, paged_decode
 
+
 def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None,
                         window=None, softcap=None):
     """kernels.paged_attention on the CPU: decodes in place through the C++ kernel, prefill

@@ -247,6 +247,7 @@ void paged_decode_f32(const float* q, int64_t q_sr, int64_t q_sh,
 }  // extern "C"
 """
 
+
 def _build() -> ctypes.CDLL | None:
     lib = native_build.load("paged_attention_cpu", SOURCE)
     if lib is None:

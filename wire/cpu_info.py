@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 ISA_FLAGS = ("avx2", "avx512f", "amx_tile")
+SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}  # sysfs cache sizes: "32768K"
 
 
 def cpu_info(path: str = "/proc/cpuinfo") -> dict:
@@ -44,8 +45,7 @@ def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> 
                 level = int(f.read())
             with open(os.path.join(root, index, "size")) as f:
                 size = f.read().strip()
-            units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-            nbytes = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+            nbytes = int(size[:-1]) * SIZE_UNITS[size[-1]] if size[-1] in SIZE_UNITS else int(size)
             if best is None or level > best[0]:
                 best = (level, nbytes)
     except (OSError, ValueError):
