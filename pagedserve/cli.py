@@ -26,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pagedserve.supervisor import die_with_supervisor
+
+    die_with_supervisor()
     args = build_parser().parse_args(argv)
     return int(args.run(args) or 0)
 

@@ -11,7 +11,9 @@ Contract:
   what is left, and finally removes the shared-memory segments that processes it started
   may have left (names from `shm_patterns`, with {pid} replaced by each pid it started).
 Children run in their own process group (a terminal's Ctrl-C reaches only the supervisor,
-which stops them in order) and get SIGTERM if the supervisor dies (Linux PR_SET_PDEATHSIG).
+which stops them in order) and get SIGTERM if the supervisor dies (Linux PR_SET_PDEATHSIG,
+set by the child itself at start, `die_with_supervisor`: no Python runs between fork and
+exec, where a parent's gRPC threads and fork handlers have crashed children).
 """
 from __future__ import annotations
 
@@ -49,11 +51,22 @@ class ServiceFailed(RuntimeError):
     pass
 
 
-def _die_with_parent() -> None:
+SUPERVISOR_PID_ENV = "PAGEDSERVE_SUPERVISOR_PID"
+
+
+def die_with_supervisor() -> None:
+    """In a child the supervisor started (the variable names its pid): get SIGTERM when it
+    dies, or now if it already has. The variable is removed, so the child's own children
+    are not bound to it."""
+    pid = os.environ.pop(SUPERVISOR_PID_ENV, "")
+    if not pid or sys.platform != "linux":
+        return
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
-        pass
+        return
+    if os.getppid() != int(pid):  # it died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def health_status(address: str, service: str = "", timeout: float = 1.0,
@@ -157,9 +170,8 @@ class Supervisor:
         self._remove_segments()
 
     def _spawn(self, r: _Running) -> None:
-        env = {**os.environ, **r.spec.env}
-        r.proc = subprocess.Popen(r.spec.argv, env=env, process_group=0,
-                                  preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        env = {**os.environ, **r.spec.env, SUPERVISOR_PID_ENV: str(os.getpid())}
+        r.proc = subprocess.Popen(r.spec.argv, env=env, process_group=0)
         r.started_at = time.monotonic()
         self.pids.append(r.proc.pid)
 

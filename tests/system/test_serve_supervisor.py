@@ -11,12 +11,24 @@ from grpc_health.v1 import health_pb2
 from pagedserve.serve_cmd import free_port
 from pagedserve.supervisor import ServiceSpec, Supervisor, health_status
 
+SUPERVISED = """
+import pickle, sys, time
+from pagedserve.supervisor import Supervisor
+sup = Supervisor(pickle.loads(bytes.fromhex(sys.argv[1])), log=print)
+sup.start()
+print("started", flush=True)
+time.sleep(600)
+"""
+
 STANDIN = """
 import os, signal, sys, time
 from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from pagedserve.supervisor import SUPERVISOR_PID_ENV, die_with_supervisor
 port, mode, log = sys.argv[1], sys.argv[2], sys.argv[3]
+die_with_supervisor()
+assert SUPERVISOR_PID_ENV not in os.environ  # a service's own children are not bound to it
 if mode == "ignore-term":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 open(f"/dev/shm/pagedserve-test-{os.getpid()}", "w").close()
@@ -101,3 +113,32 @@ def test_stop_kills_a_service_that_ignores_sigterm(tmp_path):
     assert all(gone(int(pid)) for _, pid in starts(log))
     assert any("killing" in m for m in messages)
     assert not any(os.path.exists(f"/dev/shm/pagedserve-test-{pid}") for _, pid in starts(log))
+
+
+def test_a_service_gets_sigterm_when_its_supervisor_is_killed(tmp_path):
+    """PR_SET_PDEATHSIG, set by the service itself after exec (no Python runs between fork
+    and exec in the supervisor's child)."""
+    import pickle
+    import subprocess
+
+    services, log = specs(tmp_path, modes=("normal",))
+    parent = subprocess.Popen([sys.executable, "-c", SUPERVISED, pickle.dumps(services).hex()],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "started"
+        (_, pid), = starts(log)
+        assert not gone(int(pid))
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not gone(int(pid)):
+            time.sleep(0.05)
+        assert gone(int(pid))
+    finally:
+        parent.kill()
+        for _, pid in starts(log):
+            if not gone(int(pid)):
+                os.kill(int(pid), signal.SIGKILL)
+        for _, pid in starts(log):
+            if os.path.exists(f"/dev/shm/pagedserve-test-{pid}"):
+                os.unlink(f"/dev/shm/pagedserve-test-{pid}")
