@@ -2,9 +2,10 @@
 
 `_serial_step`: plan (scheduler) -> reserve (memsvc) -> execute (executor) -> apply the
 tokens (gateway.requests turns them into deltas). With `SchedulerConfig.overlap`,
-`_overlapped_step` keeps the executor fed instead: while step N runs it plans, reserves and
-sends step N + 1 (plan ahead: the executor feeds itself the tokens N samples,
-wire.step_feed), turns step N - 1's tokens into deltas, then applies N's. Where the next
+`_overlapped_step` keeps the executor fed instead: while step N runs it plans step N + 1
+and sends its Reserve (plan ahead: the executor feeds itself the tokens N samples,
+wire.step_feed), turns step N - 1's tokens into deltas while memsvc answers, sends N + 1 to
+the executor, then applies N's. Where the next
 plan depends on more than token counts (forks, beam search, swapped-out sequences) or
 memsvc defers it, nothing goes ahead. Outputs are the serial loop's. Finished sequences are
 freed by the next reserve; the executor hears of them with the next batch (`forget`). The
@@ -13,7 +14,9 @@ docs/ARCHITECTURE.md, "The step path".
 """
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gateway.beam_search import BeamDone
@@ -44,6 +47,14 @@ class StepTimes:
         self.steps, self.schedule, self.reserve, self.execute, self.output = 0, 0.0, 0.0, 0.0, 0.0
 
 
+@dataclass
+class _Ahead:
+    """A plan made ahead of the running step, and its Reserve in flight."""
+
+    plan: Plan
+    result: Future  # of ReserveResult
+
+
 class BatchLoop:
     def __init__(self, memory: MemoryClient, executor: ExecutorClient, config: SchedulerConfig,
                  tokenizer=None):
@@ -70,6 +81,7 @@ class BatchLoop:
         self._unapplied: list[SeqUpdate | BeamDone] = []  # overlap: the last step's, not yet deltas
         self._ready: list[Delta] = []
         self.deliver = None  # overlap: called with the deltas made while the executor runs
+        self._reserver: ThreadPoolExecutor | None = None  # plan ahead: sends the Reserve
 
     @property
     def requests(self) -> dict:  # request id -> gateway.requests.RequestState, while it runs
@@ -89,6 +101,9 @@ class BatchLoop:
 
     def close(self) -> None:
         self.pipeline.close()
+        if self._reserver is not None:
+            self._reserver.shutdown(wait=True)
+            self._reserver = None
 
     def request_of(self, seq_id: str) -> str | None:
         """The request of a sequence this loop holds (None once it is gone)."""
@@ -121,9 +136,10 @@ class BatchLoop:
         return deltas
 
     def _overlapped_step(self) -> list[Delta]:
-        """Step N runs; with plan ahead, step N + 1 is planned, reserved and sent now, so
-        the executor starts it the moment N ends; step N - 1's outputs become deltas; then
-        N's tokens are applied. Returns N - 1's deltas (or hands them to `deliver`)."""
+        """Step N runs; with plan ahead, step N + 1 is planned and its Reserve sent, step N - 1's
+        outputs become deltas while memsvc answers, and N + 1 goes to the executor, which
+        starts it the moment N ends; then N's tokens are applied. Returns N - 1's deltas (or
+        hands them to `deliver`)."""
         pipe, clock, times = self.pipeline, time.perf_counter, self.times
         deltas: list[Delta] = []
         if not pipe.inflight:
@@ -132,20 +148,25 @@ class BatchLoop:
                 return deltas
             self._send(batch, fed=False)
         running = pipe.inflight[0]
-        if self.plan_ahead and not running.failed():  # else it runs again first: none ahead of it
-            try:
-                deltas += self._send_ahead(running.batch)
-            except BaseException:  # the step fails as a failed Reserve would; the batch ends first
-                self._ready.extend(deltas)
-                self._void()
-                raise
-        t0 = clock()
-        deltas += self._deltas(self._take_unapplied())  # while the executor runs
+        ahead = None
+        try:
+            if self.plan_ahead and not running.failed():  # else it runs again first: none ahead of it
+                ahead = self._reserve_ahead(running.batch)
+            t0 = clock()
+            deltas += self._deltas(self._take_unapplied())  # while the executor runs, memsvc reserves
+            times.output += clock() - t0
+            if ahead is not None:
+                deltas += self._send_ahead(ahead, running.batch)
+        except BaseException:  # the step fails as a failed Reserve would; the batch ends first
+            if ahead is not None:
+                ahead.result.exception()  # not left running
+            self._ready.extend(deltas)
+            self._void()
+            raise
+        t1 = clock()
         if self.deliver is not None:
             self.deliver(deltas)
             deltas = []
-        t1 = clock()
-        times.output += t1 - t0
         try:
             outputs, seconds = self._result(running)
         except BaseException:
@@ -164,23 +185,42 @@ class BatchLoop:
         batch.forget, self._forget = self._forget, []
         self.pipeline.send(batch, fed)
 
-    def _send_ahead(self, running: StepDelta) -> list[Delta]:
-        """While `running` runs: plan and reserve the step after it and send it (nothing
-        sent: not granted, the next step is planned once this one is done). Rejections'
-        deltas."""
+    def _reserve_ahead(self, running: StepDelta) -> _Ahead | None:
+        """While `running` runs: plan the step after it and send its Reserve from a helper
+        thread (None: nothing to reserve)."""
         t0 = time.perf_counter()
         plan = self.scheduler.plan(ahead_of=running)
         if plan is None or not (plan.entries or plan.free or plan.fills):
             if plan is not None:
                 self.scheduler.deferred(plan)
-            return []
-        result = self._reserve(plan, t0)
+            return None
+        self._prepare(plan)
+        if self._reserver is None:
+            self._reserver = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-reserve")
+        started = threading.Event()
+
+        def call():
+            started.set()
+            return self.memory.reserve(plan)
+
+        result = self._reserver.submit(call)
+        started.wait(1.0)  # let the helper put the call on the wire before this thread goes on
+        self.times.schedule += time.perf_counter() - t0
+        return _Ahead(plan, result)
+
+    def _send_ahead(self, ahead: _Ahead, running: StepDelta) -> list[Delta]:
+        """Apply memsvc's answer to a plan made ahead of `running` and send the step (nothing
+        sent: not granted, the next step is planned once this one is done). Rejections'
+        deltas."""
+        t0 = time.perf_counter()
+        result = ahead.result.result()
+        t1 = time.perf_counter()
+        self.times.reserve += t1 - t0
         self.num_ahead += 1
         if result.deferred:
-            self.scheduler.deferred(plan)
+            self.scheduler.deferred(ahead.plan)
             self.num_deferred += 1
             return []
-        t1 = time.perf_counter()
         batch, rejected = self.scheduler.on_reserved(result, ahead_of=running)
         self._forget.extend(p.seq_id for p in result.preempted)
         deltas = [d for d in (self._rejected(seq) for seq in rejected) if d]
@@ -231,12 +271,16 @@ class BatchLoop:
             raise RuntimeError("scheduler stalled: requests wait but nothing can run")
         return None, deltas + self._deltas(earlier)
 
-    def _reserve(self, plan: Plan, planned_since: float) -> ReserveResult:
-        """Send `plan` with the last step's report; the executor hears of the sequences it
-        frees with the next batch. Times planning (since `planned_since`) and the Reserve."""
+    def _prepare(self, plan: Plan) -> None:
+        """`plan` carries the last step's report; the executor hears of the sequences it frees
+        with the next batch."""
         plan.step_tokens, plan.step_seconds = self._last_step
         self._last_step = (0, 0.0)
         self._forget.extend(plan.free)
+
+    def _reserve(self, plan: Plan, planned_since: float) -> ReserveResult:
+        """Reserve `plan`; times planning (since `planned_since`) and the Reserve."""
+        self._prepare(plan)
         t1 = time.perf_counter()
         result = self.memory.reserve(plan)
         self.times.schedule += t1 - planned_since
