@@ -46,7 +46,7 @@ from memsvc.kv_pool import allocate_pool, num_blocks_for_budget, rank_geometry
 from memsvc.preemption_policy import PreemptionPolicy
 from memsvc.sessions import Sessions
 from memsvc.step_planner import StepPlanner, check_plan
-from wire.protocol import KVGeometry, Plan, PoolStats, Preemption, ReserveResult
+from wire.protocol import KVGeometry, Plan, PoolStats, Preemption, ReserveResult, RunGrants
 
 
 HOST_TIER_FIELDS = ("host_tier_blocks", "host_tier_blocks_used", "host_tier_lookups", "host_tier_hits",
@@ -207,6 +207,30 @@ class MemoryManager:
             plan.entries.extend(lost)
             self.sessions.leave(session_id, plan, result, self.allocator.has_sequence, back)
         return result
+
+    def reserve_running(self, session_id: str, seq_ids: list[str], counts: list[int],
+                        token_ids: list[int], pending: list[int], free: list[str],
+                        fills: list[tuple[str, int, int]], step_tokens: int = 0,
+                        step_seconds: float = 0.0) -> RunGrants | None:
+        """`reserve` of a plan made ahead by a session whose entries are all running (no new
+        one, no fork), in columns (StepPlanner.reserve_running): the same grants, frees,
+        fills and copies, without an object per sequence. None: deferred."""
+        planner = self._planner()
+        self._begin_offload(session_id, True)
+        internal = self.sessions.internal
+        free = [internal(session_id, s) for s in free]
+        self._fill([(internal(session_id, s), pos, t) for s, pos, t in fills])
+        self.policy.costs.observe_step(step_tokens, step_seconds)
+        has = self.allocator.has_sequence
+        for seq_id in free:
+            if has(seq_id):
+                self.allocator.free(seq_id)
+        grants = planner.reserve_running([internal(session_id, s) for s in seq_ids], counts, token_ids,
+                                         pending)
+        if grants is not None:
+            self._copy(grants.copies)
+        self.sessions.touch(session_id).seqs.difference_update(free)
+        return grants
 
     def _offload_pays(self) -> bool:
         """A copy out now and in at a hit costs less than computing the block's tokens."""

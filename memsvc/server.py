@@ -129,6 +129,9 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
 
     def Reserve(self, request, context):
         session = _session(request, context)
+        columns = self._call(context, convert.running_columns, request)
+        if columns is not None:  # the usual plan made ahead: in columns, no object per sequence
+            return self._reserve_running(session, columns, context)
         plan = self._call(context, convert.plan_from_proto, request)
         start = time.perf_counter()
         with self.lock:
@@ -148,6 +151,24 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
                 "pagedserve.blocks_free": self.manager.allocator.num_free_blocks(),
             })
         response = convert.reserve_result_to_proto(result)
+        response.step_port = self.step_port
+        return response
+
+    def _reserve_running(self, session: str, columns: tuple, context):
+        seq_ids, counts, _, pending = columns[:4]
+        start = time.perf_counter()
+        with self.lock:
+            self._registered(context)
+            grants = self._call(context, self.manager.reserve_running, session, *columns)
+        self.metrics.reserve_time.observe(time.perf_counter() - start)
+        self.block_changes.notify()
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes({"pagedserve.session": session, "pagedserve.deferred": grants is None,
+                                 "pagedserve.granted_sequences": 0 if grants is None else len(seq_ids),
+                                 "pagedserve.blocks_free": self.manager.allocator.num_free_blocks()})
+        response = convert.run_grants_to_proto(seq_ids, counts, pending, grants)
+        response.pool_epoch = self.manager.pool_epoch
         response.step_port = self.step_port
         return response
 

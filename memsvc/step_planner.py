@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from memsvc.allocator import PENDING, Growth, KVAllocator, NoFreeBlocks
 from memsvc.block_table import blocks_for
 from memsvc.preemption_policy import PreemptionPolicy
-from wire.protocol import Grant, Plan, PlanEntry, Preemption, Rejection, ReserveResult
+from wire.protocol import Grant, Plan, PlanEntry, Preemption, Rejection, ReserveResult, RunGrants
 
 # pool -> pool, pool -> swap space, swap space -> pool, pool -> host tier, host tier -> pool
 COPY_KINDS = ("cow", "out", "in", "offload", "restore")
@@ -105,6 +105,35 @@ class StepPlanner:
                 grown = alloc.grow_if_fits(entry.seq_id, tokens)
                 out.copies.extend(alloc.take_copies())
             self._add_grant(entry, len(tokens), grown, 0, out)
+        return out
+
+    def reserve_running(self, seq_ids: list[str], counts: list[int], token_ids: list[int],
+                        pending: list[int]) -> RunGrants | None:
+        """What `reserve` grants a plan made ahead whose entries are all running (its frees
+        done), in columns: sequence i computes `counts[i]` tokens of `token_ids` and, where
+        `pending[i]`, one more. None: deferred (nothing changed)."""
+        alloc = self.allocator
+        growth, need = alloc.growth_as_is, 0
+        for seq_id, n, p in zip(seq_ids, counts, pending):
+            blocks = growth(seq_id, n + p)
+            if blocks is None:
+                return None
+            need += blocks
+        if need > alloc.num_free_blocks():
+            return None
+        out, grow, at = RunGrants(), alloc.grow_if_fits, 0
+        starts, table_starts, num_new, new_blocks = out.start_pos, out.table_start, out.num_new_blocks, out.new_blocks
+        for seq_id, n, p in zip(seq_ids, counts, pending):
+            tokens = token_ids[at:at + n]
+            at += n
+            if p:
+                tokens.append(PENDING)
+            start, _, table_start, blocks = grow(seq_id, tokens)  # fits, without a copy: checked
+            starts.append(start)
+            table_starts.append(table_start)
+            num_new.append(len(blocks))
+            new_blocks.extend(blocks)
+        out.copies = alloc.take_copies()
         return out
 
     def _fits_ahead(self, entries: list[PlanEntry]) -> bool:

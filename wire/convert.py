@@ -22,6 +22,7 @@ from wire.protocol import (
     PromptLogprob,
     Rejection,
     ReserveResult,
+    RunGrants,
     SampleOutput,
     SamplingParams,
     SeqStep,
@@ -150,6 +151,34 @@ def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
     return Plan(entries=entries, free=list(m.free), step_tokens=m.step_tokens,
                 step_seconds=m.step_seconds, forks=list(zip(m.fork_parents, m.fork_children)),
                 ahead=m.ahead, fills=list(zip(m.fill_seq_ids, m.fill_positions, m.fill_token_ids)))
+
+
+def running_columns(m: memory_pb2.ReserveRequest) -> tuple | None:
+    """A plan made ahead whose entries are all running (no new one, no fork), as columns:
+    (seq_ids, counts, token_ids, pending, free, fills, step_tokens, step_seconds); None for
+    any other plan. ValueError where the packed arrays do not agree in length."""
+    if not m.ahead or m.entries or m.fork_parents or m.fork_children:
+        return None
+    ids, counts, flat = list(m.run_seq_ids), list(m.run_num_tokens), list(m.run_token_ids)
+    pending = list(m.run_pending) or [0] * len(ids)
+    if len(counts) != len(ids) or sum(counts) != len(flat) or len(pending) != len(ids):
+        raise ValueError("run_seq_ids, run_num_tokens, run_pending and run_token_ids do not agree")
+    if not len(m.fill_seq_ids) == len(m.fill_positions) == len(m.fill_token_ids):
+        raise ValueError("fill_seq_ids, fill_positions and fill_token_ids must have the same length")
+    fills = list(zip(m.fill_seq_ids, m.fill_positions, m.fill_token_ids))
+    return ids, counts, flat, pending, list(m.free), fills, m.step_tokens, m.step_seconds
+
+
+def run_grants_to_proto(seq_ids: list[str], counts: list[int], pending: list[int],
+                        grants: RunGrants | None) -> memory_pb2.ReserveResponse:
+    """The ReserveResponse to `running_columns`' plan: every entry granted (None: deferred)."""
+    if grants is None:
+        return memory_pb2.ReserveResponse(deferred=True)
+    return memory_pb2.ReserveResponse(
+        grant_seq_ids=seq_ids, grant_start_pos=grants.start_pos,
+        grant_num_tokens=[n + p for n, p in zip(counts, pending)], grant_table_start=grants.table_start,
+        grant_num_new_blocks=grants.num_new_blocks, grant_new_blocks=grants.new_blocks,
+        grant_num_cached=[0] * len(seq_ids))
 
 
 def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:

@@ -322,6 +322,21 @@ class ReserveResult:
 
 
 @dataclass
+class RunGrants:
+    """memsvc's answer to a plan made ahead whose entries are all running, column by column
+    (no object per sequence): entry i of the plan is granted its tokens and its pending one
+    from `start_pos[i]`, and its table from `table_start[i]` on is its `num_new_blocks[i]`
+    blocks of `new_blocks`. `copies`: the block copies memsvc performs (host-tier offloads
+    of cached blocks the growth evicted)."""
+
+    start_pos: list[int] = field(default_factory=list)
+    table_start: list[int] = field(default_factory=list)
+    num_new_blocks: list[int] = field(default_factory=list)
+    new_blocks: list[int] = field(default_factory=list)
+    copies: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+@dataclass
 class PoolStats:
     """memsvc's accounting: `snapshot` is memsvc.accounting's PoolSnapshot as a dict (slot
     counts; across the wire the fields of StatsResponse plus total_slots and
