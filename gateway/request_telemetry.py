@@ -66,6 +66,8 @@ class RequestTelemetry:
     def step_context(self, request_ids) -> tuple[object, list[Link]]:
         """Where a step's span goes: a child of the first open request's span (so a lone
         request's trace holds its steps), linked to the spans of every request in the step."""
+        if not self.traced:  # nothing traced: the step's ids are not walked
+            return None, []
         contexts = []
         for rid in dict.fromkeys(request_ids):
             record = self.open.get(rid)
