@@ -107,6 +107,43 @@ def test_a_reserve_failing_while_a_step_runs_ends_the_step_first():
     assert_clean(mem)
 
 
+def test_the_last_steps_deltas_are_made_while_memsvc_answers_a_plan_made_ahead():
+    """A Reserve made ahead is answered only once the loop has made deltas since it went
+    out: a loop that waited for the answer first would stall (and fail on the timeout)."""
+    import threading
+
+    made = threading.Event()
+
+    class AnswersAfterDeltas:
+        def __init__(self, mem):
+            self.mem, self.waited = mem, 0
+
+        def reserve(self, plan):
+            if plan.ahead:
+                made.clear()
+                assert made.wait(10), "no deltas were made while the Reserve was out"
+                self.waited += 1
+            return self.mem.reserve(plan)
+
+    loop, mem = make(memory=AnswersAfterDeltas)
+    make_deltas = loop._deltas
+
+    def deltas(updates):
+        out = make_deltas(updates)
+        made.set()
+        return out
+
+    loop._deltas = deltas
+    ps = prompts(3, seed=17)
+    for i, p in enumerate(ps):
+        loop.add_request(str(i), p, greedy(10))
+    out = run_all(loop)
+    loop.close()
+    assert loop.memory.waited > 5
+    assert [out[(str(i), 0)] for i in range(3)] == [expected(p, 10, 7) for p in ps]
+    assert_clean(mem)
+
+
 @pytest.mark.parametrize("ahead", [False, True])
 def test_the_executor_hears_of_finished_sequences_again_after_a_failed_step(ahead):
     class FailsOnce(FakeExecutor):
