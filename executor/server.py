@@ -215,10 +215,12 @@ def _launch_of(executor):
     thread, so passes hopping between gRPC workers left the last team's threads spinning
     against the new one's (on a 2-core machine a batch-64 decode step took ~1.5x as long as
     in process); and gRPC worker threads start on device 0."""
-    from wire.device import on_device
+    from wire.device import device_index, on_device
 
     device = getattr(executor, "device", "cpu")
     launch = getattr(executor, "launch", None) or launch_of(executor.execute)
+    if device_index(device) is None:  # the CPU: nothing to make current
+        return launch
 
     def on_its_device(batch):
         with on_device(device):

@@ -256,7 +256,9 @@ class PagedAllocator(KVAllocator):
         """KVAllocator.grow_if_fits in one table lookup. The check counts the blocks free
         before the window release, as `can_append` does (the release never changes what
         the growth needs: it keeps the last block)."""
-        table = self._get(seq_id, on_device=False)
+        table = self._seqs.get(seq_id)
+        if table is None:
+            raise KeyError(f"unknown sequence {seq_id!r}")
         if table.swapped:
             return None
         num_tokens, n = table.num_tokens, len(new_token_ids)
@@ -264,7 +266,8 @@ class PagedAllocator(KVAllocator):
         needed = blocks_for(num_tokens + n, self.block_size) - len(table.blocks) + cow
         if needed > self.pool.num_free:
             return None
-        self._release_outside_window(table)
+        if self.window is not None:
+            self._release_outside_window(table)
         copies = self._extend(table, new_token_ids, needed, cow)
         return (num_tokens, copies, *self._table_changes(table))
 
@@ -303,14 +306,17 @@ class PagedAllocator(KVAllocator):
     def fill(self, seq_id: str, position: int, token_id: int) -> None:
         if token_id < 0:
             raise ValueError(f"token id must be >= 0, got {token_id}")
-        table = self._get(seq_id, on_device=False)
+        table = self._seqs.get(seq_id)
+        if table is None:
+            raise KeyError(f"unknown sequence {seq_id!r}")
         if not self.enable_prefix_caching:
             return
-        i = position - len(table.block_keys) * self.block_size
-        if not 0 <= i < len(table.tail_tokens) or table.tail_tokens[i] != PENDING:
+        bs, tail = self.block_size, table.tail_tokens
+        i = position - len(table.block_keys) * bs
+        if not 0 <= i < len(tail) or tail[i] != PENDING:
             raise ValueError(f"sequence {seq_id!r} has no pending token at position {position}")
-        table.tail_tokens[i] = token_id
-        if not table.swapped:
+        tail[i] = token_id
+        if i < bs <= len(tail) and not table.swapped:  # only then can a block become keyable
             self._key_tail(table)
 
     def fork(self, parent_id: str, child_id: str) -> None:
