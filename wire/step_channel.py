@@ -12,8 +12,10 @@ Contract:
   serialized request, or in an answer the serialized response (status 0) or the error's
   details (a grpc.StatusCode's number).
 - `StepChannelServer` listens on a free port (`port`) and runs each call on a worker
-  thread, so a second call on a connection is read while the first one runs. An `abort`
-  answers its code and details, any other exception UNKNOWN.
+  thread, so a second call on a connection is read while the first one runs; a method
+  registered inline (a third element True: memsvc's Reserve, which one lock serializes
+  anyway) runs on the connection's own thread, one call after the other, without the
+  handoff. An `abort` answers its code and details, any other exception UNKNOWN.
 - The gRPC servicer says `step_port` in its Reserve/Execute answers when it offers one
   (only without TLS: the channel is plaintext and unauthenticated, as plaintext gRPC is).
   `StepChannelSlot` holds a client's connection, opened when an answer names a port; a
@@ -116,7 +118,8 @@ class StepChannelServer:
     """Serves `handlers` (method name -> (servicer method, request message class))."""
 
     def __init__(self, host: str, handlers: dict, workers: int = 8):
-        self.handlers = {METHODS[name]: h for name, h in handlers.items()}
+        self.handlers = {METHODS[name]: h[:2] for name, h in handlers.items()}
+        self._inline = {METHODS[name] for name, h in handlers.items() if h[2:] == (True,)}
         host = host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, 0), family=family)
@@ -143,7 +146,10 @@ class StepChannelServer:
         try:
             while True:
                 call_id, method, payload = _read_frame(conn)
-                self._pool.submit(self._call, conn, write, peer, call_id, method, payload)
+                if method in self._inline:
+                    self._call(conn, write, peer, call_id, method, payload)
+                else:
+                    self._pool.submit(self._call, conn, write, peer, call_id, method, payload)
         except (OSError, ConnectionError, RuntimeError):  # closed, or the pool shut down
             pass
         finally:

@@ -68,6 +68,40 @@ def test_a_second_call_runs_while_the_first_waits(server):
     assert out[0].pool_epoch.startswith("slow@")
 
 
+def test_an_inline_method_answers_a_connections_calls_in_order_on_its_thread():
+    threads = []
+
+    def reserve(request, context):
+        threads.append(threading.current_thread().name)
+        return _reserve(request, context)
+
+    s = StepChannelServer("127.0.0.1", {"Reserve": (reserve, memory_pb2.ReserveRequest, True)})
+    try:
+        _release.clear()
+        c = _client(s).get()
+        out = []
+        t = threading.Thread(target=lambda: out.append(
+            c.call("Reserve", memory_pb2.ReserveRequest(session_id="slow"), memory_pb2.ReserveResponse, 5)))
+        t.start()
+        second = []
+        t2 = threading.Thread(target=lambda: second.append(
+            c.call("Reserve", memory_pb2.ReserveRequest(session_id="fast"), memory_pb2.ReserveResponse, 5)))
+        t2.start()
+        t2.join(0.3)
+        assert not second  # behind the first on its connection
+        _release.set()
+        t.join(5)
+        t2.join(5)
+        assert out[0].pool_epoch.startswith("slow@") and second[0].pool_epoch.startswith("fast@")
+        assert set(threads) == {"step-channel-conn"}
+        with pytest.raises(grpc.RpcError) as e:
+            c.call("Reserve", memory_pb2.ReserveRequest(session_id="bad"), memory_pb2.ReserveResponse, 5)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and c.alive
+    finally:
+        _release.set()
+        s.close()
+
+
 def test_a_closed_server_fails_calls_in_flight_and_the_slot_drops_it(server):
     _release.clear()
     slot = _client(server)
