@@ -3,7 +3,7 @@
 `_serial_step`: plan (scheduler) -> reserve (memsvc) -> execute (executor) -> apply the
 tokens (gateway.requests turns them into deltas). With `SchedulerConfig.overlap`,
 `_overlapped_step` keeps the executor fed instead: while step N runs it plans step N + 1
-and sends its Reserve (plan ahead: the executor feeds itself the tokens N samples,
+and sends its Reserve (gateway.plan_ahead: the executor feeds itself the tokens N samples,
 wire.step_feed), turns step N - 1's tokens into deltas while memsvc answers, sends N + 1 to
 the executor, then applies N's. Where the next
 plan depends on more than token counts (forks, beam search, swapped-out sequences) or
@@ -14,12 +14,11 @@ docs/ARCHITECTURE.md, "The step path".
 """
 from __future__ import annotations
 
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gateway.beam_search import BeamDone
+from gateway.plan_ahead import Ahead, PlanAhead
 from gateway.requests import Requests
 from gateway.scheduler import Scheduler, SchedulerConfig, SeqUpdate
 from gateway.step_pipeline import InFlight, StepPipeline
@@ -47,14 +46,6 @@ class StepTimes:
         self.steps, self.schedule, self.reserve, self.execute, self.output = 0, 0.0, 0.0, 0.0, 0.0
 
 
-@dataclass
-class _Ahead:
-    """A plan made ahead of the running step, and its Reserve in flight."""
-
-    plan: Plan
-    result: Future  # of ReserveResult
-
-
 class BatchLoop:
     def __init__(self, memory: MemoryClient, executor: ExecutorClient, config: SchedulerConfig,
                  tokenizer=None):
@@ -75,13 +66,19 @@ class BatchLoop:
         feeds = getattr(executor, "feeds_itself", False)
         self._stepper = executor if feeds else OrderedExecutor(executor)  # takes StepDelta
         self.pipeline = StepPipeline(self._stepper)
-        self.num_ahead = 0  # plans made ahead, and of them deferred by memsvc
-        self.num_deferred = 0
+        self.ahead = PlanAhead(self.scheduler, memory)
         self.num_resent = 0  # steps sent ahead that failed and ran again
         self._unapplied: list[SeqUpdate | BeamDone] = []  # overlap: the last step's, not yet deltas
         self._ready: list[Delta] = []
         self.deliver = None  # overlap: called with the deltas made while the executor runs
-        self._reserver: ThreadPoolExecutor | None = None  # plan ahead: sends the Reserve
+
+    @property
+    def num_ahead(self) -> int:  # plans reserved ahead
+        return self.ahead.num_ahead
+
+    @property
+    def num_deferred(self) -> int:  # of them, deferred by memsvc
+        return self.ahead.num_deferred
 
     @property
     def requests(self) -> dict:  # request id -> gateway.requests.RequestState, while it runs
@@ -101,9 +98,7 @@ class BatchLoop:
 
     def close(self) -> None:
         self.pipeline.close()
-        if self._reserver is not None:
-            self._reserver.shutdown(wait=True)
-            self._reserver = None
+        self.ahead.close()
 
     def request_of(self, seq_id: str) -> str | None:
         """The request of a sequence this loop holds (None once it is gone)."""
@@ -185,41 +180,22 @@ class BatchLoop:
         batch.forget, self._forget = self._forget, []
         self.pipeline.send(batch, fed)
 
-    def _reserve_ahead(self, running: StepDelta) -> _Ahead | None:
-        """While `running` runs: plan the step after it and send its Reserve from a helper
-        thread (None: nothing to reserve)."""
+    def _reserve_ahead(self, running: StepDelta) -> Ahead | None:
+        """While `running` runs: plan the step after it and send its Reserve."""
         t0 = time.perf_counter()
-        plan = self.scheduler.plan(ahead_of=running)
-        if plan is None or not (plan.entries or plan.free or plan.fills):
-            if plan is not None:
-                self.scheduler.deferred(plan)
-            return None
-        self._prepare(plan)
-        if self._reserver is None:
-            self._reserver = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-reserve")
-        started = threading.Event()
-
-        def call():
-            started.set()
-            return self.memory.reserve(plan)
-
-        result = self._reserver.submit(call)
-        started.wait(1.0)  # let the helper put the call on the wire before this thread goes on
+        ahead = self.ahead.reserve(running, self._prepare)
         self.times.schedule += time.perf_counter() - t0
-        return _Ahead(plan, result)
+        return ahead
 
-    def _send_ahead(self, ahead: _Ahead, running: StepDelta) -> list[Delta]:
+    def _send_ahead(self, ahead: Ahead, running: StepDelta) -> list[Delta]:
         """Apply memsvc's answer to a plan made ahead of `running` and send the step (nothing
         sent: not granted, the next step is planned once this one is done). Rejections'
         deltas."""
         t0 = time.perf_counter()
-        result = ahead.result.result()
+        result = self.ahead.answer(ahead)
         t1 = time.perf_counter()
         self.times.reserve += t1 - t0
-        self.num_ahead += 1
-        if result.deferred:
-            self.scheduler.deferred(ahead.plan)
-            self.num_deferred += 1
+        if result is None:
             return []
         batch, rejected = self.scheduler.on_reserved(result, ahead_of=running)
         self._forget.extend(p.seq_id for p in result.preempted)

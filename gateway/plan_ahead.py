@@ -1,0 +1,70 @@
+"""Plan ahead: while step N runs, plan step N + 1 and send its Reserve from a helper thread,
+so the batching loop makes step N - 1's deltas while memsvc answers; `answer` waits for
+the reply (None: memsvc deferred the plan, or nothing was planned). What a plan made ahead
+may hold is the scheduler's (`Scheduler.plan(ahead_of=...)`) and memsvc's (`Plan.ahead`).
+See docs/ARCHITECTURE.md, "The step path".
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from gateway.scheduler import Scheduler
+from wire.clients import MemoryClient
+from wire.protocol import Plan, ReserveResult
+from wire.step_delta import StepDelta
+
+
+@dataclass
+class Ahead:
+    """A plan made ahead of the running step, and its Reserve in flight."""
+
+    plan: Plan
+    result: Future  # of ReserveResult
+
+
+class PlanAhead:
+    def __init__(self, scheduler: Scheduler, memory: MemoryClient):
+        self.scheduler = scheduler
+        self.memory = memory
+        self.num_ahead = 0  # plans reserved ahead, and of them deferred by memsvc
+        self.num_deferred = 0
+        self._pool: ThreadPoolExecutor | None = None
+
+    def reserve(self, running: StepDelta, prepare: Callable[[Plan], None]) -> Ahead | None:
+        """Plan the step after `running` and send its Reserve (`prepare` the plan first);
+        None: nothing to reserve."""
+        plan = self.scheduler.plan(ahead_of=running)
+        if plan is None or not (plan.entries or plan.free or plan.fills):
+            if plan is not None:
+                self.scheduler.deferred(plan)
+            return None
+        prepare(plan)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-reserve")
+        started = threading.Event()
+
+        def call():
+            started.set()
+            return self.memory.reserve(plan)
+
+        result = self._pool.submit(call)
+        started.wait(1.0)  # let the helper put the call on the wire before the loop goes on
+        return Ahead(plan, result)
+
+    def answer(self, ahead: Ahead) -> ReserveResult | None:
+        """memsvc's answer (its error raised); None if it deferred the plan."""
+        result = ahead.result.result()
+        self.num_ahead += 1
+        if result.deferred:
+            self.scheduler.deferred(ahead.plan)
+            self.num_deferred += 1
+            return None
+        return result
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
