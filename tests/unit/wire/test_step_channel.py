@@ -54,13 +54,19 @@ def test_answers_and_errors_as_grpc_would(server):
     slot.close()
 
 
+def _call_in_thread(client, session_id: str) -> tuple[threading.Thread, list]:
+    """A Reserve call on its own thread; its answer lands in the list."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(
+        client.call("Reserve", memory_pb2.ReserveRequest(session_id=session_id), memory_pb2.ReserveResponse, 5)))
+    t.start()
+    return t, out
+
+
 def test_a_second_call_runs_while_the_first_waits(server):
     _release.clear()
     c = _client(server).get()
-    out = []
-    t = threading.Thread(target=lambda: out.append(
-        c.call("Reserve", memory_pb2.ReserveRequest(session_id="slow"), memory_pb2.ReserveResponse, 5)))
-    t.start()
+    t, out = _call_in_thread(c, "slow")
     fast = c.call("Reserve", memory_pb2.ReserveRequest(session_id="fast"), memory_pb2.ReserveResponse, 5)
     assert fast.pool_epoch.startswith("fast@") and not out
     _release.set()
@@ -79,14 +85,8 @@ def test_an_inline_method_answers_a_connections_calls_in_order_on_its_thread():
     try:
         _release.clear()
         c = _client(s).get()
-        out = []
-        t = threading.Thread(target=lambda: out.append(
-            c.call("Reserve", memory_pb2.ReserveRequest(session_id="slow"), memory_pb2.ReserveResponse, 5)))
-        t.start()
-        second = []
-        t2 = threading.Thread(target=lambda: second.append(
-            c.call("Reserve", memory_pb2.ReserveRequest(session_id="fast"), memory_pb2.ReserveResponse, 5)))
-        t2.start()
+        t, out = _call_in_thread(c, "slow")
+        t2, second = _call_in_thread(c, "fast")
         t2.join(0.3)
         assert not second  # behind the first on its connection
         _release.set()
