@@ -26,11 +26,14 @@ def start(*args: str, stdout=None) -> subprocess.Popen:
 
 
 def children(pid: int) -> list[int]:
-    """Direct children of `pid` (Linux /proc)."""
+    """Direct children of `pid` (Linux /proc); a thread that ends while they are read is skipped."""
     out = []
     for path in glob.glob(f"/proc/{pid}/task/*/children"):
-        with open(path) as f:
-            out += [int(p) for p in f.read().split()]
+        try:
+            with open(path) as f:
+                out += [int(p) for p in f.read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
     return sorted(out)
 
 
