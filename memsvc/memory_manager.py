@@ -221,12 +221,8 @@ class MemoryManager:
         free = [internal(session_id, s) for s in free]
         self._fill([(internal(session_id, s), pos, t) for s, pos, t in fills])
         self.policy.costs.observe_step(step_tokens, step_seconds)
-        has = self.allocator.has_sequence
-        for seq_id in free:
-            if has(seq_id):
-                self.allocator.free(seq_id)
-        grants = planner.reserve_running([internal(session_id, s) for s in seq_ids], counts, token_ids,
-                                         pending)
+        grants = planner.reserve_running(free, [internal(session_id, s) for s in seq_ids], counts,
+                                         token_ids, pending)
         if grants is not None:
             self._copy(grants.copies)
         self.sessions.touch(session_id).seqs.difference_update(free)

@@ -69,9 +69,7 @@ class StepPlanner:
         check_plan(plan)
         for parent, child in plan.forks:
             alloc.fork(parent, child)
-        for seq_id in plan.free:
-            if alloc.has_sequence(seq_id):
-                alloc.free(seq_id)
+        self.free(plan.free)
         out = Reservation(ReserveResult(grants=[]))
         if plan.ahead and not self._fits_ahead(plan.entries):
             out.result.deferred = True
@@ -107,19 +105,21 @@ class StepPlanner:
             self._add_grant(entry, len(tokens), grown, 0, out)
         return out
 
-    def reserve_running(self, seq_ids: list[str], counts: list[int], token_ids: list[int],
-                        pending: list[int]) -> RunGrants | None:
-        """What `reserve` grants a plan made ahead whose entries are all running (its frees
-        done), in columns: sequence i computes `counts[i]` tokens of `token_ids` and, where
-        `pending[i]`, one more. None: deferred (nothing changed)."""
+    def free(self, seq_ids: list[str]) -> None:
+        """Release the sequences' blocks (one memsvc no longer holds is skipped)."""
         alloc = self.allocator
-        growth, need = alloc.growth_as_is, 0
-        for seq_id, n, p in zip(seq_ids, counts, pending):
-            blocks = growth(seq_id, n + p)
-            if blocks is None:
-                return None
-            need += blocks
-        if need > alloc.num_free_blocks():
+        for seq_id in seq_ids:
+            if alloc.has_sequence(seq_id):
+                alloc.free(seq_id)
+
+    def reserve_running(self, free: list[str], seq_ids: list[str], counts: list[int],
+                        token_ids: list[int], pending: list[int]) -> RunGrants | None:
+        """What `reserve` grants a plan made ahead whose entries are all running, in columns:
+        `free` first, then sequence i computes `counts[i]` tokens of `token_ids` and, where
+        `pending[i]`, one more. None: deferred (nothing changed but the frees)."""
+        alloc = self.allocator
+        self.free(free)
+        if not self._fits_as_is((s, n + p) for s, n, p in zip(seq_ids, counts, pending)):
             return None
         out, grow, at = RunGrants(), alloc.grow_if_fits, 0
         starts, table_starts, num_new, new_blocks = out.start_pos, out.table_start, out.num_new_blocks, out.new_blocks
@@ -137,15 +137,20 @@ class StepPlanner:
         return out
 
     def _fits_ahead(self, entries: list[PlanEntry]) -> bool:
-        """Every running entry of a plan made ahead fits as it is: no swapped-out or unknown
-        sequence, no copy-on-write, enough free blocks for all; new entries only after them."""
+        """Every running entry of a plan made ahead fits as it is (`_fits_as_is`); new
+        entries only after them."""
+        k = next((i for i, e in enumerate(entries) if e.new), len(entries))
+        if not all(e.new for e in entries[k:]):
+            return False
+        return self._fits_as_is((e.seq_id, len(e.token_ids) + e.pending) for e in entries[:k])
+
+    def _fits_as_is(self, growths) -> bool:
+        """Each (seq_id, new tokens) grows with no copy: held, not swapped out, no
+        copy-on-write; and all of them within the free blocks."""
         alloc = self.allocator
-        need, seen_new = 0, False
-        for entry in entries:
-            if entry.new:
-                seen_new = True
-                continue
-            blocks = None if seen_new else alloc.growth_as_is(entry.seq_id, len(entry.token_ids) + entry.pending)
+        need = 0
+        for seq_id, n in growths:
+            blocks = alloc.growth_as_is(seq_id, n)
             if blocks is None:
                 return False
             need += blocks
