@@ -131,46 +131,42 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
         session = _session(request, context)
         columns = self._call(context, convert.running_columns, request)
         if columns is not None:  # the usual plan made ahead: in columns, no object per sequence
-            return self._reserve_running(session, columns, context)
-        plan = self._call(context, convert.plan_from_proto, request)
-        start = time.perf_counter()
-        with self.lock:
-            self._registered(context)
-            result = self._call(context, self.manager.reserve, plan, session)
-        self.metrics.reserve_time.observe(time.perf_counter() - start)
-        self.block_changes.notify()
+            seq_ids, counts, _, pending = columns[:4]
+            grants = self._reserve(context, self.manager.reserve_running, session, *columns)
+
+            def attributes():
+                return {"pagedserve.deferred": grants is None,
+                        "pagedserve.granted_sequences": 0 if grants is None else len(seq_ids)}
+            response = convert.run_grants_to_proto(seq_ids, counts, pending, grants)
+            response.pool_epoch = self.manager.pool_epoch
+        else:
+            plan = self._call(context, convert.plan_from_proto, request)
+            result = self._reserve(context, self.manager.reserve, plan, session)
+
+            def attributes():  # a pass over the step: only when the span is kept
+                modes = [p.mode for p in result.preempted]
+                return {"pagedserve.granted_sequences": len(result.grants),
+                        "pagedserve.granted_tokens": sum(g.num_tokens for g in result.grants),
+                        "pagedserve.cached_tokens": sum(g.num_cached_tokens for g in result.grants),
+                        "pagedserve.preemptions.swap": modes.count("swap"),
+                        "pagedserve.preemptions.recompute": modes.count("recompute")}
+            response = convert.reserve_result_to_proto(result)
         span = trace.get_current_span()
         if span.is_recording():
-            modes = [p.mode for p in result.preempted]
-            span.set_attributes({
-                "pagedserve.session": session, "pagedserve.granted_sequences": len(result.grants),
-                "pagedserve.granted_tokens": sum(g.num_tokens for g in result.grants),
-                "pagedserve.cached_tokens": sum(g.num_cached_tokens for g in result.grants),
-                "pagedserve.preemptions.swap": modes.count("swap"),
-                "pagedserve.preemptions.recompute": modes.count("recompute"),
-                "pagedserve.blocks_free": self.manager.allocator.num_free_blocks(),
-            })
-        response = convert.reserve_result_to_proto(result)
+            span.set_attributes({"pagedserve.session": session, **attributes(),
+                                 "pagedserve.blocks_free": self.manager.allocator.num_free_blocks()})
         response.step_port = self.step_port
         return response
 
-    def _reserve_running(self, session: str, columns: tuple, context):
-        seq_ids, counts, _, pending = columns[:4]
+    def _reserve(self, context, fn, *args):
+        """A Reserve under the lock, timed; block watchers are woken after it."""
         start = time.perf_counter()
         with self.lock:
             self._registered(context)
-            grants = self._call(context, self.manager.reserve_running, session, *columns)
+            answer = self._call(context, fn, *args)
         self.metrics.reserve_time.observe(time.perf_counter() - start)
         self.block_changes.notify()
-        span = trace.get_current_span()
-        if span.is_recording():
-            span.set_attributes({"pagedserve.session": session, "pagedserve.deferred": grants is None,
-                                 "pagedserve.granted_sequences": 0 if grants is None else len(seq_ids),
-                                 "pagedserve.blocks_free": self.manager.allocator.num_free_blocks()})
-        response = convert.run_grants_to_proto(seq_ids, counts, pending, grants)
-        response.pool_epoch = self.manager.pool_epoch
-        response.step_port = self.step_port
-        return response
+        return answer
 
     def Free(self, request, context):
         session = _session(request, context)
