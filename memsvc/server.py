@@ -246,8 +246,8 @@ def serve(config: MemsvcConfig) -> int:
     health_server = channel = None
     try:
         address = service.start(config.host, config.port, credentials)
-        channel = offer_step_channel(config, credentials,  # Reserve inline: one lock serializes it
-                                     {"Reserve": (servicer.Reserve, memory_pb2.ReserveRequest, True)})
+        channel = offer_step_channel(config, credentials, {"Reserve": (servicer.Reserve, memory_pb2.ReserveRequest)},
+                                     inline=("Reserve",))  # one lock serializes it anyway
         servicer.step_port = channel.port if channel is not None else 0
         serve_metrics(servicer.metrics.registry, config.host, config.metrics_port, log)
         health_server = serve_health(service.health, config.host, config.health_port, log)

@@ -13,9 +13,9 @@ Contract:
   details (a grpc.StatusCode's number).
 - `StepChannelServer` listens on a free port (`port`) and runs each call on a worker
   thread, so a second call on a connection is read while the first one runs; a method
-  registered inline (a third element True: memsvc's Reserve, which one lock serializes
-  anyway) runs on the connection's own thread, one call after the other, without the
-  handoff. An `abort` answers its code and details, any other exception UNKNOWN.
+  named in `inline` (memsvc's Reserve, which one lock serializes anyway) runs on the
+  connection's own thread, one call after the other, without the handoff. An `abort`
+  answers its code and details, any other exception UNKNOWN.
 - The gRPC servicer says `step_port` in its Reserve/Execute answers when it offers one
   (only without TLS: the channel is plaintext and unauthenticated, as plaintext gRPC is).
   `StepChannelSlot` holds a client's connection, opened when an answer names a port; a
@@ -117,9 +117,9 @@ def _tune(sock: socket.socket) -> None:
 class StepChannelServer:
     """Serves `handlers` (method name -> (servicer method, request message class))."""
 
-    def __init__(self, host: str, handlers: dict, workers: int = 8):
-        self.handlers = {METHODS[name]: h[:2] for name, h in handlers.items()}
-        self._inline = {METHODS[name] for name, h in handlers.items() if h[2:] == (True,)}
+    def __init__(self, host: str, handlers: dict, workers: int = 8, inline: tuple[str, ...] = ()):
+        self.handlers = {METHODS[name]: h for name, h in handlers.items()}
+        self._inline = {METHODS[name] for name in inline}
         host = host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, 0), family=family)
@@ -255,12 +255,13 @@ class StepChannelClient:
                 self._broken("the client closed the step channel")
 
 
-def offer_step_channel(config, credentials, handlers: dict) -> StepChannelServer | None:
+def offer_step_channel(config, credentials, handlers: dict, inline: tuple[str, ...] = ()
+                       ) -> StepChannelServer | None:
     """A step channel beside a service's gRPC server on `config.host`, when
     `config.step_channel` offers one and the server is plaintext (`credentials` None)."""
     if not config.step_channel.enabled or credentials is not None:
         return None
-    return StepChannelServer(config.host, handlers)
+    return StepChannelServer(config.host, handlers, inline=inline)
 
 
 def host_of(address: str) -> str | None:

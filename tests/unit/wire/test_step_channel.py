@@ -81,7 +81,7 @@ def test_an_inline_method_answers_a_connections_calls_in_order_on_its_thread():
         threads.append(threading.current_thread().name)
         return _reserve(request, context)
 
-    s = StepChannelServer("127.0.0.1", {"Reserve": (reserve, memory_pb2.ReserveRequest, True)})
+    s = StepChannelServer("127.0.0.1", {"Reserve": (reserve, memory_pb2.ReserveRequest)}, inline=("Reserve",))
     try:
         _release.clear()
         c = _client(s).get()
