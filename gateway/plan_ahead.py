@@ -6,12 +6,12 @@ See docs/ARCHITECTURE.md, "The step path".
 """
 from __future__ import annotations
 
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
 from gateway.scheduler import Scheduler
+from gateway.step_pipeline import submit_on_wire
 from wire.clients import MemoryClient
 from wire.protocol import Plan, ReserveResult
 from wire.step_delta import StepDelta
@@ -44,15 +44,7 @@ class PlanAhead:
         prepare(plan)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-reserve")
-        started = threading.Event()
-
-        def call():
-            started.set()
-            return self.memory.reserve(plan)
-
-        result = self._pool.submit(call)
-        started.wait(1.0)  # let the helper put the call on the wire before the loop goes on
-        return Ahead(plan, result)
+        return Ahead(plan, submit_on_wire(self._pool, self.memory.reserve, plan))
 
     def answer(self, ahead: Ahead) -> ReserveResult | None:
         """memsvc's answer (its error raised); None if it deferred the plan."""

@@ -40,6 +40,21 @@ def _timed(fn, batch):
     return result, time.perf_counter()
 
 
+def submit_on_wire(pool: ThreadPoolExecutor, fn, *args) -> Future:
+    """`pool.submit(fn, *args)`, returning once the helper has started it. The helper then
+    has the GIL until its call blocks on the wire; else it waits for this thread's work, up
+    to the 5 ms switch interval."""
+    started = threading.Event()
+
+    def call():
+        started.set()
+        return fn(*args)
+
+    future = pool.submit(call)
+    started.wait(1.0)
+    return future
+
+
 class StepPipeline:
     def __init__(self, executor):
         self.executor = executor
@@ -52,16 +67,8 @@ class StepPipeline:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(2, thread_name_prefix="pagedserve-execute")
         batch.step = next(self._numbers)
-        started = threading.Event()
-
-        def call(b):
-            started.set()
-            return _timed(self.executor.execute, b)
-
-        step = InFlight(batch, self._pool.submit(call, batch), fed, time.perf_counter())
-        # Let the helper have the GIL until its call is on the wire (it blocks in gRPC):
-        # else it waits for this thread's work, up to the 5 ms switch interval.
-        started.wait(1.0)
+        sent = time.perf_counter()
+        step = InFlight(batch, submit_on_wire(self._pool, _timed, self.executor.execute, batch), fed, sent)
         self.inflight.append(step)
         return step
 
