@@ -256,9 +256,7 @@ class PagedAllocator(KVAllocator):
         """KVAllocator.grow_if_fits in one table lookup. The check counts the blocks free
         before the window release, as `can_append` does (the release never changes what
         the growth needs: it keeps the last block)."""
-        table = self._seqs.get(seq_id)
-        if table is None:
-            raise KeyError(f"unknown sequence {seq_id!r}")
+        table = self._get(seq_id, on_device=False)
         if table.swapped:
             return None
         num_tokens, n = table.num_tokens, len(new_token_ids)
@@ -266,8 +264,7 @@ class PagedAllocator(KVAllocator):
         needed = blocks_for(num_tokens + n, self.block_size) - len(table.blocks) + cow
         if needed > self.pool.num_free:
             return None
-        if self.window is not None:
-            self._release_outside_window(table)
+        self._release_outside_window(table)
         copies = self._extend(table, new_token_ids, needed, cow)
         return (num_tokens, copies, *self._table_changes(table))
 
@@ -306,9 +303,7 @@ class PagedAllocator(KVAllocator):
     def fill(self, seq_id: str, position: int, token_id: int) -> None:
         if token_id < 0:
             raise ValueError(f"token id must be >= 0, got {token_id}")
-        table = self._seqs.get(seq_id)
-        if table is None:
-            raise KeyError(f"unknown sequence {seq_id!r}")
+        table = self._get(seq_id, on_device=False)
         if not self.enable_prefix_caching:
             return
         bs, tail = self.block_size, table.tail_tokens
