@@ -16,6 +16,8 @@ import sys
 import time
 from collections import Counter
 
+from wire.clients import call_now
+
 
 def add_parser(sub) -> None:
     from benchmarks.control_plane import add_batch_args
@@ -29,12 +31,16 @@ def add_parser(sub) -> None:
 
 
 class _Parts:
-    """Thread CPU seconds per named part."""
+    """Thread CPU seconds per named part (`timed=False`: nothing is timed)."""
 
-    def __init__(self):
+    def __init__(self, timed: bool = True):
         self.seconds: Counter = Counter()
+        self.on = timed
 
     def timed(self, name: str, fn):
+        if not self.on:
+            return fn
+
         def call(*args, **kwargs):
             t0 = time.thread_time()
             try:
@@ -44,10 +50,14 @@ class _Parts:
         return call
 
 
-class _WireMemory:
-    """MemoryManager behind the Reserve message's round trip."""
+class WireMemory:
+    """MemoryManager behind the Reserve message's round trip, called as the remote client
+    is (`calls_later`): the call runs when sent, its answer comes when asked for."""
 
-    def __init__(self, manager, parts: _Parts):
+    calls_later = True
+
+    def __init__(self, manager, parts: _Parts | None = None):
+        parts = parts or _Parts(timed=False)
         from wire import convert
         from wire.v1 import memory_pb2
 
@@ -63,8 +73,12 @@ class _WireMemory:
         self._result_from = t("result from proto", convert.reserve_result_from_proto)
         self._request, self._response = memory_pb2.ReserveRequest, memory_pb2.ReserveResponse
 
+    def reserve_later(self, plan):
+        return call_now(self.reserve, plan)
+
     def reserve(self, plan):
-        """As memsvc's server takes it: a plan made ahead of running entries alone in columns."""
+        """As memsvc's server takes it: a plan made ahead of running entries alone in columns,
+        and as the remote client reads the answer."""
         request = self._request.FromString(self._plan_to(plan, "s").SerializeToString())
         columns = self._columns(request)
         if columns is not None:
@@ -72,7 +86,8 @@ class _WireMemory:
             response = self._grants_to(columns[0], columns[1], columns[3], grants)
         else:
             response = self._result_to(self._reserve(self._plan_from(request), "s"))
-        return self._result_from(self._response.FromString(response.SerializeToString()))
+        columns = plan.ahead and not plan.forks and not any(e.new for e in plan.entries)
+        return self._result_from(self._response.FromString(response.SerializeToString()), columns)
 
     def free(self, seq_ids):
         self.manager.free(seq_ids, "s")
@@ -81,13 +96,16 @@ class _WireMemory:
         self.manager.fork(parent_id, child_id, "s")
 
 
-class _WireExecutor:
-    """A zero-cost executor behind the Execute message's round trip, run as the executor
-    service runs it (per-sequence state, steps in order, fed tokens)."""
+class WireExecutor:
+    """An executor behind the Execute message's round trip, run as the executor service
+    runs it (per-sequence state, steps in order, fed tokens), called as the remote client
+    is (`calls_later`)."""
 
     feeds_itself = True
+    calls_later = True
 
-    def __init__(self, executor, parts: _Parts):
+    def __init__(self, executor, parts: _Parts | None = None):
+        parts = parts or _Parts(timed=False)
         from executor.sequence_state import SequenceStates
         from wire import convert
         from wire.step_delta import encode_delta
@@ -107,6 +125,9 @@ class _WireExecutor:
     def model_info(self):
         return self.executor.model_info()
 
+    def execute_later(self, step):
+        return call_now(self.execute, step)
+
     def execute(self, step):
         self.order.wait_turn(step.step)
         try:
@@ -117,7 +138,7 @@ class _WireExecutor:
             self.states.record(expanded, outputs)
             response = self._outputs_to(outputs, self.states.incarnation).SerializeToString()
             return self._outputs_from(self._response.FromString(response),
-                                      [s.seq_id for s in step.seqs if s.sample])
+                                      step.sampled_ids())
         finally:
             self.order.passed(step.step)
 
@@ -141,7 +162,7 @@ def measure(batch: int, input_len: int, output_len: int) -> dict:
     manager.register_executor(executor.model_info().kv, device="cpu")
     config = SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * input_len),
                              overlap=True, plan_ahead=True)
-    loop = BatchLoop(_WireMemory(manager, parts), _WireExecutor(executor, parts), config,
+    loop = BatchLoop(WireMemory(manager, parts), WireExecutor(executor, parts), config,
                      load_tokenizer(executor.model_info().tokenizer_dir))
     sched = loop.scheduler
     for name in ("plan", "on_reserved", "on_sampled"):

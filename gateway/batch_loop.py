@@ -200,7 +200,7 @@ class BatchLoop:
         batch, rejected = self.scheduler.on_reserved(result, ahead_of=running)
         self._forget.extend(p.seq_id for p in result.preempted)
         deltas = [d for d in (self._rejected(seq) for seq in rejected) if d]
-        if batch.seqs:
+        if batch.num_seqs():
             self._send(batch, fed=True)
         self.times.schedule += time.perf_counter() - t1
         return deltas
@@ -220,7 +220,7 @@ class BatchLoop:
         return outputs, time.perf_counter() - t0
 
     def _executed(self, batch: StepDelta, seconds: float) -> None:
-        self._last_step = (sum(len(s.token_ids) for s in batch.seqs), seconds)
+        self._last_step = (batch.num_tokens(), seconds)
         self.times.steps += 1
         self.num_steps += 1
 
@@ -239,7 +239,7 @@ class BatchLoop:
         self._forget.extend(p.seq_id for p in result.preempted)
         deltas = [d for d in (self._rejected(seq) for seq in rejected) if d]
         times.schedule += clock() - t2
-        if batch.seqs:
+        if batch.num_seqs():
             return batch, deltas
         earlier = self._take_unapplied()
         stuck = not (plan.free or result.preempted or result.rejected or earlier)  # the next try is the same

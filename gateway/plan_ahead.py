@@ -1,6 +1,8 @@
-"""Plan ahead: while step N runs, plan step N + 1 and send its Reserve from a helper thread,
-so the batching loop makes step N - 1's deltas while memsvc answers; `answer` waits for
-the reply (None: memsvc deferred the plan, or nothing was planned). What a plan made ahead
+"""Plan ahead: while step N runs, plan step N + 1 and send its Reserve, so the batching loop
+makes step N - 1's deltas while memsvc answers; `answer` waits for the reply (None:
+memsvc deferred the plan, or nothing was planned). A memory client that `calls_later`
+(the remote one) sends it on the loop's thread and the reply is read there; any other
+runs on a helper thread (gateway.step_pipeline). What a plan made ahead
 may hold is the scheduler's (`Scheduler.plan(ahead_of=...)`) and memsvc's (`Plan.ahead`).
 See docs/ARCHITECTURE.md, "The step path".
 """
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from gateway.scheduler import Scheduler
-from gateway.step_pipeline import submit_on_wire
+from gateway.step_pipeline import Later, submit_on_wire
 from wire.clients import MemoryClient
 from wire.protocol import Plan, ReserveResult
 from wire.step_delta import StepDelta
@@ -22,13 +24,14 @@ class Ahead:
     """A plan made ahead of the running step, and its Reserve in flight."""
 
     plan: Plan
-    result: Future  # of ReserveResult
+    result: Future | Later  # of ReserveResult
 
 
 class PlanAhead:
     def __init__(self, scheduler: Scheduler, memory: MemoryClient):
         self.scheduler = scheduler
         self.memory = memory
+        self.calls_later = getattr(memory, "calls_later", False)
         self.num_ahead = 0  # plans reserved ahead, and of them deferred by memsvc
         self.num_deferred = 0
         self._pool: ThreadPoolExecutor | None = None
@@ -42,6 +45,8 @@ class PlanAhead:
                 self.scheduler.deferred(plan)
             return None
         prepare(plan)
+        if self.calls_later:
+            return Ahead(plan, Later(self.memory.reserve_later(plan)))
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-reserve")
         return Ahead(plan, submit_on_wire(self._pool, self.memory.reserve, plan))

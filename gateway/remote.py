@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import uuid
+from typing import Callable
 
 import grpc
 
@@ -47,12 +48,18 @@ class RemoteMemoryClient(MemoryClient):
         if heartbeat_s > 0:
             threading.Thread(target=self._heartbeat, name="memsvc-heartbeat", daemon=True).start()
 
+    calls_later = True  # wire.clients
+
     def reserve(self, plan: Plan) -> ReserveResult:
+        return self.reserve_later(plan)()
+
+    def reserve_later(self, plan: Plan) -> Callable[[], ReserveResult]:
         request = convert.plan_to_proto(plan, self.session_id)
         self._last_call = time.monotonic()
-        response = self._steps.call("Reserve", self.stub.Reserve, request, memory_pb2.ReserveResponse,
-                                    self.timeout)
-        return convert.reserve_result_from_proto(response)
+        answer = self._steps.start("Reserve", self.stub.Reserve, request, memory_pb2.ReserveResponse,
+                                   self.timeout)
+        columns = plan.ahead and not plan.forks and not any(e.new for e in plan.entries)
+        return lambda: convert.reserve_result_from_proto(answer(), columns)
 
     def free(self, seq_ids: list[str]) -> None:
         self._last_call = time.monotonic()
@@ -93,6 +100,7 @@ class RemoteExecutorClient(ExecutorClient):
     service runs numbered steps in order and fills fed tokens itself (wire.step_feed)."""
 
     feeds_itself = True
+    calls_later = True  # wire.clients
 
     def __init__(self, address: str, *, timeout: float | None = None, info_timeout: float = 60.0,
                  tls=None, session_id: str | None = None):
@@ -121,20 +129,27 @@ class RemoteExecutorClient(ExecutorClient):
         return self._info
 
     def execute(self, step: StepDelta) -> list[SampleOutput]:
+        return self.execute_later(step)()
+
+    def execute_later(self, step: StepDelta) -> Callable[[], list[SampleOutput]]:
         """Sends each sequence's state once, then only its changes (wire.step_delta); an
         executor that lost that state (it restarted) gets all of it."""
-        try:
-            return self._execute(step)
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.FAILED_PRECONDITION or STATE_LOST not in (e.details() or ""):
-                raise
-        with self._lock:
-            self._sent.clear()
-            self.incarnation = ""
-        self.num_resyncs += 1
-        return self._execute(step)
+        answer = self._send(step)
 
-    def _execute(self, step: StepDelta) -> list[SampleOutput]:
+        def result() -> list[SampleOutput]:
+            try:
+                return answer()
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.FAILED_PRECONDITION or STATE_LOST not in (e.details() or ""):
+                    raise
+            with self._lock:
+                self._sent.clear()
+                self.incarnation = ""
+            self.num_resyncs += 1
+            return self._send(step)()
+        return result
+
+    def _send(self, step: StepDelta) -> Callable[[], list[SampleOutput]]:
         # What goes out counts as held at once: the next step may be encoded before this
         # one is answered. After a failure what the executor holds is unknown: all again.
         self._encoded.wait_turn(step.step)
@@ -143,19 +158,23 @@ class RemoteExecutorClient(ExecutorClient):
                 request = encode_delta(step, self._sent, self.session_id, self.incarnation)
         finally:
             self._encoded.passed(step.step)
-        try:
-            response = self._steps.call("Execute", self.stub.Execute, request, executor_pb2.ExecuteResponse,
-                                        self.timeout)
-        except grpc.RpcError:
-            with self._lock:
-                self._sent.clear()
-            raise
-        with self._lock:
-            if response.incarnation != self.incarnation:
-                if self.incarnation:  # answered by another process than the one holding our state
+        answer = self._steps.start("Execute", self.stub.Execute, request, executor_pb2.ExecuteResponse,
+                                   self.timeout)
+
+        def result() -> list[SampleOutput]:
+            try:
+                response = answer()
+            except grpc.RpcError:
+                with self._lock:
                     self._sent.clear()
-                self.incarnation = response.incarnation
-        return convert.outputs_from_proto(response, [s.seq_id for s in step.seqs if s.sample])
+                raise
+            with self._lock:
+                if response.incarnation != self.incarnation:
+                    if self.incarnation:  # answered by another process than the one holding our state
+                        self._sent.clear()
+                    self.incarnation = response.incarnation
+            return convert.outputs_from_proto(response, step.sampled_ids())
+        return result
 
     def close(self) -> None:
         self._steps.close()

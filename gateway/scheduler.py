@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import operator
 from dataclasses import dataclass
 
 from gateway.beam_search import BeamDone, Beams, BeamSearch
@@ -26,7 +27,7 @@ from gateway.sequence import Sequence, SeqStatus
 from wire.held_seqs import apply_table_change
 from wire.protocol import Plan, PlanEntry, PromptLogprob, ReserveResult, SampleOutput
 from wire.settings import setting
-from wire.step_delta import SeqDelta, StepDelta
+from wire.step_delta import FedRun, SeqDelta, StepDelta
 from wire.step_feed import FED
 
 
@@ -147,7 +148,7 @@ class Scheduler:
         swapped-out sequences: see `can_plan_ahead`)."""
         if ahead_of is not None and not self.can_plan_ahead():
             return None
-        inflight = {s.seq_id: s for s in ahead_of.seqs} if ahead_of is not None else {}
+        inflight = ahead_of.progress() if ahead_of is not None else {}
         fills = self.pending.take_fills(self.seqs)
         budget = self.config.max_num_batched_tokens
         entries: list[PlanEntry] = []
@@ -163,8 +164,8 @@ class Scheduler:
             limit = num_tokens if seq.fork_at is None else seq.fork_at
             step = inflight.get(seq.seq_id) if inflight else None
             if step is not None:
-                computed = step.start_pos + len(step.token_ids)
-                if step.sample:
+                computed, samples = step
+                if samples:
                     if len(out) + 1 >= seq.sampling.max_tokens or num_tokens + 1 >= seq.max_len:
                         continue  # its next token is its last
                     limit += 1
@@ -236,6 +237,11 @@ class Scheduler:
             self.swapped.remove(seq)
             seq.status = SeqStatus.RUNNING
             _insert(self.running, seq)
+        inflight = ahead_of.progress() if ahead_of is not None else None
+        if result.run is not None:
+            batch = self._fed_run(result, inflight)
+            if batch is not None:
+                return batch, []
         planned, self.planned = self.planned, None
         all_seqs = self.seqs
 
@@ -255,8 +261,7 @@ class Scheduler:
             rejected.append(seq)
         steps = []
         waiting = SeqStatus.WAITING
-        inflight = {st.seq_id: st for st in ahead_of.seqs} if ahead_of is not None else None
-        for g in result.grants:
+        for g in result.all_grants():
             seq_id = g.seq_id
             seq = all_seqs.get(seq_id)
             if seq is None or planned is not None and planned.get(seq_id) is not seq:
@@ -274,8 +279,8 @@ class Scheduler:
                     seq.num_cached_tokens = g.num_cached_tokens
             start = g.start_pos
             running = inflight.get(seq_id) if inflight is not None and not admitted else None
-            fed = running is not None and running.sample  # its next token: the running step's sample
-            computed = running.start_pos + len(running.token_ids) if running is not None else seq.num_computed
+            fed = running is not None and running[1]  # its next token: the running step's sample
+            computed = running[0] if running is not None else seq.num_computed
             assert start == computed, (g, computed)
             end = start + g.num_tokens
             table = seq.block_table
@@ -293,51 +298,86 @@ class Scheduler:
                                   g.new_blocks, seq))
         return StepDelta(steps, pool_epoch=result.pool_epoch), rejected
 
+    def _fed_run(self, result: ReserveResult, inflight: dict | None) -> StepDelta | None:
+        """The steady decode step, kept in columns: memsvc granted a plan made ahead of
+        running sequences whose every one is still the one planned, and computes the
+        token the running step samples for it (FED). None: anything else (`on_reserved`
+        then takes the grants one by one)."""
+        run, planned = result.run, self.planned
+        ids = run.seq_ids
+        if planned is None or inflight is None or list(planned) != ids:
+            return None
+        seqs = list(planned.values())
+        if not all(map(operator.is_, map(self.seqs.get, ids), seqs)):
+            return None  # one ended since the plan
+        ends = [p[0] if p is not None and p[1] else None for p in map(inflight.get, ids)]
+        if run.start_pos != ends or run.num_tokens != [1] * len(ids):
+            return None
+        self.planned = None
+        at = 0
+        for i, k in enumerate(run.num_new_blocks):
+            if k:
+                apply_table_change(seqs[i].block_table, run.table_start[i], run.new_blocks[at:at + k], ids[i])
+                at += k
+        return StepDelta([], pool_epoch=result.pool_epoch,
+                         run=FedRun(ids, run.start_pos, run.table_start, run.num_new_blocks, run.new_blocks, seqs))
+
     def on_sampled(self, batch: StepDelta, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
         """Apply a step's outputs to the sequences it was made for (a sequence that ended
         since, its id maybe reused by a new request, gets nothing)."""
         by_id = {o.seq_id: o for o in outputs}
-        beams, all_seqs, eos = self.beams, self.seqs, self.eos_token_ids
         updates: list[SeqUpdate | BeamDone] = []
+        sampled = self._sampled
         for step in batch.seqs:
-            seq = all_seqs.get(step.seq_id)
-            if seq is None or step.seq is not None and step.seq is not seq:  # ended while the step ran
-                continue
-            seq.num_computed = step.start_pos + len(step.token_ids)
-            out = by_id.get(step.seq_id)
-            if seq.prompt_logprobs is not None:
-                self._prompt_logprobs(seq, step, out)
-            if seq.fork_at is not None and seq.num_computed >= seq.fork_at:
-                for sample in self._holds.release(seq):
-                    _insert(self.running, sample)
-                    self.forks.append((seq.seq_id, sample.seq_id))
-            if out is None or not out.sampled:
-                continue
-            if beams and seq.request_id in beams:
-                updates.extend(self._beams.report(seq, out.top_logprobs))
-                continue
-            token, sp, output = out.token_id, seq.sampling, seq.output_token_ids
-            output.append(token)
-            if token in sp.stop_token_ids or (not sp.ignore_eos and token in eos):
-                reason = "stop"
-            elif (len(output) >= sp.max_tokens
-                  or len(seq.prompt_token_ids) + len(output) >= seq.max_len):
-                reason = "length"
-            else:
-                reason = None
-            if reason:
-                self.drop(seq)
-                seq.finish(reason)
-            first = seq.prompt_logprobs if len(output) == 1 else None
-            updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, bool(reason), first))
+            start = step.start_pos
+            sampled(step.seq_id, step.seq, start, start + len(step.token_ids), by_id, updates)
+        run = batch.run
+        if run is not None:
+            for seq_id, seq, start in zip(run.seq_ids, run.seqs, run.start_pos):
+                sampled(seq_id, seq, start, start + 1, by_id, updates)
         return updates
 
-    def _prompt_logprobs(self, seq: Sequence, step: SeqDelta, out: SampleOutput | None) -> None:
+    def _sampled(self, seq_id: str, source, start: int, computed: int, by_id: dict, updates: list) -> None:
+        """One sequence's part of `on_sampled`: the step computed its tokens from `start` to
+        `computed`."""
+        seq = self.seqs.get(seq_id)
+        if seq is None or source is not None and source is not seq:  # ended while the step ran
+            return
+        seq.num_computed = computed
+        out = by_id.get(seq_id)
+        if seq.prompt_logprobs is not None:
+            self._prompt_logprobs(seq, start, out)
+        if seq.fork_at is not None and computed >= seq.fork_at:
+            for sample in self._holds.release(seq):
+                _insert(self.running, sample)
+                self.forks.append((seq_id, sample.seq_id))
+        if out is None or not out.sampled:
+            return
+        beams = self.beams
+        if beams and seq.request_id in beams:
+            updates.extend(self._beams.report(seq, out.top_logprobs))
+            return
+        token, sp, output = out.token_id, seq.sampling, seq.output_token_ids
+        output.append(token)
+        if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.eos_token_ids):
+            reason = "stop"
+        elif (len(output) >= sp.max_tokens
+              or len(seq.prompt_token_ids) + len(output) >= seq.max_len):
+            reason = "length"
+        else:
+            reason = None
+        if reason:
+            self.drop(seq)
+            seq.finish(reason)
+        first = seq.prompt_logprobs if len(output) == 1 else None
+        updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, bool(reason), first))
+
+    def _prompt_logprobs(self, seq: Sequence, start: int, out: SampleOutput | None) -> None:
         """Keep a step's prompt logprobs (once: a recompute's again are skipped); once every
         prompt position is scored, stop asking (a recompute then computes none and may use
         the prefix cache)."""
         if out is not None and out.prompt_logprobs:
-            seq.add_prompt_logprobs(step.start_pos + 1, out.prompt_logprobs)
+            seq.add_prompt_logprobs(start + 1, out.prompt_logprobs)
         if seq.sampling.prompt_logprobs is not None and len(seq.prompt_logprobs) >= len(seq.prompt_token_ids) - 1:
             seq.sampling = dataclasses.replace(seq.sampling, prompt_logprobs=None)
 

@@ -1,13 +1,15 @@
 """The steps the overlapped loop has at the executor: at most two, the running one first.
 
-`send` numbers a batch (`StepDelta.step`: the executor runs them in that order) and hands
-it to one of two helper threads, so step N + 1 is on its way while step N runs; the helper
-only waits on the executor. `wait` gives a step's outputs and the executor seconds it
-took, counted from when the step before it ended (not while it queued behind it). A step
-sent ahead (`fed`: it computes tokens the running step samples, wire.step_feed) that
-fails is sent again by `resend` with those tokens, known by then. An in-process executor is
-run through wire.ordered_executor; one across the wire feeds and orders itself.
-See docs/ARCHITECTURE.md, "The step path".
+`send` numbers a batch (`StepDelta.step`: the executor runs them in that order) and puts it
+on its way while step N runs: an executor client that `calls_later` (the remote one)
+writes it on the loop's own thread and its answer is read when `wait` asks for it, with
+no helper thread and no handoff between threads; any other (in process) runs it on one of
+two helper threads. `wait` gives a step's outputs and the executor seconds it took,
+counted from when the step before it ended (not while it queued behind it) to when its
+answer was read. A step sent ahead (`fed`: it computes tokens the running step samples,
+wire.step_feed) that fails is sent again by `resend` with those tokens, known by then.
+An in-process executor is run through wire.ordered_executor; one across the wire feeds
+and orders itself. See docs/ARCHITECTURE.md, "The step path".
 """
 from __future__ import annotations
 
@@ -15,18 +17,56 @@ import collections
 import itertools
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 
 from wire.protocol import SampleOutput
 from wire.step_delta import StepDelta
 from wire.step_feed import FED
 
 
+class Later:
+    """A call already sent whose answer is read on the thread that asks for it: `result`
+    (the call's error raised), as a Future's, but never done before it is asked."""
+
+    def __init__(self, answer: Callable[[], object]):
+        self._answer = answer
+        self._done = False
+        self._value = self._error = None
+
+    def result(self):
+        if not self._done:
+            try:
+                self._value = self._answer()
+            except BaseException as e:  # noqa: BLE001 - kept for whoever asks, as a Future keeps it
+                self._error = e
+            self._done = True
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def done(self) -> bool:
+        return self._done
+
+    def exception(self) -> BaseException | None:
+        try:
+            self.result()
+        except BaseException as e:  # noqa: BLE001
+            return e
+        return None
+
+
+def settle(calls) -> None:
+    """Wait until every call (a Future or a Later) has ended, its outcome dropped."""
+    for call in calls:
+        call.exception()
+
+
 @dataclass
 class InFlight:
     batch: StepDelta
-    future: Future
+    future: Future | Later
     fed: bool  # sent ahead: computes the previous step's samples
     sent: float = 0.0  # perf_counter
 
@@ -58,17 +98,26 @@ def submit_on_wire(pool: ThreadPoolExecutor, fn, *args) -> Future:
 class StepPipeline:
     def __init__(self, executor):
         self.executor = executor
+        self.calls_later = getattr(executor, "calls_later", False)
         self.inflight: collections.deque[InFlight] = collections.deque()
         self._numbers = itertools.count(1)
         self._pool: ThreadPoolExecutor | None = None
         self._last_end = 0.0  # perf_counter when the last step waited for ended
 
-    def send(self, batch: StepDelta, fed: bool) -> InFlight:
+    def _helpers(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(2, thread_name_prefix="pagedserve-execute")
+        return self._pool
+
+    def send(self, batch: StepDelta, fed: bool) -> InFlight:
         batch.step = next(self._numbers)
         sent = time.perf_counter()
-        step = InFlight(batch, submit_on_wire(self._pool, _timed, self.executor.execute, batch), fed, sent)
+        if self.calls_later:
+            answer = self.executor.execute_later(batch)
+            call = Later(lambda: (answer(), time.perf_counter()))
+        else:
+            call = submit_on_wire(self._helpers(), _timed, self.executor.execute, batch)
+        step = InFlight(batch, call, fed, sent)
         self.inflight.append(step)
         return step
 
@@ -85,7 +134,7 @@ class StepPipeline:
     def resend(self, step: InFlight) -> list[SampleOutput]:
         """Run a failed step sent ahead again, on this thread, now that its tokens are in
         (`patch`); after every other step in flight ended."""
-        wait([s.future for s in self.inflight])
+        settle(s.future for s in self.inflight)
         self.patch(step)
         step.batch.step = next(self._numbers)
         outputs = self.executor.execute(step.batch)
@@ -95,7 +144,7 @@ class StepPipeline:
     def drain(self) -> list[InFlight]:
         """Wait for every step in flight to end (their outputs dropped); returns them."""
         steps = list(self.inflight)
-        wait([s.future for s in steps])
+        settle(s.future for s in steps)
         self.inflight.clear()
         return steps
 
@@ -103,7 +152,9 @@ class StepPipeline:
     def patch(step: InFlight) -> None:
         """Put the tokens the step before sampled in place of FED (a sequence
         gone meanwhile gets any token: its output is dropped)."""
-        for s in step.batch.seqs:
+        batch = step.batch
+        batch.seqs, batch.run = batch.all_seqs(), None
+        for s in batch.seqs:
             seq = s.seq
             if not s.token_ids or s.token_ids[0] != FED or seq is None:
                 continue

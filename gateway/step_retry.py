@@ -45,18 +45,34 @@ class StepRetry:
         self.executor = _Executor(self)
 
     def reserve(self, plan: Plan) -> ReserveResult:
+        self._run_dirty()
+        return self._retry("reserve", lambda: self.inner_memory.reserve(plan))
+
+    def reserve_later(self, plan: Plan) -> Callable[[], ReserveResult]:
+        self._run_dirty()
+        again = _first_then(self.inner_memory.reserve_later(plan), lambda: self.inner_memory.reserve(plan))
+        return lambda: self._retry("reserve", again)
+
+    def execute(self, batch: StepDelta) -> list[SampleOutput]:
+        return self._execute(batch, lambda: self.inner_executor.execute(batch))
+
+    def execute_later(self, batch: StepDelta) -> Callable[[], list[SampleOutput]]:
+        again = _first_then(self.inner_executor.execute_later(batch),
+                            lambda: self.inner_executor.execute(batch))
+        return lambda: self._execute(batch, again)
+
+    def _run_dirty(self) -> None:
         if self.dirty is not None:
             batch = self.dirty
             try:
-                self._retry("execute", lambda: self._execute(batch))
+                self._retry("execute", lambda: self._once(lambda: self.inner_executor.execute(batch)))
             except PoolChanged:
                 pass
             self.dirty = None
-        return self._retry("reserve", lambda: self.inner_memory.reserve(plan))
 
-    def execute(self, batch: StepDelta) -> list[SampleOutput]:
+    def _execute(self, batch: StepDelta, call: Callable[[], list[SampleOutput]]) -> list[SampleOutput]:
         try:
-            return self._retry("execute", lambda: self._execute(batch))
+            return self._retry("execute", lambda: self._once(call))
         except PoolChanged:
             raise
         except grpc.RpcError as e:
@@ -64,9 +80,10 @@ class StepRetry:
                 self.dirty = batch
             raise
 
-    def _execute(self, batch: StepDelta) -> list[SampleOutput]:
+    @staticmethod
+    def _once(call: Callable[[], list[SampleOutput]]) -> list[SampleOutput]:
         try:
-            return self.inner_executor.execute(batch)
+            return call()
         except grpc.RpcError as e:
             if _code(e) == grpc.StatusCode.ABORTED:
                 raise PoolChanged(e.details()) from None
@@ -92,14 +109,27 @@ class StepRetry:
                 time.sleep(self.interval_s)
 
 
+def _first_then(first: Callable, again: Callable) -> Callable:
+    """A call whose first try is `first` (a call already sent) and every later one `again`."""
+    tries = [first]
+
+    def call():
+        return tries.pop()() if tries else again()
+    return call
+
+
 class _Memory(MemoryClient):
     """The MemoryClient face of StepRetry (reserve retried; the rest passed through)."""
 
     def __init__(self, retry: StepRetry):
         self._retry = retry
+        self.calls_later = getattr(retry.inner_memory, "calls_later", False)
 
     def reserve(self, plan: Plan) -> ReserveResult:
         return self._retry.reserve(plan)
+
+    def reserve_later(self, plan: Plan) -> Callable[[], ReserveResult]:
+        return self._retry.reserve_later(plan)
 
     def free(self, seq_ids: list[str]) -> None:
         self._retry.inner_memory.free(seq_ids)
@@ -117,9 +147,13 @@ class _Executor(ExecutorClient):
     def __init__(self, retry: StepRetry):
         self._retry = retry
         self.feeds_itself = getattr(retry.inner_executor, "feeds_itself", False)
+        self.calls_later = getattr(retry.inner_executor, "calls_later", False)
 
     def model_info(self) -> ModelInfo:
         return self._retry.inner_executor.model_info()
 
     def execute(self, batch: StepDelta) -> list[SampleOutput]:
         return self._retry.execute(batch)
+
+    def execute_later(self, batch: StepDelta) -> Callable[[], list[SampleOutput]]:
+        return self._retry.execute_later(batch)

@@ -15,10 +15,11 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from gateway.request_telemetry import RequestTelemetry
-from wire.clients import ExecutorClient, MemoryClient
+from wire.clients import ExecutorClient, MemoryClient, call_now, failing
 from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
 from wire.step_delta import StepDelta
 from wire.tracing import tracer
@@ -31,7 +32,7 @@ def _unknown(seq_id: str) -> str | None:
 def blocks_allocated(result: ReserveResult, block_size: int) -> int:
     """Blocks the grants' new tokens start (a new sequence's cached blocks excluded)."""
     n = 0
-    for g in result.grants:
+    for g in result.all_grants():
         before = -(-g.start_pos // block_size)
         n += -(-(g.start_pos + g.num_tokens) // block_size) - before
     return n
@@ -48,33 +49,49 @@ class ObservedMemory(MemoryClient):
         self.block_size = block_size
         self.request_of = request_of
         self.step = 0
+        self.calls_later = getattr(inner, "calls_later", False)
 
     def reserve(self, plan: Plan) -> ReserveResult:
+        return self._observed(plan, lambda: call_now(self.inner.reserve, plan))()
+
+    def reserve_later(self, plan: Plan) -> Callable[[], ReserveResult]:
+        return self._observed(plan, lambda: self.inner.reserve_later(plan))
+
+    def _observed(self, plan: Plan, send: Callable[[], Callable[[], ReserveResult]]
+                  ) -> Callable[[], ReserveResult]:
+        """The Reserve `send` puts on its way, in its span from now until its answer is read."""
         self.step += 1
         request_of = self.request_of
         parent, links = self.telemetry.step_context(request_of(e.seq_id) for e in plan.entries)
-        with tracer().start_as_current_span("pagedserve.v1.MemoryManager/Reserve", context=parent,
-                                            kind=SpanKind.CLIENT, links=links) as span:
-            result = self.inner.reserve(plan)
-            modes = [p.mode for p in result.preempted]
-            if span.is_recording():  # the attributes cost a pass over the step: only when kept
-                span.set_attributes({
-                    "pagedserve.step": self.step, "pagedserve.plan.sequences": len(plan.entries),
-                    "pagedserve.plan.new_sequences": sum(1 for e in plan.entries if e.new),
-                    "pagedserve.plan.freed": len(plan.free),
-                    "pagedserve.granted_sequences": len(result.grants),
-                    "pagedserve.granted_tokens": sum(g.num_tokens for g in result.grants),
-                    "pagedserve.blocks_allocated": blocks_allocated(result, self.block_size),
-                    "pagedserve.cached_tokens": sum(g.num_cached_tokens for g in result.grants),
-                    "pagedserve.preemptions": len(modes),
-                    "pagedserve.preemptions.swap": modes.count("swap"),
-                    "pagedserve.preemptions.recompute": modes.count("recompute"),
-                    "pagedserve.rejected": len(result.rejected),
-                    "pagedserve.waiting": len(result.waiting),
-                })
-        for mode in modes:
-            self.telemetry.metrics.preemptions.labels(mode).inc()
-        self.telemetry.scheduled((request_of(g.seq_id) for g in result.grants), time.monotonic())
+        span = tracer().start_span("pagedserve.v1.MemoryManager/Reserve", context=parent,
+                                   kind=SpanKind.CLIENT, links=links)
+        answer = _sent_in(span, send)
+
+        def result() -> ReserveResult:
+            with trace.use_span(span, end_on_exit=True):
+                result = answer()
+                modes = [p.mode for p in result.preempted]
+                if span.is_recording():  # the attributes cost a pass over the step: only when kept
+                    grants = result.all_grants()
+                    span.set_attributes({
+                        "pagedserve.step": self.step, "pagedserve.plan.sequences": len(plan.entries),
+                        "pagedserve.plan.new_sequences": sum(1 for e in plan.entries if e.new),
+                        "pagedserve.plan.freed": len(plan.free),
+                        "pagedserve.granted_sequences": len(grants),
+                        "pagedserve.granted_tokens": sum(g.num_tokens for g in grants),
+                        "pagedserve.blocks_allocated": blocks_allocated(result, self.block_size),
+                        "pagedserve.cached_tokens": sum(g.num_cached_tokens for g in grants),
+                        "pagedserve.preemptions": len(modes),
+                        "pagedserve.preemptions.swap": modes.count("swap"),
+                        "pagedserve.preemptions.recompute": modes.count("recompute"),
+                        "pagedserve.rejected": len(result.rejected),
+                        "pagedserve.waiting": len(result.waiting),
+                    })
+            for mode in modes:
+                self.telemetry.metrics.preemptions.labels(mode).inc()
+            if result.run is None:  # a run's sequences were all scheduled before
+                self.telemetry.scheduled((request_of(g.seq_id) for g in result.grants), time.monotonic())
+            return result
         return result
 
     def free(self, seq_ids: list[str]) -> None:
@@ -95,22 +112,47 @@ class ObservedExecutor(ExecutorClient):
         self.telemetry = telemetry
         self.memory = memory
         self.feeds_itself = getattr(inner, "feeds_itself", False)
+        self.calls_later = getattr(inner, "calls_later", False)
 
     def model_info(self) -> ModelInfo:
         return self.inner.model_info()
 
     def execute(self, batch: StepDelta) -> list[SampleOutput]:
-        seqs = batch.seqs
+        return self._observed(batch, lambda: call_now(self.inner.execute, batch))()
+
+    def execute_later(self, batch: StepDelta) -> Callable[[], list[SampleOutput]]:
+        return self._observed(batch, lambda: self.inner.execute_later(batch))
+
+    def _observed(self, batch: StepDelta, send: Callable[[], Callable[[], list[SampleOutput]]]
+                  ) -> Callable[[], list[SampleOutput]]:
+        """The Execute `send` puts on its way, in its span from now until its answer is read."""
         request_of = self.memory.request_of
-        parent, links = self.telemetry.step_context(request_of(s.seq_id) for s in seqs)
+        parent, links = self.telemetry.step_context(map(request_of, batch.seq_ids()))
         start = time.perf_counter()
-        with tracer().start_as_current_span("pagedserve.v1.Executor/Execute", context=parent,
-                                            kind=SpanKind.CLIENT, links=links) as span:
-            if span.is_recording():
-                span.set_attributes({
-                    "pagedserve.step": self.memory.step, "pagedserve.batch.sequences": len(seqs),
-                    "pagedserve.batch.tokens": sum(len(s.token_ids) for s in seqs),
-                    "pagedserve.batch.sampled": sum(1 for s in seqs if s.sample)})
-            outputs = self.inner.execute(batch)
-        self.telemetry.metrics.step_time.observe(time.perf_counter() - start)
-        return outputs
+        span = tracer().start_span("pagedserve.v1.Executor/Execute", context=parent,
+                                   kind=SpanKind.CLIENT, links=links)
+        if span.is_recording():
+            seqs = batch.all_seqs()
+            span.set_attributes({
+                "pagedserve.step": self.memory.step, "pagedserve.batch.sequences": len(seqs),
+                "pagedserve.batch.tokens": sum(len(s.token_ids) for s in seqs),
+                "pagedserve.batch.sampled": sum(1 for s in seqs if s.sample)})
+        answer = _sent_in(span, send)
+
+        def result() -> list[SampleOutput]:
+            with trace.use_span(span, end_on_exit=True):
+                outputs = answer()
+            self.telemetry.metrics.step_time.observe(time.perf_counter() - start)
+            return outputs
+        return result
+
+
+def _sent_in(span, send: Callable[[], Callable]) -> Callable:
+    """`send()` with `span` as the current span (the call carries it); a failure to send
+    is raised when the answer is asked for, inside the span, which records it."""
+    try:
+        with trace.use_span(span, end_on_exit=False, record_exception=False,
+                            set_status_on_exception=False):
+            return send()
+    except Exception as e:  # noqa: BLE001 - raised again by the answer
+        return failing(e)

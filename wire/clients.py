@@ -6,13 +6,18 @@ executor.Executor); across processes by the gRPC clients (gateway.remote). Wrapp
 (retrying, telemetry, timing) implement them too, method by method. The batching loop
 only ever talks to these.
 
+A client with `calls_later` (the gRPC ones, and the wrappers around them) also has
+`reserve_later` / `execute_later`: the call is sent now and the function returned waits
+for its answer on the thread that calls it (raising the call's error), so the batching
+loop keeps a call in flight without a helper thread (gateway.step_pipeline).
+
 Errors: in process, a bad argument is a ValueError (or KeyError, IndexError) and a pool
 that does not exist yet a RuntimeError; across processes they are grpc.RpcError with
 INVALID_ARGUMENT, FAILED_PRECONDITION or UNAVAILABLE (see memsvc.server, executor.server).
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
 from wire.step_delta import StepDelta
@@ -69,3 +74,20 @@ class ExecutorClient(Protocol):
         StepDelta as it is; the batching loop runs any other (an executor object in
         process, which runs a full StepBatch) through wire.ordered_executor."""
         ...
+
+
+def failing(error: BaseException) -> Callable:
+    """An answer that is `error`, raised when asked for."""
+    def fail():
+        raise error
+    return fail
+
+
+def call_now(fn: Callable, arg) -> Callable:
+    """`fn(arg)` made now, as a call sent: its answer, or its error raised, when asked for
+    (an in-process client's `reserve_later` / `execute_later`)."""
+    try:
+        answer = fn(arg)
+    except Exception as e:  # noqa: BLE001 - raised when the answer is asked for
+        return failing(e)
+    return lambda: answer

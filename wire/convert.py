@@ -195,7 +195,17 @@ def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
     )
 
 
-def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
+def reserve_result_from_proto(m: memory_pb2.ReserveResponse, columns: bool = False) -> ReserveResult:
+    """`columns`: the answer to a plan made ahead of running entries alone (memsvc answers
+    such a plan in full or defers it), kept in columns (`ReserveResult.run`)."""
+    if columns and not m.deferred:
+        ids = list(m.grant_seq_ids)
+        run = RunGrants(list(m.grant_start_pos), list(m.grant_table_start), list(m.grant_num_new_blocks),
+                        list(m.grant_new_blocks), seq_ids=ids, num_tokens=list(m.grant_num_tokens))
+        if (not (m.preempted or m.rejected or m.waiting or m.resumed) and len(ids) == len(run.start_pos)
+                == len(run.table_start) == len(run.num_new_blocks) == len(run.num_tokens)
+                and sum(run.num_new_blocks) == len(run.new_blocks)):
+            return ReserveResult(grants=[], pool_epoch=m.pool_epoch, run=run)
     blocks, counts = list(m.grant_new_blocks), m.grant_num_new_blocks
     grants, at = [], 0
     for seq_id, start, n, table_start, k, cached in zip(

@@ -47,7 +47,7 @@ class OrderedExecutor:
         for seq_id in step.forget:
             held.pop(seq_id, None)
         seqs, histories = [], []
-        for d in step.seqs:
+        for d in step.all_seqs():
             h = held.get(d.seq_id)
             if h is None:  # new to it: the state from the gateway's sequence
                 seq = d.seq

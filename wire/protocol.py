@@ -319,6 +319,13 @@ class ReserveResult:
     resumed: list[str] = field(default_factory=list)  # swapped-out sequences back on the device
     pool_epoch: str = ""  # the pool the grants are in: new with every memsvc process
     deferred: bool = False  # a plan made ahead that memsvc did not grant (see Plan.ahead)
+    # the grants in columns instead (`grants` then empty): the gateway's reading of memsvc's
+    # answer to a plan made ahead of running entries alone (convert.reserve_result_from_proto)
+    run: RunGrants | None = None
+
+    def all_grants(self) -> list[Grant]:
+        """`grants`, or the grants `run` holds in columns, one object each."""
+        return self.grants if self.run is None else self.run.grants()
 
 
 @dataclass
@@ -334,6 +341,16 @@ class RunGrants:
     num_new_blocks: list[int] = field(default_factory=list)
     new_blocks: list[int] = field(default_factory=list)
     copies: list[tuple[str, int, int]] = field(default_factory=list)
+    seq_ids: list[str] = field(default_factory=list)  # on the gateway's side: the entries' ids
+    num_tokens: list[int] = field(default_factory=list)  # and the tokens granted each
+
+    def grants(self) -> list[Grant]:
+        out, at = [], 0
+        for seq_id, start, n, table_start, k in zip(self.seq_ids, self.start_pos, self.num_tokens,
+                                                    self.table_start, self.num_new_blocks):
+            out.append(Grant(seq_id, start, n, table_start, self.new_blocks[at:at + k]))
+            at += k
+        return out
 
 
 @dataclass

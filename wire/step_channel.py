@@ -28,15 +28,18 @@ from __future__ import annotations
 
 import itertools
 import logging
+import select
 import socket
 import struct
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 
 import grpc
 
+from wire.clients import failing
 from wire.grpc_service import MAX_MESSAGE_BYTES
 from wire.settings import setting
 from wire.tracing import trace_metadata
@@ -190,69 +193,106 @@ class StepChannelServer:
 
 
 class StepChannelClient:
+    """Calls on one connection. `send` writes a call's frame and returns its id; `answer`
+    reads the answers on the thread that waits for one (no reader thread, so no handoff
+    between threads per call): answers to other calls are kept for their callers, and
+    one thread reads at a time while the others wait for it."""
+
     def __init__(self, host: str, port: int):
         self.port = port
         self._sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
         self._sock.settimeout(None)
         _tune(self._sock)
-        self._pending: dict[int, Future] = {}
+        self._answers: dict[int, tuple[int, bytes]] = {}
+        self._waiting: set[int] = set()  # calls sent and not answered yet
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
+        self._write = threading.Lock()
+        self._cond = threading.Condition()
+        self._reading = False
+        self._why = ""
         self.alive = True
-        threading.Thread(target=self._read, name="step-channel-read", daemon=True).start()
 
     def call(self, method: str, request, response_type, timeout: float | None = None):
+        return self.answer(self.send(method, request), method, response_type, timeout)
+
+    def send(self, method: str, request) -> int:
         payload = request.SerializeToString()
-        done: Future = Future()
-        with self._lock:
+        with self._write:
             if not self.alive:
                 raise StepChannelError(grpc.StatusCode.UNAVAILABLE, "the step channel closed")
             call_id = next(self._ids)
-            self._pending[call_id] = done
+            with self._cond:
+                self._waiting.add(call_id)
             try:
                 self._sock.sendall(HEADER.pack(len(payload), call_id, METHODS[method]) + payload)
             except OSError as e:
-                self._pending.pop(call_id, None)
                 self._broken(f"the step channel broke: {e}")
                 raise StepChannelError(grpc.StatusCode.UNAVAILABLE, f"the step channel broke: {e}") from None
-        try:
-            status, body = done.result(timeout)
-        except FutureTimeout:
-            with self._lock:
-                self._pending.pop(call_id, None)
-            raise StepChannelError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   f"{method} over the step channel: no answer in {timeout}s") from None
+        return call_id
+
+    def answer(self, call_id: int, method: str, response_type, timeout: float | None = None):
+        """The response to call `call_id` (StepChannelError: the call failed, the channel
+        broke, or no answer came in `timeout` seconds)."""
+        status, body = self._wait(call_id, method, timeout)
         if status:
             raise StepChannelError(CODES.get(status, grpc.StatusCode.UNKNOWN), body.decode(errors="replace"))
         return response_type.FromString(body)
 
-    def _read(self) -> None:
+    def _wait(self, call_id: int, method: str, timeout: float | None) -> tuple[int, bytes]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._cond:
+                while True:
+                    if call_id in self._answers:
+                        self._waiting.discard(call_id)
+                        return self._answers.pop(call_id)
+                    if not self.alive:
+                        self._waiting.discard(call_id)
+                        return grpc.StatusCode.UNAVAILABLE.value[0], self._why.encode()
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        self._waiting.discard(call_id)
+                        raise StepChannelError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                               f"{method} over the step channel: no answer in {timeout}s")
+                    if not self._reading:
+                        self._reading = True
+                        break
+                    self._cond.wait(left)
+            try:
+                self._read_one(left)
+            finally:
+                with self._cond:
+                    self._reading = False
+                    self._cond.notify_all()
+
+    def _read_one(self, timeout: float | None) -> None:
+        """Read one answer, if one comes in `timeout` seconds, into `_answers` (this thread
+        is the one reading)."""
         try:
-            while True:
-                call_id, status, body = _read_frame(self._sock)
-                with self._lock:
-                    done = self._pending.pop(call_id, None)
-                if done is not None:
-                    done.set_result((status, body))
-        except (OSError, ConnectionError) as e:
-            with self._lock:
-                self._broken(f"the step channel closed: {e}")
+            if timeout is not None and not select.select([self._sock], [], [], timeout)[0]:
+                return  # nothing read: the stream is still whole
+            call_id, status, body = _read_frame(self._sock)
+        except (OSError, ConnectionError, ValueError) as e:
+            self._broken(f"the step channel closed: {e}")
+            return
+        with self._cond:
+            if call_id in self._waiting:
+                self._answers[call_id] = (status, body)
 
     def _broken(self, why: str) -> None:
-        """Fail every call in flight (lock held)."""
-        self.alive = False
-        pending, self._pending = self._pending, {}
-        for done in pending.values():
-            done.set_result((grpc.StatusCode.UNAVAILABLE.value[0], why.encode()))
-        try:
-            self._sock.close()
-        except OSError:
-            pass
+        """Fail every call in flight: their callers answer UNAVAILABLE."""
+        with self._cond:
+            if self.alive:
+                self.alive, self._why = False, why
+                try:
+                    self._sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked reading it
+                except OSError:
+                    pass
+                self._sock.close()
+            self._cond.notify_all()
 
     def close(self) -> None:
-        with self._lock:
-            if self.alive:
-                self._broken("the client closed the step channel")
+        self._broken("the client closed the step channel")
 
 
 def offer_step_channel(config, credentials, handlers: dict, inline: tuple[str, ...] = ()
@@ -309,6 +349,28 @@ class StepChannelSlot:
         response = grpc_call(request, timeout=timeout, metadata=metadata)
         self.offer(response.step_port)
         return response
+
+    def start(self, method: str, grpc_call, request, response_type, timeout: float | None
+              ) -> Callable[[], object]:
+        """`call`, sent now; the returned function waits for the answer (on the thread that
+        calls it) and raises the call's error, a failed send's too. Over gRPC the stub's
+        `grpc_call.future` sends it (a plain function is called at once)."""
+        metadata = trace_metadata()
+        channel = self.get() if metadata is None else None
+        try:
+            if channel is not None:
+                call_id = channel.send(method, request)
+                return lambda: channel.answer(call_id, method, response_type, timeout)
+            send = getattr(grpc_call, "future", None)
+            pending = (send or grpc_call)(request, timeout=timeout, metadata=metadata)
+        except grpc.RpcError as e:
+            return failing(e)
+
+        def answer():
+            response = pending.result() if send is not None else pending
+            self.offer(response.step_port)
+            return response
+        return answer
 
     def get(self) -> StepChannelClient | None:
         c = self.client

@@ -16,6 +16,7 @@ See docs/ARCHITECTURE.md, "The step path".
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,14 +50,66 @@ class SeqDelta:
 
 
 @dataclass
+class FedRun:
+    """Sequences that each compute the one token they sampled last step (FED) and sample,
+    in columns: sequence i computes at `start_pos[i]`, and its table from `table_start[i]`
+    on is its `num_new_blocks[i]` blocks of `new_blocks` (memsvc's column answer passed
+    on as it came). `seqs`: the gateway's sequences, read as SeqDelta.seq is."""
+
+    seq_ids: list[str]
+    start_pos: list[int]
+    table_start: list[int]
+    num_new_blocks: list[int]
+    new_blocks: list[int]
+    seqs: list[SeqSource]
+
+    def deltas(self) -> list[SeqDelta]:
+        out, at = [], 0
+        for seq_id, start, table_start, k, seq in zip(self.seq_ids, self.start_pos, self.table_start,
+                                                      self.num_new_blocks, self.seqs):
+            out.append(SeqDelta(seq_id, [FED], start, True, table_start, self.new_blocks[at:at + k], seq))
+            at += k
+        return out
+
+
+@dataclass
 class StepDelta:
-    """One step for the executor. `pool_epoch`, `forget` and `step` mean what they mean in
+    """One step for the executor: `seqs`, then `run` (in columns, the steady decode step's
+    sequences). `pool_epoch`, `forget` and `step` mean what they mean in
     wire.protocol.StepBatch."""
 
     seqs: list[SeqDelta]
     pool_epoch: str = ""
     forget: list[str] = field(default_factory=list)
     step: int = 0
+    run: FedRun | None = None
+
+    def all_seqs(self) -> list[SeqDelta]:
+        """Every sequence as a SeqDelta (the run's made now), in step order."""
+        return self.seqs if self.run is None else self.seqs + self.run.deltas()
+
+    def num_seqs(self) -> int:
+        return len(self.seqs) + (len(self.run.seq_ids) if self.run is not None else 0)
+
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs) + (len(self.run.seq_ids) if self.run else 0)
+
+    def seq_ids(self) -> list[str]:
+        ids = [s.seq_id for s in self.seqs]
+        return ids + self.run.seq_ids if self.run is not None else ids
+
+    def sampled_ids(self) -> list[str]:
+        """The sequences that sample, in step order (the executor's outputs follow it)."""
+        ids = [s.seq_id for s in self.seqs if s.sample]
+        return ids + self.run.seq_ids if self.run is not None else ids
+
+    def progress(self) -> dict[str, tuple[int, bool]]:
+        """seq id -> (its position once this step ran, whether the step samples it)."""
+        out = {s.seq_id: (s.start_pos + len(s.token_ids), s.sample) for s in self.seqs}
+        run = self.run
+        if run is not None:
+            out.update(zip(run.seq_ids, zip(map((1).__add__, run.start_pos), itertools.repeat(True))))
+        return out
 
 
 def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: str
@@ -70,11 +123,15 @@ def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: 
     forget = step.forget
     for seq_id in forget:
         sent.discard(seq_id)
+    run = step.run
+    seqs = step.seqs
+    if run is not None and not sent.issuperset(run.seq_ids):  # a state must go: one by one
+        seqs, run = step.all_seqs(), None
     ids, starts, ntok, toks, samples, tstarts, nnew, newb, states = [], [], [], [], [], [], [], [], []
     fed: list[bool] = []
     any_fed = False
     sampling: dict[int, object] = {}
-    for d in step.seqs:
+    for d in seqs:
         seq_id, tstart, new = d.seq_id, d.table_start, d.new_blocks
         if seq_id not in sent:
             seq = d.seq
@@ -109,6 +166,17 @@ def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: 
         tstarts.append(tstart)
         nnew.append(len(new))
         newb.extend(new)
+    if run is not None:  # the executor holds every state: the columns go as they are
+        n = len(run.seq_ids)
+        ids += run.seq_ids
+        starts += run.start_pos
+        ntok += [1] * n
+        samples += [True] * n
+        tstarts += run.table_start
+        nnew += run.num_new_blocks
+        newb += run.new_blocks
+        fed += [True] * n
+        any_fed = any_fed or n > 0
     return executor_pb2.ExecuteRequest(
         pool_epoch=step.pool_epoch, session_id=session_id, incarnation=incarnation,
         forget=forget, seq_ids=ids, start_pos=starts, num_tokens=ntok, token_ids=toks,

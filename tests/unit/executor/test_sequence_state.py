@@ -189,3 +189,18 @@ def test_a_fed_token_is_the_executors_own_last_sample_penalty_history_included()
     with pytest.raises(FedTokenUnknown, match="position 9"):
         link.states.fill(bad)
     assert bad.batch.seqs[0].token_ids == [FED]
+
+
+def test_a_run_in_columns_goes_as_its_sequences_one_by_one_would():
+    from wire.step_delta import FedRun
+    from wire.step_feed import FED
+    srcs = [Src([1, 2, 3], [i, 10 + i]) for i in range(3)]
+    prefill = SeqDelta("p", [4, 5], 0, True, 0, [30], Src([4, 5], [30]))
+    run = FedRun(["a", "b", "c"], [5, 8, 4], [1, 2, 1], [0, 1, 0], [21], srcs)
+    step_ = StepDelta([prefill], pool_epoch="e", step=3, run=run)
+    one_by_one = StepDelta(step_.all_seqs(), pool_epoch="e", step=3)
+    assert [d.token_ids for d in one_by_one.seqs] == [[4, 5], [FED], [FED], [FED]]
+    for sent in ({"p", "a", "b", "c"}, {"p", "b"}):  # all held: columns; a state to go: one by one
+        assert encode_delta(step_, set(sent), "s1", "") == encode_delta(one_by_one, set(sent), "s1", "")
+    assert step_.sampled_ids() == ["p", "a", "b", "c"] and step_.num_tokens() == 5
+    assert step_.progress() == {"p": (2, True), "a": (6, True), "b": (9, True), "c": (5, True)}

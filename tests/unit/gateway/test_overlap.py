@@ -14,6 +14,7 @@ from memsvc.memory_manager import MemoryConfig, MemoryManager
 from wire.protocol import SamplingParams
 from tests.support.fake_executor import FakeExecutor
 from tests.support.fake_loop import expected, prompts, run_all
+from tests.support.sent_now import SentNowExecutor, SentNowMemory
 
 
 class LetterTokenizer:
@@ -23,7 +24,9 @@ class LetterTokenizer:
         return "".join(chr(97 + t % 26) for t in ids)
 
 
-LOOPS = ("serial", "overlap", "ahead")  # overlap: outputs only; ahead: outputs and plan ahead
+# overlap: outputs only; ahead: outputs and plan ahead; later: plan ahead over clients that
+# send a call and read its answer later on the loop's thread, as the remote ones do
+LOOPS = ("serial", "overlap", "ahead", "later")
 
 
 def make(loop_kind, *, num_blocks=256, mode="recompute", host_blocks=None, prefix=True, max_tokens_step=64,
@@ -35,7 +38,9 @@ def make(loop_kind, *, num_blocks=256, mode="recompute", host_blocks=None, prefi
                                      preemption_mode=mode, num_host_blocks=host_blocks))
     ex.attach_pool(mem.register_executor(ex.info.kv))
     config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_tokens_step,
-                             overlap=loop_kind != "serial", plan_ahead=loop_kind == "ahead")
+                             overlap=loop_kind != "serial", plan_ahead=loop_kind in ("ahead", "later"))
+    if loop_kind == "later":
+        return BatchLoop(SentNowMemory(mem), SentNowExecutor(ex), config, tokenizer), mem
     return BatchLoop(mem, ex, config, tokenizer), mem
 
 
@@ -61,20 +66,37 @@ def assert_clean(mem):
     assert stats.snapshot["blocks_referenced"] == 0 and stats.num_sequences == 0
 
 
+def _count_fed_runs(scheduler) -> list[int]:
+    """How many of the scheduler's steps were made in columns."""
+    count, made = [0], scheduler._fed_run
+
+    def counted(*args):
+        batch = made(*args)
+        count[0] += batch is not None
+        return batch
+    scheduler._fed_run = counted
+    return count
+
+
 def both(workload, computed=None, granted_ahead=True, **kw):
     """The workload's results with the serial, the overlapped and the plan-ahead loop."""
     results = []
     for kind in LOOPS:
         ex = FakeExecutor(4)
         loop, mem = make(kind, executor=ex, **kw)
+        runs = _count_fed_runs(loop.scheduler)
         workload(loop)
         results.append(run(loop))
+        if kind == "later" and granted_ahead:
+            assert runs[0] > 0  # steady steps went in columns (wire.step_delta.FedRun)
         assert_clean(mem)
         assert loop.num_steps > 0
-        if kind == "ahead" and granted_ahead:
+        if kind in ("ahead", "later") and granted_ahead:
             assert loop.num_ahead > loop.num_deferred  # steps were reserved ahead
-        if kind != "ahead":
+        if kind not in ("ahead", "later"):
             assert loop.num_ahead == 0
+        if kind == "later":  # no helper thread: the calls went out and came back on this one
+            assert loop.pipeline._pool is None and loop.ahead._pool is None
         if computed is not None:
             computed.append(ex.num_executed_tokens)
     return results
@@ -89,8 +111,8 @@ def test_greedy_seeded_and_n_samples_are_the_same():
                   SamplingParams(max_tokens=9, temperature=0.8, seed=100 + i, n=3))
             loop.add_request(str(i), p, sp)
 
-    serial, overlapped, ahead = both(workload)
-    assert serial == overlapped == ahead
+    serial, overlapped, ahead, later = both(workload)
+    assert serial == overlapped == ahead == later
     out = serial[0]
     for i, p in enumerate(ps):
         if i % 2:
@@ -107,8 +129,8 @@ def test_preemption_gives_the_same_outputs(mode, host_blocks):
         for i, p in enumerate(ps):
             loop.add_request(str(i), p, SamplingParams(max_tokens=30, temperature=0.0, seed=7))
 
-    serial, overlapped, ahead = both(workload, num_blocks=24, mode=mode, host_blocks=host_blocks, prefix=False)
-    assert serial == overlapped == ahead
+    serial, overlapped, ahead, later = both(workload, num_blocks=24, mode=mode, host_blocks=host_blocks, prefix=False)
+    assert serial == overlapped == ahead == later
     for i, p in enumerate(ps):
         assert serial[0][(str(i), 0)] == expected(p, 30, 7)
 
@@ -123,8 +145,8 @@ def test_stop_strings_end_at_the_same_token_and_the_extra_token_is_dropped():
                                                        stop=[stops[i % len(stops)]]))
 
     computed = []
-    serial, overlapped, ahead = both(workload, computed, tokenizer=LetterTokenizer())
-    assert serial == overlapped == ahead
+    serial, overlapped, ahead, later = both(workload, computed, tokenizer=LetterTokenizer())
+    assert serial == overlapped == ahead == later
     assert computed[1] > computed[0]  # overlapped: a stopped sequence ran one more step
     tokens, texts, finish = serial
     stopped = [k for k, (reason, _) in finish.items() if reason == "stop"]
@@ -182,16 +204,19 @@ def test_an_executor_failure_mid_run_loses_no_token():
         ex = FlakyExecutor(4, fail_at=5)
         mem = MemoryManager(MemoryConfig(num_blocks=256))
         ex.attach_pool(mem.register_executor(ex.info.kv))
-        retry = StepRetry(mem, ex, timeout_s=5.0, interval_s=0.0)
+        if kind == "later":
+            retry = StepRetry(SentNowMemory(mem), SentNowExecutor(ex), timeout_s=5.0, interval_s=0.0)
+        else:
+            retry = StepRetry(mem, ex, timeout_s=5.0, interval_s=0.0)
         loop = BatchLoop(retry.memory, retry.executor,
                          dataclasses.replace(SchedulerConfig(max_num_seqs=16), overlap=kind != "serial",
-                                             plan_ahead=kind == "ahead"))
+                                             plan_ahead=kind in ("ahead", "later")))
         for i, p in enumerate(ps):
             loop.add_request(str(i), p, SamplingParams(max_tokens=15, temperature=0.0, seed=7))
         results.append(run(loop)[0])
         assert ex.calls > 5
         assert_clean(mem)
-    assert results[0] == results[1] == results[2]
+    assert results[0] == results[1] == results[2] == results[3]
     for i, p in enumerate(ps):
         assert results[1][(str(i), 0)] == expected(p, 15, 7)
 
@@ -290,10 +315,10 @@ def test_penalties_see_the_true_history_in_every_loop_fed_tokens_included():
                                                        repetition_penalty=1.2, presence_penalty=0.5))
         results.append(run(loop)[0])
         assert ex.checked > 0
-        if kind == "ahead":
+        if kind in ("ahead", "later"):
             assert loop.num_ahead > loop.num_deferred  # steps went ahead with fed tokens
         assert_clean(mem)
-    assert results[0] == results[1] == results[2]
+    assert results[0] == results[1] == results[2] == results[3]
 
 
 def test_a_fed_step_whose_token_the_executor_lost_runs_again_with_its_tokens():

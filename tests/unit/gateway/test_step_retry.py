@@ -4,6 +4,7 @@ import grpc
 import pytest
 
 from gateway.step_retry import PoolChanged, StepRetry
+from wire.clients import call_now
 from wire.protocol import Plan, ReserveResult, SampleOutput, StepBatch
 
 
@@ -97,3 +98,58 @@ def test_a_batch_that_never_ran_runs_before_the_next_reserve():
     retry.memory.reserve(Plan([]))
     assert executor.calls[calls] == (batch, "epoch-1") and retry.dirty is None
     assert len(memory.plans) == 2
+
+
+class _Later:
+    """A client as the remote ones are: a call sent now, its answer (or error) read later."""
+
+    calls_later = True
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def reserve(self, plan):
+        return self.inner.reserve(plan)
+
+    def reserve_later(self, plan):
+        return call_now(self.inner.reserve, plan)
+
+    def execute(self, batch):
+        return self.inner.execute(batch)
+
+    def execute_later(self, batch):
+        return call_now(self.inner.execute, batch)
+
+
+def later(memory, executor):
+    return _Later(memory), _Later(executor)
+
+
+def test_a_reserve_sent_ahead_is_retried_when_its_answer_is_a_failure():
+    memory = Memory([U, U])
+    retry, retries = make(*later(memory, Executor()))
+    assert retry.memory.calls_later
+    plan = Plan([])
+    answer = retry.memory.reserve_later(plan)
+    assert retries == [] and memory.plans == []  # the failure waits for the answer to be read
+    assert answer().pool_epoch == "epoch-1"
+    assert memory.plans == [plan] and retries == ["reserve"] * 2
+
+
+def test_an_execute_sent_ahead_retries_changes_pool_or_goes_dirty_as_a_call_does():
+    memory, executor = Memory(), Executor([U])
+    retry, retries = make(*later(memory, executor))
+    batch = StepBatch([], pool_epoch="epoch-1")
+    assert retry.executor.execute_later(batch)() == [SampleOutput("a/0", 7)]
+    assert len(executor.calls) == 2 and retries == ["execute"]
+    executor.failures = [A]
+    with pytest.raises(PoolChanged):
+        retry.executor.execute_later(batch)()
+    retry.timeout_s, executor.failures = 0.0, [U] * 5
+    answer = retry.executor.execute_later(batch)
+    with pytest.raises(grpc.RpcError):
+        answer()
+    assert retry.dirty is batch
+    executor.failures = []
+    retry.memory.reserve_later(Plan([]))()
+    assert retry.dirty is None and executor.calls[-1] == (batch, "epoch-1")

@@ -4,6 +4,7 @@ import threading
 import grpc
 import pytest
 
+from wire import step_channel
 from wire.step_channel import StepChannelError, StepChannelServer, StepChannelSlot, host_of
 from wire.v1 import memory_pb2
 
@@ -161,3 +162,65 @@ def test_the_slot_goes_over_grpc_until_an_answer_offers_the_channel(server):
             client.call("Reserve", memory_pb2.ReserveRequest(session_id="c"), memory_pb2.ReserveResponse, 5)
     third = slot.call("Reserve", over_grpc, memory_pb2.ReserveRequest(session_id="d"), memory_pb2.ReserveResponse, 5)
     assert third.pool_epoch == "grpc" and grpc_calls == ["a", "d"]
+
+
+def test_answers_are_read_by_the_thread_that_waits_and_kept_for_others(server, monkeypatch):
+    readers = []
+    read = step_channel._read_frame
+
+    def recorded(sock):
+        frame = read(sock)
+        readers.append(threading.current_thread().name)
+        return frame
+
+    monkeypatch.setattr(step_channel, "_read_frame", recorded)
+    _release.clear()
+    c = _client(server).get()
+    request = memory_pb2.ReserveRequest
+    slow = c.send("Reserve", request(session_id="slow"))
+    fast = c.send("Reserve", request(session_id="fast"))
+    assert c.answer(fast, "Reserve", memory_pb2.ReserveResponse, 5).pool_epoch.startswith("fast@")
+    _release.set()
+    assert c.answer(slow, "Reserve", memory_pb2.ReserveResponse, 5).pool_epoch.startswith("slow@")
+    me = threading.current_thread().name
+    assert [r for r in readers if not r.startswith("step-channel")] == [me, me]  # the server's aside
+
+
+def test_a_waiter_gets_its_answer_when_another_thread_reads_it(server):
+    _release.clear()
+    c = _client(server).get()
+    t, out = _call_in_thread(c, "slow")  # this thread reads, waiting for the slow answer
+    fast = c.call("Reserve", memory_pb2.ReserveRequest(session_id="fast"), memory_pb2.ReserveResponse, 5)
+    assert fast.pool_epoch.startswith("fast@") and not out
+    _release.set()
+    t.join(5)
+    assert out[0].pool_epoch.startswith("slow@")
+
+
+def test_no_answer_in_time_leaves_the_channel_whole(server):
+    _release.clear()
+    c = _client(server).get()
+    slow = c.send("Reserve", memory_pb2.ReserveRequest(session_id="slow"))
+    with pytest.raises(StepChannelError) as e:
+        c.answer(slow, "Reserve", memory_pb2.ReserveResponse, 0.2)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    _release.set()
+    # the late answer is dropped; the next call is answered as usual
+    r = c.call("Reserve", memory_pb2.ReserveRequest(session_id="g", free=["x"]), memory_pb2.ReserveResponse, 5)
+    assert r.pool_epoch.startswith("g@") and list(r.grant_seq_ids) == ["x"] and c.alive
+
+
+def test_the_slot_starts_a_call_and_its_answer_is_read_later(server):
+    slot = _client(server)
+    answer = slot.start("Reserve", None, memory_pb2.ReserveRequest(session_id="a"), memory_pb2.ReserveResponse, 5)
+    assert answer().pool_epoch.startswith("a@")
+    server.close()
+
+    def over_grpc(request, timeout, metadata):
+        raise StepChannelError(grpc.StatusCode.UNAVAILABLE, "no gRPC server here")
+
+    failed = [slot.start("Reserve", over_grpc, memory_pb2.ReserveRequest(session_id="b"),
+                         memory_pb2.ReserveResponse, 5) for _ in range(3)]
+    with pytest.raises(StepChannelError):
+        for answer in failed:
+            answer()
