@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind
 
 from gateway.request_telemetry import RequestTelemetry
 from wire.clients import ExecutorClient, MemoryClient, call_now, failing
-from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
+from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, StepBatch
 from wire.step_delta import StepDelta
 from wire.tracing import tracer
 
@@ -117,22 +117,24 @@ class ObservedExecutor(ExecutorClient):
     def model_info(self) -> ModelInfo:
         return self.inner.model_info()
 
-    def execute(self, batch: StepDelta) -> list[SampleOutput]:
+    def execute(self, batch: StepDelta | StepBatch) -> list[SampleOutput]:
         return self._observed(batch, lambda: call_now(self.inner.execute, batch))()
 
     def execute_later(self, batch: StepDelta) -> Callable[[], list[SampleOutput]]:
         return self._observed(batch, lambda: self.inner.execute_later(batch))
 
-    def _observed(self, batch: StepDelta, send: Callable[[], Callable[[], list[SampleOutput]]]
+    def _observed(self, batch: StepDelta | StepBatch, send: Callable[[], Callable[[], list[SampleOutput]]]
                   ) -> Callable[[], list[SampleOutput]]:
         """The Execute `send` puts on its way, in its span from now until its answer is read."""
         request_of = self.memory.request_of
-        parent, links = self.telemetry.step_context(map(request_of, batch.seq_ids()))
+        delta = isinstance(batch, StepDelta)  # else a StepBatch: an in-process executor's
+        ids = batch.seq_ids() if delta else [s.seq_id for s in batch.seqs]
+        parent, links = self.telemetry.step_context(map(request_of, ids))
         start = time.perf_counter()
         span = tracer().start_span("pagedserve.v1.Executor/Execute", context=parent,
                                    kind=SpanKind.CLIENT, links=links)
         if span.is_recording():
-            seqs = batch.all_seqs()
+            seqs = batch.all_seqs() if delta else batch.seqs
             span.set_attributes({
                 "pagedserve.step": self.memory.step, "pagedserve.batch.sequences": len(seqs),
                 "pagedserve.batch.tokens": sum(len(s.token_ids) for s in seqs),

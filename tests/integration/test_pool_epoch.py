@@ -13,7 +13,8 @@ from gateway.sequence import Sequence
 from memsvc.memory_manager import MemoryConfig, MemoryManager
 from memsvc.server import MemoryService
 from tests.support.fake_executor import FakeExecutor
-from wire.protocol import SamplingParams, StepBatch
+from wire.protocol import SamplingParams
+from wire.step_delta import StepDelta
 from wire.v1 import executor_pb2_grpc, memory_pb2_grpc
 
 
@@ -58,6 +59,6 @@ def test_the_epoch_travels_from_reserve_to_execute(services):
     assert len(executor.execute(batch)) == 1
 
     with pytest.raises(grpc.RpcError) as refused:
-        executor.execute(StepBatch(batch.seqs, pool_epoch="another-pool"))
+        executor.execute(StepDelta(batch.seqs, pool_epoch="another-pool"))
     assert refused.value.code() == grpc.StatusCode.ABORTED
-    assert len(executor.execute(StepBatch(batch.seqs))) == 1  # no epoch: not checked
+    assert len(executor.execute(StepDelta(batch.seqs))) == 1  # no epoch: not checked
