@@ -42,7 +42,6 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import Future
 
 import grpc
 
@@ -56,7 +55,7 @@ from wire.step_feed import FedTokenUnknown
 from wire import convert, peer_auth
 from wire.grpc_service import Service, get_logger, open_channel, stop_on_signals, wait
 from wire.heap import freeze_heap
-from wire.step_channel import StepChannelError, offer_step_channel
+from wire.step_channel import offer_step_channel
 from wire.protocol import ModelInfo
 from wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
@@ -116,16 +115,6 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         return self.info_message
 
     def Execute(self, request, context):
-        try:
-            return self.execute_later(request, context).result()
-        except StepChannelError as e:  # a refusal found once the pass ran
-            context.abort(e.code(), e.details())
-
-    def execute_later(self, request, context) -> Future:
-        """Execute, returning once the step is queued for its pass: the Future of the
-        ExecuteResponse (a refusal as a StepChannelError), set on the model thread once the
-        pass has ended. The step channel answers it from there, so the connection's thread
-        reads the next step while this one runs."""
         if not self.ready.is_set():
             context.abort(grpc.StatusCode.UNAVAILABLE, "the executor is starting: the pool is not mapped yet")
         if request.pool_epoch and self.pool_epoch and request.pool_epoch != self.pool_epoch:
@@ -143,7 +132,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}")
             raise
         batch = step.batch
-        span = trace.get_current_span()
+        tokens = sum(len(s.token_ids) for s in batch.seqs)
 
         def before():  # on the model thread, just before the pass: the session's next step may expand
             try:
@@ -152,26 +141,17 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 order.passed(request.step)
 
         self._enter(1)
-        answer: Future = Future()
-
-        def finish(passed: Future) -> None:  # on the model thread
+        try:
+            outputs, seconds = self.merger.run(batch, request.session_id or context.peer(), before,
+                                               lambda outs: self.states.record(step, outs))
+        except FedTokenUnknown as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except (ValueError, IndexError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}")
+        finally:
             self._enter(-1)
-            try:
-                answer.set_result(self._response(batch, span, *passed.result()))
-            except FedTokenUnknown as e:
-                answer.set_exception(StepChannelError(grpc.StatusCode.FAILED_PRECONDITION, str(e)))
-            except (ValueError, IndexError) as e:
-                answer.set_exception(StepChannelError(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}"))
-            except BaseException as e:  # noqa: BLE001 - the caller gets it
-                answer.set_exception(e)
-
-        self.merger.submit(batch, request.session_id or context.peer(), before,
-                           lambda outs: self.states.record(step, outs)).add_done_callback(finish)
-        return answer
-
-    def _response(self, batch, span, outputs, seconds: float) -> executor_pb2.ExecuteResponse:
-        tokens = sum(len(s.token_ids) for s in batch.seqs)
         self.metrics.observe(len(batch.seqs), tokens, seconds)
+        span = trace.get_current_span()
         if span.is_recording():
             span.set_attributes({"pagedserve.batch.sequences": len(batch.seqs),
                                  "pagedserve.batch.tokens": tokens, "pagedserve.forward_seconds": seconds})
@@ -364,8 +344,7 @@ def serve(config: ExecutorConfig) -> int:
             stop.set()
 
     address = service.start(config.host, config.port, credentials)
-    channel = offer_step_channel(config, credentials, {"Execute": (servicer.execute_later, executor_pb2.ExecuteRequest)},
-                                 later=("Execute",))  # answered from the model thread
+    channel = offer_step_channel(config, credentials, {"Execute": (servicer.Execute, executor_pb2.ExecuteRequest)})
     servicer.step_port = channel.port if channel is not None else 0
     serve_metrics(servicer.metrics.registry, config.host, config.metrics_port, log)
     health_server = serve_health(service.health, config.host, config.health_port, log)

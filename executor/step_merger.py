@@ -82,12 +82,6 @@ class StepMerger:
 
     def run(self, batch: StepBatch, caller: str = "", before: Callable[[], None] | None = None,
             after: Callable[[list[SampleOutput]], None] | None = None) -> tuple[list[SampleOutput], float]:
-        return self.submit(batch, caller, before, after).result()
-
-    def submit(self, batch: StepBatch, caller: str = "", before: Callable[[], None] | None = None,
-               after: Callable[[list[SampleOutput]], None] | None = None) -> Future:
-        """`run`, returning at once: the Future of (outputs, device seconds), set on the
-        model thread once the pass has ended."""
         done: Future = Future()
         with self._cond:
             if self._thread is None:
@@ -96,7 +90,7 @@ class StepMerger:
             self._queue.append(_Work(batch, done, caller, before, after))
             self._last_seen[caller] = time.monotonic()
             self._cond.notify_all()
-        return done
+        return done.result()
 
     def _loop(self) -> None:
         running = None  # (works, Launched) of the pass on the device

@@ -14,9 +14,7 @@ Contract:
 - `StepChannelServer` listens on a free port (`port`) and runs each call on a worker
   thread, so a second call on a connection is read while the first one runs; a method
   named in `inline` (memsvc's Reserve, which one lock serializes anyway) runs on the
-  connection's own thread, one call after the other, without the handoff; one named in
-  `later` (the executor's Execute) returns a Future of its response on the connection's
-  thread and is answered from the thread that sets it. An `abort` or a StepChannelError
+  connection's own thread, one call after the other, without the handoff. An `abort`
   answers its code and details, any other exception UNKNOWN.
 - `StepChannelClient` has no reader thread: the thread that waits for an answer reads.
 - The gRPC servicer says `step_port` in its Reserve/Execute answers when it offers one
@@ -116,25 +114,6 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _failure(e: Exception) -> tuple[int, bytes]:
-    """A failed call's status and details: an abort's or a StepChannelError's, else UNKNOWN
-    (as over gRPC)."""
-    if isinstance(e, _Abort):
-        return e.status.value[0], e.details.encode()
-    if isinstance(e, StepChannelError):
-        return e.code().value[0], e.details().encode()
-    log.error("step channel call failed", exc_info=e)
-    return grpc.StatusCode.UNKNOWN.value[0], f"{type(e).__name__}: {e}".encode()
-
-
-def _send(conn, write, call_id: int, status: int, body: bytes) -> None:
-    try:
-        with write:
-            conn.sendall(HEADER.pack(len(body), call_id, status) + body)
-    except OSError:
-        pass  # the client went away
-
-
 def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -142,11 +121,9 @@ def _tune(sock: socket.socket) -> None:
 class StepChannelServer:
     """Serves `handlers` (method name -> (servicer method, request message class))."""
 
-    def __init__(self, host: str, handlers: dict, workers: int = 8, inline: tuple[str, ...] = (),
-                 later: tuple[str, ...] = ()):
+    def __init__(self, host: str, handlers: dict, workers: int = 8, inline: tuple[str, ...] = ()):
         self.handlers = {METHODS[name]: h for name, h in handlers.items()}
         self._inline = {METHODS[name] for name in inline}
-        self._later = {METHODS[name] for name in later}
         host = host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, 0), family=family)
@@ -175,8 +152,6 @@ class StepChannelServer:
                 call_id, method, payload = _read_frame(conn)
                 if method in self._inline:
                     self._call(conn, write, peer, call_id, method, payload)
-                elif method in self._later:
-                    self._call_later(conn, write, peer, call_id, method, payload)
                 else:
                     self._pool.submit(self._call, conn, write, peer, call_id, method, payload)
         except (OSError, ConnectionError, RuntimeError):  # closed, or the pool shut down
@@ -187,34 +162,21 @@ class StepChannelServer:
 
     def _call(self, conn, write, peer, call_id, method, payload) -> None:
         try:
-            status, body = 0, self._handle(peer, method, payload).SerializeToString()
-        except Exception as e:  # noqa: BLE001 - the caller gets its status
-            status, body = _failure(e)
-        _send(conn, write, call_id, status, body)
-
-    def _call_later(self, conn, write, peer, call_id, method, payload) -> None:
-        """A `later` method: its handler returns a Future of the response, answered from
-        whichever thread sets it."""
+            handler = self.handlers.get(method)
+            if handler is None:
+                raise _Abort(grpc.StatusCode.UNIMPLEMENTED, f"no method {method} on this step channel")
+            fn, request_type = handler
+            status, body = 0, fn(request_type.FromString(payload), _Context(peer)).SerializeToString()
+        except _Abort as e:
+            status, body = e.status.value[0], e.details.encode()
+        except Exception as e:  # noqa: BLE001 - the caller gets it as UNKNOWN, as over gRPC
+            log.exception("step channel call failed")
+            status, body = grpc.StatusCode.UNKNOWN.value[0], f"{type(e).__name__}: {e}".encode()
         try:
-            future = self._handle(peer, method, payload)
-        except Exception as e:  # noqa: BLE001 - the caller gets its status
-            _send(conn, write, call_id, *_failure(e))
-            return
-
-        def answer(done) -> None:
-            try:
-                status, body = 0, done.result().SerializeToString()
-            except Exception as e:  # noqa: BLE001 - the caller gets its status
-                status, body = _failure(e)
-            _send(conn, write, call_id, status, body)
-        future.add_done_callback(answer)
-
-    def _handle(self, peer, method, payload):
-        handler = self.handlers.get(method)
-        if handler is None:
-            raise _Abort(grpc.StatusCode.UNIMPLEMENTED, f"no method {method} on this step channel")
-        fn, request_type = handler
-        return fn(request_type.FromString(payload), _Context(peer))
+            with write:
+                conn.sendall(HEADER.pack(len(body), call_id, status) + body)
+        except OSError:
+            pass  # the client went away
 
     def close(self) -> None:
         self._closed = True
@@ -334,13 +296,13 @@ class StepChannelClient:
         self._broken("the client closed the step channel")
 
 
-def offer_step_channel(config, credentials, handlers: dict, inline: tuple[str, ...] = (),
-                       later: tuple[str, ...] = ()) -> StepChannelServer | None:
+def offer_step_channel(config, credentials, handlers: dict, inline: tuple[str, ...] = ()
+                       ) -> StepChannelServer | None:
     """A step channel beside a service's gRPC server on `config.host`, when
     `config.step_channel` offers one and the server is plaintext (`credentials` None)."""
     if not config.step_channel.enabled or credentials is not None:
         return None
-    return StepChannelServer(config.host, handlers, inline=inline, later=later)
+    return StepChannelServer(config.host, handlers, inline=inline)
 
 
 def host_of(address: str) -> str | None:

@@ -225,34 +225,3 @@ def test_the_slot_starts_a_call_and_its_answer_is_read_later(server):
         for answer in failed:
             answer()
 
-
-def test_a_later_method_is_answered_from_the_thread_that_ends_it_while_the_next_call_is_read():
-    from concurrent.futures import Future
-    pending: list[tuple[memory_pb2.ReserveRequest, Future]] = []
-
-    def reserve_later(request, context):
-        if request.session_id == "bad":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session bad")
-        done = Future()
-        pending.append((request, done))
-        return done
-
-    s = StepChannelServer("127.0.0.1", {"Reserve": (reserve_later, memory_pb2.ReserveRequest)}, later=("Reserve",))
-    try:
-        c = _client(s).get()
-        first = c.send("Reserve", memory_pb2.ReserveRequest(session_id="a"))
-        second = c.send("Reserve", memory_pb2.ReserveRequest(session_id="b"))
-        with pytest.raises(StepChannelError) as e:  # refused on the connection's thread
-            c.call("Reserve", memory_pb2.ReserveRequest(session_id="bad"), memory_pb2.ReserveResponse, 5)
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert [r.session_id for r, _ in pending] == ["a", "b"]  # both read, neither answered
-        ender = threading.Thread(target=lambda: pending[1][1].set_result(memory_pb2.ReserveResponse(pool_epoch="b")))
-        ender.start()
-        assert c.answer(second, "Reserve", memory_pb2.ReserveResponse, 5).pool_epoch == "b"
-        pending[0][1].set_exception(StepChannelError(grpc.StatusCode.FAILED_PRECONDITION, "no token"))
-        with pytest.raises(StepChannelError) as e:
-            c.answer(first, "Reserve", memory_pb2.ReserveResponse, 5)
-        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and e.value.details() == "no token"
-        ender.join(5)
-    finally:
-        s.close()
