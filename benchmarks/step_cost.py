@@ -3,9 +3,10 @@ one process.
 
 The gateway's loop (plan ahead, as served), memsvc's MemoryManager and the executor's
 per-sequence state run in this process over a zero-cost executor, and every message makes
-its wire round trip (to protobuf, serialized, parsed, back), so what is measured is the
-Python of the step path without gRPC's calls or the hops between threads and processes:
-`bench control-plane` measures those. Each part's thread CPU time per step (ms) is printed
+its wire round trip (to protobuf, serialized, parsed, back). The loop calls them as it calls
+the remote clients (`calls_later`: a call is made when sent and its answer read when asked
+for), so what is measured is the Python of the step path without gRPC's calls or the hops
+between threads and processes: `bench control-plane` measures those. Each part's thread CPU time per step (ms) is printed
 beside the process's CPU and wall time per step. See docs/ARCHITECTURE.md, "The step path".
 """
 from __future__ import annotations

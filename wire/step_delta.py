@@ -8,6 +8,11 @@ mapping is built on the gateway's side: whoever runs the model holds each sequen
 (wire.held_seqs) and derives them. `seq` is the gateway's own sequence, read only when the
 state must go again (`encode_delta`, wire.ordered_executor).
 
+The steady decode step, where every sequence computes the token it sampled last step,
+comes as a `FedRun` in columns instead: memsvc's column answer, passed on as it came
+(gateway.scheduler `_fed_run`); `all_seqs` gives it one SeqDelta per sequence where a
+reader needs them.
+
 `encode_delta` makes the ExecuteRequest across processes: a sequence the executor does not
 hold (not in the caller's `sent`) goes with its constant state and its whole table. An
 executor that answers FAILED_PRECONDITION with STATE_LOST (it restarted, or lost a
