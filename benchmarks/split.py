@@ -54,6 +54,10 @@ class _Timed:
         self.inner = inner
         self.seconds: dict[str, float] = defaultdict(float)
 
+    @property
+    def calls_later(self) -> bool:
+        return getattr(self.inner, "calls_later", False)
+
     def _timed(self, name: str, fn, *args):
         t = time.perf_counter()
         try:
@@ -61,10 +65,18 @@ class _Timed:
         finally:
             self.seconds[name] += time.perf_counter() - t
 
+    def _timed_later(self, name: str, fn, *args):
+        """A call sent now (wire.clients): its sending and the wait for its answer are timed."""
+        answer = self._timed(name, fn, *args)
+        return lambda: self._timed(name, answer)
+
 
 class TimedMemory(_Timed, MemoryClient):
     def reserve(self, plan: Plan) -> ReserveResult:
         return self._timed("reserve", self.inner.reserve, plan)
+
+    def reserve_later(self, plan: Plan):
+        return self._timed_later("reserve", self.inner.reserve_later, plan)
 
     def free(self, seq_ids: list[str]) -> None:
         self._timed("free", self.inner.free, seq_ids)
@@ -86,6 +98,9 @@ class TimedExecutor(_Timed, ExecutorClient):
 
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         return self._timed("execute", self.inner.execute, batch)
+
+    def execute_later(self, batch):
+        return self._timed_later("execute", self.inner.execute_later, batch)
 
 
 def drive(loop, prompts: list[list[int]], sampling: SamplingParams, executor_metrics=None) -> dict:
