@@ -68,6 +68,7 @@ class WireMemory:
         self._plan_from = t("plan from proto", convert.plan_from_proto)
         self._reserve = t("memsvc reserve", manager.reserve)
         self._columns = t("plan from proto", convert.running_columns)
+        self._columns_for = convert.answered_in_columns
         self._reserve_running = t("memsvc reserve", manager.reserve_running)
         self._grants_to = t("result to proto", convert.run_grants_to_proto)
         self._result_to = t("result to proto", convert.reserve_result_to_proto)
@@ -87,8 +88,8 @@ class WireMemory:
             response = self._grants_to(columns[0], columns[1], columns[3], grants)
         else:
             response = self._result_to(self._reserve(self._plan_from(request), "s"))
-        columns = plan.ahead and not plan.forks and not any(e.new for e in plan.entries)
-        return self._result_from(self._response.FromString(response.SerializeToString()), columns)
+        return self._result_from(self._response.FromString(response.SerializeToString()),
+                                 self._columns_for(plan))
 
     def free(self, seq_ids):
         self.manager.free(seq_ids, "s")

@@ -58,7 +58,7 @@ class RemoteMemoryClient(MemoryClient):
         self._last_call = time.monotonic()
         answer = self._steps.start("Reserve", self.stub.Reserve, request, memory_pb2.ReserveResponse,
                                    self.timeout)
-        columns = plan.ahead and not plan.forks and not any(e.new for e in plan.entries)
+        columns = convert.answered_in_columns(plan)
         return lambda: convert.reserve_result_from_proto(answer(), columns)
 
     def free(self, seq_ids: list[str]) -> None:

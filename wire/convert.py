@@ -153,6 +153,12 @@ def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
                 ahead=m.ahead, fills=list(zip(m.fill_seq_ids, m.fill_positions, m.fill_token_ids)))
 
 
+def answered_in_columns(plan: Plan) -> bool:
+    """memsvc answers `plan` in columns (`running_columns`): the gateway may read the answer
+    so (`reserve_result_from_proto(..., columns=True)`)."""
+    return plan.ahead and not plan.forks and not any(e.new for e in plan.entries)
+
+
 def running_columns(m: memory_pb2.ReserveRequest) -> tuple | None:
     """A plan made ahead whose entries are all running (no new one, no fork), as columns:
     (seq_ids, counts, token_ids, pending, free, fills, step_tokens, step_seconds); None for

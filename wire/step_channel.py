@@ -343,13 +343,7 @@ class StepChannelSlot:
     def call(self, method: str, grpc_call, request, response_type, timeout: float | None):
         """`method` over the channel while it is up and there is no trace context to carry;
         else through `grpc_call` (the stub's method), whose answer may offer the channel."""
-        metadata = trace_metadata()
-        channel = self.get() if metadata is None else None
-        if channel is not None:
-            return channel.call(method, request, response_type, timeout)
-        response = grpc_call(request, timeout=timeout, metadata=metadata)
-        self.offer(response.step_port)
-        return response
+        return self.start(method, grpc_call, request, response_type, timeout)()
 
     def start(self, method: str, grpc_call, request, response_type, timeout: float | None
               ) -> Callable[[], object]:

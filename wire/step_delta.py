@@ -88,6 +88,7 @@ class StepDelta:
     forget: list[str] = field(default_factory=list)
     step: int = 0
     run: FedRun | None = None
+    _progress: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def all_seqs(self) -> list[SeqDelta]:
         """Every sequence as a SeqDelta (the run's made now), in step order."""
@@ -97,7 +98,7 @@ class StepDelta:
         return len(self.seqs) + (len(self.run.seq_ids) if self.run is not None else 0)
 
     def num_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.seqs) + (len(self.run.seq_ids) if self.run else 0)
+        return sum(len(s.token_ids) for s in self.seqs) + (len(self.run.seq_ids) if self.run is not None else 0)
 
     def seq_ids(self) -> list[str]:
         ids = [s.seq_id for s in self.seqs]
@@ -109,12 +110,15 @@ class StepDelta:
         return ids + self.run.seq_ids if self.run is not None else ids
 
     def progress(self) -> dict[str, tuple[int, bool]]:
-        """seq id -> (its position once this step ran, whether the step samples it)."""
-        out = {s.seq_id: (s.start_pos + len(s.token_ids), s.sample) for s in self.seqs}
-        run = self.run
-        if run is not None:
-            out.update(zip(run.seq_ids, zip(map((1).__add__, run.start_pos), itertools.repeat(True))))
-        return out
+        """seq id -> (its position once this step ran, whether the step samples it); made
+        once (the plan made ahead of this step and the answer to it both read it)."""
+        if self._progress is None:
+            out = {s.seq_id: (s.start_pos + len(s.token_ids), s.sample) for s in self.seqs}
+            run = self.run
+            if run is not None:
+                out.update(zip(run.seq_ids, zip(map((1).__add__, run.start_pos), itertools.repeat(True))))
+            self._progress = out
+        return self._progress
 
 
 def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: str
