@@ -213,7 +213,9 @@ def launch_config(num_tokens: int, num_seqs: int, group: int, block_size: int, h
 
 
 def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None,
-                           tile=None, num_splits=None, window=None, softcap=None):
+                           tile=None, num_splits=None, window=None, softcap=None, num_warps=None, num_stages=None):
+    """tile, num_splits, num_warps, num_stages: override the host's choice (tests, and the
+    GPU's launch sweep, scripts/gpu_kernel_sweep.py); None: launch_config's and Triton's."""
     num_blocks, block_size, num_kv_heads, head_size = k_cache.shape
     num_tokens, num_heads, _ = q.shape
     assert v_cache.shape == k_cache.shape, "k_cache and v_cache: [num_blocks, block_size, num_kv_heads, head_size]"
@@ -230,6 +232,9 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, query_st
     group = num_heads // num_kv_heads
     num_seqs = seq_lens.shape[0]
     cfg = launch_config(num_tokens, num_seqs, group, block_size, head_size, tile)
+    if num_warps is not None:
+        cfg["num_warps"] = num_warps
+    cfg["num_stages"] = num_stages
     grid_q = num_tokens // cfg["block_q"] + num_seqs
     head_pad = max(16, triton.next_power_of_2(head_size))
     max_context = block_tables.shape[1] * block_size
@@ -272,7 +277,7 @@ def _launch(q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, s
         BLOCKS_PER_TILE=cfg["blocks_per_tile"], SPLIT=num_splits > 1, NUM_HEADS=num_heads,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None,
-        num_warps=cfg["num_warps"],
+        num_warps=cfg["num_warps"], **({"num_stages": cfg["num_stages"]} if cfg.get("num_stages") else {}),
     )
     if num_splits > 1:
         _reduce_splits_kernel[(num_tokens, num_heads)](

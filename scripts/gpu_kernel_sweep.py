@@ -1,0 +1,102 @@
+"""The decode kernel's launch settings, timed on one GPU: which tile, warps and pipeline stages
+read the KV cache fastest (issue 26's reading: 128-wide tiles, 8 warps, more stages).
+
+At the bench part's goal shape (256 sequences x 2k context, Llama-3-8B's heads, bf16, block 16),
+each variant's time is set against the device-to-device copy bandwidth measured in the same
+run, and its output against a float32 reference (gpu_check.dense_reference; a variant that is
+wrong is reported, not ranked). The best variants are then timed at the bench part's other
+shapes beside the default. One JSON file (--out); the run stops starting new variants at
+--budget seconds.
+
+    python scripts/gpu_kernel_sweep.py --out $OUT/sweep.json [--budget 120]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# (tile, num_warps, num_stages); None: the kernel's own choice. The default first, so a cut run
+# still has the baseline.
+VARIANTS = [(None, None, None), (128, 4, None), (128, 8, None), (64, 8, None), (32, 4, None),
+            (64, 4, 2), (64, 4, 4), (128, 4, 2), (128, 4, 4), (128, 8, 3), (64, 2, None), (128, 8, 4)]
+GOAL_SHAPE = (256, 2048, 32, 8, 128, 16)  # seqs, context, heads, kv heads, head size, block
+OTHER_SHAPES = [(32, 8192, 32, 8, 128, 16), (4, 8192, 32, 8, 128, 16), (256, 2048, 32, 8, 128, 32),
+                (64, 2048, 16, 16, 64, 16)]
+
+
+def name(variant) -> str:
+    tile, warps, stages = variant
+    return f"tile={tile or 'auto'} warps={warps or 'auto'} stages={stages or 'auto'}"
+
+
+def measure(torch, shape, variant, copy_gbs, check=False):
+    from gpu_check import dense_reference, make_paged, timed
+
+    from kernels.paged_attention_triton import paged_attention_triton
+
+    seqs, context, heads, kv, head, block = shape
+    a = make_paged(torch, seqs, context, 1, heads, kv, head, block, torch.bfloat16, "cuda")
+    tile, warps, stages = variant
+    run = lambda: paged_attention_triton(**a, scale=head ** -0.5, tile=tile, num_warps=warps,  # noqa: E731
+                                         num_stages=stages)
+    row = {"variant": name(variant), "shape": dict(zip(("seqs", "context", "heads", "kv_heads", "head", "block"),
+                                                        shape))}
+    if check:
+        ref = dense_reference(torch, a, head ** -0.5)
+        out = run().float()
+        row["rel_l2"] = ((out - ref).norm() / ref.norm()).item()
+        row["correct"] = bool(torch.isfinite(out).all()) and row["rel_l2"] <= 2e-2
+    seconds = timed(torch, run, 50)
+    gbs = 2 * seqs * context * kv * head * 2 / seconds / 1e9
+    row.update(ms=seconds * 1e3, gb_per_s=gbs, fraction_of_copy=gbs / copy_gbs)
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="the JSON file to write")
+    p.add_argument("--budget", type=float, default=120.0, help="seconds after which no new variant starts")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import torch
+    from gpu_check import timed, write
+
+    start = time.monotonic()
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_gbs = 2 * src.numel() / timed(torch, lambda: dst.copy_(src), 10) / 1e9
+    del src, dst
+    report = {"gpu": torch.cuda.get_device_name(), "copy_gb_per_s": copy_gbs, "goal_shape": [], "other_shapes": []}
+    for variant in VARIANTS:
+        if time.monotonic() - start > args.budget:
+            report["cut"] = f"budget {args.budget:.0f}s: {name(variant)} and later not run"
+            break
+        try:
+            row = measure(torch, GOAL_SHAPE, variant, copy_gbs, check=True)
+        except Exception as e:  # noqa: BLE001 - a variant Triton refuses (registers, shared memory) is recorded
+            row = {"variant": name(variant), "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        report["goal_shape"].append(row)
+        print(json.dumps(row), flush=True)
+        write(report, args.out)
+    ranked = sorted((r for r in report["goal_shape"] if r.get("correct")), key=lambda r: r["ms"])
+    report["best"] = [r["variant"] for r in ranked[:3]]
+    best = [v for v in VARIANTS if name(v) in report["best"][:2] and v != VARIANTS[0]]
+    for shape in OTHER_SHAPES:
+        for variant in [VARIANTS[0], *best]:
+            if time.monotonic() - start > args.budget * 1.5:
+                break
+            row = measure(torch, shape, variant, copy_gbs)
+            report["other_shapes"].append(row)
+            print(json.dumps(row), flush=True)
+    report["seconds"] = time.monotonic() - start
+    write(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
