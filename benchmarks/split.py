@@ -239,9 +239,11 @@ def serve_namespace(args, port: int):
 
     parser = argparse.ArgumentParser(prog="pagedserve serve")
     add_serve_flags(parser)
-    from pagedserve.serve_cmd import free_port  # an HTTP port: every service gets a metrics port
+    from pagedserve.serve_cmd import free_port
 
-    return parser.parse_args(["--port", str(port), "--http-port", str(free_port()),
+    # no HTTP API (it is not measured, and the GPU machine's image lacks its packages); a
+    # metrics port, so the executor gets one too (its Execute time is read there)
+    return parser.parse_args(["--port", str(port), "--http-port", "0", "--metrics-port", str(free_port()),
                               *EngineConfig.from_args(args).to_argv()])
 
 

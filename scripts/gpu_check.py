@@ -20,7 +20,9 @@ next to it):
              --tensor-parallel-size 2 against 1 rank (scripts/gpu_check_tp.py); when it does
              not run, its budget goes to serve
   serve      `pagedserve serve` throughput (random-weight 1B Llama shape, ShareGPT-like
-             lengths, rates 4/16/inf) vs transformers static batching; control-plane share
+             lengths, rates 4/16/inf) vs transformers static batching
+  split      what the split services cost per step beside the in-process engine on that
+             model: a batch and one stream (scripts/gpu_check_split.py; not with --quick)
 
 Greedy comparisons let EOS end a sequence on both sides: transformers' min_new_tokens masks
 EOS while pagedserve's ignore_eos does not, so the two would differ wherever EOS is the top
@@ -51,7 +53,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 SCHEMA = "pagedserve.gpu_check/1"
-PARTS = ["services", "kernels", "bench", "tp", "serve"]  # the most decisive first
+PARTS = ["services", "kernels", "bench", "tp", "serve", "split"]  # the most decisive first
 ROOT = Path(__file__).resolve().parent.parent
 # Seconds per part on one H200. The full run ends under 8 minutes and --quick under 4, start-up
 # included: gpu_check.sh's wheel check, torch's import and CUDA's start take ~15 s, and the
@@ -63,9 +65,12 @@ ROOT = Path(__file__).resolve().parent.parent
 #   tp:       2 NCCL processes (~10 s to start), a tiny model on 1 and 2 ranks; with fewer than
 #             2 GPUs it does not run and serve gets its seconds
 #   serve:    a 1B model built on the GPU, its services, the rates, transformers' batches
-DEFAULT_BUDGETS = {"services": 150, "kernels": 100, "bench": 45, "tp": 25, "serve": 125}  # 445 s
-QUICK_BUDGETS = {"services": 100, "kernels": 45, "bench": 15, "tp": 10, "serve": 40}  # 210 s
-CUDA_PARTS = ("kernels", "bench", "tp", "serve")  # skipped without CUDA (services run on the CPU)
+#   split:    bench split twice on that model (its services and an in-process engine each time)
+# Measured on the first H200 run (2026-12-04, warm Triton cache but the first): services 84 s,
+# kernels 6-13 s, bench 1-3 s, serve 74 s quick / 141 s full; --quick 172 s in all.
+DEFAULT_BUDGETS = {"services": 120, "kernels": 60, "bench": 30, "tp": 25, "serve": 130, "split": 90}  # 455 s
+QUICK_BUDGETS = {"services": 100, "kernels": 45, "bench": 15, "tp": 10, "serve": 40, "split": 0}  # 210 s
+CUDA_PARTS = ("kernels", "bench", "tp", "serve", "split")  # skipped without CUDA (services run on the CPU)
 STATUSES = ("pending", "running", "skipped", "ok", "failed", "error")
 
 
@@ -871,12 +876,6 @@ def bench_serve_argv(gateway: str, n: int, rate: str, out: Path) -> list[str]:
             "--rate", rate, "--vocab", "30000", "--json", "--out", str(out)]
 
 
-def bench_split_argv(model_dir, device: str, out: Path) -> list[str]:
-    """`pagedserve bench split` (the control plane's share of a step) as the serve part runs it."""
-    return ["bench", "split", "--model", str(model_dir), "--device", device, "--dtype", "bfloat16",
-            "--num-requests", "32", "--output-len", "64", "--out", str(out)]
-
-
 def part_serve(args, part: Part, work: Path):
     import torch
 
@@ -910,6 +909,9 @@ def part_serve(args, part: Part, work: Path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(args.device).eval()
+    with torch.inference_mode():  # a warm-up (cuBLAS's handles, the caching allocator) outside the timing
+        model.generate(torch.tensor([[5, 6, 7]], device=args.device), max_new_tokens=4, do_sample=False,
+                       pad_token_id=0)
     tokens, start, served = 0, time.perf_counter(), 0
     with torch.inference_mode():
         for i in range(0, min(len(reqs), 32 if args.quick else 64), 16):
@@ -930,14 +932,6 @@ def part_serve(args, part: Part, work: Path):
                                              "requests": served}
     del model
     torch.cuda.empty_cache()
-    if args.quick or part.over():
-        result["control_plane"] = "not run: --quick" if args.quick else "not run: time budget"
-    else:  # control-plane share: bench split's RPC time share, a short run
-        out = work / "split.json"
-        done = subprocess.run([sys.executable, "-m", "pagedserve.cli", *bench_split_argv(model_dir, args.device, out)],
-                              cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                              timeout=max(10, part.left() + 60))
-        result["control_plane"] = json.loads(out.read_text()) if out.exists() else {"error": done.stderr[-1500:]}
     result["status"] = "ok" if "inf" in result["pagedserve"] and "error" not in result["pagedserve"]["inf"] else "failed"
     return result
 
@@ -958,7 +952,6 @@ def serve_without_cuda(args, part: Part, work: Path):
     and every module it imports load in this environment); the run itself needs the GPU."""
     commands = {f"bench serve --rate {rate}": bench_serve_argv("127.0.0.1:50051", 4, rate, work / "serve.json")
                 for rate in SERVE_RATES}
-    commands["bench split"] = bench_split_argv(work / "llama-1b", "cuda", work / "split.json")
     done = subprocess.run([sys.executable, "-c", PARSE_ALL, json.dumps(commands)], cwd=ROOT, env=child_env(),
                           capture_output=True, text=True, timeout=120)
     part.put("arguments", {"commands": list(commands), "parsed": done.returncode == 0,
@@ -1004,15 +997,19 @@ def runners(args, work: Path) -> dict:
     """Each part's function of its Part; without CUDA, the stand-ins of the CUDA parts."""
     if str(ROOT / "scripts") not in sys.path:
         sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_check_split import part_split
     from gpu_check_tp import part_tp
 
     tp = lambda p: part_tp(args, p, work, build_model)  # noqa: E731  (says itself when it does not run)
+    split = lambda p: (part_split(args, p, work, build_model) if not args.quick  # noqa: E731
+                       else {"status": "skipped", "reason": "not run: --quick"})
     if str(args.device).startswith("cuda"):
         return {"kernels": lambda p: part_kernels(args, p), "services": lambda p: part_services(args, p, work),
-                "bench": lambda p: part_bench(args, p), "serve": lambda p: part_serve(args, p, work), "tp": tp}
+                "bench": lambda p: part_bench(args, p), "serve": lambda p: part_serve(args, p, work), "tp": tp,
+                "split": split}
     return {"kernels": lambda p: kernels_without_cuda(args, p), "services": lambda p: part_services(args, p, work),
             "bench": lambda p: skipped_without_cuda(args, p), "serve": lambda p: serve_without_cuda(args, p, work),
-            "tp": tp}
+            "tp": tp, "split": split}
 
 
 def main(argv=None) -> int:

@@ -8,7 +8,11 @@ wrong is reported, not ranked). The best variants are then timed at the bench pa
 shapes beside the default. One JSON file (--out); the run stops starting new variants at
 --budget seconds.
 
-    python scripts/gpu_kernel_sweep.py --out $OUT/sweep.json [--budget 120]
+--splits instead times the split context's count (choose_splits' rule) on few long
+sequences, where one program per (sequence, kv head) leaves most of the GPU idle: each count
+of SPLIT_COUNTS forced, beside the host's own choice.
+
+    python scripts/gpu_kernel_sweep.py --out $OUT/sweep.json [--budget 120] [--splits]
 """
 from __future__ import annotations
 
@@ -28,12 +32,17 @@ OTHER_SHAPES = [(32, 8192, 32, 8, 128, 16), (4, 8192, 32, 8, 128, 16), (256, 204
                 (64, 2048, 16, 16, 64, 16)]
 
 
+SPLIT_SHAPES = [(1, 32768, 32, 8, 128, 16), (2, 8192, 32, 8, 128, 16), (4, 8192, 32, 8, 128, 16),
+                (16, 4096, 32, 8, 128, 16), (32, 8192, 32, 8, 128, 16), (8, 2048, 32, 8, 64, 16)]
+SPLIT_COUNTS = [None, 1, 2, 4, 8, 16, 32, 64]  # None: the host's choice
+
+
 def name(variant) -> str:
     tile, warps, stages = variant
     return f"tile={tile or 'auto'} warps={warps or 'auto'} stages={stages or 'auto'}"
 
 
-def measure(torch, shape, variant, copy_gbs, check=False):
+def measure(torch, shape, variant, copy_gbs, check=False, splits=None):
     from gpu_check import dense_reference, make_paged, timed
 
     from kernels.paged_attention_triton import paged_attention_triton
@@ -42,9 +51,9 @@ def measure(torch, shape, variant, copy_gbs, check=False):
     a = make_paged(torch, seqs, context, 1, heads, kv, head, block, torch.bfloat16, "cuda")
     tile, warps, stages = variant
     run = lambda: paged_attention_triton(**a, scale=head ** -0.5, tile=tile, num_warps=warps,  # noqa: E731
-                                         num_stages=stages)
+                                         num_stages=stages, num_splits=splits)
     row = {"variant": name(variant), "shape": dict(zip(("seqs", "context", "heads", "kv_heads", "head", "block"),
-                                                        shape))}
+                                                        shape)), "splits": splits or "auto"}
     if check:
         ref = dense_reference(torch, a, head ** -0.5)
         out = run().float()
@@ -60,6 +69,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="the JSON file to write")
     p.add_argument("--budget", type=float, default=120.0, help="seconds after which no new variant starts")
+    p.add_argument("--splits", action="store_true", help="time the split count on few long sequences instead")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -72,6 +82,18 @@ def main(argv=None) -> int:
     copy_gbs = 2 * src.numel() / timed(torch, lambda: dst.copy_(src), 10) / 1e9
     del src, dst
     report = {"gpu": torch.cuda.get_device_name(), "copy_gb_per_s": copy_gbs, "goal_shape": [], "other_shapes": []}
+    if args.splits:
+        report["splits"] = []
+        for shape in SPLIT_SHAPES:
+            for count in SPLIT_COUNTS:
+                if time.monotonic() - start > args.budget:
+                    report["cut"] = f"budget {args.budget:.0f}s"
+                    break
+                row = measure(torch, shape, VARIANTS[0], copy_gbs, check=True, splits=count)
+                report["splits"].append(row)
+                print(json.dumps(row), flush=True)
+                write(report, args.out)
+        return 0
     for variant in VARIANTS:
         if time.monotonic() - start > args.budget:
             report["cut"] = f"budget {args.budget:.0f}s: {name(variant)} and later not run"
