@@ -42,6 +42,7 @@ from wire.device import on_device
 LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 512  # a split walks at least this much context
 MAX_SPLITS = 64
+FILL_WAVES = 2  # programs per SM below which a decode batch's context is split
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -186,12 +187,13 @@ def _sm_count(device: torch.device) -> int:
 
 
 def choose_splits(num_programs: int, max_context: int, decode_only: bool, sm_count: int) -> int:
-    """How many context splits: 1 unless a decode-only batch has fewer programs than twice
-    the GPU's SMs and a long enough context to share (at least MIN_SPLIT_TOKENS a split)."""
-    if not decode_only or num_programs >= 2 * sm_count:
+    """How many context splits: 1 unless a decode-only batch has fewer programs than
+    FILL_WAVES per SM of the GPU and a long enough context to share (at least
+    MIN_SPLIT_TOKENS a split)."""
+    if not decode_only or num_programs >= FILL_WAVES * sm_count:
         return 1
     by_context = max_context // MIN_SPLIT_TOKENS
-    by_fill = -(-2 * sm_count // max(num_programs, 1))
+    by_fill = -(-FILL_WAVES * sm_count // max(num_programs, 1))
     return max(1, min(by_context, by_fill, MAX_SPLITS))
 
 

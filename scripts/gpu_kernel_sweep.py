@@ -9,8 +9,10 @@ shapes beside the default. One JSON file (--out); the run stops starting new var
 --budget seconds.
 
 --splits instead times the split context's count (choose_splits' rule) on few long
-sequences, where one program per (sequence, kv head) leaves most of the GPU idle: each count
-of SPLIT_COUNTS forced, beside the host's own choice.
+sequences, where one program per (sequence, kv head) leaves most of the GPU idle: the host's
+choice under each FILL_WAVES of WAVES, each count of SPLIT_COUNTS forced, and dense SDPA on the
+same data, each launch replayed from a CUDA graph (as the executor serves decodes), so the
+time is the GPU's and not the host's launch (Triton's launcher costs ~50-100 us a call).
 
     python scripts/gpu_kernel_sweep.py --out $OUT/sweep.json [--budget 120] [--splits]
 """
@@ -32,9 +34,12 @@ OTHER_SHAPES = [(32, 8192, 32, 8, 128, 16), (4, 8192, 32, 8, 128, 16), (256, 204
                 (64, 2048, 16, 16, 64, 16)]
 
 
-SPLIT_SHAPES = [(1, 32768, 32, 8, 128, 16), (2, 8192, 32, 8, 128, 16), (4, 8192, 32, 8, 128, 16),
-                (16, 4096, 32, 8, 128, 16), (32, 8192, 32, 8, 128, 16), (8, 2048, 32, 8, 64, 16)]
-SPLIT_COUNTS = [None, 1, 2, 4, 8, 16, 32, 64]  # None: the host's choice
+SPLIT_SHAPES = [(1, 32768, 32, 8, 128, 16), (4, 8192, 32, 8, 128, 16), (8, 8192, 32, 8, 128, 16),
+                (16, 4096, 32, 8, 128, 16), (32, 8192, 32, 8, 128, 16), (64, 2048, 32, 8, 128, 16),
+                (32, 2048, 32, 8, 64, 16), (128, 2048, 32, 8, 128, 16),
+                (256, 2048, 32, 8, 128, 16)]
+WAVES = [2, 4, 8]  # kernels.paged_attention_triton.FILL_WAVES for the host's choice
+SPLIT_COUNTS = [1, 2, 4, 8, 16, 32]
 
 
 def name(variant) -> str:
@@ -42,13 +47,29 @@ def name(variant) -> str:
     return f"tile={tile or 'auto'} warps={warps or 'auto'} stages={stages or 'auto'}"
 
 
-def measure(torch, shape, variant, copy_gbs, check=False, splits=None):
+def graph_timed(torch, fn, repeats=50):
+    """Seconds per call of fn replayed from a CUDA graph (warmed on a side stream first)."""
+    from gpu_check import timed
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(torch, graph.replay, repeats)
+
+
+def measure(torch, shape, variant, copy_gbs, check=False, splits=None, a=None, graphs=False):
     from gpu_check import dense_reference, make_paged, timed
 
     from kernels.paged_attention_triton import paged_attention_triton
 
     seqs, context, heads, kv, head, block = shape
-    a = make_paged(torch, seqs, context, 1, heads, kv, head, block, torch.bfloat16, "cuda")
+    if a is None:
+        a = make_paged(torch, seqs, context, 1, heads, kv, head, block, torch.bfloat16, "cuda")
     tile, warps, stages = variant
     run = lambda: paged_attention_triton(**a, scale=head ** -0.5, tile=tile, num_warps=warps,  # noqa: E731
                                          num_stages=stages, num_splits=splits)
@@ -59,10 +80,47 @@ def measure(torch, shape, variant, copy_gbs, check=False, splits=None):
         out = run().float()
         row["rel_l2"] = ((out - ref).norm() / ref.norm()).item()
         row["correct"] = bool(torch.isfinite(out).all()) and row["rel_l2"] <= 2e-2
-    seconds = timed(torch, run, 50)
+    seconds = graph_timed(torch, run) if graphs else timed(torch, run, 50)
     gbs = 2 * seqs * context * kv * head * 2 / seconds / 1e9
     row.update(ms=seconds * 1e3, gb_per_s=gbs, fraction_of_copy=gbs / copy_gbs)
     return row
+
+
+def split_rows(torch, copy_gbs, start, args, report) -> list[dict]:
+    import torch.nn.functional as F
+    from gpu_check import make_paged, write
+
+    import kernels.paged_attention_triton as pat
+
+    rows = report.setdefault("splits", [])
+    for shape in SPLIT_SHAPES:
+        if time.monotonic() - start > args.budget:
+            report["cut"] = f"budget {args.budget:.0f}s: shapes from {shape} not run"
+            break
+        seqs, context, heads, kv, head, block = shape
+        a = make_paged(torch, seqs, context, 1, heads, kv, head, block, torch.bfloat16, "cuda")
+        for waves in WAVES:
+            pat.FILL_WAVES = waves
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            programs = (seqs // pat.launch_config(seqs, seqs, heads // kv, block, head)["block_q"] + seqs) * kv
+            rows.append({**measure(torch, shape, VARIANTS[0], copy_gbs, check=waves == WAVES[0], a=a, graphs=True),
+                         "splits": f"auto, FILL_WAVES={waves}: {pat.choose_splits(programs, context, True, sms)}"})
+        pat.FILL_WAVES = WAVES[0]
+        rows += [measure(torch, shape, VARIANTS[0], copy_gbs, splits=count, a=a, graphs=True)
+                 for count in SPLIT_COUNTS]
+        ids = a["block_tables"].long()
+        k = a["k_cache"][ids].reshape(seqs, context, kv, head).transpose(1, 2).contiguous()
+        v = a["v_cache"][ids].reshape(seqs, context, kv, head).transpose(1, 2).contiguous()
+        q = a["q"].view(seqs, heads, 1, head)
+        dense = graph_timed(torch, lambda: F.scaled_dot_product_attention(q, k, v, scale=head ** -0.5,
+                                                                          enable_gqa=True))
+        rows.append({"variant": "dense SDPA", "shape": rows[-1]["shape"], "splits": "-", "ms": dense * 1e3,
+                     "fraction_of_copy": 2 * seqs * context * kv * head * 2 / dense / 1e9 / copy_gbs})
+        del a, k, v
+        for row in rows[-(len(WAVES) + len(SPLIT_COUNTS) + 1):]:
+            print(json.dumps(row), flush=True)
+        write(report, args.out)
+    return rows
 
 
 def main(argv=None) -> int:
@@ -83,16 +141,9 @@ def main(argv=None) -> int:
     del src, dst
     report = {"gpu": torch.cuda.get_device_name(), "copy_gb_per_s": copy_gbs, "goal_shape": [], "other_shapes": []}
     if args.splits:
-        report["splits"] = []
-        for shape in SPLIT_SHAPES:
-            for count in SPLIT_COUNTS:
-                if time.monotonic() - start > args.budget:
-                    report["cut"] = f"budget {args.budget:.0f}s"
-                    break
-                row = measure(torch, shape, VARIANTS[0], copy_gbs, check=True, splits=count)
-                report["splits"].append(row)
-                print(json.dumps(row), flush=True)
-                write(report, args.out)
+        report["splits"] = split_rows(torch, copy_gbs, start, args, report)
+        report["seconds"] = time.monotonic() - start
+        write(report, args.out)
         return 0
     for variant in VARIANTS:
         if time.monotonic() - start > args.budget:
