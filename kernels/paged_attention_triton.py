@@ -42,7 +42,11 @@ from wire.device import on_device
 LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 512  # a split walks at least this much context
 MAX_SPLITS = 64
-FILL_WAVES = 2  # programs per SM below which a decode batch's context is split
+# Measured on an H200 (BENCHMARKS.md, "The decode kernel's split context"): splitting pays
+# below ~4 programs per SM (at 4.8, 640 programs of 64 x 2k, 2 splits cost 12%) and pays most
+# when the splits make ~8 programs per SM (32 x 8k: 1 split 76% of the copy bandwidth, 4 splits 91%).
+SPLIT_BELOW = 4  # programs per SM below which a decode batch's context is split
+FILL_WAVES = 8  # programs per SM the splits aim for
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -188,9 +192,9 @@ def _sm_count(device: torch.device) -> int:
 
 def choose_splits(num_programs: int, max_context: int, decode_only: bool, sm_count: int) -> int:
     """How many context splits: 1 unless a decode-only batch has fewer programs than
-    FILL_WAVES per SM of the GPU and a long enough context to share (at least
-    MIN_SPLIT_TOKENS a split)."""
-    if not decode_only or num_programs >= FILL_WAVES * sm_count:
+    SPLIT_BELOW per SM of the GPU and a long enough context to share (at least
+    MIN_SPLIT_TOKENS a split); then enough for FILL_WAVES programs per SM."""
+    if not decode_only or num_programs >= SPLIT_BELOW * sm_count:
         return 1
     by_context = max_context // MIN_SPLIT_TOKENS
     by_fill = -(-FILL_WAVES * sm_count // max(num_programs, 1))
