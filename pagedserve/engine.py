@@ -39,6 +39,17 @@ class RequestOutput:
     cached_tokens: int = 0
 
 
+def loop_settings(scheduler, device: str):
+    """The batching loop's settings in one process. On a CPU, serial: the forward pass takes
+    every core, so there is no wait for the output work to hide in. On a GPU, as configured
+    (overlapped by default): the step runs on the device while the loop applies the last
+    one's outputs and plans the next (on an H200 the split services' plan-ahead loop ran
+    at 0.77x the serial in-process step at batch 32: BENCHMARKS.md, "On one H200")."""
+    if device == "cpu":
+        return dataclasses.replace(scheduler, overlap=False)
+    return scheduler
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, **settings):
         config = config or EngineConfig.of(**settings)
@@ -61,9 +72,8 @@ class LLMEngine:
                                                                 ranks=ex.tensor_parallel_size))
         self.info = info
         self.tokenizer = load_tokenizer(info.tokenizer_dir)
-        # serial: in one process there is no RPC wait for the output work to hide in
-        scheduler = dataclasses.replace(config.scheduler, overlap=False)
-        self.loop = BatchLoop(self.memory, _FixedInfo(self.executor, info), scheduler, self.tokenizer)
+        self.loop = BatchLoop(self.memory, _FixedInfo(self.executor, info),
+                              loop_settings(config.scheduler, self.device), self.tokenizer)
         self._ids = itertools.count()
 
     def close(self) -> None:
