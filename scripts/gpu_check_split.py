@@ -42,7 +42,7 @@ def part_split(args, part, work: Path, build_model) -> dict:
 
     if not torch.cuda.is_available():
         return split_without_cuda(part, work)
-    from gpu_check import child_env
+    from gpu_check_common import child_env
 
     model_dir = build_model(work / "llama-1b", hidden=2048, layers=16, heads=32, kv_heads=8, inter=8192,
                             vocab=32000, max_pos=4096, std=0.02, device=args.device, dtype=torch.bfloat16)
@@ -78,7 +78,7 @@ for name, argv in json.loads(sys.argv[1]).items():
 def split_without_cuda(part, work: Path) -> dict:
     """No CUDA: the commands parse, in a process of its own (the CLI and what it imports load
     in this environment); the runs themselves need the GPU."""
-    from gpu_check import child_env
+    from gpu_check_common import child_env
 
     commands = {name: bench_split_argv(work / "llama-1b", "cuda", work / f"split-{name}.json", run["requests"],
                                        run["max_seqs"], run["rounds"]) for name, run in RUNS.items()}

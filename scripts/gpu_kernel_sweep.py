@@ -3,10 +3,10 @@ read the KV cache fastest (issue 26's reading: 128-wide tiles, 8 warps, more sta
 
 At the bench part's goal shape (256 sequences x 2k context, Llama-3-8B's heads, bf16, block 16),
 each variant's time is set against the device-to-device copy bandwidth measured in the same
-run, and its output against a float32 reference (gpu_check.dense_reference; a variant that is
-wrong is reported, not ranked). The best variants are then timed at the bench part's other
-shapes beside the default. One JSON file (--out); the run stops starting new variants at
---budget seconds.
+run, and its output against a float32 reference (gpu_check_attention.dense_reference; a
+variant that is wrong is reported, not ranked). The best variants are then timed at the bench
+part's other shapes beside the default. One JSON file (--out); the run stops starting new
+variants at --budget seconds.
 
 --splits instead times the split context's count (choose_splits' rule) on few long
 sequences, where one program per (sequence, kv head) leaves most of the GPU idle: the host's
@@ -49,7 +49,7 @@ def name(variant) -> str:
 
 def graph_timed(torch, fn, repeats=50):
     """Seconds per call of fn replayed from a CUDA graph (warmed on a side stream first)."""
-    from gpu_check import timed
+    from gpu_check_attention import timed
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -63,7 +63,7 @@ def graph_timed(torch, fn, repeats=50):
 
 
 def measure(torch, shape, variant, copy_gbs, check=False, splits=None, a=None, graphs=False):
-    from gpu_check import dense_reference, make_paged, timed
+    from gpu_check_attention import dense_reference, make_paged, timed
 
     from kernels.paged_attention_triton import paged_attention_triton
 
@@ -88,7 +88,8 @@ def measure(torch, shape, variant, copy_gbs, check=False, splits=None, a=None, g
 
 def split_rows(torch, copy_gbs, start, args, report) -> list[dict]:
     import torch.nn.functional as F
-    from gpu_check import make_paged, write
+    from gpu_check import write
+    from gpu_check_attention import make_paged
 
     import kernels.paged_attention_triton as pat
 
@@ -132,7 +133,8 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "scripts"))
     import torch
-    from gpu_check import timed, write
+    from gpu_check import write
+    from gpu_check_attention import timed
 
     start = time.monotonic()
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")

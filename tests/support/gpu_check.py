@@ -1,5 +1,8 @@
-"""scripts/gpu_check.py loaded as a module, for the tests that check it without a GPU."""
+"""scripts/gpu_check.py loaded as a module, and its part modules beside it (gpu_check_services,
+gpu_check_kernels, ...), for the tests that check them without a GPU."""
+import importlib
 import importlib.util
+import sys
 
 from tests.support import REPO
 
@@ -11,3 +14,11 @@ def load_gpu_check():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_part(name: str):
+    """A module of scripts/ beside gpu_check.py (e.g. "gpu_check_services"), imported with
+    scripts/ on sys.path as gpu_check.py's runners() imports it."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    return importlib.import_module(name)

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.support import REPO
-from tests.support.gpu_check import SCRIPTS, load_gpu_check as load
+from tests.support.gpu_check import SCRIPTS, load_gpu_check as load, load_part
 from tests.unit.scripts.test_gpu_imports import hidden_modules
 
 
@@ -82,7 +82,7 @@ for q_len, splits in ((1, None), (1, 2), (5, None)):
 def test_triton_kernel_passes_the_strict_comparison_interpreted():
     """The kernels part's comparison, rehearsed with TRITON_INTERPRET=1 at tiny shapes only."""
     pytest.importorskip("triton")
-    done = subprocess.run([sys.executable, "-c", REHEARSE_KERNEL, str(SCRIPTS / "gpu_check.py")], cwd=REPO,
+    done = subprocess.run([sys.executable, "-c", REHEARSE_KERNEL, str(SCRIPTS / "gpu_check_attention.py")], cwd=REPO,
                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -103,7 +103,8 @@ def test_without_cuda_the_cuda_parts_check_what_they_can_and_skip(tmp_path):
         assert parts[name]["status"] == "skipped" and parts[name]["reason"] == "no CUDA", (name, parts[name])
         assert f"{name}: skipped: no CUDA" in done.stdout
     assert parts["kernels"]["swap_copy_cpu"] is True
-    assert parts["kernels"]["cases_planned"] == len(gc.kernel_cases(True)) < len(gc.KERNEL_CASES)
+    kernels_part = load_part("gpu_check_kernels")
+    assert parts["kernels"]["cases_planned"] == len(kernels_part.kernel_cases(True)) < len(kernels_part.KERNEL_CASES)
     if importlib.util.find_spec("triton"):
         assert set(parts["kernels"]["triton_imports"].values()) == {"ok"}
     assert parts["serve"]["arguments"]["parsed"] is True and len(parts["serve"]["arguments"]["commands"]) == 4
@@ -130,7 +131,7 @@ def test_the_triton_kernel_passes_the_new_cases_interpreted():
     """Prefill chunks beside decodes, far blocks, a window, soft-capping: the Triton kernel
     under TRITON_INTERPRET=1 at tiny shapes (the GPU runs them at real ones)."""
     pytest.importorskip("triton")
-    done = subprocess.run([sys.executable, "-c", INTERPRETED, str(SCRIPTS / "gpu_check.py")], cwd=REPO,
+    done = subprocess.run([sys.executable, "-c", INTERPRETED, str(SCRIPTS / "gpu_check_attention.py")], cwd=REPO,
                           env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
@@ -155,9 +156,12 @@ for name in ("memsvc.server", "executor.server", "gateway.main", "gateway.server
 spec = importlib.util.spec_from_file_location("gpu_check", "scripts/gpu_check.py")
 gc = importlib.util.module_from_spec(spec); spec.loader.exec_module(gc)
 gc.parse_args(["--quick"])
+sys.path.insert(0, "scripts")
+import gpu_check_models
 import torch
 torch.set_num_threads(1)
-model = gc.build_model(Path(tempfile.mkdtemp()) / "m", hidden=64, layers=1, heads=4, kv_heads=2, inter=96, vocab=300)
+model = gpu_check_models.build_model(Path(tempfile.mkdtemp()) / "m", hidden=64, layers=1, heads=4, kv_heads=2,
+                                     inter=96, vocab=300)
 from pagedserve.engine import LLMEngine
 from wire.protocol import SamplingParams
 out = LLMEngine(model=str(model), kv_tokens=256).generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0))

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tests.support.gpu_check import SCRIPTS, load_gpu_check as load
+from tests.support.gpu_check import SCRIPTS, load_gpu_check as load, load_part
 
 
 def test_arguments_are_checked():
@@ -26,17 +26,17 @@ def test_validate_names_what_is_wrong():
 
 
 def test_sharegpt_like_lengths():
-    gc = load()
-    reqs = gc.sharegpt_like(50, seed=3)
-    assert reqs == gc.sharegpt_like(50, seed=3)
+    serve = load_part("gpu_check_serve")
+    reqs = serve.sharegpt_like(50, seed=3)
+    assert reqs == serve.sharegpt_like(50, seed=3)
     assert all(1 <= len(p) <= 1024 and 1 <= o <= 512 and len(p) + o <= 2048 for p, o in reqs)
 
 
 def test_make_paged_matches_the_kernel_contract():
-    gc = load()
+    attention = load_part("gpu_check_attention")
     from kernels.paged_attention_ref import paged_attention_ref
 
-    a = gc.make_paged(torch, 3, 40, 2, 8, 2, 16, 16, torch.float32, "cpu")
+    a = attention.make_paged(torch, 3, 40, 2, 8, 2, 16, 16, torch.float32, "cpu")
     assert a["block_tables"].shape == (3, 3) and a["q"].shape == (6, 8, 16)
     out = paged_attention_ref(**a, scale=0.25)
     assert torch.isfinite(out).all()
@@ -63,27 +63,27 @@ def test_out_defaults_to_the_device_machines_folder(monkeypatch, tmp_path):
 def test_service_processes_keep_the_pythonpath_set(monkeypatch, tmp_path):
     """Wheels installed with `pip --target` are on PYTHONPATH: the repository goes ahead of
     them, it does not replace them."""
-    gc = load()
+    models, common = load_part("gpu_check_models"), load_part("gpu_check_common")
     monkeypatch.setenv("PYTHONPATH", "/wheels")
     started = []
-    monkeypatch.setattr(gc.subprocess, "Popen", lambda argv, **kw: started.append(kw["env"]))
-    svc = gc.Services(tmp_path / "model", "cuda", "float32", log_dir=tmp_path / "logs" / "services")
+    monkeypatch.setattr(models.subprocess, "Popen", lambda argv, **kw: started.append(kw["env"]))
+    svc = models.Services(tmp_path / "model", "cuda", "float32", log_dir=tmp_path / "logs" / "services")
     svc._start("memsvc", ["memsvc"])
-    assert started[0]["PYTHONPATH"] == f"{gc.ROOT}{gc.os.pathsep}/wheels"
+    assert started[0]["PYTHONPATH"] == f"{common.ROOT}{common.os.pathsep}/wheels"
     assert (tmp_path / "logs" / "services" / "memsvc.log").exists()
     monkeypatch.delenv("PYTHONPATH")
-    assert gc.child_env()["PYTHONPATH"] == str(gc.ROOT)
+    assert common.child_env()["PYTHONPATH"] == str(common.ROOT)
 
 
 def test_swap_in_waits_for_the_swap_out(monkeypatch):
     import memsvc.host_pool as host_pool
 
-    gc = load()
+    kernels_part = load_part("gpu_check_kernels")
     calls = []
     copy, finish = host_pool.swap_copy, host_pool.finish_copies
     monkeypatch.setattr(host_pool, "swap_copy", lambda *a: (calls.append("copy"), copy(*a))[1])
     monkeypatch.setattr(host_pool, "finish_copies", lambda pool: (calls.append("wait"), finish(pool))[1])
-    assert gc.check_swap(torch, "cpu")
+    assert kernels_part.check_swap(torch, "cpu")
     assert calls == ["copy", "wait", "copy", "wait"]
 
 
@@ -106,7 +106,7 @@ def test_a_cut_is_recorded_and_ends_the_run(monkeypatch, tmp_path):
         part.put("cases", [1])
         raise gc.Cut("SIGTERM: the outer time limit cut the run")
 
-    monkeypatch.setattr(gc, "part_kernels", cut)
+    monkeypatch.setattr(load_part("gpu_check_kernels"), "part_kernels", cut)
     monkeypatch.setattr(gc, "environment", lambda args: {})
     monkeypatch.setattr(gc.signal, "signal", lambda *a: None)
     assert gc.main(["--out", str(out), "--parts", "kernels,bench"]) == 1
@@ -116,62 +116,63 @@ def test_a_cut_is_recorded_and_ends_the_run(monkeypatch, tmp_path):
 
 
 def test_services_part_honours_its_deadline(monkeypatch, tmp_path):
-    gc = load()
-    monkeypatch.setattr(gc, "build_model", lambda path, **kw: path)
-    monkeypatch.setattr(gc, "hf_greedy", lambda *a: [[0]] * 4)
-    monkeypatch.setattr(gc, "hf_sampled", lambda *a, **kw: [[0]] * 4)
-    monkeypatch.setattr(gc, "Services", None)  # must not be reached
+    gc, services = load(), load_part("gpu_check_services")
+    monkeypatch.setattr(services, "build_model", lambda path, **kw: path)
+    monkeypatch.setattr(services, "hf_greedy", lambda *a: [[0]] * 4)
+    monkeypatch.setattr(services, "hf_sampled", lambda *a, **kw: [[0]] * 4)
+    monkeypatch.setattr(services, "Services", None)  # must not be reached
     args = gc.parse_args(["--out", str(tmp_path / "c.json")])
     report = gc.skeleton(args)
     part = gc.Part(report, "services", gc.time.monotonic() - 1, lambda: None)
-    assert gc.part_services(args, part, tmp_path) == {"status": "failed"}
+    assert services.part_services(args, part, tmp_path) == {"status": "failed"}
     assert part.result["reason"] == "time budget, before starting the services"
 
 
 def test_services_ok_needs_every_step_and_a_real_swap():
-    gc = load()
+    services = load_part("gpu_check_services")
     good = {"greedy_equal": [True] * 4,
             "n4": {"completions": 4, "seeded_repeat_equal": True, "greedy_each_equal_transformers": [True] * 4},
             "beam4": {"equal_to_transformers": True},
             "sigkill_executor": {"errors": [], "sequences_held_at_kill": 3, "same_outputs": [True] * 4},
             "bf16_vs_transformers": {"ok": True},
             "swap_tiny_pool": {"same_outputs": [True] * 4, "swapped_out": 2, "swapped_in": 2}}
-    assert gc.services_ok(good)
-    assert not gc.services_ok(dict(good, bf16_vs_transformers={"ok": False}))
-    assert not gc.services_ok({k: v for k, v in good.items() if k != "beam4"})
+    assert services.services_ok(good)
+    assert not services.services_ok(dict(good, bf16_vs_transformers={"ok": False}))
+    assert not services.services_ok({k: v for k, v in good.items() if k != "beam4"})
     for swaps in ((0, 0), (2, 1)):
         r = dict(good, swap_tiny_pool=dict(good["swap_tiny_pool"], swapped_out=swaps[0], swapped_in=swaps[1]))
-        assert not gc.services_ok(r)
-    assert not gc.services_ok(dict(good, sigkill_executor=dict(good["sigkill_executor"], sequences_held_at_kill=0)))
+        assert not services.services_ok(r)
+    assert not services.services_ok(dict(good, sigkill_executor=dict(good["sigkill_executor"],
+                                                                     sequences_held_at_kill=0)))
 
 
 @pytest.mark.parametrize("q_len", [1, 6])
 def test_attention_comparison_is_strict(q_len):
     """Mixed lengths, padded tables, NaN past each sequence and in the output before the call:
     the reference passes clean data, a kernel that skips rows or reads past a length fails."""
-    gc = load()
+    attention = load_part("gpu_check_attention")
     from kernels.paged_attention_ref import paged_attention_ref
 
     args = (torch, 4, 37, q_len, 8, 2, 16, 8, torch.float32, "cpu")
-    clean = gc.make_paged(*args, mixed=True, pad=2)
+    clean = attention.make_paged(*args, mixed=True, pad=2)
     assert len(set(clean["seq_lens"].tolist())) > 1 and clean["block_tables"].shape[1] == 5 + 2
-    assert gc.compare_attention(torch, paged_attention_ref, clean, 0.25)["ok"]
-    poisoned = gc.make_paged(*args, mixed=True, pad=2, poison=True)
+    assert attention.compare_attention(torch, paged_attention_ref, clean, 0.25)["ok"]
+    poisoned = attention.make_paged(*args, mixed=True, pad=2, poison=True)
     assert torch.isnan(poisoned["k_cache"][0]).all()
 
     def reads_everything(**a):  # attends over whole blocks, the slots past a length included
         lens = torch.full_like(a["seq_lens"], a["block_tables"].shape[1] * 8)
         paged_attention_ref(**dict(a, seq_lens=lens))
 
-    assert not gc.compare_attention(torch, reads_everything, poisoned, 0.25)["ok"]
+    assert not attention.compare_attention(torch, reads_everything, poisoned, 0.25)["ok"]
 
     def skips_the_last(**a):
         paged_attention_ref(**a)
         a["out"][-1] = a["out"][-2] if len(a["out"]) > 1 else 0
 
-    assert not gc.compare_attention(torch, skips_the_last, clean, 0.25)["ok"]
+    assert not attention.compare_attention(torch, skips_the_last, clean, 0.25)["ok"]
 
     def leaves_nan(**a):
         a["out"][:-1] = paged_attention_ref(**dict(a, out=None))[:-1]
 
-    assert not gc.compare_attention(torch, leaves_nan, clean, 0.25)["finite"]
+    assert not attention.compare_attention(torch, leaves_nan, clean, 0.25)["finite"]

@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from tests.support.gpu_check import load_gpu_check as load
+from tests.support.gpu_check import load_gpu_check as load, load_part
 
 
 def test_budgets_fit_the_device_time():
@@ -27,11 +27,11 @@ def test_budgets_fit_the_device_time():
 
 
 def test_the_gateway_starts_without_its_http_port(monkeypatch, tmp_path):
-    gc = load()
+    models = load_part("gpu_check_models")
     started = []
-    monkeypatch.setattr(gc.subprocess, "Popen", lambda argv, **kw: started.append(argv))
+    monkeypatch.setattr(models.subprocess, "Popen", lambda argv, **kw: started.append(argv))
     monkeypatch.setattr("pagedserve.client.GenerationClient.serving", lambda self, timeout=1.0: True)
-    gc.Services(tmp_path / "model", "cpu", "float32", log_dir=tmp_path / "logs").start(1)
+    models.Services(tmp_path / "model", "cpu", "float32", log_dir=tmp_path / "logs").start(1)
     gateway = next(argv for argv in started if "gateway" in argv)
     assert gateway[gateway.index("--http-port") + 1] == "0"
 
@@ -71,18 +71,18 @@ class FakeServices:
 def test_greedy_comparisons_let_eos_end_a_sequence_on_both_sides(monkeypatch, tmp_path):
     """transformers' min_new_tokens masks EOS, pagedserve's ignore_eos does not: every output
     compared with transformers' is made without either."""
-    gc = load()
+    gc, services = load(), load_part("gpu_check_services")
     hf_calls = []
-    monkeypatch.setattr(gc, "build_model", lambda path, **kw: path)
-    monkeypatch.setattr(gc, "hf_greedy", lambda *a, **kw: hf_calls.append(("greedy", a, kw)) or [[7]] * 4)
-    monkeypatch.setattr(gc, "hf_sampled", lambda *a, **kw: hf_calls.append(("sampled", a, kw)) or [[7]] * 4)
-    monkeypatch.setattr(gc, "bf16_against_transformers", lambda *a: {"ok": True})
-    monkeypatch.setattr(gc, "Services", FakeServices)
+    monkeypatch.setattr(services, "build_model", lambda path, **kw: path)
+    monkeypatch.setattr(services, "hf_greedy", lambda *a, **kw: hf_calls.append(("greedy", a, kw)) or [[7]] * 4)
+    monkeypatch.setattr(services, "hf_sampled", lambda *a, **kw: hf_calls.append(("sampled", a, kw)) or [[7]] * 4)
+    monkeypatch.setattr(services, "bf16_against_transformers", lambda *a: {"ok": True})
+    monkeypatch.setattr(services, "Services", FakeServices)
     FakeServices.samplings = []
     args = gc.parse_args(["--out", str(tmp_path / "c.json")])
     args.device = "cpu"
     part = gc.Part(gc.skeleton(args), "services", gc.time.monotonic() + 60, lambda: None)
-    assert gc.part_services(args, part, tmp_path) == {"status": "ok"}, part.result
+    assert services.part_services(args, part, tmp_path) == {"status": "ok"}, part.result
     assert all("min_new_tokens" not in kw for _, _, kw in hf_calls) and len(hf_calls) == 2
     compared = [s for _, s in FakeServices.samplings
                 if s.max_tokens in (24, 16, 12) and (s.temperature == 0.0 or s.beam_width > 1)]
@@ -91,62 +91,62 @@ def test_greedy_comparisons_let_eos_end_a_sequence_on_both_sides(monkeypatch, tm
     assert any(s.beam_width == 4 for s in compared)
 
 
-def tiny_model(gc, tmp_path, std=0.02):
-    return gc.build_model(tmp_path / "m", hidden=128, layers=2, heads=4, kv_heads=2, inter=256, vocab=512,
+def tiny_model(models, tmp_path, std=0.02):
+    return models.build_model(tmp_path / "m", hidden=128, layers=2, heads=4, kv_heads=2, inter=256, vocab=512,
                           max_pos=256, std=std)
 
 
 def test_bf16_metric_passes_pagedserve_and_fails_wrong_answers(tmp_path):
-    gc = load()
+    models = load_part("gpu_check_models")
     from pagedserve.engine import LLMEngine
     from wire.protocol import SamplingParams
 
     torch.manual_seed(0)
-    model = tiny_model(gc, tmp_path)
+    model = tiny_model(models, tmp_path)
     prompts = [[5, 9, 11, 40], list(range(20, 52))]
     engine = LLMEngine(model=str(model), dtype="bfloat16", kv_tokens=512)
     outs = engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=0))
     scored = [(o.completions[0].token_ids, o.completions[0].logprobs) for o in outs]
-    good = gc.bf16_against_transformers(model, prompts, scored, "cpu")
+    good = models.bf16_against_transformers(model, prompts, scored, "cpu")
     assert good["ok"] and good["positions"] == 24, good
     off = [(t, [lp - 0.2 for lp in lps]) for t, lps in scored]  # logprobs 0.2 nats off
-    assert not gc.bf16_against_transformers(model, prompts, off, "cpu")["ok"]
+    assert not models.bf16_against_transformers(model, prompts, off, "cpu")["ok"]
     from transformers import AutoModelForCausalLM
 
     with torch.inference_mode():
         first = AutoModelForCausalLM.from_pretrained(model).eval()(torch.tensor([prompts[0]])).logits[0, -1]
     tokens, logprobs = scored[0]
     wrong = [([int(first.argmin()), *tokens[1:]], logprobs), scored[1]]  # float32's least likely token
-    bad = gc.bf16_against_transformers(model, prompts, wrong, "cpu")
-    assert not bad["ok"] and bad["max_regret"] > gc.BF16_TOLERANCE["max_regret"]
+    bad = models.bf16_against_transformers(model, prompts, wrong, "cpu")
+    assert not bad["ok"] and bad["max_regret"] > models.BF16_TOLERANCE["max_regret"]
 
 
 @pytest.mark.parametrize("window, softcap", [(None, None), (7, None), (None, 2.0), (5, 3.0)])
 def test_case_inputs_agree_with_the_reference(window, softcap):
     """Mixed launches, far blocks and padded poisoned tables: dense_reference and the torch
     reference agree, so a kernel failing compare_attention is wrong, not the inputs."""
-    gc = load()
+    attention = load_part("gpu_check_attention")
     from kernels.paged_attention_ref import paged_attention_ref
 
-    a = gc.make_paged(torch, 5, 37, 6, 8, 2, 16, 8, torch.float32, "cpu", mixed=True, pad=2, poison=True,
+    a = attention.make_paged(torch, 5, 37, 6, 8, 2, 16, 8, torch.float32, "cpu", mixed=True, pad=2, poison=True,
                       mixed_launch=True, far=4096)
     q_lens = (a["query_start_loc"][1:] - a["query_start_loc"][:-1]).tolist()
     assert q_lens[1::2] == [1, 1] and max(q_lens) > 1
     assert a["block_tables"].min() * a["k_cache"].stride(0) >= 4096 and torch.isnan(a["k_cache"][0]).all()
-    result = gc.compare_attention(torch, paged_attention_ref, a, 0.25, window=window, softcap=softcap)
+    result = attention.compare_attention(torch, paged_attention_ref, a, 0.25, window=window, softcap=softcap)
     assert result["ok"] and result["finite"], result
     if window or softcap:  # each changes the answer: the reference of the check does not ignore them
 
         def with_them(**kw):
             return paged_attention_ref(**kw, window=window, softcap=softcap)
 
-        assert not gc.compare_attention(torch, with_them, a, 0.25)["ok"]
+        assert not attention.compare_attention(torch, with_them, a, 0.25)["ok"]
 
 
 def test_every_kernel_case_names_a_shape_and_a_reason():
-    gc = load()
-    assert all(c.shape in gc.ATTENTION_SHAPES and c.why for c in gc.KERNEL_CASES)
-    quick = gc.kernel_cases(True)
-    assert quick == gc.KERNEL_CASES[:len(quick)]  # the quick cases are the most important, first
+    kernels_part = load_part("gpu_check_kernels")
+    assert all(c.shape in kernels_part.ATTENTION_SHAPES and c.why for c in kernels_part.KERNEL_CASES)
+    quick = kernels_part.kernel_cases(True)
+    assert quick == kernels_part.KERNEL_CASES[:len(quick)]  # the quick cases are the most important, first
     assert {c.dtype for c in quick} == {"bfloat16", "float16", "float32"} and any(c.mixed_launch for c in quick)
-    assert any(c.far for c in gc.KERNEL_CASES) and any(c.window for c in gc.KERNEL_CASES)
+    assert any(c.far for c in kernels_part.KERNEL_CASES) and any(c.window for c in kernels_part.KERNEL_CASES)
