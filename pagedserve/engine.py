@@ -15,7 +15,7 @@ from gateway.batch_loop import BatchLoop
 from gateway.tokenizer import load_tokenizer
 from memsvc.memory_manager import MemoryManager
 from pagedserve.engine_config import EngineConfig
-from wire.device import resolve_device, resolve_dtype
+from wire.device import on_device, resolve_device, resolve_dtype
 from wire.protocol import Delta, PromptLogprob, SamplingParams
 
 
@@ -123,7 +123,9 @@ class LLMEngine:
 
 
 class _FixedInfo:
-    """The executor as the loop sees it, with the engine's capped maximum length."""
+    """The executor as the loop sees it, with the engine's capped maximum length; each step
+    runs with the engine's GPU current (the overlapped loop calls from a helper thread,
+    whose current GPU is otherwise the first)."""
 
     def __init__(self, executor: Executor, info):
         self._executor, self._info = executor, info
@@ -132,4 +134,5 @@ class _FixedInfo:
         return self._info
 
     def execute(self, batch):
-        return self._executor.execute(batch)
+        with on_device(self._executor.device):
+            return self._executor.execute(batch)
