@@ -92,22 +92,29 @@ class Services:
                                  "--model", self.model_dir, "--device", self.device, "--dtype", self.dtype])
 
     def start(self, timeout=120):
+        """Start the three services and wait until the gateway serves; on any failure (one
+        exits, the time runs out, a cut) every process started is stopped first."""
         from pagedserve.client import GenerationClient
 
         p = self.ports
-        self._start("memsvc", ["memsvc", "--port", str(p["memsvc"]), *self.extra_memsvc])
-        self.start_executor()
-        self._start("gateway", ["gateway", "--port", str(p["gateway"]), "--http-port", "0",  # no HTTP API
-                                "--executor", f"127.0.0.1:{p['executor']}", "--memsvc", f"127.0.0.1:{p['memsvc']}"])
-        self.client = GenerationClient(f"127.0.0.1:{p['gateway']}", timeout=120)
-        end = time.monotonic() + timeout
-        while not self.client.serving():
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited: {self.tail(name)}")
-            if time.monotonic() > end:
-                raise TimeoutError("services not SERVING: " + self.tail("executor"))
-            time.sleep(0.5)
+        try:
+            self._start("memsvc", ["memsvc", "--port", str(p["memsvc"]), *self.extra_memsvc])
+            self.start_executor()
+            self._start("gateway", ["gateway", "--port", str(p["gateway"]), "--http-port", "0",  # no HTTP API
+                                    "--executor", f"127.0.0.1:{p['executor']}",
+                                    "--memsvc", f"127.0.0.1:{p['memsvc']}"])
+            self.client = GenerationClient(f"127.0.0.1:{p['gateway']}", timeout=120)
+            end = time.monotonic() + timeout
+            while not self.client.serving():
+                for name, proc in self.procs.items():
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"{name} exited: {self.tail(name)}")
+                if time.monotonic() > end:
+                    raise TimeoutError("services not SERVING: " + self.tail("executor"))
+                time.sleep(0.5)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def tail(self, name, n=2000):
@@ -150,6 +157,7 @@ class Services:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
 
 def hf_sampled(model_dir, ids, dtype, device, **generate):
     """transformers' generate for one prompt, every returned sequence's new tokens (with

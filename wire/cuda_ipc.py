@@ -1,9 +1,11 @@
 """The GPU KV pool: one device allocation in memsvc, mapped by the executor via CUDA IPC.
 
-NOT RUN HERE: the machine this was written on has no GPU. The code uses torch's public
-CUDA IPC path (`torch.multiprocessing.reductions.reduce_tensor` on the producer,
-`rebuild_cuda_tensor` on the consumer, the same calls torch.multiprocessing makes); the
-tests cover everything up to the CUDA boundary (handle packing, UUID selection).
+It uses torch's public CUDA IPC path (`torch.multiprocessing.reductions.reduce_tensor` on
+the producer, `rebuild_cuda_tensor` on the consumer, the same calls torch.multiprocessing
+makes). It ran on an H200 (scripts/gpu_check.sh's services part: greedy, n=4, beam search,
+an executor SIGKILLed and restarted on the same pool, swap: BENCHMARKS.md, "On one H200");
+the suite, without a GPU, covers everything up to the CUDA boundary (handle packing, UUID
+selection).
 
 Contract:
 - The GPU is named by its physical UUID ("GPU-xxxxxxxx-..."), never by an index: indices

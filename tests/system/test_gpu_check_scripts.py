@@ -31,7 +31,8 @@ def test_dry_run_writes_a_valid_skeleton(tmp_path):
     assert gc.validate(report) == []
     assert report["dry_run"] is True
     assert {k: v["status"] for k, v in report["parts"].items()} == {
-        "kernels": "pending", "services": "skipped", "bench": "pending", "tp": "skipped", "serve": "skipped"}
+        "kernels": "pending", "services": "skipped", "bench": "pending", "tp": "skipped", "serve": "skipped",
+        "split": "skipped"}
     assert json.loads(done.stdout)["budgets"]["bench"] == 30
 
 
@@ -107,7 +108,8 @@ def test_without_cuda_the_cuda_parts_check_what_they_can_and_skip(tmp_path):
     assert parts["kernels"]["cases_planned"] == len(kernels_part.kernel_cases(True)) < len(kernels_part.KERNEL_CASES)
     if importlib.util.find_spec("triton"):
         assert set(parts["kernels"]["triton_imports"].values()) == {"ok"}
-    assert parts["serve"]["arguments"]["parsed"] is True and len(parts["serve"]["arguments"]["commands"]) == 4
+    # bench serve at each rate (bench split is the split part's, not run with --quick)
+    assert parts["serve"]["arguments"]["parsed"] is True and len(parts["serve"]["arguments"]["commands"]) == 3
     assert report["budgets"] == dict(gc.QUICK_BUDGETS, serve=40.0)
     assert report["env"]["cuda_available"] is False and report["env"]["problems"] == []
     assert "the GPU machine's image has torch 2.11" in report["env"]["note"]
@@ -180,3 +182,14 @@ def test_the_gpu_path_runs_without_the_not_carried_packages():
     done = subprocess.run([sys.executable, "-c", HIDDEN_RUN, ",".join(hide)], cwd=REPO, capture_output=True,
                           text=True, timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_without_cuda_the_split_part_parses_its_bench_split_commands_and_skips(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OUT=str(tmp_path), CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, str(SCRIPTS / "gpu_check.py"), "--parts", "split"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    part = json.loads((tmp_path / "gpu_check.json").read_text())["parts"]["split"]
+    assert part["status"] == "skipped" and part["reason"] == "no CUDA"
+    assert part["arguments"] == {"commands": ["batch_32", "one_stream"], "parsed": True}

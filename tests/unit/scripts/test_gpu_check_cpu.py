@@ -36,6 +36,30 @@ def test_the_gateway_starts_without_its_http_port(monkeypatch, tmp_path):
     assert gateway[gateway.index("--http-port") + 1] == "0"
 
 
+class FakeProc:
+    def __init__(self):
+        self.signals = []
+
+    def poll(self):
+        return None if not self.signals else -15
+
+    def send_signal(self, sig):
+        self.signals.append(sig)
+
+    def wait(self, timeout=None):
+        return -15
+
+
+def test_services_that_never_serve_are_stopped_before_the_error(monkeypatch, tmp_path):
+    models = load_part("gpu_check_models")
+    procs = []
+    monkeypatch.setattr(models.subprocess, "Popen", lambda argv, **kw: procs.append(FakeProc()) or procs[-1])
+    monkeypatch.setattr("pagedserve.client.GenerationClient.serving", lambda self, timeout=1.0: False)
+    with pytest.raises(TimeoutError, match="not SERVING"):
+        models.Services(tmp_path / "model", "cpu", "float32", log_dir=tmp_path / "logs").start(0)
+    assert len(procs) == 3 and all(p.signals == [models.signal.SIGTERM] for p in procs)
+
+
 class FakeServices:
     """Services that record each request's sampling and answer one token a completion; a
     request runs until the executor is killed when the check is about to kill it."""
