@@ -3,8 +3,8 @@
 # of device time, one machine start costs 1-2 of them, one call may run 10):
 #   1. gpu_check.sh --quick: must pass on its first run (issue 26's goal);
 #   2. the full run's parts after services (--quick ran that part whole): tp, serve (rates
-#      4/16/inf, transformers' static batches, the control plane's share), bench (5 shapes),
-#      kernels (every case);
+#      4/16/inf, transformers' static batches), split (what the split costs per step), bench
+#      (5 shapes), kernels (every case);
 #   3. scripts/gpu_kernel_sweep.py: the decode kernel's tile, warps and stages.
 # Each step gets what is left of --total seconds (default 570) at most its own share; what it
 # writes lands in $OUT as it ends: quick.json, full.json, sweep.json, session.log, and the
@@ -28,17 +28,19 @@ lscpu | grep -E 'Model name|^CPU\(s\)' >>"$out/session.log"
 quick=$(( $(left) < 250 ? $(left) : 250 ))
 log "1. gpu_check.sh --quick (cut at ${quick}s)"
 GPU_CHECK_TIMEOUT=$quick bash scripts/gpu_check.sh --quick --out "$work/quick.json" >"$work/quick.log" 2>&1
-log "   rc=$?: $(grep -E '^(services|kernels|bench|tp|serve):' "$work/quick.log" | tr '\n' ' ')"
+log "   rc=$?: $(grep -E '^(services|kernels|bench|tp|serve|split):' "$work/quick.log" | tr '\n' ' ')"
 cp "$work/quick.json" "$out/" 2>/dev/null
 
 sweep=75
 full=$(( $(left) - sweep - 15 ))
 if [ "$full" -gt 60 ]; then
-    serve=$(( full * 45 / 100 )); bench=$(( full * 15 / 100 )); kernels=$(( full * 35 / 100 ))
-    log "2. the full parts tp,serve,bench,kernels (cut at ${full}s; serve ${serve}, bench ${bench}, kernels ${kernels})"
-    GPU_CHECK_TIMEOUT=$full bash scripts/gpu_check.sh --parts tp,serve,bench,kernels --budget tp=5 \
-        --budget serve=$serve --budget bench=$bench --budget kernels=$kernels --out "$work/full.json" >"$work/full.log" 2>&1
-    log "   rc=$?: $(grep -E '^(services|kernels|bench|tp|serve):' "$work/full.log" | tr '\n' ' ')"
+    serve=$(( full * 40 / 100 )); split=$(( full * 30 / 100 )); bench=$(( full * 8 / 100 ))
+    kernels=$(( full * 20 / 100 ))
+    log "2. the full parts tp,serve,split,bench,kernels (cut at ${full}s; serve ${serve}, split ${split}, bench ${bench}, kernels ${kernels})"
+    GPU_CHECK_TIMEOUT=$full bash scripts/gpu_check.sh --parts tp,serve,split,bench,kernels --budget tp=5 \
+        --budget serve=$serve --budget split=$split --budget bench=$bench --budget kernels=$kernels \
+        --out "$work/full.json" >"$work/full.log" 2>&1
+    log "   rc=$?: $(grep -E '^(services|kernels|bench|tp|serve|split):' "$work/full.log" | tr '\n' ' ')"
     cp "$work/full.json" "$out/" 2>/dev/null
 fi
 
