@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpu_check_common import ROOT, child_env
+from gpu_check_common import ROOT, child_env, parsed_without_cuda
 from gpu_check_models import Services, build_model
 
 if TYPE_CHECKING:
@@ -102,24 +102,7 @@ def part_serve(args, part: Part, work: Path):
     return result
 
 
-PARSE_ALL = """
-import json, sys
-from pagedserve.cli import build_parser
-for name, argv in json.loads(sys.argv[1]).items():
-    try:
-        build_parser().parse_args(argv)
-    except SystemExit as e:
-        sys.exit(f"{name}: {' '.join(argv)}: exit {e.code}")
-"""
-
-
 def serve_without_cuda(args, part: Part, work: Path):
-    """No CUDA: the commands the serve part runs parse, in a process of its own (so the CLI
-    and every module it imports load in this environment); the run itself needs the GPU."""
-    commands = {f"bench serve --rate {rate}": bench_serve_argv("127.0.0.1:50051", 4, rate, work / "serve.json")
-                for rate in SERVE_RATES}
-    done = subprocess.run([sys.executable, "-c", PARSE_ALL, json.dumps(commands)], cwd=ROOT, env=child_env(),
-                          capture_output=True, text=True, timeout=120)
-    part.put("arguments", {"commands": list(commands), "parsed": done.returncode == 0,
-                           **({} if done.returncode == 0 else {"error": done.stderr[-1500:]})})
-    return {"status": "skipped" if done.returncode == 0 else "failed", "reason": "no CUDA"}
+    """No CUDA: the commands the serve part runs parse (gpu_check_common.parsed_without_cuda)."""
+    return parsed_without_cuda(part, {f"bench serve --rate {rate}": bench_serve_argv(
+        "127.0.0.1:50051", 4, rate, work / "serve.json") for rate in SERVE_RATES})

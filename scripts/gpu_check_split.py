@@ -64,26 +64,10 @@ def part_split(args, part, work: Path, build_model) -> dict:
     return {"status": "ok" if done_all else "failed"}
 
 
-PARSE_ALL = """
-import json, sys
-from pagedserve.cli import build_parser
-for name, argv in json.loads(sys.argv[1]).items():
-    try:
-        build_parser().parse_args(argv)
-    except SystemExit as e:
-        sys.exit(f"{name}: {' '.join(argv)}: exit {e.code}")
-"""
-
-
 def split_without_cuda(part, work: Path) -> dict:
-    """No CUDA: the commands parse, in a process of its own (the CLI and what it imports load
-    in this environment); the runs themselves need the GPU."""
-    from gpu_check_common import child_env
+    """No CUDA: the commands parse (gpu_check_common.parsed_without_cuda)."""
+    from gpu_check_common import parsed_without_cuda
 
-    commands = {name: bench_split_argv(work / "llama-1b", "cuda", work / f"split-{name}.json", run["requests"],
-                                       run["max_seqs"], run["rounds"]) for name, run in RUNS.items()}
-    done = subprocess.run([sys.executable, "-c", PARSE_ALL, json.dumps(commands)], cwd=ROOT, env=child_env(),
-                          capture_output=True, text=True, timeout=120)
-    part.put("arguments", {"commands": list(commands), "parsed": done.returncode == 0,
-                           **({} if done.returncode == 0 else {"error": done.stderr[-1500:]})})
-    return {"status": "skipped" if done.returncode == 0 else "failed", "reason": "no CUDA"}
+    return parsed_without_cuda(part, {
+        name: bench_split_argv(work / "llama-1b", "cuda", work / f"split-{name}.json", run["requests"],
+                               run["max_seqs"], run["rounds"]) for name, run in RUNS.items()})
