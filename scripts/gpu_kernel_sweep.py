@@ -10,9 +10,10 @@ variants at --budget seconds.
 
 --splits instead times the split context's count (choose_splits' rule) on few long
 sequences, where one program per (sequence, kv head) leaves most of the GPU idle: the host's
-choice under each FILL_WAVES of WAVES, each count of SPLIT_COUNTS forced, and dense SDPA on the
-same data, each launch replayed from a CUDA graph (as the executor serves decodes), so the
-time is the GPU's and not the host's launch (Triton's launcher costs ~50-100 us a call).
+choice under each rule of RULES (the first: the rule before the H200 run), each count of
+SPLIT_COUNTS forced, and dense SDPA on the same data, each launch replayed from a CUDA graph
+(as the executor serves decodes), so the time is the GPU's and not the host's launch
+(Triton's launcher costs ~50-100 us a call).
 
     python scripts/gpu_kernel_sweep.py --out $OUT/sweep.json [--budget 120] [--splits]
 """
@@ -38,7 +39,7 @@ SPLIT_SHAPES = [(1, 32768, 32, 8, 128, 16), (4, 8192, 32, 8, 128, 16), (8, 8192,
                 (16, 4096, 32, 8, 128, 16), (32, 8192, 32, 8, 128, 16), (64, 2048, 32, 8, 128, 16),
                 (32, 2048, 32, 8, 64, 16), (128, 2048, 32, 8, 128, 16),
                 (256, 2048, 32, 8, 128, 16)]
-WAVES = [2, 4, 8]  # kernels.paged_attention_triton.FILL_WAVES for the host's choice
+RULES = [(2, 2), (4, 4), (4, 8)]  # (SPLIT_BELOW, FILL_WAVES) of kernels.paged_attention_triton
 SPLIT_COUNTS = [1, 2, 4, 8, 16, 32]
 
 
@@ -100,13 +101,16 @@ def split_rows(torch, copy_gbs, start, args, report) -> list[dict]:
             break
         seqs, context, heads, kv, head, block = shape
         a = make_paged(torch, seqs, context, 1, heads, kv, head, block, torch.bfloat16, "cuda")
-        for waves in WAVES:
-            pat.FILL_WAVES = waves
+        rule = pat.SPLIT_BELOW, pat.FILL_WAVES
+        for below, waves in RULES:
+            pat.SPLIT_BELOW, pat.FILL_WAVES = below, waves
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             programs = (seqs // pat.launch_config(seqs, seqs, heads // kv, block, head)["block_q"] + seqs) * kv
-            rows.append({**measure(torch, shape, VARIANTS[0], copy_gbs, check=waves == WAVES[0], a=a, graphs=True),
-                         "splits": f"auto, FILL_WAVES={waves}: {pat.choose_splits(programs, context, True, sms)}"})
-        pat.FILL_WAVES = WAVES[0]
+            rows.append({**measure(torch, shape, VARIANTS[0], copy_gbs, check=(below, waves) == RULES[0], a=a,
+                                 graphs=True),
+                         "splits": f"auto, SPLIT_BELOW={below} FILL_WAVES={waves}: "
+                                   f"{pat.choose_splits(programs, context, True, sms)}"})
+        pat.SPLIT_BELOW, pat.FILL_WAVES = rule
         rows += [measure(torch, shape, VARIANTS[0], copy_gbs, splits=count, a=a, graphs=True)
                  for count in SPLIT_COUNTS]
         ids = a["block_tables"].long()
@@ -118,7 +122,7 @@ def split_rows(torch, copy_gbs, start, args, report) -> list[dict]:
         rows.append({"variant": "dense SDPA", "shape": rows[-1]["shape"], "splits": "-", "ms": dense * 1e3,
                      "fraction_of_copy": 2 * seqs * context * kv * head * 2 / dense / 1e9 / copy_gbs})
         del a, k, v
-        for row in rows[-(len(WAVES) + len(SPLIT_COUNTS) + 1):]:
+        for row in rows[-(len(RULES) + len(SPLIT_COUNTS) + 1):]:
             print(json.dumps(row), flush=True)
         write(report, args.out)
     return rows
