@@ -16,8 +16,32 @@ from tests.support.gpu_check import SCRIPTS, load_gpu_check as load, load_part
 from tests.unit.scripts.test_gpu_imports import hidden_modules
 
 
-def test_shell_script_parses():
-    subprocess.run(["bash", "-n", str(SCRIPTS / "gpu_check.sh")], check=True)
+def test_shell_scripts_parse():
+    for script in ("gpu_check.sh", "gpu_session.sh", "gpu_wheels.sh"):
+        subprocess.run(["bash", "-n", str(SCRIPTS / script)], check=True)
+
+
+def test_the_session_script_runs_its_three_steps_and_leaves_their_files_in_out(tmp_path):
+    """gpu_session.sh without a GPU (GPU_CHECK_CPU): --quick (the services on the CPU), the
+    full run's other parts, the sweep (which fails at once without CUDA); what each wrote
+    lands in $OUT, at most 8 files (what the device machine returns)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OUT=str(out), GPU_CHECK_CPU="1", PYTHON=sys.executable,
+               GPU_CHECK_SITE=str(tmp_path / "site"),
+               PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
+    done = subprocess.run(["bash", str(SCRIPTS / "gpu_session.sh"), "--total", "400"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    files = {p.name for p in out.iterdir()}
+    assert {"quick.json", "full.json", "session.log", "logs.tgz"} <= files and len(files) <= 8
+    log = (out / "session.log").read_text()
+    assert all(step in log for step in ("1. gpu_check.sh --quick", "2. the full parts", "3. gpu_kernel_sweep.py",
+                                        "done"))
+    quick = json.loads((out / "quick.json").read_text())
+    assert quick["parts"]["services"]["status"] == "ok"
+    full = json.loads((out / "full.json").read_text())
+    assert full["parts"]["services"]["status"] == "skipped" and full["parts"]["split"]["status"] == "skipped"
 
 
 def test_dry_run_writes_a_valid_skeleton(tmp_path):

@@ -15,3 +15,32 @@ def test_a_gpu_engine_overlaps_unless_told_not_to():
     assert loop_settings(SchedulerConfig(), "cuda:0").overlap is True
     assert loop_settings(SchedulerConfig(), "cuda:0").plan_ahead is True
     assert loop_settings(SchedulerConfig(overlap=False), "cuda:1").overlap is False
+
+
+def test_each_step_runs_with_the_engines_device_current(monkeypatch):
+    """The overlapped loop calls execute from a helper thread; the engine makes its own GPU
+    current around each step (wire.device.on_device), whatever thread calls."""
+    import contextlib
+
+    import torch
+
+    import pagedserve.engine as engine
+
+    entered = []
+
+    @contextlib.contextmanager
+    def on_device(device):
+        entered.append(device)
+        yield
+
+    monkeypatch.setattr(engine, "on_device", on_device)
+
+    class Executor:
+        device = torch.device("cuda", 1)
+
+        def execute(self, batch):
+            assert entered == [self.device]
+            return ["out"]
+
+    assert engine._FixedInfo(Executor(), info=None).execute("batch") == ["out"]
+    assert entered == [torch.device("cuda", 1)]
