@@ -109,3 +109,18 @@ def timed(torch, fn, repeats=20):
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / 1e3 / repeats
+
+
+def graph_timed(torch, fn, repeats=50):
+    """Seconds per call of fn replayed from a CUDA graph (warmed on a side stream first), as
+    the executor replays decodes: the GPU's time, without the host's launch cost (Triton's
+    launcher takes ~50-100 us a call, more than a small decode kernel runs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(torch, graph.replay, repeats)

@@ -48,23 +48,8 @@ def name(variant) -> str:
     return f"tile={tile or 'auto'} warps={warps or 'auto'} stages={stages or 'auto'}"
 
 
-def graph_timed(torch, fn, repeats=50):
-    """Seconds per call of fn replayed from a CUDA graph (warmed on a side stream first)."""
-    from gpu_check_attention import timed
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return timed(torch, graph.replay, repeats)
-
-
 def measure(torch, shape, variant, copy_gbs, check=False, splits=None, a=None, graphs=False):
-    from gpu_check_attention import dense_reference, make_paged, timed
+    from gpu_check_attention import dense_reference, graph_timed, make_paged, timed
 
     from kernels.paged_attention_triton import paged_attention_triton
 
@@ -90,7 +75,7 @@ def measure(torch, shape, variant, copy_gbs, check=False, splits=None, a=None, g
 def split_rows(torch, copy_gbs, start, args, report) -> list[dict]:
     import torch.nn.functional as F
     from gpu_check import write
-    from gpu_check_attention import make_paged
+    from gpu_check_attention import graph_timed, make_paged
 
     import kernels.paged_attention_triton as pat
 
