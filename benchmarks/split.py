@@ -189,7 +189,7 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict[str, list[dict]]
     from wire.heap import freeze_heap
 
     spec_args = serve_namespace(args, port=free_port())
-    sup = Supervisor(service_specs(spec_args))
+    sup = Supervisor(with_executor_metrics(service_specs(spec_args), free_port()))
     runs: dict[str, list[dict]] = {k: [] for k in KINDS}
     try:
         sup.start()
@@ -239,12 +239,19 @@ def serve_namespace(args, port: int):
 
     parser = argparse.ArgumentParser(prog="pagedserve serve")
     add_serve_flags(parser)
-    from pagedserve.serve_cmd import free_port
+    # no HTTP API: it is not measured, and the GPU machine's image lacks its packages
+    return parser.parse_args(["--port", str(port), "--http-port", "0", *EngineConfig.from_args(args).to_argv()])
 
-    # no HTTP API (it is not measured, and the GPU machine's image lacks its packages); a
-    # metrics port, so the executor gets one too (its Execute time is read there)
-    return parser.parse_args(["--port", str(port), "--http-port", "0", "--metrics-port", str(free_port()),
-                              *EngineConfig.from_args(args).to_argv()])
+
+def with_executor_metrics(specs: list, port: int) -> list:
+    """The services with the executor's metrics on `port` (its Execute time is read there)."""
+    executor = next(s for s in specs if s.name == "executor")
+    argv = executor.argv
+    if "--metrics-port" in argv:
+        argv[argv.index("--metrics-port") + 1] = str(port)
+    else:
+        argv += ["--metrics-port", str(port)]
+    return specs
 
 
 def run(args) -> int:

@@ -86,19 +86,17 @@ def service_specs(args, host: str = "127.0.0.1"):
     gateway = from_args(GatewayConfig, args, host=host)
     metrics_elsewhere = None if gateway.metrics_port is None else 0
     # the first gateway's HTTP /metrics includes every replica's memsvc and executor, so
-    # they always get a (free) metrics port the gateway is told about; with --metrics-port
-    # and no HTTP API they get one too, named in their arguments (bench split reads them)
+    # they always get a (free) metrics port the gateway is told about
     scrape = bool(gateway.http_port)
-    service_metrics = scrape or gateway.metrics_port is not None
     cli = [sys.executable, "-m", "pagedserve.cli"]
     specs, pairs, upstreams = [], [], []
     for i in range(serve.replicas):
         scaled = serve.replicas > 1
         m = dataclasses.replace(memsvc, port=(0 if scaled else serve.memsvc_port) or free_port(host),
-                                metrics_port=free_port(host) if service_metrics else None)
+                                metrics_port=free_port(host) if scrape else metrics_elsewhere)
         e = dataclasses.replace(executor, port=(0 if scaled else serve.executor_port) or free_port(host),
                                 memsvc=f"{host}:{m.port}",
-                                metrics_port=free_port(host) if service_metrics else None)
+                                metrics_port=free_port(host) if scrape else metrics_elsewhere)
         if scrape:
             upstreams += [f"memsvc{suffix(i)}=http://{host}:{m.metrics_port}/metrics",
                           f"executor{suffix(i)}=http://{host}:{e.metrics_port}/metrics"]

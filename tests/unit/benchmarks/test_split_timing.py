@@ -28,17 +28,16 @@ def test_a_client_that_calls_later_stays_one_and_its_call_is_timed_whole():
     assert not TimedMemory(Plain()).calls_later and TimedMemory(Plain()).reserve("p") == "answer"
 
 
-def test_the_split_services_get_no_http_api_and_a_metrics_port_each_named_in_their_arguments():
+def test_the_split_services_get_no_http_api_and_the_executor_a_metrics_port():
     """bench split reads the executor's Execute time from its metrics port; the HTTP API
     (whose packages the GPU machine's image lacks) stays off."""
-    from benchmarks.split import serve_namespace
+    from benchmarks.split import serve_namespace, with_executor_metrics
     from pagedserve.cli import build_parser
     from pagedserve.serve_cmd import service_specs
 
     args = build_parser().parse_args(["bench", "split", "--kv-tokens", "1024"])
-    specs = {s.name: s for s in service_specs(serve_namespace(args, port=7100))}
-    assert "--http-port" in specs["gateway"].argv and specs["gateway"].argv[
-        specs["gateway"].argv.index("--http-port") + 1] == "0"
-    for name in ("memsvc", "executor"):
-        argv = specs[name].argv
-        assert int(argv[argv.index("--metrics-port") + 1]) > 0
+    specs = {s.name: s for s in with_executor_metrics(service_specs(serve_namespace(args, port=7100)), 7199)}
+    gateway = specs["gateway"].argv
+    assert gateway[gateway.index("--http-port") + 1] == "0"
+    executor = specs["executor"].argv
+    assert executor[executor.index("--metrics-port") + 1] == "7199" and executor.count("--metrics-port") == 1

@@ -145,12 +145,3 @@ def test_serve_help_groups_flags_by_service(capsys):
                  "--trace-file", "--otlp-endpoint", "--max-num-seqs", "--api-key"):
         assert flag in out, flag
 
-
-def test_metrics_port_without_the_http_api_gives_each_service_a_known_metrics_port():
-    args = build_parser().parse_args(["serve", "--http-port", "0", "--metrics-port", "9000"])
-    specs = service_specs(args)
-    ports = [child_config(s)[1].metrics_port for s in specs[:2]]
-    assert all(p and p != 9000 for p in ports) and len(set(ports)) == 2
-    assert child_config(specs[2])[1].metrics_port == 9000 and child_config(specs[2])[1].metrics_upstream == []
-    plain = service_specs(build_parser().parse_args(["serve", "--http-port", "0"]))
-    assert [child_config(s)[1].metrics_port for s in plain] == [None, None, None]
