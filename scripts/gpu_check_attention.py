@@ -124,3 +124,28 @@ def graph_timed(torch, fn, repeats=50):
     with torch.cuda.graph(graph):
         fn()
     return timed(torch, graph.replay, repeats)
+
+
+def copy_gb_per_s(torch, device="cuda") -> float:
+    """Device-to-device copy bandwidth of 1 GiB, counting read and write: the ceiling the
+    decode kernel's KV reads are set against."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    seconds = timed(torch, lambda: dst.copy_(src), 10)
+    return 2 * src.numel() / seconds / 1e9
+
+
+def dense_decode(torch, a, scale):
+    """SDPA over make_paged's decode arguments (one query a sequence, every sequence at the
+    table's full length) with K/V gathered once into contiguous [B, kv, context, head]: a
+    function of no arguments, the dense launch that paged attention is set against."""
+    import torch.nn.functional as F
+
+    k_cache, v_cache = a["k_cache"], a["v_cache"]
+    num_seqs, (_, block, kv, head) = a["block_tables"].shape[0], k_cache.shape
+    context = a["block_tables"].shape[1] * block
+    ids = a["block_tables"].long()
+    k = k_cache[ids].reshape(num_seqs, context, kv, head).transpose(1, 2).contiguous()
+    v = v_cache[ids].reshape(num_seqs, context, kv, head).transpose(1, 2).contiguous()
+    q = a["q"].view(num_seqs, -1, 1, head)
+    return lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpu_check_attention import graph_timed, make_paged, timed
+from gpu_check_attention import copy_gb_per_s, dense_decode, graph_timed, make_paged, timed
 
 if TYPE_CHECKING:
     from gpu_check import Part  # the runner's record of a part (no import at run time)
@@ -19,33 +19,22 @@ if TYPE_CHECKING:
 
 def part_bench(args, part: Part):
     import torch
-    import torch.nn.functional as F
 
     from kernels.paged_attention_triton import paged_attention_triton
 
     device = args.device
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    seconds = timed(torch, lambda: dst.copy_(src), 10)
-    copy_gbs = 2 * src.numel() / seconds / 1e9  # read + write
-    del src, dst
+    copy_gbs = copy_gb_per_s(torch, device)
     rows = []
     shapes = [(256, 2048, 32, 8, 128, 16), (32, 8192, 32, 8, 128, 16), (4, 8192, 32, 8, 128, 16),
               (256, 2048, 32, 8, 128, 32), (64, 2048, 16, 16, 64, 16)]
     for num_seqs, context, heads, kv, head, block in shapes[:2] if args.quick else shapes:
         a = make_paged(torch, num_seqs, context, 1, heads, kv, head, block, torch.bfloat16, device)
         scale = head ** -0.5
-        t_paged = timed(torch, lambda: paged_attention_triton(**a, scale=scale))
+        paged = lambda: paged_attention_triton(**a, scale=scale)  # noqa: E731
+        dense = dense_decode(torch, a, scale)
         kv_bytes = 2 * num_seqs * context * kv * head * 2
-        # dense: the same K/V gathered into contiguous [B, kv, context, head], then SDPA
-        ids = a["block_tables"].long()
-        k = a["k_cache"][ids].reshape(num_seqs, context, kv, head).transpose(1, 2).contiguous()
-        v = a["v_cache"][ids].reshape(num_seqs, context, kv, head).transpose(1, 2).contiguous()
-        q = a["q"].view(num_seqs, heads, 1, head)
-        dense = lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)  # noqa: E731
-        t_dense = timed(torch, dense)
-        g_paged = graph_timed(torch, lambda: paged_attention_triton(**a, scale=scale))
-        g_dense = graph_timed(torch, dense)
+        t_paged, t_dense = timed(torch, paged), timed(torch, dense)
+        g_paged, g_dense = graph_timed(torch, paged), graph_timed(torch, dense)
         rows.append(dict(seqs=num_seqs, context=context, heads=heads, kv_heads=kv, head=head, block=block,
                          paged_ms=t_paged * 1e3, dense_sdpa_ms=t_dense * 1e3,
                          paged_gb_per_s=kv_bytes / t_paged / 1e9,
@@ -54,7 +43,7 @@ def part_bench(args, part: Part):
                          paged_graph_ms=g_paged * 1e3, dense_graph_ms=g_dense * 1e3,
                          graph_fraction_of_copy=kv_bytes / g_paged / 1e9 / copy_gbs,
                          graph_paged_over_dense=g_paged / g_dense - 1))
-        del a, k, v
+        del a, paged, dense
         part.put("rows", rows)
         if part.over():
             part.put("reason", "time budget")

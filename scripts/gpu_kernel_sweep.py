@@ -72,10 +72,10 @@ def measure(torch, shape, variant, copy_gbs, check=False, splits=None, a=None, g
     return row
 
 
-def split_rows(torch, copy_gbs, start, args, report) -> list[dict]:
-    import torch.nn.functional as F
+def split_rows(torch, copy_gbs, start, args, report) -> None:
+    """The --splits rows, into report["splits"] (written as each shape ends)."""
     from gpu_check import write
-    from gpu_check_attention import graph_timed, make_paged
+    from gpu_check_attention import dense_decode, graph_timed, make_paged
 
     import kernels.paged_attention_triton as pat
 
@@ -87,10 +87,10 @@ def split_rows(torch, copy_gbs, start, args, report) -> list[dict]:
         seqs, context, heads, kv, head, block = shape
         a = make_paged(torch, seqs, context, 1, heads, kv, head, block, torch.bfloat16, "cuda")
         rule = pat.SPLIT_BELOW, pat.FILL_WAVES
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        programs = (seqs // pat.launch_config(seqs, seqs, heads // kv, block, head)["block_q"] + seqs) * kv
         for below, waves in RULES:
             pat.SPLIT_BELOW, pat.FILL_WAVES = below, waves
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-            programs = (seqs // pat.launch_config(seqs, seqs, heads // kv, block, head)["block_q"] + seqs) * kv
             rows.append({**measure(torch, shape, VARIANTS[0], copy_gbs, check=(below, waves) == RULES[0], a=a,
                                  graphs=True),
                          "splits": f"auto, SPLIT_BELOW={below} FILL_WAVES={waves}: "
@@ -98,19 +98,13 @@ def split_rows(torch, copy_gbs, start, args, report) -> list[dict]:
         pat.SPLIT_BELOW, pat.FILL_WAVES = rule
         rows += [measure(torch, shape, VARIANTS[0], copy_gbs, splits=count, a=a, graphs=True)
                  for count in SPLIT_COUNTS]
-        ids = a["block_tables"].long()
-        k = a["k_cache"][ids].reshape(seqs, context, kv, head).transpose(1, 2).contiguous()
-        v = a["v_cache"][ids].reshape(seqs, context, kv, head).transpose(1, 2).contiguous()
-        q = a["q"].view(seqs, heads, 1, head)
-        dense = graph_timed(torch, lambda: F.scaled_dot_product_attention(q, k, v, scale=head ** -0.5,
-                                                                          enable_gqa=True))
+        dense = graph_timed(torch, dense_decode(torch, a, head ** -0.5))
         rows.append({"variant": "dense SDPA", "shape": rows[-1]["shape"], "splits": "-", "ms": dense * 1e3,
                      "fraction_of_copy": 2 * seqs * context * kv * head * 2 / dense / 1e9 / copy_gbs})
-        del a, k, v
+        del a
         for row in rows[-(len(RULES) + len(SPLIT_COUNTS) + 1):]:
             print(json.dumps(row), flush=True)
         write(report, args.out)
-    return rows
 
 
 def main(argv=None) -> int:
@@ -123,16 +117,13 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT / "scripts"))
     import torch
     from gpu_check import write
-    from gpu_check_attention import timed
+    from gpu_check_attention import copy_gb_per_s
 
     start = time.monotonic()
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_gbs = 2 * src.numel() / timed(torch, lambda: dst.copy_(src), 10) / 1e9
-    del src, dst
+    copy_gbs = copy_gb_per_s(torch)
     report = {"gpu": torch.cuda.get_device_name(), "copy_gb_per_s": copy_gbs, "goal_shape": [], "other_shapes": []}
     if args.splits:
-        report["splits"] = split_rows(torch, copy_gbs, start, args, report)
+        split_rows(torch, copy_gbs, start, args, report)
         report["seconds"] = time.monotonic() - start
         write(report, args.out)
         return 0

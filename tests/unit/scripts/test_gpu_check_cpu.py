@@ -174,3 +174,12 @@ def test_every_kernel_case_names_a_shape_and_a_reason():
     assert quick == kernels_part.KERNEL_CASES[:len(quick)]  # the quick cases are the most important, first
     assert {c.dtype for c in quick} == {"bfloat16", "float16", "float32"} and any(c.mixed_launch for c in quick)
     assert any(c.far for c in kernels_part.KERNEL_CASES) and any(c.window for c in kernels_part.KERNEL_CASES)
+
+
+def test_the_dense_decode_the_bench_sets_paged_attention_against_is_attention():
+    """gpu_check_attention.dense_decode (the bench part's and the sweep's dense launch) over
+    make_paged's decode arguments equals the float32 reference, on the CPU."""
+    attention = load_part("gpu_check_attention")
+    a = attention.make_paged(torch, 3, 48, 1, 4, 2, 16, 16, torch.float32, "cpu")
+    out = attention.dense_decode(torch, a, 0.25)()
+    torch.testing.assert_close(out.view(3, 4, 16), attention.dense_reference(torch, a, 0.25), atol=1e-5, rtol=1e-5)
