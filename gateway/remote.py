@@ -133,29 +133,38 @@ class RemoteExecutorClient(ExecutorClient):
 
     def execute_later(self, step: StepDelta) -> Callable[[], list[SampleOutput]]:
         """Sends each sequence's state once, then only its changes (wire.step_delta); an
-        executor that lost that state (it restarted) gets all of it."""
-        answer = self._send(step)
+        executor that lost that state (it restarted) gets all of it. So does a step encoded
+        before the step ahead of it was sent again that way, if it was refused (state
+        lost, or a block table change the executor never had: the step before it failed
+        before changing anything)."""
+        resyncs = []
+        answer = self._send(step, resyncs)
 
         def result() -> list[SampleOutput]:
             try:
                 return answer()
             except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.FAILED_PRECONDITION or STATE_LOST not in (e.details() or ""):
+                code, details = e.code(), e.details() or ""
+                lost = code == grpc.StatusCode.FAILED_PRECONDITION and STATE_LOST in details
+                behind = (code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+                          and self.num_resyncs != resyncs[0])
+                if not (lost or behind):
                     raise
             with self._lock:
                 self._sent.clear()
                 self.incarnation = ""
-            self.num_resyncs += 1
-            return self._send(step)()
+                self.num_resyncs += 1
+            return self._send(step, [])()
         return result
 
-    def _send(self, step: StepDelta) -> Callable[[], list[SampleOutput]]:
+    def _send(self, step: StepDelta, resyncs: list[int]) -> Callable[[], list[SampleOutput]]:
         # What goes out counts as held at once: the next step may be encoded before this
         # one is answered. After a failure what the executor holds is unknown: all again.
         self._encoded.wait_turn(step.step)
         try:
             with self._lock:
                 request = encode_delta(step, self._sent, self.session_id, self.incarnation)
+                resyncs.append(self.num_resyncs)  # as this step was encoded
         finally:
             self._encoded.passed(step.step)
         answer = self._steps.start("Execute", self.stub.Execute, request, executor_pb2.ExecuteResponse,

@@ -87,3 +87,47 @@ def test_after_a_failure_every_state_and_whole_table_goes_again(client):
     client.execute(step)
     again = client.stub.requests[-1]
     assert len(again.states) == 1 and list(again.table_start) == [0] and list(again.new_blocks) == [5, 6]
+
+
+class Refused(grpc.RpcError):
+    def __init__(self, code, details):
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+
+def test_a_step_sent_behind_one_whose_state_was_lost_goes_again_with_every_state(client):
+    """A restarted executor refuses step 2 (state lost) before changing anything, so step 3,
+    encoded meanwhile as a change only, is refused on a table change it never had: both go
+    again with every state; a refusal with no resync in between is the caller's."""
+    a = Seq([1, 2, 3], [5])
+    client.execute(StepDelta([SeqDelta("a", [1, 2, 3], 0, True, 0, [5], a)], step=1))
+    stub, refusals = client.stub, {}
+    answer = stub.Execute
+
+    def execute(request, timeout=None, metadata=None):
+        if (request.step, len(request.states)) in refusals:
+            stub.requests.append(request)
+            raise refusals.pop((request.step, len(request.states)))
+        return answer(request, timeout, metadata)
+
+    stub.Execute = execute
+    refusals[(2, 0)] = Refused(grpc.StatusCode.FAILED_PRECONDITION, "executor state lost: send every state")
+    refusals[(3, 0)] = Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                               "batch rejected: sequence a: block table change at 2, but it holds 1 blocks")
+    a.block_table = [5, 6]
+    later2 = client.execute_later(StepDelta([SeqDelta("a", [FED], 3, True, 1, [6], a)], step=2))
+    a.block_table = [5, 6, 7]
+    later3 = client.execute_later(StepDelta([SeqDelta("a", [FED], 4, True, 2, [7], a)], step=3))
+    assert len(later2()) == 1 and len(later3()) == 1
+    sent = [(r.step, len(r.states), list(r.table_start)) for r in stub.requests[1:]]
+    assert sent == [(2, 0, [1]), (3, 0, [2]), (2, 1, [0]), (3, 1, [0])]
+    assert client.num_resyncs == 2
+    refusals[(4, 0)] = Refused(grpc.StatusCode.INVALID_ARGUMENT, "batch rejected: bad")
+    with pytest.raises(grpc.RpcError):  # nothing was sent again meanwhile: not retried
+        client.execute(StepDelta([SeqDelta("a", [FED], 5, True, 3, [], a)], step=4))
+    assert client.num_resyncs == 2
