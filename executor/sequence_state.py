@@ -135,7 +135,10 @@ class SequenceStates:
             seqs.append(step_of(held, seq_id, tokens, start, sample, table_start, blocks, bs))
         if at != len(token_ids) or bat != len(new_blocks):
             raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
-        return Expanded(StepBatch(seqs, m.pool_epoch, list(m.forget)), holder, histories)
+        if len(m.copy_src) != len(m.copy_dst):
+            raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
+        return Expanded(StepBatch(seqs, m.pool_epoch, list(m.forget), copies=list(zip(m.copy_src, m.copy_dst))),
+                        holder, histories)
 
     @staticmethod
     def fill(step: Expanded) -> None:

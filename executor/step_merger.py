@@ -136,7 +136,8 @@ class StepMerger:
         if not ready:
             return None
         merged = StepBatch([s for w in ready for s in w.batch.seqs],
-                           forget=[f for w in ready for f in w.batch.forget])
+                           forget=[f for w in ready for f in w.batch.forget],
+                           copies=[c for w in ready for c in w.batch.copies])
         try:
             launched = self.launch(merged)
         except BaseException as e:  # every caller of this pass gets the error

@@ -296,7 +296,7 @@ class Scheduler:
                 tokens = (prompt + out)[start:end]
             steps.append(SeqDelta(seq_id, tokens, start, end == plen + len(out) + fed, g.table_start,
                                   g.new_blocks, seq))
-        return StepDelta(steps, pool_epoch=result.pool_epoch), rejected
+        return StepDelta(steps, pool_epoch=result.pool_epoch, copies=result.block_copies), rejected
 
     def _fed_run(self, result: ReserveResult, inflight: dict | None) -> StepDelta | None:
         """The steady decode step, kept in columns: memsvc granted a plan made ahead of
@@ -319,7 +319,7 @@ class Scheduler:
             if k:
                 apply_table_change(seqs[i].block_table, run.table_start[i], run.new_blocks[at:at + k], ids[i])
                 at += k
-        return StepDelta([], pool_epoch=result.pool_epoch,
+        return StepDelta([], pool_epoch=result.pool_epoch, copies=result.block_copies,
                          run=FedRun(ids, run.start_pos, run.table_start, run.num_new_blocks, run.new_blocks, seqs))
 
     def on_sampled(self, batch: StepDelta, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:

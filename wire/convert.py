@@ -184,7 +184,7 @@ def run_grants_to_proto(seq_ids: list[str], counts: list[int], pending: list[int
         grant_seq_ids=seq_ids, grant_start_pos=grants.start_pos,
         grant_num_tokens=[n + p for n, p in zip(counts, pending)], grant_table_start=grants.table_start,
         grant_num_new_blocks=grants.num_new_blocks, grant_new_blocks=grants.new_blocks,
-        grant_num_cached=[0] * len(seq_ids))
+        grant_num_cached=[0] * len(seq_ids))  # no copy-on-write: such a plan is deferred
 
 
 def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
@@ -198,12 +198,16 @@ def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
         preempted=[memory_pb2.Preemption(seq_id=p.seq_id, mode=p.mode) for p in r.preempted],
         rejected=[memory_pb2.Rejection(seq_id=x.seq_id, reason=x.reason) for x in r.rejected],
         waiting=r.waiting, resumed=r.resumed, pool_epoch=r.pool_epoch, deferred=r.deferred,
+        copy_src=[c[0] for c in r.block_copies], copy_dst=[c[1] for c in r.block_copies],
     )
 
 
 def reserve_result_from_proto(m: memory_pb2.ReserveResponse, columns: bool = False) -> ReserveResult:
     """`columns`: the answer to a plan made ahead of running entries alone (memsvc answers
     such a plan in full or defers it), kept in columns (`ReserveResult.run`)."""
+    if len(m.copy_src) != len(m.copy_dst):
+        raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
+    copies = list(zip(m.copy_src, m.copy_dst))
     if columns and not m.deferred:
         ids = list(m.grant_seq_ids)
         run = RunGrants(list(m.grant_start_pos), list(m.grant_table_start), list(m.grant_num_new_blocks),
@@ -211,7 +215,7 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse, columns: bool = Fal
         if (not (m.preempted or m.rejected or m.waiting or m.resumed) and len(ids) == len(run.start_pos)
                 == len(run.table_start) == len(run.num_new_blocks) == len(run.num_tokens)
                 and sum(run.num_new_blocks) == len(run.new_blocks)):
-            return ReserveResult(grants=[], pool_epoch=m.pool_epoch, run=run)
+            return ReserveResult(grants=[], pool_epoch=m.pool_epoch, run=run, block_copies=copies)
     blocks, counts = list(m.grant_new_blocks), m.grant_num_new_blocks
     grants, at = [], 0
     for seq_id, start, n, table_start, k, cached in zip(
@@ -229,6 +233,7 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse, columns: bool = Fal
         resumed=list(m.resumed),
         pool_epoch=m.pool_epoch,
         deferred=m.deferred,
+        block_copies=copies,
     )
 
 

@@ -209,6 +209,8 @@ class StepBatch:
     # an executor that keeps per-sequence state (across processes) drops theirs first
     step: int = 0  # the caller's number for it: an executor runs a caller's steps in this
     # order (wire.step_feed); 0: unordered
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) block copies that
+    # ranks holding their own pools apply, in order, before the step (ReserveResult.block_copies)
 
 
 @dataclass
@@ -322,6 +324,9 @@ class ReserveResult:
     # the grants in columns instead (`grants` then empty): the gateway's reading of memsvc's
     # answer to a plan made ahead of running entries alone (convert.reserve_result_from_proto)
     run: RunGrants | None = None
+    # (src, dst) copy-on-write copies for ranks that hold their own pools (memsvc copied its
+    # own already): they travel with this step to the executor (StepBatch.copies)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     def all_grants(self) -> list[Grant]:
         """`grants`, or the grants `run` holds in columns, one object each."""

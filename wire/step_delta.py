@@ -80,7 +80,7 @@ class FedRun:
 @dataclass
 class StepDelta:
     """One step for the executor: `seqs`, then `run` (in columns, the steady decode step's
-    sequences). `pool_epoch`, `forget` and `step` mean what they mean in
+    sequences). `pool_epoch`, `forget`, `step` and `copies` mean what they mean in
     wire.protocol.StepBatch."""
 
     seqs: list[SeqDelta]
@@ -88,6 +88,7 @@ class StepDelta:
     forget: list[str] = field(default_factory=list)
     step: int = 0
     run: FedRun | None = None
+    copies: list[tuple[int, int]] = field(default_factory=list)
     _progress: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def all_seqs(self) -> list[SeqDelta]:
@@ -190,4 +191,5 @@ def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: 
         pool_epoch=step.pool_epoch, session_id=session_id, incarnation=incarnation,
         forget=forget, seq_ids=ids, start_pos=starts, num_tokens=ntok, token_ids=toks,
         sample=samples, table_start=tstarts, num_new_blocks=nnew, new_blocks=newb, states=states,
-        fed=fed if any_fed else (), step=step.step)
+        fed=fed if any_fed else (), step=step.step,
+        copy_src=[c[0] for c in step.copies], copy_dst=[c[1] for c in step.copies])

@@ -204,3 +204,19 @@ def test_a_run_in_columns_goes_as_its_sequences_one_by_one_would():
         assert encode_delta(step_, set(sent), "s1", "") == encode_delta(one_by_one, set(sent), "s1", "")
     assert step_.sampled_ids() == ["p", "a", "b", "c"] and step_.num_tokens() == 5
     assert step_.progress() == {"p": (2, True), "a": (6, True), "b": (9, True), "c": (5, True)}
+
+
+def test_block_copies_go_with_their_step():
+    """memsvc's copy-on-write copies for ranks that hold their own pools (memsvc.held_pools)
+    reach the executor's StepBatch in order; mismatched columns are refused."""
+    link = Link()
+    a = Src([5, 6, 7, 8, 9, 10], [3, 8])
+    out, req = link.run(StepDelta([delta("a", [5, 6, 7, 8, 9, 10], 0, 0, [3, 8], a)], copies=[(8, 7), (2, 5)]))
+    assert out.copies == [(8, 7), (2, 5)] and list(req.copy_src) == [8, 2]
+    out, _ = link.run(StepDelta([delta("a", [11], 6, 2, [], a)]))
+    assert out.copies == []
+    bad = encode_delta(StepDelta([delta("a", [12], 7, 2, [], a)], copies=[(8, 7)]), link.sent, "s1",
+                       link.incarnation)
+    bad.copy_dst.append(1)
+    with pytest.raises(ValueError, match="copy_src has 1 blocks, copy_dst 2"):
+        link.states.expand(wire(bad))

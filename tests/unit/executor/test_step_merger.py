@@ -108,16 +108,17 @@ def test_merger_splits_prompt_only_outputs_with_the_sampled_ones():
     assert [(o.seq_id, o.sampled) for o in results["g1"]] == [("0/1", False), ("0/2", True)]
 
 
-def test_merged_pass_carries_every_callers_forget_list():
+def test_merged_pass_carries_every_callers_forget_list_and_block_copies():
     seen = []
 
     def execute(batch):
-        seen.append(list(batch.forget))
+        seen.append((list(batch.forget), list(batch.copies)))
         return [SampleOutput(s.seq_id, 0) for s in batch.seqs if s.sample]
 
     merger = StepMerger(launch_of(execute))
-    assert merger.run(StepBatch([step("x")], forget=["gone/0", "gone/1"]))[0] == [SampleOutput("x", 0)]
-    assert seen == [["gone/0", "gone/1"]]
+    batch = StepBatch([step("x")], forget=["gone/0", "gone/1"], copies=[(3, 4)])
+    assert merger.run(batch)[0] == [SampleOutput("x", 0)]
+    assert seen == [(["gone/0", "gone/1"], [(3, 4)])]
 
 
 class BehindDevice:
