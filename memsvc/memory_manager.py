@@ -21,6 +21,11 @@ A tensor-parallel group registers with `ranks` > 1: memsvc holds one pool per ra
 one swap space and host tier per rank) of the same block geometry, 1/ranks of the KV heads
 each (memsvc.kv_pool.rank_geometry); every decision is made once, on block ids, and every
 block copy is applied to every rank's pools. Capacity and budgets count all ranks' bytes.
+A rank that holds its own pool (`holds_pool`: a rank on another node) gets none here: memsvc
+preempts by recompute alone and keeps no host tier, and each answer's copy-on-write copies
+go back in `block_copies` for that rank to apply before the step; the group registering
+again means those pools are new and empty, so everything memsvc held is dropped under a
+new `pool_epoch` (memsvc.held_pools).
 
 With `MemoryConfig.shared`, the pool lives where another process can map it: a POSIX
 shared-memory segment on the CPU (`shm_pool`), a CUDA IPC allocation on a GPU named by
@@ -32,6 +37,7 @@ Not thread-safe: memsvc's server serializes every call with one lock.
 """
 from __future__ import annotations
 
+import functools
 import uuid
 
 import torch
@@ -40,6 +46,7 @@ from kernels import copy_blocks
 from memsvc import make_allocator
 from memsvc.config import GIB, MemoryConfig
 from memsvc.fair_share import over_share
+from memsvc.held_pools import check_holds, held_copies, held_text
 from memsvc.host_pool import (allocate_host_pool, finish_copies, host_blocks_for, measure_block_copy,
                               timed_copy)
 from memsvc.kv_pool import allocate_pool, num_blocks_for_budget, rank_geometry
@@ -59,8 +66,9 @@ class MemoryManager:
         self.config = config
         self.geometry: KVGeometry | None = None
         self.pool: torch.Tensor | None = None  # rank 0's pool (the only one without TP)
-        self.pools: list[torch.Tensor] = []  # every rank's, rank r's at r
+        self.pools: list[torch.Tensor] = []  # the pools memsvc holds: every rank's but held ones
         self.ranks = 1
+        self.holds_pool: list[bool] = []  # per rank: it holds its own pool (memsvc.held_pools)
         self.pool_device: str | None = None  # what the executor asked for
         self.shm = None  # wire.shm_pool.ShmPool when the CPU pool is shared (rank 0's)
         self.shms: list = []  # every rank's ShmPool
@@ -78,10 +86,11 @@ class MemoryManager:
         self.pool_epoch = uuid.uuid4().hex  # names this manager's pool in every ReserveResult
 
     def register_executor(self, geometry: KVGeometry, budget_bytes: int = 0,
-                          device: str | None = None, max_model_len: int = 0, ranks: int = 1):
+                          device: str | None = None, max_model_len: int = 0, ranks: int = 1,
+                          holds_pool: list[bool] | None = None):
         """Allocate the pool for this geometry (once) and return it; with `ranks` > 1 (a
         tensor-parallel group, `geometry` holding all its KV heads) the list of every rank's
-        pool, rank r's at r.
+        pool, rank r's at r (None for a rank that `holds_pool` itself: memsvc.held_pools).
 
         A later executor (a restart, a replica) with the same geometry, device and ranks gets
         the same pool; a different one is a ValueError. Size: `config.num_blocks`, else
@@ -89,14 +98,21 @@ class MemoryManager:
         `max_model_len` 0 means `config.max_model_len`.
         """
         device = device or self.config.device
+        holds = check_holds(holds_pool, ranks, self.config)
         if self.pool is not None:
-            if geometry != self.geometry or device != self.pool_device or ranks != self.ranks:
+            if (geometry != self.geometry or device != self.pool_device or ranks != self.ranks
+                    or holds != self.holds_pool):
                 raise ValueError(f"the pool exists for {self.geometry} on {self.pool_device} "
-                                 f"({self.ranks} ranks); this executor sent {geometry} on {device} "
-                                 f"({ranks} ranks)")
-            return self.pool if ranks == 1 else list(self.pools)
+                                 f"({self.ranks} ranks{held_text(self.holds_pool)}); this executor "
+                                 f"sent {geometry} on {device} ({ranks} ranks{held_text(holds)})")
+            if any(holds):  # the group restarted: its ranks' own pools are new and empty
+                self._new_epoch()
+            return self._rank_pools()
         per_rank = rank_geometry(geometry, ranks)
         cfg = self.config
+        self.holds_pool = holds
+        if any(holds):
+            self.policy = PreemptionPolicy("recompute")
         num_blocks = cfg.num_blocks
         if num_blocks is None and cfg.kv_tokens is not None:
             num_blocks = cfg.kv_tokens // geometry.block_size
@@ -104,24 +120,24 @@ class MemoryManager:
                 raise ValueError(f"kv_tokens={cfg.kv_tokens} holds no block of {geometry.block_size} tokens")
         if num_blocks is None:
             num_blocks = num_blocks_for_budget(geometry, budget_bytes or int(cfg.kv_memory * GIB))
-        self.pools = [self._allocate(per_rank, num_blocks, device, r) for r in range(ranks)]
+        self.pools = [self._allocate(per_rank, num_blocks, device, r) for r in range(ranks) if not holds[r]]
         self.pool, self.ranks = self.pools[0], ranks
         self.geometry, self.pool_device = geometry, device
         num_host = 0
-        if cfg.policy == "paged" and cfg.preemption_mode != "recompute":
+        if cfg.policy == "paged" and self.policy.mode != "recompute":
             num_host = cfg.num_host_blocks
             if num_host is None:
                 num_host = host_blocks_for(geometry, int(cfg.swap_space * GIB))
         num_tier = 0
-        if cfg.policy == "paged" and cfg.prefix_caching:
+        if cfg.policy == "paged" and cfg.prefix_caching and not any(holds):
             num_tier = cfg.num_offload_blocks
             if num_tier is None:
                 num_tier = host_blocks_for(geometry, int(cfg.kv_offload * GIB))
-        self.allocator = make_allocator(
-            cfg.policy, num_blocks, geometry.block_size,
+        self._new_allocator = functools.partial(
+            make_allocator, cfg.policy, num_blocks, geometry.block_size,
             max_model_len=max_model_len or cfg.max_model_len, enable_prefix_caching=cfg.prefix_caching,
-            num_host_blocks=num_host, window=geometry.window or None, num_offload_blocks=num_tier,
-        )
+            num_host_blocks=num_host, window=geometry.window or None, num_offload_blocks=num_tier)
+        self.allocator = self._new_allocator()
         if num_host:
             self.host_pools = [allocate_host_pool(per_rank, num_host, p) for p in self.pools]
             self.host_pool = self.host_pools[0]
@@ -137,7 +153,23 @@ class MemoryManager:
             if seconds is not None:  # a block copy moves every rank's part
                 self.policy.costs.observe_copy(1, seconds * ranks)
         self.planner = StepPlanner(self.allocator, self.policy, int(cfg.watermark * num_blocks))
-        return self.pool if ranks == 1 else list(self.pools)
+        return self._rank_pools()
+
+    def _rank_pools(self):
+        """rank 0's pool alone, or every rank's (None where the rank holds its own)."""
+        if self.ranks == 1:
+            return self.pool
+        own = iter(self.pools)
+        return [None if held else next(own) for held in self.holds_pool]
+
+    def _new_epoch(self) -> None:
+        """Forget every sequence, cached block and session under a new pool epoch, as a new
+        memsvc process would, keeping the pools memsvc holds (their contents go unread)."""
+        self.pool_epoch = uuid.uuid4().hex
+        self.allocator = self._new_allocator()
+        self.planner = StepPlanner(self.allocator, self.policy, self.planner.watermark_blocks)
+        self.sessions = Sessions(self.config.session_lease)
+        self._last_stamp = {}
 
     def _allocate(self, geometry: KVGeometry, num_blocks: int, device: str, rank: int = 0) -> torch.Tensor:
         from wire.cuda_ipc import allocate_cuda_pool, is_gpu_uuid
@@ -199,6 +231,8 @@ class MemoryManager:
         self._copy(reservation.copies)
         result = reservation.result
         result.pool_epoch = self.pool_epoch
+        if self.ranks > len(self.pools):
+            result.block_copies = held_copies(reservation.copies)
         result.preempted[:0] = [Preemption(e.seq_id, "recompute") for e in lost]
         if session_id:
             result.waiting.extend(held_back)
@@ -224,7 +258,7 @@ class MemoryManager:
         grants = planner.reserve_running(free, [internal(session_id, s) for s in seq_ids], counts,
                                          token_ids, pending)
         if grants is not None:
-            self._copy(grants.copies)
+            self._copy(grants.copies)  # offloads only: a copy-on-write defers the plan
         self.sessions.touch(session_id).seqs.difference_update(free)
         return grants
 

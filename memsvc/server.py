@@ -102,25 +102,30 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
         try:
             with self.lock:
                 pool = self.manager.register_executor(geometry, request.budget_bytes, device,
-                                                      request.max_model_len, ranks=len(ranks) or 1)
+                                                      request.max_model_len, ranks=len(ranks) or 1,
+                                                      holds_pool=list(request.rank_holds_pool))
         except ValueError as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except (LookupError, RuntimeError) as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot allocate the pool on {device}: {e}")
         pools = pool if isinstance(pool, list) else [pool]
-        log.info("executor registered: pool %s %s on %s%s", list(pools[0].shape), geometry.dtype,
-                 device, f" for each of {len(pools)} ranks" if len(pools) > 1 else "")
-        return memory_pb2.RegisterExecutorResponse(pool=self._handle(pools[0]),
+        held = [r for r, p in enumerate(pools) if p is None]
+        log.info("executor registered: pool %s %s on %s%s%s (epoch %s)", list(pools[0].shape),
+                 geometry.dtype, device, f" for each of {len(pools)} ranks" if len(pools) > 1 else "",
+                 f", ranks {held} holding their own" if held else "", self.manager.pool_epoch[:8])
+        return memory_pb2.RegisterExecutorResponse(pool=self._handle(pools),
                                                    pool_epoch=self.manager.pool_epoch)
 
-    def _handle(self, pool) -> memory_pb2.PoolHandle:
+    def _handle(self, pools: list) -> memory_pb2.PoolHandle:
         m = self.manager
+        pool = pools[0]
         handle = memory_pb2.PoolHandle(num_blocks=pool.shape[0], shape=list(pool.shape),
                                        dtype=m.geometry.dtype)
         if m.shm is not None:
             handle.shm_name = m.shm.name
-            if len(m.shms) > 1:
-                handle.rank_shm_names.extend(shm.name for shm in m.shms)
+            if len(pools) > 1:  # "" for a rank that holds its own pool
+                names = iter(shm.name for shm in m.shms)
+                handle.rank_shm_names.extend("" if p is None else next(names) for p in pools)
         elif m.cuda_handle is not None:
             handle.cuda_ipc_handle = m.cuda_handle.pack()
             handle.gpu_uuid = m.cuda_handle.gpu_uuid
