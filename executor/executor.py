@@ -93,17 +93,18 @@ class Executor:
     def attach_pool(self, pool) -> None:
         """Use `pool` for the KV cache from now on (ValueError if it does not fit the model).
         Tensor parallel: the list of every rank's pool (executor.tp_pools.own_pool)."""
+        holds = False
         if self.plan is not None:
-            pool = tp_pools.own_pool(pool, self.plan, self.leader)
+            pool, holds = tp_pools.own_pool(pool, self.plan, self.leader, self.device)
         if pool.device.type != self.device.type:
             raise ValueError(f"KV pool is on {pool.device}, the model on {self.device}")
         if pool.shape[3] != self.block_size:
             raise ValueError(f"KV pool block size {pool.shape[3]} differs from {self.block_size}")
         if self.runner is None:
-            self.runner = ModelRunner(self.model, self.model.config, pool)
+            self.runner = ModelRunner(self.model, self.model.config, pool, holds)
             self.runner.guided = self.guided
         else:
-            self.runner.attach_pool(pool)
+            self.runner.attach_pool(pool, holds)
 
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         """Run one step: one SampleOutput per sequence that reports (samples, or returns

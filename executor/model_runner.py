@@ -9,6 +9,7 @@ from executor.device_wait import wait_for_device
 from executor.model_config import ModelConfig
 from executor.prompt_logprobs import PromptScoring, attach
 from executor.sampler import Sampler
+from kernels import copy_blocks
 from wire.protocol import SampleOutput, StepBatch
 
 
@@ -18,18 +19,21 @@ class ModelRunner:
     kv_pool: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size] in the model's
     dtype, allocated by memsvc. Each sequence's tokens are computed at positions
     start_pos.., their K/V written to `slot_mapping` (slot = block * block_size + offset),
-    and attention reads the context through `block_table`.
+    and attention reads the context through `block_table`. `holds_pool`: this process holds
+    the pool itself (a tensor-parallel rank on another node), so it applies each step's
+    block copies first (StepBatch.copies; memsvc copies the pools it holds).
     """
 
-    def __init__(self, model: torch.nn.Module, config: ModelConfig, kv_pool: torch.Tensor):
+    def __init__(self, model: torch.nn.Module, config: ModelConfig, kv_pool: torch.Tensor,
+                 holds_pool: bool = False):
         self.model = model
         self.config = config
         self.sampler = Sampler()
         self.guided = None  # executor.logits_mask.GuidedDecoding: grammar masks (structured output)
         self.kv_pool = None
-        self.attach_pool(kv_pool)
+        self.attach_pool(kv_pool, holds_pool)
 
-    def attach_pool(self, kv_pool: torch.Tensor) -> None:
+    def attach_pool(self, kv_pool: torch.Tensor, holds_pool: bool = False) -> None:
         c = self.config
         expected = (c.num_layers, 2, None, c.num_kv_heads, c.head_dim)
         shape = tuple(kv_pool.shape)
@@ -40,7 +44,7 @@ class ModelRunner:
             )
         if kv_pool.dtype != self.model.dtype:
             raise ValueError(f"KV pool dtype {kv_pool.dtype} differs from the model's {self.model.dtype}")
-        self.kv_pool = kv_pool
+        self.kv_pool, self.holds_pool = kv_pool, holds_pool
         self.graphs = DecodeGraphs.for_pool(self.model, self.config, kv_pool)  # None on a CPU
 
     @torch.inference_mode()
@@ -48,10 +52,18 @@ class ModelRunner:
         pool = self.kv_pool
         meta = AttentionMetadata.from_batch(batch, pool.device, self.config.vocab_size,
                                             num_blocks=pool.shape[0], block_size=pool.shape[3])
+        if batch.copies and self.holds_pool:
+            self._copy(batch.copies)
         if self.graphs is not None and self.graphs.eligible(meta):
             return self.graphs.run(meta), meta
         hidden = self.model(meta.input_ids, meta.positions, meta, self.kv_pool)
         return hidden, meta
+
+    def _copy(self, copies: list[tuple[int, int]]) -> None:
+        num_blocks = self.kv_pool.shape[0]
+        if any(not (0 <= b < num_blocks) for pair in copies for b in pair):
+            raise ValueError(f"a block copy {copies} names a block outside the pool's {num_blocks}")
+        copy_blocks(self.kv_pool, self.kv_pool, [c[0] for c in copies], [c[1] for c in copies])
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampleOutput]:

@@ -173,17 +173,19 @@ def drain(service: Service, servicer: ExecutorService, timeout: float, idle: flo
     return False
 
 
-def register(memsvc: str, info: ModelInfo, device: str, timeout: float, tls=None, ranks: int = 1
-             ) -> tuple[memory_pb2.PoolHandle, str | None]:
+def register(memsvc: str, info: ModelInfo, device: str, timeout: float, tls=None, ranks: int = 1,
+             holds_pool: list[bool] | None = None) -> tuple[memory_pb2.PoolHandle, str | None]:
     """RegisterExecutor at memsvc, waiting up to `timeout` seconds for it to answer (a
-    tensor-parallel group: one pool per rank, each on `device`).
+    tensor-parallel group: one pool per rank, each on `device`, but for the ranks that
+    `holds_pool` themselves: executor.tp_pools).
     Returns the pool handle and the pool's epoch (None from a memsvc that sends none)."""
     with open_channel(memsvc, tls) as channel:
         grpc.channel_ready_future(channel).result(timeout=timeout)
         response = memory_pb2_grpc.MemoryManagerStub(channel).RegisterExecutor(
             memory_pb2.RegisterExecutorRequest(geometry=convert.geometry_to_proto(info.kv),
                                                device=device, max_model_len=info.max_model_len,
-                                               rank_devices=[device] * ranks if ranks > 1 else []),
+                                               rank_devices=[device] * ranks if ranks > 1 else [],
+                                               rank_holds_pool=holds_pool if any(holds_pool or ()) else []),
             timeout=timeout, wait_for_ready=True)
     return response.pool, response.pool_epoch or None
 
@@ -191,7 +193,7 @@ def register(memsvc: str, info: ModelInfo, device: str, timeout: float, tls=None
 def map_pool(handle: memory_pb2.PoolHandle):
     """The pool tensor described by memsvc's PoolHandle, mapped into this process; a
     tensor-parallel group's: rank 0's mapped, then each other rank's (name, shape, dtype),
-    which that rank maps (executor.tp_pools.own_pool)."""
+    which that rank maps, or allocates where the name is "" (executor.tp_pools.own_pool)."""
     kind = handle.WhichOneof("handle")
     if kind == "shm_name":
         from wire.shm_pool import attach_shm_pool
@@ -248,7 +250,7 @@ def resolve_device(device: str) -> tuple[str, str]:
 
 def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService) -> None:
     """Load, register, map; then SERVING. Runs beside the main thread, which waits for signals."""
-    from executor import Executor
+    from executor import Executor, tp_pools
 
     from wire.device import on_device, resolve_dtype
 
@@ -284,8 +286,10 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
     if config.max_model_len:
         info.max_model_len = min(info.max_model_len, config.max_model_len)
     log.info("model %s loaded; registering with memsvc at %s", info.name, config.memsvc)
+    ranks = 1 if config.model_free else config.tensor_parallel_size
+    holds = tp_pools.holds_own_pool(_group(config)) if ranks > 1 else None
     handle, pool_id = register(config.memsvc, info, memsvc_device, config.register_timeout, config.tls,
-                               ranks=1 if config.model_free else config.tensor_parallel_size)
+                               ranks=ranks, holds_pool=holds)
     with on_device(torch_device):
         executor.attach_pool(map_pool(handle))
     servicer.set_ready(executor, info, read_tokenizer_files(info.tokenizer_dir), pool_id)

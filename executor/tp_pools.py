@@ -5,6 +5,8 @@ memsvc holds one pool per rank with the same block geometry (each rank's KV head
 block id names the same block on every rank and memsvc applies every block copy to every
 rank's pool. Rank 0 gets the list (memsvc's registration answer), sends every rank the
 (shared-memory name, shape, dtype) of each pool, and each rank maps its own (`own_pool`).
+A rank on another node (`holds_own_pool`) gets the name "": it allocates a pool of that
+shape itself, and applies the step's copies to it (StepBatch.copies; memsvc.held_pools).
 """
 from __future__ import annotations
 
@@ -13,11 +15,20 @@ import os
 import torch
 
 from executor.sharding import ShardPlan
+from executor.tp_group import GroupLayout
 
 
-def own_pool(pools, plan: ShardPlan, leader) -> torch.Tensor:
+def holds_own_pool(layout: GroupLayout) -> list[bool]:
+    """Per rank: whether it holds its own pool. memsvc runs on node 0, beside rank 0; the
+    ranks of other nodes cannot map its memory."""
+    return [layout.nodes > 1 and r >= layout.ranks_per_node for r in range(layout.world)]
+
+
+def own_pool(pools, plan: ShardPlan, leader, device: torch.device | None = None
+             ) -> tuple[torch.Tensor, bool]:
     """This rank's KV pool from the group's list (rank r's at r: a mapped tensor or a
-    (shared-memory name, shape, dtype) spec that this rank maps); rank 0 (`leader`) first
+    (shared-memory name, shape, dtype) spec that this rank maps, or allocates on `device`
+    when the name is ""), and whether this rank holds it itself; rank 0 (`leader`) first
     sends the specs to every rank."""
     if isinstance(pools, torch.Tensor) or len(pools) != plan.world:
         got = "one pool" if isinstance(pools, torch.Tensor) else f"{len(pools)} pools"
@@ -26,7 +37,11 @@ def own_pool(pools, plan: ShardPlan, leader) -> torch.Tensor:
     if leader is not None:
         leader.lead("attach", [pool_spec(p) for p in pools])
     mine = pools[plan.rank]
-    if not isinstance(mine, torch.Tensor):
+    holds = not isinstance(mine, torch.Tensor) and mine[0] == ""
+    if holds:
+        _, shape, dtype = mine
+        mine = torch.zeros(shape, dtype=getattr(torch, dtype), device=device)
+    elif not isinstance(mine, torch.Tensor):
         from wire.shm_pool import attach_shm_pool
 
         try:
@@ -34,13 +49,13 @@ def own_pool(pools, plan: ShardPlan, leader) -> torch.Tensor:
         except FileNotFoundError:
             raise RuntimeError(
                 f"rank {plan.rank} cannot map its KV pool segment {mine[0]!r}: memsvc's pools live "
-                f"in the shared memory of memsvc's host, which a rank on another node cannot map; "
-                f"pools held by the ranks of other nodes are not built yet (docs/ARCHITECTURE.md, "
-                f"\"Tensor parallelism\")") from None
+                f"in the shared memory of memsvc's host, which a rank on another node cannot map: "
+                f"run ranks of other nodes as nodes (--tensor-parallel-nodes, or LeaderWorkerSet), "
+                f"which hold their own pools (docs/ARCHITECTURE.md, \"Tensor parallelism\")") from None
     if mine.shape[4] != plan.kv_heads:
         raise ValueError(f"rank {plan.rank}'s KV pool has {mine.shape[4]} KV heads; its shard "
                          f"holds {plan.kv_heads}")
-    return mine
+    return mine, holds
 
 
 def pool_spec(pool) -> tuple[str, list[int], str]:

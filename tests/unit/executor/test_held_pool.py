@@ -1,0 +1,75 @@
+"""A tensor-parallel rank that holds its own KV pool (issue 29, a rank on another node:
+executor.tp_pools, memsvc.held_pools): given the name "" it allocates a zeroed pool of the
+group's shape itself, and its runner applies each step's block copies before the forward
+pass; a runner over memsvc's pool leaves them to memsvc. A copy outside the pool is
+refused before anything changes."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from executor.model_loader import load_model
+from executor.model_runner import ModelRunner
+from executor.tp_group import GroupLayout
+from executor.tp_pools import holds_own_pool, own_pool
+from tests.support.tiny_models import make_tiny_model, paged_batches
+from wire.protocol import StepBatch
+
+SHAPE = [8, 2, 2, 4, 2, 8]
+
+
+def test_the_ranks_of_other_nodes_hold_their_pools():
+    assert holds_own_pool(GroupLayout(4, nodes=2)) == [False, False, True, True]
+    assert holds_own_pool(GroupLayout(2)) == [False, False]
+
+
+def test_a_rank_named_no_segment_allocates_its_own_pool():
+    plan = SimpleNamespace(world=2, rank=1, kv_heads=2)
+    pool, holds = own_pool([("seg", SHAPE, "float32"), ("", SHAPE, "bfloat16")], plan, None)
+    assert holds and list(pool.shape) == SHAPE and pool.dtype == torch.bfloat16 and not pool.any()
+    mapped = torch.zeros(SHAPE)
+    assert own_pool([torch.zeros(SHAPE), mapped], plan, None) == (mapped, False)
+
+
+def runner(tmp_path, holds: bool) -> ModelRunner:
+    make_tiny_model(tmp_path, "llama3")
+    model, config = load_model(str(tmp_path))
+    pool = torch.zeros(16, config.num_layers, 2, 4, config.num_kv_heads, config.head_dim)
+    return ModelRunner(model, config, pool, holds)
+
+
+def prefill_then_copy():
+    """'a' prefills 6 tokens (its second block half full); then 'a' decodes one token into a
+    copy of that block, as after a fork's copy-on-write."""
+    [prefill] = paged_batches([[("a", list(range(3, 9)))]], block_size=4, num_blocks=16)
+    table = prefill.seqs[0].block_table
+    src, dst = table[1], next(b for b in range(16) if b not in table)
+    seq = prefill.seqs[0]
+    decode = type(seq)(seq_id="a", token_ids=[9], start_pos=6, slot_mapping=[dst * 4 + 2],
+                       block_table=[table[0], dst], sample=True, sampling=seq.sampling, seed=0)
+    return prefill, StepBatch([decode], copies=[(src, dst)]), src, dst
+
+
+@pytest.mark.parametrize("holds", [True, False])
+def test_a_runner_that_holds_its_pool_applies_the_copies_first(tmp_path, holds):
+    r = runner(tmp_path, holds)
+    prefill, decode, src, dst = prefill_then_copy()
+    r.execute(prefill)
+    before = r.kv_pool[src].clone()
+    r.execute(decode)
+    pool = r.kv_pool
+    assert torch.equal(pool[src], before)  # the source is read, never written
+    copied = torch.equal(pool[dst][:, :, :2], before[:, :, :2])  # the 2 tokens before the new one
+    assert copied == holds
+    assert pool[dst][:, :, 2].abs().sum() > 0  # the step wrote its token into the copy
+
+
+def test_a_copy_outside_the_pool_is_refused_before_anything_runs(tmp_path):
+    r = runner(tmp_path, True)
+    prefill, decode, src, _ = prefill_then_copy()
+    r.execute(prefill)
+    before = r.kv_pool.clone()
+    decode.copies = [(src, 16)]
+    with pytest.raises(ValueError, match="outside the pool's 16"):
+        r.execute(decode)
+    assert torch.equal(r.kv_pool, before)
