@@ -3,7 +3,8 @@ in this process (its real gRPC service, so a test can run its integrity check un
 lock), the executor group and the gateway as `pagedserve executor` / `pagedserve gateway`
 processes under a pagedserve Supervisor (a crashed executor group restarts as under `serve`).
 `other_nodes` starts, first, one more `pagedserve executor` per environment given (e.g.
-LeaderWorkerSet's variables for a worker pod), each running only its node's ranks. Always
+LeaderWorkerSet's variables for a worker pod), each running only its node's ranks
+(`restart_node` starts one again once it exited, as its pod would restart). Always
 stopped; `pids` collects every process started, the workers of each group included."""
 from __future__ import annotations
 
@@ -55,11 +56,10 @@ class TPServices:
                     "--linear-backend", "mkl", "--tensor-parallel-timeout", "30", *executor_args]
         gateway = [*CLI, "gateway", "--port", str(gw_port), "--memsvc", mem_address, "--executor",
                    f"127.0.0.1:{ex_port}", "--http-port", "0", *gateway_args]
-        self.nodes = [subprocess.Popen([*CLI, "executor", "--model", model, "--tensor-parallel-size",
-                                        str(world), "--device", "cpu", "--linear-backend", "mkl",
-                                        "--tensor-parallel-timeout", "30", *executor_args],
-                                       cwd=ROOT, env=dict(os.environ, **env, **node_env))
-                      for node_env in other_nodes]
+        node = [*CLI, "executor", "--model", model, "--tensor-parallel-size", str(world), "--device",
+                "cpu", "--linear-backend", "mkl", "--tensor-parallel-timeout", "30", *executor_args]
+        self._node_runs = [(node, dict(os.environ, **env, **node_env)) for node_env in other_nodes]
+        self.nodes = [subprocess.Popen(cmd, cwd=ROOT, env=node_env) for cmd, node_env in self._node_runs]
         self.sup = Supervisor([ServiceSpec("executor", executor, f"127.0.0.1:{ex_port}", env=env),
                                ServiceSpec("gateway", gateway, f"127.0.0.1:{gw_port}",
                                            health_service=GENERATION, env=env)],
@@ -106,6 +106,26 @@ class TPServices:
             if snap["blocks_referenced"] == 0 or time.monotonic() > deadline:
                 return snap
             time.sleep(0.1)
+
+    def restart_node(self, i: int, timeout: float = 60.0) -> None:
+        """Once worker node i has exited (its group went down), start it again, as its pod's
+        restart would."""
+        deadline = time.monotonic() + timeout
+        while self.nodes[i].poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker node {i} did not exit with its group")
+            time.sleep(0.2)
+        self.pids.update(descendants(self.nodes[i].pid))
+        cmd, env = self._node_runs[i]
+        self.nodes[i] = subprocess.Popen(cmd, cwd=ROOT, env=env)
+        self.pids.add(self.nodes[i].pid)
+
+    def node_ranks(self, i: int) -> list[int]:
+        """The tp_worker processes worker node i runs."""
+        found = [p for p in descendants(self.nodes[i].pid)
+                 if any("executor.tp_worker" in a for a in cmdline(p))]
+        self.pids.update(found)
+        return found
 
     def wait_restarted(self, old_workers: list[int], timeout: float = 180.0) -> None:
         """Until the executor group runs again with new workers and says SERVING."""
