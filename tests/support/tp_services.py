@@ -17,6 +17,7 @@ import threading
 import time
 
 import grpc
+import torch
 
 from memsvc.config import MemoryConfig
 from memsvc.memory_manager import MemoryManager
@@ -24,12 +25,41 @@ from memsvc.server import SERVICE_NAME, MemoryService
 from pagedserve.serve_cmd import GENERATION, free_port
 from pagedserve.supervisor import ServiceSpec, Supervisor
 from tests.support import ROOT
+from tests.support.gateway_harness import collect, greedy
 from tests.support.serve_procs import alive, children, cmdline
+from tests.support.tiny_models import make_tiny_model, save_tiny_tokenizer
 from wire.grpc_service import Service
 from wire.v1 import generation_pb2 as pb
 from wire.v1 import generation_pb2_grpc, memory_pb2_grpc
 
 CLI = [sys.executable, "-m", "pagedserve.cli"]
+BLOCK = 4
+NEW_TOKENS = 24
+_G = torch.Generator().manual_seed(11)
+PREFIX = torch.randint(3, 300, (13,), generator=_G).tolist()
+# a shared 13-token prefix (3 full blocks of 4), then 2-6 tokens each
+PROMPTS = [PREFIX + torch.randint(3, 300, (n,), generator=_G).tolist() for n in (2, 5, 3, 6)]
+
+
+def tiny_llama(path) -> dict[tuple, list[int]]:
+    """A tiny random Llama (4 query heads, 2 KV heads: one per rank of 2) and its tokenizer
+    saved at `path`; transformers' greedy NEW_TOKENS for each of PROMPTS, past EOS."""
+    hf = make_tiny_model(path, "llama3")
+    save_tiny_tokenizer(path)
+    hf.generation_config.eos_token_id = None
+    expected = {}
+    for p in PROMPTS:
+        with torch.inference_mode():
+            y = hf.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        expected[tuple(p)] = y[0, len(p):].tolist()
+    return expected
+
+
+def run_all(s: "TPServices", prompts, n: int = 1) -> list[dict]:
+    """Greedy NEW_TOKENS for each prompt (n completions each), all in flight together."""
+    sampling = greedy(NEW_TOKENS, ignore_eos=True, n=n)
+    streams = [s.generate(p, sampling) for p in prompts]
+    return [collect(stream) for stream in streams]
 
 
 def descendants(pid: int) -> list[int]:
@@ -106,6 +136,13 @@ class TPServices:
             if snap["blocks_referenced"] == 0 or time.monotonic() > deadline:
                 return snap
             time.sleep(0.1)
+
+    def assert_nothing_held(self) -> dict:
+        """memsvc holds no sequence and every block is free or cached; its stats."""
+        snap = self.wait_unreferenced()
+        assert (snap["blocks_referenced"], snap["num_sequences"]) == (0, 0), snap
+        assert snap["blocks_free"] + snap["blocks_cached"] == snap["num_blocks"], snap
+        return snap
 
     def restart_node(self, i: int, timeout: float = 60.0) -> None:
         """Once worker node i has exited (its group went down), start it again, as its pod's

@@ -16,33 +16,17 @@ import signal
 import time
 
 import pytest
-import torch
 
 from memsvc.config import MemoryConfig
 from pagedserve.serve_cmd import free_port
-from tests.support.gateway_harness import collect, greedy
-from tests.support.tiny_models import make_tiny_model, save_tiny_tokenizer
-from tests.support.tp_services import TPServices
-
-BLOCK = 4
-NEW_TOKENS = 24
-G = torch.Generator().manual_seed(11)
-PREFIX = torch.randint(3, 300, (13,), generator=G).tolist()
-PROMPTS = [PREFIX + torch.randint(3, 300, (n,), generator=G).tolist() for n in (2, 5, 3, 6)]
+from tests.support.gateway_harness import greedy
+from tests.support.tp_services import BLOCK, NEW_TOKENS, PROMPTS, TPServices, run_all, tiny_llama
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("tp_nodes")
-    hf = make_tiny_model(path, "llama3")  # 2 KV heads: one per rank
-    save_tiny_tokenizer(path)
-    hf.generation_config.eos_token_id = None
-    expected = {}
-    for p in PROMPTS:
-        with torch.inference_mode():
-            y = hf.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
-        expected[tuple(p)] = y[0, len(p):].tolist()
-    return str(path), expected
+    return str(path), tiny_llama(path)
 
 
 def two_nodes(path: str, num_blocks: int) -> TPServices:
@@ -53,12 +37,6 @@ def two_nodes(path: str, num_blocks: int) -> TPServices:
                                      "--tensor-parallel-host", "127.0.0.1", "--tensor-parallel-port", port],
                       gateway_args=["--max-num-seqs", "8"],
                       other_nodes=[dict(lws, LWS_WORKER_INDEX="1")])
-
-
-def run_all(s: TPServices, prompts, n: int = 1) -> list[dict]:
-    sampling = greedy(NEW_TOKENS, ignore_eos=True, n=n)
-    streams = [s.generate(p, sampling) for p in prompts]  # all in flight together
-    return [collect(stream) for stream in streams]
 
 
 def test_a_worker_node_holds_its_own_pool_through_prefix_caching_copy_on_write_and_recompute(tiny):
@@ -109,8 +87,6 @@ def test_the_rank_holding_its_pool_killed_mid_run_restarts_the_group_on_a_new_ep
         assert s.executor.pid != old_rank0  # rank 0 went down with its group and was restarted
         assert s.memory.manager.pool_epoch != epoch  # the rank's new pool holds nothing
         assert [o[0]["token_ids"] for o in run_all(s, PROMPTS)] == [expected[tuple(p)] for p in PROMPTS]
-        snap = s.wait_unreferenced()
-        assert (snap["blocks_referenced"], snap["num_sequences"]) == (0, 0), snap
-        assert snap["blocks_free"] + snap["blocks_cached"] == snap["num_blocks"]
+        s.assert_nothing_held()
     finally:
         s.close()

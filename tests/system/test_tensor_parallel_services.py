@@ -14,32 +14,16 @@ import os
 import signal
 
 import pytest
-import torch
 
 from memsvc.config import MemoryConfig
-from tests.support.gateway_harness import collect, greedy
-from tests.support.tiny_models import make_tiny_model, save_tiny_tokenizer
-from tests.support.tp_services import TPServices
-
-BLOCK = 4
-NEW_TOKENS = 24
-G = torch.Generator().manual_seed(11)
-PREFIX = torch.randint(3, 300, (13,), generator=G).tolist()
-PROMPTS = [PREFIX + torch.randint(3, 300, (n,), generator=G).tolist() for n in (2, 5, 3, 6)]
+from tests.support.gateway_harness import greedy
+from tests.support.tp_services import BLOCK, NEW_TOKENS, PROMPTS, TPServices, run_all, tiny_llama
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("tp_services")
-    hf = make_tiny_model(path, "llama3")  # 4 query heads, 2 KV heads: one per rank
-    save_tiny_tokenizer(path)
-    hf.generation_config.eos_token_id = None
-    expected = {}
-    for p in PROMPTS:
-        with torch.inference_mode():
-            y = hf.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
-        expected[tuple(p)] = y[0, len(p):].tolist()
-    return str(path), expected
+    return str(path), tiny_llama(path)
 
 
 def services(path: str, **memory) -> TPServices:
@@ -53,12 +37,6 @@ def roomy(tiny):
     s = services(tiny[0])
     yield s
     s.close()
-
-
-def run_all(s: TPServices, prompts, n: int = 1) -> list[dict]:
-    sampling = greedy(NEW_TOKENS, ignore_eos=True, n=n)
-    streams = [s.generate(p, sampling) for p in prompts]  # all in flight together
-    return [collect(stream) for stream in streams]
 
 
 def test_prefix_cache_across_ranks(tiny, roomy):
@@ -112,8 +90,6 @@ def test_a_rank_killed_mid_run_restarts_the_group_and_leaks_nothing(tiny):
         assert got == [expected[tuple(p)] for p in PROMPTS]
         s.wait_restarted([worker])
         assert [o[0]["token_ids"] for o in run_all(s, PROMPTS)] == [expected[tuple(p)] for p in PROMPTS]
-        snap = s.wait_unreferenced()
-        assert (snap["blocks_referenced"], snap["num_sequences"]) == (0, 0), snap
-        assert snap["blocks_free"] + snap["blocks_cached"] == snap["num_blocks"]
+        s.assert_nothing_held()
     finally:
         s.close()

@@ -10,6 +10,7 @@ import pytest
 from memsvc.config import MemoryConfig
 from memsvc.memory_manager import MemoryManager
 from memsvc.server import MemoryService
+from tests.support.servicer_context import Aborted, Context
 from wire import convert
 from wire.protocol import KVGeometry, Plan, PlanEntry
 from wire.v1 import memory_pb2
@@ -121,16 +122,6 @@ def test_a_restart_with_other_held_ranks_names_both():
     with pytest.raises(ValueError, match=r"2 ranks, ranks \[1\] holding their own pools\); this "
                                          r"executor sent .* \(2 ranks\)"):
         m.register_executor(GEOMETRY, ranks=2)
-
-
-class Aborted(Exception):
-    pass
-
-
-class Context:
-    def abort(self, code, details):
-        self.code, self.details = code, details
-        raise Aborted(details)
 
 
 def test_register_over_grpc_names_no_segment_for_a_held_rank():

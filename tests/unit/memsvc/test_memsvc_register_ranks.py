@@ -8,21 +8,12 @@ import pytest
 from memsvc.config import MemoryConfig
 from memsvc.memory_manager import MemoryManager
 from memsvc.server import MemoryService
+from tests.support.servicer_context import Aborted, Context
 from wire import convert
 from wire.protocol import KVGeometry
 from wire.v1 import memory_pb2
 
 GEOMETRY = KVGeometry(num_layers=2, num_kv_heads=4, head_size=8, block_size=4)
-
-
-class Aborted(Exception):
-    pass
-
-
-class Context:
-    def abort(self, code, details):
-        self.code, self.details = code, details
-        raise Aborted(details)
 
 
 @pytest.fixture
