@@ -7,8 +7,9 @@
 - A group may span `--tensor-parallel-nodes` nodes (pods), its N ranks split evenly: node i
   runs ranks [i*N/nodes, (i+1)*N/nodes). Node 0 runs rank 0, the executor service that
   registers with memsvc and answers gateways, and its other local ranks; a node i > 0 runs
-  only its ranks, as workers that join rank 0's group (`run_worker_node`); it exits when
-  one of them does, so its pod restarts with the group.
+  only its ranks, as workers that join rank 0's group (`run_worker_node`), holding their
+  own KV pools (executor.tp_pools); it exits when one of them does, so its pod restarts
+  with the group.
 - Under a LeaderWorkerSet the pod's environment says the same: LWS_LEADER_ADDRESS (the
   host), LWS_GROUP_SIZE (the nodes), LWS_WORKER_INDEX (the node, 0 for the leader). They
   fill the settings left at their defaults; a setting given otherwise, or a group size
@@ -36,8 +37,9 @@ class TensorParallelGroupConfig:
         0, "the port of that rendezvous (0: a free one, for a group on one node; a group over "
         "several nodes needs a fixed one)", metavar="PORT")
     tensor_parallel_nodes: int = setting(
-        1, "nodes (pods) the tensor-parallel group spans, its ranks split evenly (off: "
-        "LWS_GROUP_SIZE under a LeaderWorkerSet, else 1)", metavar="NODES")
+        1, "nodes (pods) the tensor-parallel group spans, its ranks split evenly; the ranks of "
+        "nodes other than memsvc's hold their own KV pools, so memsvc preempts by recompute "
+        "only (off: LWS_GROUP_SIZE under a LeaderWorkerSet, else 1)", metavar="NODES")
     tensor_parallel_node: int = setting(
         0, "this node's index in the group: 0 runs rank 0 (the executor service) and its local "
         "ranks, i > 0 only its ranks, joining rank 0's group (off: LWS_WORKER_INDEX under a "
