@@ -52,7 +52,7 @@ class ModelRunner:
         pool = self.kv_pool
         meta = AttentionMetadata.from_batch(batch, pool.device, self.config.vocab_size,
                                             num_blocks=pool.shape[0], block_size=pool.shape[3])
-        if batch.copies and self.holds_pool:
+        if batch.copies:
             self._copy(batch.copies)
         if self.graphs is not None and self.graphs.eligible(meta):
             return self.graphs.run(meta), meta
@@ -60,10 +60,13 @@ class ModelRunner:
         return hidden, meta
 
     def _copy(self, copies: list[tuple[int, int]]) -> None:
+        """Checked on every rank, so that all reject a bad batch alike; applied where this
+        process holds its pool."""
         num_blocks = self.kv_pool.shape[0]
         if any(not (0 <= b < num_blocks) for pair in copies for b in pair):
             raise ValueError(f"a block copy {copies} names a block outside the pool's {num_blocks}")
-        copy_blocks(self.kv_pool, self.kv_pool, [c[0] for c in copies], [c[1] for c in copies])
+        if self.holds_pool:
+            copy_blocks(self.kv_pool, self.kv_pool, [c[0] for c in copies], [c[1] for c in copies])
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> list[SampleOutput]:

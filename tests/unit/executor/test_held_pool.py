@@ -64,8 +64,9 @@ def test_a_runner_that_holds_its_pool_applies_the_copies_first(tmp_path, holds):
     assert pool[dst][:, :, 2].abs().sum() > 0  # the step wrote its token into the copy
 
 
-def test_a_copy_outside_the_pool_is_refused_before_anything_runs(tmp_path):
-    r = runner(tmp_path, True)
+@pytest.mark.parametrize("holds", [True, False])  # every rank refuses it alike
+def test_a_copy_outside_the_pool_is_refused_before_anything_runs(tmp_path, holds):
+    r = runner(tmp_path, holds)
     prefill, decode, src, _ = prefill_then_copy()
     r.execute(prefill)
     before = r.kv_pool.clone()
