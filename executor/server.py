@@ -250,7 +250,7 @@ def resolve_device(device: str) -> tuple[str, str]:
 
 def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService) -> None:
     """Load, register, map; then SERVING. Runs beside the main thread, which waits for signals."""
-    from executor import Executor, tp_pools
+    from executor import Executor
 
     from wire.device import on_device, resolve_dtype
 
@@ -287,7 +287,7 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
         info.max_model_len = min(info.max_model_len, config.max_model_len)
     log.info("model %s loaded; registering with memsvc at %s", info.name, config.memsvc)
     ranks = 1 if config.model_free else config.tensor_parallel_size
-    holds = tp_pools.holds_own_pool(_group(config)) if ranks > 1 else None
+    holds = _group(config).holds_own_pool if ranks > 1 else None
     handle, pool_id = register(config.memsvc, info, memsvc_device, config.register_timeout, config.tls,
                                ranks=ranks, holds_pool=holds)
     with on_device(torch_device):

@@ -73,6 +73,12 @@ class GroupLayout:
         k = self.ranks_per_node
         return range(self.node * k, (self.node + 1) * k)
 
+    @property
+    def holds_own_pool(self) -> list[bool]:
+        """Per rank: whether it holds its own KV pool (executor.tp_pools). memsvc runs on
+        node 0, beside rank 0; the ranks of other nodes cannot map its memory."""
+        return [r >= self.ranks_per_node for r in range(self.world)]
+
 
 def _lws(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name)

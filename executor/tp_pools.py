@@ -5,8 +5,9 @@ memsvc holds one pool per rank with the same block geometry (each rank's KV head
 block id names the same block on every rank and memsvc applies every block copy to every
 rank's pool. Rank 0 gets the list (memsvc's registration answer), sends every rank the
 (shared-memory name, shape, dtype) of each pool, and each rank maps its own (`own_pool`).
-A rank on another node (`holds_own_pool`) gets the name "": it allocates a pool of that
-shape itself, and applies the step's copies to it (StepBatch.copies; memsvc.held_pools).
+A rank on another node (GroupLayout.holds_own_pool) gets the name "": it allocates a pool
+of that shape itself, and applies the step's copies to it (StepBatch.copies;
+memsvc.held_pools).
 """
 from __future__ import annotations
 
@@ -15,13 +16,6 @@ import os
 import torch
 
 from executor.sharding import ShardPlan
-from executor.tp_group import GroupLayout
-
-
-def holds_own_pool(layout: GroupLayout) -> list[bool]:
-    """Per rank: whether it holds its own pool. memsvc runs on node 0, beside rank 0; the
-    ranks of other nodes cannot map its memory."""
-    return [layout.nodes > 1 and r >= layout.ranks_per_node for r in range(layout.world)]
 
 
 def own_pool(pools, plan: ShardPlan, leader, device: torch.device | None = None

@@ -137,8 +137,7 @@ class RemoteExecutorClient(ExecutorClient):
         before the step ahead of it was sent again that way, if it was refused (state
         lost, or a block table change the executor never had: the step before it failed
         before changing anything)."""
-        resyncs = []
-        answer = self._send(step, resyncs)
+        answer, resyncs = self._send(step)
 
         def result() -> list[SampleOutput]:
             try:
@@ -147,24 +146,25 @@ class RemoteExecutorClient(ExecutorClient):
                 code, details = e.code(), e.details() or ""
                 lost = code == grpc.StatusCode.FAILED_PRECONDITION and STATE_LOST in details
                 behind = (code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
-                          and self.num_resyncs != resyncs[0])
+                          and self.num_resyncs != resyncs)
                 if not (lost or behind):
                     raise
             with self._lock:
                 self._sent.clear()
                 self.incarnation = ""
                 self.num_resyncs += 1
-            return self._send(step, [])()
+            return self._send(step)[0]()
         return result
 
-    def _send(self, step: StepDelta, resyncs: list[int]) -> Callable[[], list[SampleOutput]]:
+    def _send(self, step: StepDelta) -> tuple[Callable[[], list[SampleOutput]], int]:
+        """The step's answer, to read later, and `num_resyncs` as the step was encoded."""
         # What goes out counts as held at once: the next step may be encoded before this
         # one is answered. After a failure what the executor holds is unknown: all again.
         self._encoded.wait_turn(step.step)
         try:
             with self._lock:
                 request = encode_delta(step, self._sent, self.session_id, self.incarnation)
-                resyncs.append(self.num_resyncs)  # as this step was encoded
+                resyncs = self.num_resyncs
         finally:
             self._encoded.passed(step.step)
         answer = self._steps.start("Execute", self.stub.Execute, request, executor_pb2.ExecuteResponse,
@@ -183,7 +183,7 @@ class RemoteExecutorClient(ExecutorClient):
                         self._sent.clear()
                     self.incarnation = response.incarnation
             return convert.outputs_from_proto(response, step.sampled_ids())
-        return result
+        return result, resyncs
 
     def close(self) -> None:
         self._steps.close()

@@ -11,7 +11,7 @@ import torch
 from executor.model_loader import load_model
 from executor.model_runner import ModelRunner
 from executor.tp_group import GroupLayout
-from executor.tp_pools import holds_own_pool, own_pool
+from executor.tp_pools import own_pool
 from tests.support.tiny_models import make_tiny_model, paged_batches
 from wire.protocol import StepBatch
 
@@ -19,8 +19,8 @@ SHAPE = [8, 2, 2, 4, 2, 8]
 
 
 def test_the_ranks_of_other_nodes_hold_their_pools():
-    assert holds_own_pool(GroupLayout(4, nodes=2)) == [False, False, True, True]
-    assert holds_own_pool(GroupLayout(2)) == [False, False]
+    assert GroupLayout(4, nodes=2).holds_own_pool == [False, False, True, True]
+    assert GroupLayout(2).holds_own_pool == [False, False]
 
 
 def test_a_rank_named_no_segment_allocates_its_own_pool():
