@@ -74,13 +74,13 @@ def not_carried() -> dict[str, str]:
 
 
 def floors() -> dict[str, str]:
-    """distribution -> the lowest version pyproject.toml's dependencies accept (`>=`)."""
+    """distribution -> the lowest version pyproject.toml's dependencies accept (`>=`, or `==`)."""
     import tomllib
 
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     out = {}
     for dep in deps:
-        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*>=\s*([0-9][0-9.]*)", dep)
+        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(?:>=|==)\s*([0-9][0-9.]*)", dep)
         if m:
             out[normalize(m.group(1))] = m.group(2)
     return out
