@@ -30,30 +30,13 @@ from gateway.batch_loop import BatchLoop
 from memsvc.config import MemoryConfig
 from gateway.scheduler import SchedulerConfig
 from memsvc import POLICIES, make_allocator
-from memsvc.step_planner import StepPlanner
+from benchmarks.sim_memory import SimMemory
 from wire.protocol import KVGeometry, ModelInfo, SampleOutput, SamplingParams
 from benchmarks.workloads import WORKLOADS, load_trace, sample_lengths
 from wire.settings import add_flags
 
 _FIELDS = ("token_state", "reserved", "internal_fragmentation", "external_fragmentation", "free")
 _VOCAB = 32000
-
-
-class _SimMemory:
-    """memsvc's decisions without a pool: nothing to copy. With a host tier each Reserve is
-    an act (PrefixOffload.begin), as in memsvc.memory_manager with one session."""
-
-    def __init__(self, allocator):
-        self.allocator = allocator
-        self.planner = StepPlanner(allocator)
-        self._last_stamp = None
-
-    def reserve(self, plan):
-        offload = getattr(self.allocator, "offload", None)
-        if offload is not None:
-            unsafe = [self._last_stamp] if plan.ahead and self._last_stamp is not None else []
-            self._last_stamp = offload.begin(unsafe, restore_allowed=not plan.ahead)
-        return self.planner.reserve(plan).result
 
 
 class _InstantExecutor:
@@ -112,7 +95,7 @@ def simulate(policy: str, requests, *, kv_tokens: int, block_size: int, max_mode
                                max_model_len=max_model_len, enable_prefix_caching=conversations > 0,
                                window=window or None, num_offload_blocks=offload_blocks)
     executor = _InstantExecutor(max_model_len, block_size, window)
-    loop = BatchLoop(_SimMemory(allocator), executor,
+    loop = BatchLoop(SimMemory(allocator), executor,
                      SchedulerConfig(max_num_seqs, max_num_batched_tokens, overlap=False))
     rng = random.Random(seed)
     chats = _Chats(loop, requests, conversations, max_model_len, rng) if conversations else None

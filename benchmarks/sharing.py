@@ -26,6 +26,7 @@ import time
 
 from executor.config import ExecutorConfig
 from memsvc.config import MemoryConfig
+from benchmarks.sim_memory import SimMemory
 from wire.settings import add_flags
 
 SHARING_WIDTHS = (2, 4, 6)
@@ -51,21 +52,6 @@ class _Measured:
 
     def saved(self) -> float:
         return 1 - self.shared / self.unshared if self.unshared else 0.0
-
-
-class _PlannerMemory:
-    """memsvc's decisions without a pool (nothing to copy)."""
-
-    def __init__(self, allocator):
-        from memsvc.step_planner import StepPlanner
-
-        self.allocator, self.planner = allocator, StepPlanner(allocator)
-
-    def reserve(self, plan):
-        return self.planner.reserve(plan).result
-
-    def fork(self, parent_id, child_id):
-        self.allocator.fork(parent_id, child_id)
 
 
 class _InstantExecutor:
@@ -104,7 +90,7 @@ def parallel_sampling_saving(requests, n: int, block_size: int, max_model_len: i
 
     need = sum(n * -(-(r.prompt_len + r.output_len) // block_size) for r in requests)
     alloc = PagedAllocator(need + 16, block_size, enable_prefix_caching=False)
-    memory = _Measured(_PlannerMemory(alloc), alloc)
+    memory = _Measured(SimMemory(alloc), alloc)
     loop = BatchLoop(memory, _InstantExecutor(block_size, max_model_len),
                      SchedulerConfig(max_num_seqs=1024, max_num_batched_tokens=1 << 16, overlap=False))
     rng = random.Random(0)

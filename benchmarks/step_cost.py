@@ -84,8 +84,8 @@ class WireMemory:
         request = self._request.FromString(self._plan_to(plan, "s").SerializeToString())
         columns = self._columns(request)
         if columns is not None:
-            grants = self._reserve_running("s", *columns)
-            response = self._grants_to(columns[0], columns[1], columns[3], grants)
+            grants, stamp = self._reserve_running("s", *columns)
+            response = self._grants_to(columns[0], columns[1], columns[3], grants, stamp)
         else:
             response = self._result_to(self._reserve(self._plan_from(request), "s"))
         return self._result_from(self._response.FromString(response.SerializeToString()),

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import torch
 
-from executor.attention_metadata import AttentionMetadata
+from executor.attention_metadata import AttentionMetadata, check_seq
 from executor.cuda_graphs import DecodeGraphs
 from executor.device_wait import wait_for_device
 from executor.model_config import ModelConfig
 from executor.prompt_logprobs import PromptScoring, attach
 from executor.sampler import Sampler
+from executor.seq_screen import run_screened
 from kernels import copy_blocks
 from wire.protocol import SampleOutput, StepBatch
 
@@ -48,10 +49,13 @@ class ModelRunner:
         self.graphs = DecodeGraphs.for_pool(self.model, self.config, kv_pool)  # None on a CPU
 
     @torch.inference_mode()
-    def _hidden(self, batch: StepBatch) -> tuple[torch.Tensor, AttentionMetadata]:
+    def _hidden(self, batch: StepBatch, checked: bool = False) -> tuple[torch.Tensor, AttentionMetadata]:
         pool = self.kv_pool
-        meta = AttentionMetadata.from_batch(batch, pool.device, self.config.vocab_size,
-                                            num_blocks=pool.shape[0], block_size=pool.shape[3])
+        if checked:  # every sequence passed _check already
+            meta = AttentionMetadata.from_batch(batch, pool.device)
+        else:
+            meta = AttentionMetadata.from_batch(batch, pool.device, self.config.vocab_size,
+                                                num_blocks=pool.shape[0], block_size=pool.shape[3])
         if batch.copies:
             self._copy(batch.copies)
         if self.graphs is not None and self.graphs.eligible(meta):
@@ -68,19 +72,30 @@ class ModelRunner:
         if self.holds_pool:
             copy_blocks(self.kv_pool, self.kv_pool, [c[0] for c in copies], [c[1] for c in copies])
 
-    @torch.inference_mode()
+    def _check(self, s) -> None:
+        """What one sequence must be to run: ValueError naming what is not."""
+        check_seq(s, self.config.vocab_size, self.kv_pool.shape[0], self.kv_pool.shape[3])
+        s.sampling.validate()
+
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         """One SampleOutput per sequence that `reports` (samples, or scores prompt tokens:
-        executor.prompt_logprobs), in batch order. A batch whose tokens, slots or blocks are
-        out of range raises ValueError before anything runs. Returns only once the step's
-        writes to the pool are done on the device (executor.device_wait)."""
+        executor.prompt_logprobs), in batch order. A sequence whose tokens, slots, blocks or
+        sampling parameters are out of range is left out of the pass and reports an error
+        instead (executor.seq_screen). Returns only once the step's writes to the pool are
+        done on the device (executor.device_wait)."""
+        if not batch.seqs:
+            raise ValueError("empty StepBatch")
+        return run_screened(batch, self._check, self._execute)
+
+    @torch.inference_mode()
+    def _execute(self, batch: StepBatch) -> list[SampleOutput]:
         sampled = [s for s in batch.seqs if s.sample]
         if self.guided is not None and batch.forget:
             self.guided.forget(batch.forget)
         scoring = PromptScoring.of(batch, self.config.vocab_size)
         # grammar masks depend only on the tokens already known: computed during the forward pass
         pending = self.guided.prepare(sampled) if self.guided is not None else None
-        hidden, meta = self._hidden(batch)
+        hidden, meta = self._hidden(batch, checked=True)
         outputs = []
         if meta.sample_indices.numel():
             logits = self.model.compute_logits(hidden[meta.sample_indices])

@@ -9,8 +9,10 @@ the executor, then applies N's. Where the next
 plan depends on more than token counts (forks, beam search, swapped-out sequences) or
 memsvc defers it, nothing goes ahead. Outputs are the serial loop's. Finished sequences are
 freed by the next reserve; the executor hears of them with the next batch (`forget`). The
-loop is synchronous, driven from one thread (gateway.step_runner). See
-docs/ARCHITECTURE.md, "The step path".
+loop is synchronous, driven from one thread (gateway.step_runner). Each plan tells memsvc
+which of its steps ran (gateway.write_report), so that only written blocks become prefix
+hits; a sequence the executor leaves out of a step ends alone (its request gets an error),
+the others go on. See docs/ARCHITECTURE.md, "The step path".
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from gateway.plan_ahead import Ahead, PlanAhead
 from gateway.requests import Requests
 from gateway.scheduler import Scheduler, SchedulerConfig, SeqUpdate
 from gateway.step_pipeline import InFlight, StepPipeline
+from gateway.write_report import WriteReport
 from wire.clients import ExecutorClient, MemoryClient
 from wire.protocol import Delta, Plan, ReserveResult, SampleOutput, SamplingParams
 from wire.ordered_executor import OrderedExecutor
@@ -66,7 +69,8 @@ class BatchLoop:
         feeds = getattr(executor, "feeds_itself", False)
         self._stepper = executor if feeds else OrderedExecutor(executor)  # takes StepDelta
         self.pipeline = StepPipeline(self._stepper)
-        self.ahead = PlanAhead(self.scheduler, memory)
+        self.report = WriteReport()
+        self.ahead = PlanAhead(self.scheduler, memory, self.report.answered)
         self.num_resent = 0  # steps sent ahead that failed and ran again
         self._unapplied: list[SeqUpdate | BeamDone] = []  # overlap: the last step's, not yet deltas
         self._ready: list[Delta] = []
@@ -106,7 +110,11 @@ class BatchLoop:
         return seq.request_id if seq is not None else None
 
     def step(self) -> list[Delta]:
-        deltas = self._overlapped_step() if self.overlap else self._serial_step()
+        try:
+            deltas = self._overlapped_step() if self.overlap else self._serial_step()
+        except BaseException:  # a Reserve answered but lost, a step not run: none counts as written
+            self.report.gave_up()
+            raise
         if self._ready:  # made by a step that then failed
             deltas, self._ready = self._ready + deltas, []
         return deltas
@@ -126,7 +134,7 @@ class BatchLoop:
         t1 = time.perf_counter()
         self._executed(batch, t1 - t0)
         self.times.execute += t1 - t0
-        deltas.extend(self._deltas(self.scheduler.on_sampled(batch, outputs)))
+        deltas.extend(self._deltas(self._on_sampled(batch, outputs)))
         self.times.output += time.perf_counter() - t1
         return deltas
 
@@ -172,7 +180,7 @@ class BatchLoop:
         t2 = clock()
         times.execute += t2 - t1
         self._executed(running.batch, seconds)
-        self._unapplied = self.scheduler.on_sampled(running.batch, outputs)
+        self._unapplied = self._on_sampled(running.batch, outputs)
         times.output += clock() - t2
         return deltas
 
@@ -198,6 +206,7 @@ class BatchLoop:
         if result is None:
             return []
         batch, rejected = self.scheduler.on_reserved(result, ahead_of=running)
+        batch.stamp = result.stamp
         self._forget.extend(p.seq_id for p in result.preempted)
         deltas = [d for d in (self._rejected(seq) for seq in rejected) if d]
         if batch.num_seqs():
@@ -219,7 +228,15 @@ class BatchLoop:
         outputs = self.pipeline.resend(step)
         return outputs, time.perf_counter() - t0
 
+    def _on_sampled(self, batch: StepDelta, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
+        updates = self.scheduler.on_sampled(batch, outputs)
+        if self.scheduler.left_out:
+            self.report.left_out(self.scheduler.left_out)
+            self.scheduler.left_out = []
+        return updates
+
     def _executed(self, batch: StepDelta, seconds: float) -> None:
+        self.report.ran(batch)
         self._last_step = (batch.num_tokens(), seconds)
         self.times.steps += 1
         self.num_steps += 1
@@ -236,6 +253,7 @@ class BatchLoop:
         result = self._reserve(plan, t0)
         t2 = clock()
         batch, rejected = self.scheduler.on_reserved(result)
+        batch.stamp = result.stamp
         self._forget.extend(p.seq_id for p in result.preempted)
         deltas = [d for d in (self._rejected(seq) for seq in rejected) if d]
         times.schedule += clock() - t2
@@ -253,19 +271,23 @@ class BatchLoop:
         plan.step_tokens, plan.step_seconds = self._last_step
         self._last_step = (0, 0.0)
         self._forget.extend(plan.free)
+        self.report.put(plan)
 
     def _reserve(self, plan: Plan, planned_since: float) -> ReserveResult:
         """Reserve `plan`; times planning (since `planned_since`) and the Reserve."""
         self._prepare(plan)
         t1 = time.perf_counter()
         result = self.memory.reserve(plan)
+        self.report.answered(plan, result)
         self.times.schedule += t1 - planned_since
         self.times.reserve += time.perf_counter() - t1
         return result
 
     def _failed(self, batch: StepDelta) -> None:
-        """The executor did not run `batch`: it hears of its forgets again."""
+        """The executor did not run `batch`: it hears of its forgets again, and memsvc that
+        nothing reserved since the last step that ran will run (gateway.write_report)."""
         self._forget[:0] = batch.forget
+        self.report.gave_up()
 
     def _void(self) -> None:
         """A step failed: wait for the steps still in flight; they count as not run."""

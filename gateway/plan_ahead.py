@@ -28,9 +28,11 @@ class Ahead:
 
 
 class PlanAhead:
-    def __init__(self, scheduler: Scheduler, memory: MemoryClient):
+    def __init__(self, scheduler: Scheduler, memory: MemoryClient,
+                 on_answer: Callable[[Plan, ReserveResult], None] | None = None):
         self.scheduler = scheduler
         self.memory = memory
+        self.on_answer = on_answer  # every answer, a deferred one too
         self.calls_later = getattr(memory, "calls_later", False)
         self.num_ahead = 0  # plans reserved ahead, and of them deferred by memsvc
         self.num_deferred = 0
@@ -54,6 +56,8 @@ class PlanAhead:
     def answer(self, ahead: Ahead) -> ReserveResult | None:
         """memsvc's answer (its error raised); None if it deferred the plan."""
         result = ahead.result.result()
+        if self.on_answer is not None:
+            self.on_answer(ahead.plan, result)
         self.num_ahead += 1
         if result.deferred:
             self.scheduler.deferred(ahead.plan)

@@ -101,6 +101,8 @@ class RequestStream:
             self.telemetry.streamed(record, item)
         out = []
         for d in item:
+            if d.finish_reason == "refused":  # it failed alone (its input, as the executor saw it)
+                self._fail(StreamError("invalid", d.error or "refused", k))
             if d.finish_reason == "error":
                 self._fail(StreamError("too_large", d.error or TOO_LARGE, k))
             if d.finish_reason:

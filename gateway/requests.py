@@ -19,6 +19,7 @@ from gateway.beam_search import BeamDone, BeamSearch, beam_sampling
 from gateway.output_stream import OutputStream
 from gateway.scheduler import Scheduler, SeqUpdate
 from gateway.sequence import Sequence
+from wire import convert
 from wire.protocol import Delta, ModelInfo, SamplingParams
 
 
@@ -102,7 +103,12 @@ class Requests:
             if isinstance(update, BeamDone):
                 deltas.extend(self._beam_done(update))
                 continue
-            delta = self._apply(update)
+            try:
+                delta = self._apply(update)
+            except Exception as e:  # noqa: BLE001 - detokenizing or stop rules of one request
+                delta = self._apply(SeqUpdate(update.seq, None, finished=True,
+                                              error=f"the gateway could not make this sequence's "
+                                                    f"output: {type(e).__name__}: {e}"))
             if delta is not None:
                 deltas.append(delta)
         return deltas
@@ -112,6 +118,10 @@ class Requests:
         state = self.by_id.get(seq.request_id)
         if state is None:
             return None
+        if update.error is not None:  # it failed alone: the whole request ends, others go on
+            self.abort(seq.request_id)
+            return Delta(seq.request_id, seq.index, "", [], "refused", prompt_tokens=state.prompt_len,
+                         error=update.error)
         stream = state.streams[seq.index]
         if stream.stopped:  # overlap: a token computed before the stop string was seen
             return None
@@ -178,3 +188,8 @@ class Requests:
             sampling.validate(info.max_model_len)
         except ValueError as e:
             raise RequestError(str(e)) from None
+        try:  # what the executor will receive (float32, the proto's integer widths) is valid too
+            convert.sampling_from_proto(convert.sampling_to_proto(sampling)).validate()
+        except (ValueError, TypeError) as e:
+            raise RequestError(f"{e} (as the executor receives it: float32 and the wire's integer "
+                               "types)") from None

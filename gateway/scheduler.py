@@ -65,6 +65,7 @@ class SeqUpdate:
     top_logprobs: list[tuple[int, float]] | None = None
     finished: bool = False
     prompt_logprobs: list[PromptLogprob] | None = None  # with the first token, when asked
+    error: str | None = None  # the sequence failed alone, for this reason: its request ends
 
 
 def _insert(queue: list[Sequence], seq: Sequence) -> None:
@@ -82,6 +83,7 @@ class Scheduler:
         self.seqs: dict[str, Sequence] = {}
         self.to_free: list[str] = []
         self.forks: list[tuple[str, str]] = []  # (parent, child), for memsvc before the next reserve
+        self.left_out: list[str] = []  # sequences the executor left out of a step (Plan.failed)
         self._holds = SampleHolds()
         self._beams = Beams(self)
         self.num_preemptions = 0
@@ -330,12 +332,33 @@ class Scheduler:
         sampled = self._sampled
         for step in batch.seqs:
             start = step.start_pos
-            sampled(step.seq_id, step.seq, start, start + len(step.token_ids), by_id, updates)
+            self._alone(sampled, step.seq_id, step.seq, start, start + len(step.token_ids), by_id, updates)
         run = batch.run
         if run is not None:
             for seq_id, seq, start in zip(run.seq_ids, run.seqs, run.start_pos):
-                sampled(seq_id, seq, start, start + 1, by_id, updates)
+                self._alone(sampled, seq_id, seq, start, start + 1, by_id, updates)
         return updates
+
+    def _alone(self, sampled, seq_id: str, source, start: int, computed: int, by_id: dict,
+               updates: list) -> None:
+        """`_sampled`, where a sequence that fails (the executor left it out, or applying its
+        output raised) ends alone: its request gets an error update naming why."""
+        out = by_id.get(seq_id)
+        try:
+            if out is None or not out.error:
+                return sampled(seq_id, source, start, computed, by_id, updates)
+            error = f"the executor refused this sequence: {out.error}"
+        except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
+            error = f"the gateway could not apply this sequence's output: {type(e).__name__}: {e}"
+        left_out = out is not None and bool(out.error)
+        seq = self.seqs.get(seq_id) if left_out else self.seqs.get(seq_id, source)
+        if seq is None or source is not None and source is not seq:  # ended already
+            return
+        if left_out:
+            self.left_out.append(seq_id)
+        self.abort(seq_id, "error")
+        seq.error = error
+        updates.append(SeqUpdate(seq, None, finished=True, error=error))
 
     def _sampled(self, seq_id: str, source, start: int, computed: int, by_id: dict, updates: list) -> None:
         """One sequence's part of `on_sampled`: the step computed its tokens from `start` to

@@ -130,6 +130,18 @@ class KVAllocator(ABC):
         in that order, before any copy the acts returned. None without a host tier."""
         return []
 
+    def begin_act(self, stamp: int) -> None:
+        """The acts from here on belong to the Reserve stamped `stamp`: the blocks they key
+        wait for `confirm_written` before they are prefix-cache hits
+        (memsvc.unwritten_keys). Policies without a prefix cache key nothing."""
+
+    def confirm_written(self, stamps: list[int]) -> None:
+        """The steps of these Reserves ran: their keyed blocks become prefix-cache hits."""
+
+    def drop_unwritten(self, stamps: list[int] = (), seq_ids: list[str] = ()) -> None:
+        """The steps of these Reserves, or these sequences' steps since their last confirmed
+        one, did not run: their blocks' keys are dropped, never to be hits."""
+
     def fill(self, seq_id: str, position: int, token_id: int) -> None:
         """The id of the PENDING token at `position`; ValueError if none is pending there.
         Policies without a prefix cache keep no ids: nothing to do."""

@@ -13,7 +13,8 @@ evicted then (lazy eviction). The head of the queue is the least recently used b
 eviction is LRU. Callers free a sequence's blocks in reverse order so that, among blocks
 freed together, tail blocks are evicted before the head blocks other prompts share.
 A freed block without a key holds nothing worth keeping: it goes to the head, so it is
-reused before any cached block. `on_evict` (optional) sees each keyed block as an
+reused before any cached block. A block's `gen` counts its allocations, so a holder of
+its id can tell whether it was handed out again since. `on_evict` (optional) sees each keyed block as an
 allocation evicts it, before its key is dropped (memsvc.prefix_offload copies it to the
 host tier); `stamp` is recorded in each block keyed (`keyed_at`), so the caller can tell
 which blocks' contents may not be final yet.
@@ -46,6 +47,7 @@ class Block:
     key: bytes | None = None
     salt: str | None = None
     keyed_at: int = 0
+    gen: int = 0  # allocations of this block so far
     prev_free: Block | None = field(default=None, repr=False)
     next_free: Block | None = field(default=None, repr=False)
 
@@ -136,6 +138,7 @@ class BlockPool:
                 del self.cached[block.key]
                 block.key = None
             block.ref_cnt = 1
+            block.gen += 1
             out.append(block)
         return out
 
@@ -166,13 +169,17 @@ class BlockPool:
         return self.cached.get(key)
 
     def cache(self, block: Block, key: bytes, salt: str | None = None) -> bool:
-        """Key a full block; False (and no change) if the key already names another block."""
+        """Key a full block; False (and no change) if the key already names another block.
+        A free block keyed moves from the head of the queue to the tail (cached, LRU)."""
         if block.key is not None:
             return block.key == key
         if key in self.cached:
             return False
         block.key, block.salt, block.keyed_at = key, salt, self.stamp
         self.cached[key] = block
+        if block.ref_cnt == 0:
+            self.free_queue.remove(block)
+            self.free_queue.append(block)
         return True
 
     def counts(self) -> tuple[int, int, int]:

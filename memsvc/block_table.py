@@ -20,6 +20,9 @@ class BlockTable:
     caching); `tail_tokens` are the tokens after the last keyed block, waiting for their
     block to fill, or for the id of a pending token (-1, memsvc.allocator.PENDING) in it. While swapped out, `blocks` is empty and `host_blocks` holds the copies.
 
+    `written`: how many leading blocks are known to hold their K/V (their keys were
+    confirmed, memsvc.unwritten_keys); only those are keyed again after a swap-in.
+
     Sliding window: the first `released` entries of `blocks` are None, blocks freed because
     no layer will read them again (they lie wholly before every future query's window);
     `host_blocks` then holds the copies of the others only.
@@ -38,6 +41,7 @@ class BlockTable:
     swapped: bool = False
     synced: int = 0  # leading blocks the gateway was told about (the rest changed since)
     released: int = 0
+    written: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -108,4 +112,5 @@ class BlockTable:
             tail_tokens=list(self.tail_tokens),
             synced=self.synced,  # the gateway copies the parent's table for the child
             released=self.released,
+            written=self.written,
         )

@@ -5,7 +5,10 @@ a budget and gets the pool; `reserve(plan)` grants slots in plan order, performs
 block copy it decided (copy-on-write, swap-out to the host swap space, swap-in) before it
 returns, and reports preemptions (by swap or recompute, see memsvc.preemption_policy) and
 resumed sequences; `free`, `fork` and `stats` act on sequences by id. Every ReserveResult
-carries this manager's `pool_epoch` (docs/ARCHITECTURE.md, "The pool epoch").
+carries this manager's `pool_epoch` (docs/ARCHITECTURE.md, "The pool epoch") and its
+`stamp`: a block keyed by that Reserve is a prefix-cache hit only once a later plan of the
+session confirms the stamp's step ran (`Plan.written`; `Plan.void` and `Plan.failed` say
+what did not: memsvc.step_stamps, memsvc.unwritten_keys).
 
 The host swap space (`swap_space`) is a block-major tensor like the pool (pinned when
 the pool is on a GPU); block-copy time is measured when it is allocated and with every
@@ -53,6 +56,7 @@ from memsvc.kv_pool import allocate_pool, num_blocks_for_budget, rank_geometry
 from memsvc.preemption_policy import PreemptionPolicy
 from memsvc.sessions import Sessions
 from memsvc.step_planner import StepPlanner, check_plan
+from memsvc.step_stamps import StepStamps
 from wire.protocol import KVGeometry, Plan, PoolStats, Preemption, ReserveResult, RunGrants
 
 
@@ -84,6 +88,7 @@ class MemoryManager:
         self._last_stamp: dict[str, int] = {}  # session -> stamp of its last Reserve
         self.policy = PreemptionPolicy(config.preemption_mode)
         self.pool_epoch = uuid.uuid4().hex  # names this manager's pool in every ReserveResult
+        self.stamps = StepStamps()
 
     def register_executor(self, geometry: KVGeometry, budget_bytes: int = 0,
                           device: str | None = None, max_model_len: int = 0, ranks: int = 1,
@@ -170,6 +175,7 @@ class MemoryManager:
         self.planner = StepPlanner(self.allocator, self.policy, self.planner.watermark_blocks)
         self.sessions = Sessions(self.config.session_lease)
         self._last_stamp = {}
+        self.stamps = StepStamps()
 
     def _allocate(self, geometry: KVGeometry, num_blocks: int, device: str, rank: int = 0) -> torch.Tensor:
         from wire.cuda_ipc import allocate_cuda_pool, is_gpu_uuid
@@ -203,6 +209,16 @@ class MemoryManager:
         """
         planner = self._planner()
         check_plan(plan)
+        stamp = self._begin_act(session_id, plan.written, plan.void, plan.failed)
+        try:
+            result = self._reserve(planner, plan, session_id)
+        except BaseException:
+            self.allocator.drop_unwritten([stamp])
+            raise
+        result.stamp = stamp
+        return result
+
+    def _reserve(self, planner: StepPlanner, plan: Plan, session_id: str) -> ReserveResult:
         self._begin_offload(session_id, plan.ahead)
         lost = []
         if session_id:
@@ -245,11 +261,26 @@ class MemoryManager:
     def reserve_running(self, session_id: str, seq_ids: list[str], counts: list[int],
                         token_ids: list[int], pending: list[int], free: list[str],
                         fills: list[tuple[str, int, int]], step_tokens: int = 0,
-                        step_seconds: float = 0.0) -> RunGrants | None:
+                        step_seconds: float = 0.0, written: int = 0, void: bool = False,
+                        failed: list[str] = ()) -> tuple[RunGrants | None, int]:
         """`reserve` of a plan made ahead by a session whose entries are all running (no new
         one, no fork), in columns (StepPlanner.reserve_running): the same grants, frees,
-        fills and copies, without an object per sequence. None: deferred."""
+        fills and copies, without an object per sequence, and the Reserve's stamp. None:
+        deferred."""
         planner = self._planner()
+        stamp = self._begin_act(session_id, written, void, failed)
+        try:
+            grants = self._reserve_running(planner, session_id, seq_ids, counts, token_ids, pending,
+                                           free, fills, step_tokens, step_seconds)
+        except BaseException:
+            self.allocator.drop_unwritten([stamp])
+            raise
+        if grants is not None:
+            grants.stamp = stamp
+        return grants, stamp
+
+    def _reserve_running(self, planner, session_id, seq_ids, counts, token_ids, pending, free, fills,
+                         step_tokens, step_seconds) -> RunGrants | None:
         self._begin_offload(session_id, True)
         internal = self.sessions.internal
         free = [internal(session_id, s) for s in free]
@@ -261,6 +292,12 @@ class MemoryManager:
             self._copy(grants.copies)  # offloads only: a copy-on-write defers the plan
         self.sessions.touch(session_id).seqs.difference_update(free)
         return grants
+
+    def _begin_act(self, session_id: str, written: int, void: bool, failed: list[str]) -> int:
+        """Settle what the session says of its earlier steps, then stamp this Reserve."""
+        if session_id:
+            failed = [self.sessions.internal(session_id, s) for s in failed]
+        return self.stamps.begin_act(self.allocator, session_id, written, void, failed)
 
     def _offload_pays(self) -> bool:
         """A copy out now and in at a hit costs less than computing the block's tokens."""
@@ -341,6 +378,8 @@ class MemoryManager:
             alive = [s for s in session.seqs if self.allocator is not None and self.allocator.has_sequence(s)]
             for seq_id in alive:
                 self.allocator.free(seq_id)
+            if self.allocator is not None:
+                self.allocator.drop_unwritten(self.stamps.end(session.session_id))
             freed[session.session_id] = len(alive)
         return freed
 

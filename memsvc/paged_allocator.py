@@ -3,7 +3,8 @@
 A sequence holds ceil(num_tokens / block_size) blocks and takes a new one only when its
 last block is full. Forks share blocks (ref count + 1); a write into a shared partial last
 block copies it first (copy-on-write). Full blocks are keyed for the prefix cache as they
-fill; a new sequence attaches the longest cached run of its prompt's full blocks, always
+fill, and become hits only once the step that writes them is confirmed to have run
+(memsvc.unwritten_keys); a new sequence attaches the longest cached run of its prompt's full blocks, always
 leaving at least the last prompt token to compute. Sequences can be swapped out to a
 host SwapSpace and back; every copy is returned as (src, dst) pairs for the caller to do.
 
@@ -28,6 +29,7 @@ from memsvc.host_tier import HostEntry, HostTier
 from memsvc.prefix_cache import PrefixCacheStats, block_key, cacheable_blocks
 from memsvc.prefix_offload import PrefixOffload
 from memsvc.swap_space import SwapSpace
+from memsvc.unwritten_keys import UnwrittenKeys
 
 
 class PagedAllocator(KVAllocator):
@@ -55,6 +57,7 @@ class PagedAllocator(KVAllocator):
         self.pool = BlockPool(num_blocks)
         self.swap_space = SwapSpace(num_host_blocks)
         self.prefix_stats = PrefixCacheStats()
+        self.unwritten = UnwrittenKeys(self.pool)
         self._seqs: dict[str, BlockTable] = {}
         self.offload: PrefixOffload | None = None
         if num_offload_blocks and enable_prefix_caching:
@@ -174,7 +177,7 @@ class PagedAllocator(KVAllocator):
         hits, keys = self._cached_prefix(prompt_token_ids, salt, count=True) if use_cache else ([], [])
         cached = self._attach(hits, keys, salt)
         table.blocks, table.block_keys = cached, keys[:len(cached)]
-        table.num_tokens = len(cached) * self.block_size
+        table.num_tokens, table.written = len(cached) * self.block_size, len(cached)
         if self.enable_prefix_caching and use_cache:
             self.prefix_stats.record(len(prompt_token_ids), table.num_tokens)
         self._seqs[seq_id] = table
@@ -296,9 +299,19 @@ class PagedAllocator(KVAllocator):
         while len(tail) >= bs and PENDING not in tail[:bs]:
             parent = table.block_keys[-1] if table.block_keys else None
             key = block_key(parent, tail[:bs], table.salt)
-            self.pool.cache(table.blocks[len(table.block_keys)], key, table.salt)
+            self.unwritten.add(table, len(table.block_keys), key)
             table.block_keys.append(key)
             del tail[:bs]
+
+    def begin_act(self, stamp: int) -> None:
+        self.unwritten.stamp = stamp
+
+    def confirm_written(self, stamps: list[int]) -> None:
+        self.unwritten.confirm(stamps)
+
+    def drop_unwritten(self, stamps: list[int] = (), seq_ids: list[str] = ()) -> None:
+        self.unwritten.drop(stamps)
+        self.unwritten.drop_sequences(seq_ids)
 
     def fill(self, seq_id: str, position: int, token_id: int) -> None:
         if token_id < 0:
@@ -364,7 +377,7 @@ class PagedAllocator(KVAllocator):
         self.swap_space.free(table.host_blocks)
         table.blocks, table.host_blocks, table.swapped = [None] * table.released + device, [], False
         table.synced = 0
-        for block, key in zip(device, table.block_keys[table.released:]):
+        for block, key in zip(device, table.block_keys[table.released:table.written]):
             self.pool.cache(block, key, table.salt)  # no-op where the key is still cached elsewhere
         if self.enable_prefix_caching:
             self._key_tail(table)  # blocks completed by a fill while swapped out

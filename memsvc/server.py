@@ -137,12 +137,12 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
         columns = self._call(context, convert.running_columns, request)
         if columns is not None:  # the usual plan made ahead: in columns, no object per sequence
             seq_ids, counts, _, pending = columns[:4]
-            grants = self._reserve(context, self.manager.reserve_running, session, *columns)
+            grants, stamp = self._reserve(context, self.manager.reserve_running, session, *columns)
 
             def attributes():
                 return {"pagedserve.deferred": grants is None,
                         "pagedserve.granted_sequences": 0 if grants is None else len(seq_ids)}
-            response = convert.run_grants_to_proto(seq_ids, counts, pending, grants)
+            response = convert.run_grants_to_proto(seq_ids, counts, pending, grants, stamp)
             response.pool_epoch = self.manager.pool_epoch
         else:
             plan = self._call(context, convert.plan_from_proto, request)

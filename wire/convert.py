@@ -126,6 +126,7 @@ def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest
         run_seq_ids=[e.seq_id for e in running], run_num_tokens=[len(e.token_ids) for e in running],
         run_token_ids=[t for e in running for t in e.token_ids],
         run_pending=[e.pending for e in running] if any(e.pending for e in running) else [],
+        written=plan.written, void=plan.void, failed=plan.failed,
     )
 
 
@@ -150,7 +151,8 @@ def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
                 for e in m.entries]
     return Plan(entries=entries, free=list(m.free), step_tokens=m.step_tokens,
                 step_seconds=m.step_seconds, forks=list(zip(m.fork_parents, m.fork_children)),
-                ahead=m.ahead, fills=list(zip(m.fill_seq_ids, m.fill_positions, m.fill_token_ids)))
+                ahead=m.ahead, fills=list(zip(m.fill_seq_ids, m.fill_positions, m.fill_token_ids)),
+                written=m.written, void=m.void, failed=list(m.failed))
 
 
 def answered_in_columns(plan: Plan) -> bool:
@@ -161,8 +163,8 @@ def answered_in_columns(plan: Plan) -> bool:
 
 def running_columns(m: memory_pb2.ReserveRequest) -> tuple | None:
     """A plan made ahead whose entries are all running (no new one, no fork), as columns:
-    (seq_ids, counts, token_ids, pending, free, fills, step_tokens, step_seconds); None for
-    any other plan. ValueError where the packed arrays do not agree in length."""
+    (seq_ids, counts, token_ids, pending, free, fills, step_tokens, step_seconds, written,
+    void, failed); None for any other plan. ValueError where the packed arrays do not agree in length."""
     if not m.ahead or m.entries or m.fork_parents or m.fork_children:
         return None
     ids, counts, flat = list(m.run_seq_ids), list(m.run_num_tokens), list(m.run_token_ids)
@@ -172,19 +174,20 @@ def running_columns(m: memory_pb2.ReserveRequest) -> tuple | None:
     if not len(m.fill_seq_ids) == len(m.fill_positions) == len(m.fill_token_ids):
         raise ValueError("fill_seq_ids, fill_positions and fill_token_ids must have the same length")
     fills = list(zip(m.fill_seq_ids, m.fill_positions, m.fill_token_ids))
-    return ids, counts, flat, pending, list(m.free), fills, m.step_tokens, m.step_seconds
+    return (ids, counts, flat, pending, list(m.free), fills, m.step_tokens, m.step_seconds, m.written,
+            m.void, list(m.failed))
 
 
 def run_grants_to_proto(seq_ids: list[str], counts: list[int], pending: list[int],
-                        grants: RunGrants | None) -> memory_pb2.ReserveResponse:
+                        grants: RunGrants | None, stamp: int = 0) -> memory_pb2.ReserveResponse:
     """The ReserveResponse to `running_columns`' plan: every entry granted (None: deferred)."""
     if grants is None:
-        return memory_pb2.ReserveResponse(deferred=True)
+        return memory_pb2.ReserveResponse(deferred=True, stamp=stamp)
     return memory_pb2.ReserveResponse(
         grant_seq_ids=seq_ids, grant_start_pos=grants.start_pos,
         grant_num_tokens=[n + p for n, p in zip(counts, pending)], grant_table_start=grants.table_start,
         grant_num_new_blocks=grants.num_new_blocks, grant_new_blocks=grants.new_blocks,
-        grant_num_cached=[0] * len(seq_ids))  # no copy-on-write: such a plan is deferred
+        grant_num_cached=[0] * len(seq_ids), stamp=grants.stamp)  # no copy-on-write: such a plan is deferred
 
 
 def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
@@ -199,6 +202,7 @@ def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
         rejected=[memory_pb2.Rejection(seq_id=x.seq_id, reason=x.reason) for x in r.rejected],
         waiting=r.waiting, resumed=r.resumed, pool_epoch=r.pool_epoch, deferred=r.deferred,
         copy_src=[c[0] for c in r.block_copies], copy_dst=[c[1] for c in r.block_copies],
+        stamp=r.stamp,
     )
 
 
@@ -211,11 +215,13 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse, columns: bool = Fal
     if columns and not m.deferred:
         ids = list(m.grant_seq_ids)
         run = RunGrants(list(m.grant_start_pos), list(m.grant_table_start), list(m.grant_num_new_blocks),
-                        list(m.grant_new_blocks), seq_ids=ids, num_tokens=list(m.grant_num_tokens))
+                        list(m.grant_new_blocks), seq_ids=ids, num_tokens=list(m.grant_num_tokens),
+                        stamp=m.stamp)
         if (not (m.preempted or m.rejected or m.waiting or m.resumed) and len(ids) == len(run.start_pos)
                 == len(run.table_start) == len(run.num_new_blocks) == len(run.num_tokens)
                 and sum(run.num_new_blocks) == len(run.new_blocks)):
-            return ReserveResult(grants=[], pool_epoch=m.pool_epoch, run=run, block_copies=copies)
+            return ReserveResult(grants=[], pool_epoch=m.pool_epoch, run=run, block_copies=copies,
+                                 stamp=m.stamp)
     blocks, counts = list(m.grant_new_blocks), m.grant_num_new_blocks
     grants, at = [], 0
     for seq_id, start, n, table_start, k, cached in zip(
@@ -234,6 +240,7 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse, columns: bool = Fal
         pool_epoch=m.pool_epoch,
         deferred=m.deferred,
         block_copies=copies,
+        stamp=m.stamp,
     )
 
 
@@ -260,14 +267,15 @@ def prompt_logprobs_from_proto(entries) -> list[PromptLogprob]:
 def outputs_to_proto(outputs: list[SampleOutput], incarnation: str = "") -> executor_pb2.ExecuteResponse:
     """Tokens alone (packed) when every output is a sampled token without logprobs."""
     if all(o.logprob is None and not o.top_logprobs and o.sampled and not o.prompt_logprobs
-           for o in outputs):
+           and not o.error for o in outputs):
         return executor_pb2.ExecuteResponse(tokens=[o.token_id for o in outputs], incarnation=incarnation)
     SO, TL = executor_pb2.SampleOutput, generation_pb2.TopLogprob
     return executor_pb2.ExecuteResponse(outputs=[
         SO(seq_id=o.seq_id, token_id=o.token_id if o.sampled else 0, logprob=o.logprob,
            top_logprobs=[TL(token_id=t, logprob=lp) for t, lp in o.top_logprobs] if o.top_logprobs else None,
            prompt_only=not o.sampled,
-           prompt_logprobs=prompt_logprobs_to_proto(o.prompt_logprobs) if o.prompt_logprobs else None)
+           prompt_logprobs=prompt_logprobs_to_proto(o.prompt_logprobs) if o.prompt_logprobs else None,
+           error=o.error)
         for o in outputs
     ], incarnation=incarnation)
 
@@ -285,7 +293,7 @@ def outputs_from_proto(m: executor_pb2.ExecuteResponse, sampled_ids: list[str] |
         SampleOutput(o.seq_id, -1 if o.prompt_only else o.token_id,
                      o.logprob if o.HasField("logprob") else None,
                      [(t.token_id, t.logprob) for t in o.top_logprobs], not o.prompt_only,
-                     prompt_logprobs_from_proto(o.prompt_logprobs))
+                     prompt_logprobs_from_proto(o.prompt_logprobs), o.error)
         for o in m.outputs
     ]
 

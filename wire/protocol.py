@@ -182,6 +182,7 @@ class SeqStep:
     prompt_token_ids: list[int] = field(default_factory=list)  # only when penalties or
     # prompt logprobs are used (prompt logprobs need the whole prompt: the next chunk's tokens)
     output_token_ids: list[int] = field(default_factory=list)  # only when penalties are used
+    error: str = ""  # why the executor left this sequence out of the step (it reports that)
 
     def prompt_logprob_positions(self) -> range:
         """Positions of this step whose next token is a prompt token to score (prompt_logprobs):
@@ -193,8 +194,8 @@ class SeqStep:
     @property
     def reports(self) -> bool:
         """Whether the executor returns a SampleOutput for this step: it samples, or scores prompt tokens."""
-        return self.sample or (self.sampling.prompt_logprobs is not None
-                               and bool(self.prompt_logprob_positions()))
+        return self.sample or bool(self.error) or (self.sampling.prompt_logprobs is not None
+                                                   and bool(self.prompt_logprob_positions()))
 
 
 @dataclass
@@ -236,6 +237,7 @@ class SampleOutput:
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
     sampled: bool = True
     prompt_logprobs: list[PromptLogprob] = field(default_factory=list)
+    error: str = ""  # the sequence was left out of the step, for this reason: it ends alone
 
 
 @dataclass
@@ -273,7 +275,13 @@ class Plan:
     `free` and answers `deferred`, and the gateway plans again once the step is done. A
     plan made ahead carries no forks. `fills` (seq_id, position, token_id): the ids of
     tokens an earlier plan sent as pending, applied before anything else (prefix-cache keys
-    of the blocks they complete)."""
+    of the blocks they complete).
+
+    What the session's earlier steps did, settled before anything else (a block keyed by a
+    Reserve is a prefix-cache hit only once its step is known to have run): `written`, the
+    stamp (ReserveResult.stamp) of the last step that ran, every step reserved before it
+    having run too; `void`, the steps reserved after it will never run (a step failed);
+    `failed`, sequences left out of steps that ran (their writes did not happen)."""
 
     entries: list[PlanEntry]
     free: list[str] = field(default_factory=list)  # finished or cancelled: release their blocks first
@@ -283,6 +291,9 @@ class Plan:
     # anything else: the child shares every block of the parent (copy-on-write from here on)
     ahead: bool = False
     fills: list[tuple[str, int, int]] = field(default_factory=list)
+    written: int = 0
+    void: bool = False
+    failed: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -327,6 +338,7 @@ class ReserveResult:
     # (src, dst) copy-on-write copies for ranks that hold their own pools (memsvc copied its
     # own already): they travel with this step to the executor (StepBatch.copies)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    stamp: int = 0  # names this Reserve in a later plan's `written`
 
     def all_grants(self) -> list[Grant]:
         """`grants`, or the grants `run` holds in columns, one object each."""
@@ -348,6 +360,7 @@ class RunGrants:
     copies: list[tuple[str, int, int]] = field(default_factory=list)
     seq_ids: list[str] = field(default_factory=list)  # on the gateway's side: the entries' ids
     num_tokens: list[int] = field(default_factory=list)  # and the tokens granted each
+    stamp: int = 0  # ReserveResult.stamp
 
     def grants(self) -> list[Grant]:
         out, at = [], 0

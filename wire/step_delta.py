@@ -81,7 +81,7 @@ class FedRun:
 class StepDelta:
     """One step for the executor: `seqs`, then `run` (in columns, the steady decode step's
     sequences). `pool_epoch`, `forget`, `step` and `copies` mean what they mean in
-    wire.protocol.StepBatch."""
+    wire.protocol.StepBatch; `stamp` is the gateway's own."""
 
     seqs: list[SeqDelta]
     pool_epoch: str = ""
@@ -89,6 +89,7 @@ class StepDelta:
     step: int = 0
     run: FedRun | None = None
     copies: list[tuple[int, int]] = field(default_factory=list)
+    stamp: int = 0  # the Reserve it was granted by (ReserveResult.stamp): once it ran, Plan.written
     _progress: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def all_seqs(self) -> list[SeqDelta]:

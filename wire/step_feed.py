@@ -5,7 +5,9 @@ a sequence whose next input is the token step N samples goes with `token_ids == 
 Whoever runs the steps keeps each sequence's last sample (`LastSampled.record`) and puts
 it in place just before the step runs (`fill`); a fed token it does not hold (the step
 before failed, the executor restarted) raises FedTokenUnknown and nothing runs, so the
-gateway sends the step again with the token it now knows. `StepOrder` runs one caller's
+gateway sends the step again with the token it now knows. A sequence the executor left
+out of a step (it reported an error: executor.seq_screen) has no sample: the steps sent
+behind it leave it out too, with the same reason. `StepOrder` runs one caller's
 steps in the order it numbered them (`StepBatch.step`), as two in flight may arrive in
 either order. wire.ordered_executor does both around an in-process executor.
 """
@@ -34,16 +36,23 @@ def lost_feed(error: BaseException) -> bool:
 
 
 class LastSampled:
-    """seq id -> (position, token) of its last sampled token."""
+    """seq id -> (position, token) of its last sampled token; seq id -> why it was left out."""
 
     def __init__(self):
         self.last: dict[str, tuple[int, int]] = {}
+        self.left_out: dict[str, str] = {}
 
     def fill(self, batch: StepBatch) -> list[int]:
         """Put each fed token in place (token_ids, and output_token_ids when it ends with
         FED); the indices of the fed sequences. FedTokenUnknown before any change."""
         last = self.last
         fed = [i for i, s in enumerate(batch.seqs) if s.token_ids and s.token_ids[0] == FED]
+        if self.left_out:
+            for i in [i for i in fed if batch.seqs[i].seq_id in self.left_out]:
+                s = batch.seqs[i]
+                s.error = f"left out of an earlier step: {self.left_out[s.seq_id]}"
+                s.token_ids[0] = 0
+                fed.remove(i)
         for i in fed:
             s = batch.seqs[i]
             pos_token = last.get(s.seq_id)
@@ -63,14 +72,18 @@ class LastSampled:
         """Keep what `batch` sampled (its outputs: one per sequence that reports)."""
         for seq_id in batch.forget:
             self.last.pop(seq_id, None)
+            self.left_out.pop(seq_id, None)
         at = 0
         last = self.last
         for s in batch.seqs:
-            if not s.sample and (s.sampling.prompt_logprobs is None or not s.reports):
+            if not s.reports:
                 continue
             out = outputs[at]
             at += 1
-            if s.sample and out.sampled:
+            if out.error:
+                self.left_out[s.seq_id] = out.error
+                last.pop(s.seq_id, None)
+            elif s.sample and out.sampled:
                 last[s.seq_id] = (s.start_pos + len(s.token_ids), out.token_id)
 
 

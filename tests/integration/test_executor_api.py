@@ -1,4 +1,6 @@
 """The Executor object: model info, pool attachment, steps, reproducible seeded sampling."""
+import re
+
 import pytest
 import torch
 
@@ -105,10 +107,14 @@ def test_tiny_directory_without_tokenizer(tmp_path):
     (dict(block_table=[40]), "block ids"),
     (dict(start_pos=15, slot_mapping=[15, 16]), "blocks in its table"),
 ])
-def test_out_of_range_batches_are_rejected(executor, bad, match):
-    s = SeqStep("bad", [1, 2], 0, [0, 1], [0], True, SamplingParams(temperature=0.0), 0)
+def test_an_out_of_range_sequence_is_left_out_and_the_others_run_as_alone(executor, bad, match):
+    alone = executor.execute(StepBatch([step("ok", [5, 6, 7], 0, [2])]))
+    s = SeqStep("bad", [1, 2], 0, [0, 1], [0], False, SamplingParams(temperature=0.0), 0)  # reports nothing
     for k, v in bad.items():
         setattr(s, k, v)
-    with pytest.raises(ValueError, match=match):
-        executor.execute(StepBatch([s]))
-    assert executor.execute(StepBatch([step("ok", [1, 2], 0, [0])]))[0].seq_id == "ok"
+    out = executor.execute(StepBatch([s, step("ok", [5, 6, 7], 0, [2])]))
+    assert [o.seq_id for o in out] == ["bad", "ok"]
+    assert out[0].error and re.search(match, out[0].error) and not out[0].sampled
+    assert out[1].token_id == alone[0].token_id and not out[1].error
+    with pytest.raises(ValueError, match="empty"):
+        executor.execute(StepBatch([]))

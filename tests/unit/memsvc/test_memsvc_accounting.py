@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from memsvc import PoolSnapshot, make_allocator
+from tests.support.written import ran
 
 BS, NUM_BLOCKS, MAX_MODEL_LEN = 4, 32, 32
 
@@ -79,6 +80,7 @@ def test_paged_internal_fragmentation_and_shared_blocks_count_once():
     a.append("b", [2] * 5)  # blocks 2, 3: 5 held, 3 reserved (final length unknown)
     a.add_sequence("d", [3] * 4, max_len=8)
     a.append("d", [3] * 4)
+    ran(a)
     a.free("d")  # block 4 stays cached: free slots
     a.fork("a", "c")  # shares blocks 0 and 1: nothing changes
     s = a.snapshot()

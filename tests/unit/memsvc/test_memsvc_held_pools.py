@@ -60,7 +60,7 @@ def test_a_plan_in_columns_that_would_copy_is_deferred_then_copies_in_full():
     m.register_executor(GEOMETRY, ranks=2, holds_pool=HOLDS)
     m.reserve(Plan([PlanEntry("a", list(range(6)), True, 32)]), "s")
     m.fork("a", "b", "s")
-    assert m.reserve_running("s", ["a", "b"], [1, 1], [6, 6], [0, 0], [], []) is None
+    assert m.reserve_running("s", ["a", "b"], [1, 1], [6, 6], [0, 0], [], [])[0] is None
     result = m.reserve(Plan([PlanEntry("a", [6], False, 32), PlanEntry("b", [6], False, 32)]), "s")
     assert len(result.block_copies) == 1
 

@@ -121,19 +121,20 @@ def test_a_plan_made_ahead_neither_restores_nor_offloads_what_the_step_in_flight
                                      watermark=0))
     mem.register_executor(KVGeometry(1, 1, 1, BS))
     a, b = list(range(100, 113)), list(range(300, 313))
-    mem.reserve(Plan([new("a", a)]), "s1")
-    # "a" is cancelled while its prefill may still run; the next plan is made ahead
-    mem.reserve(Plan([new("b", b)], free=["a"], ahead=True), "s1")
+    r = mem.reserve(Plan([new("a", a)]), "s1")
+    # "a" is cancelled while its prefill may still run; the next plan is made ahead: a's
+    # blocks are not known to be written, so they hold no key to offload
+    r = mem.reserve(Plan([new("b", b)], free=["a"], ahead=True), "s1")
     p = mem.stats().preemption
-    assert p["host_tier_offloaded"] == 0 and p["host_tier_dropped"] == 3
-    mem.reserve(Plan([], free=["b"]), "s1")
-    mem.reserve(Plan([new("c", list(range(500, 513)))]), "s1")  # serial: b's blocks are final
+    assert p["host_tier_offloaded"] == 0
+    r = mem.reserve(Plan([], free=["b"], written=r.stamp), "s1")  # b's prefill ran
+    r = mem.reserve(Plan([new("c", list(range(500, 513)))], written=r.stamp), "s1")  # serial: b's blocks are final
     assert mem.stats().preemption["host_tier_offloaded"] == 3
-    mem.reserve(Plan([], free=["c"]), "s1")
-    r = mem.reserve(Plan([new("d", b)], ahead=True), "s1")
+    r = mem.reserve(Plan([], free=["c"], written=r.stamp), "s1")
+    r = mem.reserve(Plan([new("d", b)], ahead=True, written=r.stamp), "s1")
     assert r.grants[0].num_cached_tokens == 0  # ahead: the tier is not read
-    mem.reserve(Plan([], free=["d"]), "s1")
-    r = mem.reserve(Plan([new("e", b)]), "s1")
+    r = mem.reserve(Plan([], free=["d"], written=r.stamp), "s1")
+    r = mem.reserve(Plan([new("e", b)], written=r.stamp), "s1")
     assert r.grants[0].num_cached_tokens == 12
     mem.check_integrity()
 

@@ -11,6 +11,7 @@ from memsvc import (
     PagedAllocator,
     make_allocator,
 )
+from tests.support.written import ran
 
 BS = 4
 
@@ -22,7 +23,9 @@ def paged(num_blocks=10, **kw) -> PagedAllocator:
 def start(alloc, seq_id, prompt, max_len=None, **kw):
     """Register and give slots to the whole prompt; returns (cached, AppendResult)."""
     cached = alloc.add_sequence(seq_id, prompt, max_len=max_len or len(prompt) + 8, **kw)
-    return cached, alloc.append(seq_id, prompt[cached:])
+    appended = alloc.append(seq_id, prompt[cached:])
+    ran(alloc)  # the step ran: the blocks it keyed are prefix-cache hits from now on
+    return cached, appended
 
 
 def test_blocks_follow_ceil_and_grow_only_when_the_last_is_full():

@@ -7,6 +7,7 @@ from memsvc.allocator import PENDING
 from memsvc.memory_manager import MemoryConfig, MemoryManager
 from wire import convert
 from wire.protocol import KVGeometry, Plan, PlanEntry
+from tests.support.written import ran
 
 BS = 4
 
@@ -37,6 +38,7 @@ def test_a_block_completed_by_a_pending_token_is_keyed_once_it_is_filled():
     assert len(a._seqs["a"].block_keys) == 1
     a.fill("a", 4, 10)
     a.check_integrity()
+    ran(a)
     a.free("a")
     assert a.add_sequence("b", [1, 2, 3, 9, 10, 11], max_len=16) == 4  # the filled block is a hit
     with pytest.raises(ValueError, match="no pending token at position 5"):

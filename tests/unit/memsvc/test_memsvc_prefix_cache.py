@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from memsvc import PagedAllocator
+from tests.support.written import ran
 
 BS = 4
 A = list(range(100, 109))  # 9 tokens: 2 full blocks + 1
@@ -11,6 +12,7 @@ B = list(range(200, 209))
 def start(alloc, seq_id, prompt, **kw):
     cached = alloc.add_sequence(seq_id, prompt, max_len=len(prompt) + 8, **kw)
     alloc.append(seq_id, prompt[cached:])
+    ran(alloc)
     return cached
 
 
@@ -114,8 +116,45 @@ def test_generated_tokens_are_cached_too():
     start(a, "a", [1, 2, 3])
     a.append("a", [4])  # a decode token completes block 0
     a.append("a", [5, 6, 7, 8, 9])
+    ran(a)
     a.free("a")
     assert a.add_sequence("b", list(range(1, 11)), max_len=12) == 8
+
+
+def test_a_block_is_a_hit_only_once_its_step_ran():
+    a = PagedAllocator(8, BS)
+    a.add_sequence("a", A, max_len=12)
+    a.append("a", A)  # keys blocks 0 and 1: not written yet
+    assert a.add_sequence("early", A, max_len=12) == 0
+    a.drop_unwritten([0])  # that step failed: its keys are gone for good
+    ran(a)
+    assert a.add_sequence("after-failure", A, max_len=12) == 0
+    a.append("a", [1, 2, 3])  # completes block 2 in another step, which runs
+    ran(a)
+    assert a.add_sequence("late", A + [1, 2, 3, 4], max_len=16) == 0  # the chain starts unwritten
+    a.check_integrity()
+
+
+def test_a_freed_blocks_key_is_published_while_no_one_took_it_and_dropped_once_one_did():
+    a = PagedAllocator(4, BS)
+    a.add_sequence("a", A, max_len=12)
+    a.append("a", A)
+    a.free("a")  # its blocks are free, unkeyed, at the head of the queue
+    ran(a)  # the step ran: they are keyed and move to the tail, the last block first
+    assert [b.block_id for b in a.pool.free_queue] == [2, 3, 1, 0]
+    assert a.add_sequence("b", A, max_len=12) == 8
+    a.check_integrity()
+    a = PagedAllocator(3, BS)
+    a.add_sequence("c", B, max_len=12)
+    a.append("c", B)  # keys blocks 0 and 1, not written yet; c ends, and d takes them
+    a.free("c")
+    a.add_sequence("d", [9] * 8, max_len=12)
+    a.append("d", [9] * 8)
+    assert a.block_table("d") == [0, 1]
+    ran(a)  # c's step "ran", but its blocks hold d's tokens now: only d's keys count
+    assert a.add_sequence("e", B, max_len=12) == 0
+    assert a.add_sequence("f", [9] * 9, max_len=12) == 8
+    a.check_integrity()
 
 
 def test_hit_and_query_counters():
@@ -169,6 +208,7 @@ def test_a_plan_entry_that_skips_the_prefix_cache():
     a = PagedAllocator(16, BS)
     planner = StepPlanner(a)
     planner.reserve(Plan([PlanEntry("a", A, True, 20)]))
+    ran(a)
     r = planner.reserve(Plan([PlanEntry("b", A, True, 20, skip_prefix_cache=True),
                               PlanEntry("c", A, True, 20)])).result
     assert [(g.seq_id, g.start_pos, g.num_cached_tokens) for g in r.grants] == [("b", 0, 0), ("c", 8, 8)]

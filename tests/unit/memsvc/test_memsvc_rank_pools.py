@@ -8,6 +8,7 @@ import torch
 from memsvc.config import MemoryConfig
 from memsvc.memory_manager import MemoryManager
 from wire.protocol import KVGeometry, Plan, PlanEntry
+from tests.support.written import Steps
 
 GEOMETRY = KVGeometry(num_layers=2, num_kv_heads=4, head_size=8, block_size=4)  # 2 ranks x 2 heads
 
@@ -97,20 +98,21 @@ def test_shared_pools_are_one_segment_per_rank_all_unlinked_at_close(tmp_path):
 def test_the_host_tier_offloads_and_restores_every_ranks_blocks():
     m = manager(num_blocks=4, num_offload_blocks=8, offload_policy="always", preemption_mode="recompute")
     pools = m.register_executor(GEOMETRY, ranks=2)
+    steps = Steps(m)
     assert len(m.tier_pools) == 2 and m.tier_pools[0].data_ptr() != m.tier_pools[1].data_ptr()
     prompt = list(range(9))  # two full blocks, keyed
-    [a] = m.reserve(Plan([PlanEntry("a", prompt, True, 16)])).grants
+    [a] = steps.reserve(Plan([PlanEntry("a", prompt, True, 16)])).grants
     blocks = table(a)
     for r, pool in enumerate(pools):
         for i, b in enumerate(blocks[:2]):
             pool[b] = float(100 * r + i)
-    m.reserve(Plan([], free=["a"]))
-    m.reserve(Plan([PlanEntry("b", list(range(50, 66)), True, 16)]))  # takes all 4 blocks: a's go out
+    steps.reserve(Plan([], free=["a"]))
+    steps.reserve(Plan([PlanEntry("b", list(range(50, 66)), True, 16)]))  # takes all 4 blocks: a's go out
     assert m.host_tier_stats()["host_tier_offloaded"] == 2
     for r in range(2):
         pools[r].zero_()
-    m.reserve(Plan([], free=["b"]))
-    [c] = m.reserve(Plan([PlanEntry("c", prompt, True, 16)])).grants
+    steps.reserve(Plan([], free=["b"]))
+    [c] = steps.reserve(Plan([PlanEntry("c", prompt, True, 16)])).grants
     assert c.num_cached_tokens == 8 and m.host_tier_stats()["host_tier_restored"] == 2
     for r, pool in enumerate(pools):
         for i, b in enumerate(table(c)[:2]):

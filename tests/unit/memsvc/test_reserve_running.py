@@ -7,6 +7,7 @@ import random
 import pytest
 
 from memsvc.memory_manager import MemoryConfig, MemoryManager
+from memsvc.step_stamps import StepStamps
 from wire import convert
 from wire.protocol import KVGeometry, Plan, PlanEntry
 
@@ -18,6 +19,7 @@ def manager(num_blocks: int, tier: int) -> MemoryManager:
     mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, num_offload_blocks=tier, offload_policy="always",
                                      watermark=0, max_model_len=256))
     mem.register_executor(KVGeometry(1, 1, 1, BS))
+    mem.stamps = StepStamps(start=1)  # both managers stamp alike
     return mem
 
 
@@ -25,7 +27,7 @@ def answer(mem: MemoryManager, request, columns: bool):
     if columns:
         cols = convert.running_columns(request)
         assert cols is not None
-        response = convert.run_grants_to_proto(cols[0], cols[1], cols[3], mem.reserve_running(SESSION, *cols))
+        response = convert.run_grants_to_proto(cols[0], cols[1], cols[3], *mem.reserve_running(SESSION, *cols))
     else:
         response = convert.reserve_result_to_proto(mem.reserve(convert.plan_from_proto(request), SESSION))
     response.pool_epoch = ""
@@ -45,6 +47,7 @@ def test_the_column_path_answers_what_the_general_path_answers(seed, tier):
     running: dict[str, int] = {}  # seq id -> tokens held
     pending: dict[str, int] = {}  # seq id -> position memsvc holds as pending
     next_id, deferred, offloaded_ahead = 0, 0, 0
+    written = 0  # the stamp of the last step that ran: each plan says its step before ran
     for step in range(60):
         free = [s for s in running if rng.random() < 0.08]
         for s in free:
@@ -53,10 +56,12 @@ def test_the_column_path_answers_what_the_general_path_answers(seed, tier):
         if len(running) < 3 or rng.random() < 0.2:  # admit one, through the general path alone
             seq_id, next_id = f"s{next_id}", next_id + 1
             prompt = [rng.randrange(3) for _ in range(rng.randrange(1, 12))]  # small alphabet: prefix hits
-            plan = Plan([PlanEntry(seq_id, prompt, True, 64, max_new_tokens=len(prompt))], free=free)
+            plan = Plan([PlanEntry(seq_id, prompt, True, 64, max_new_tokens=len(prompt))], free=free,
+                        written=written)
             request = convert.plan_to_proto(plan, SESSION)
             a, b = answer(general, request, False), answer(column, request, False)
             assert a == b
+            written = a.stamp
             if list(a.grant_seq_ids) == [seq_id]:
                 running[seq_id] = len(prompt)
             continue
@@ -68,11 +73,13 @@ def test_the_column_path_answers_what_the_general_path_answers(seed, tier):
                                      pending=n == 0 or rng.random() < 0.5))
         if rng.random() < 0.1:
             entries.append(PlanEntry("unknown", [], False, 64, pending=True))  # deferred
-        plan = Plan(entries, free=free, ahead=True, fills=fills, step_tokens=len(entries), step_seconds=0.01)
+        plan = Plan(entries, free=free, ahead=True, fills=fills, step_tokens=len(entries), step_seconds=0.01,
+                    written=written)
         request = convert.plan_to_proto(plan, SESSION)
         before = column.allocator.offload.tier.stats.offloaded if tier else 0
         a, b = answer(general, request, False), answer(column, request, True)
         assert a == b, step
+        written = a.stamp or written
         offloaded_ahead += (column.allocator.offload.tier.stats.offloaded if tier else 0) - before
         assert tables(general) == tables(column)
         assert general.allocator.num_free_blocks() == column.allocator.num_free_blocks()

@@ -14,6 +14,7 @@ from wire.protocol import (
     ReserveResult, SampleOutput, SamplingParams, SeqStep, StepBatch,
 )
 from wire.v1 import executor_pb2, generation_pb2, memory_pb2
+from tests.support.written import Steps
 
 
 def wire(msg):
@@ -138,9 +139,10 @@ def test_stats_carry_the_host_tier():
     mem = MemoryManager(MemoryConfig(num_blocks=4, num_offload_blocks=8, offload_policy="always"))
     mem.register_executor(KVGeometry(1, 1, 1, 4))
     a, b = list(range(100, 113)), list(range(300, 313))
+    steps = Steps(mem)  # each step runs before the next plan
     for seq_id, prompt in (("a", a), ("b", b), ("c", a)):  # b evicts a's blocks; c restores them
-        mem.reserve(Plan([PlanEntry(seq_id, prompt, True, 16)]))
-        mem.reserve(Plan([], free=[seq_id]))
+        steps.reserve(Plan([PlanEntry(seq_id, prompt, True, 16)]))
+        steps.reserve(Plan([], free=[seq_id]))
     stats = mem.stats()
     p = stats.preemption
     assert p["host_tier_offloaded"] > 0 and p["host_tier_restored"] == 3 and p["host_tier_tokens_restored"] == 12
