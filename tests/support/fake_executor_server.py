@@ -6,6 +6,10 @@ shared pool, checks the pool epoch on Execute, serves health, metrics and traces
 ModelInfo names the default model's tokenizer (so the gateway takes text and chat) and
 that tokenizer's vocabulary; its outputs are `reference_next` of the context it reads
 back from the pool, so a wrong slot, block table or re-mapped pool changes them.
+`--fail-token T`: a step computing token T fails before it writes anything (as a step
+would that the executor cannot run at all); `--refuse-token U`: a sequence computing U is
+left out of its step, as the real executor's screen leaves out a sequence it cannot run
+(executor.seq_screen).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import sys
 import threading
 import time
 
+from executor.seq_screen import run_screened
 from executor.server import SERVICE_NAME, ExecutorService, map_pool, read_tokenizer_files, register
 from wire.grpc_service import Service, stop_on_signals, wait
 from wire.metrics import serve_metrics
@@ -27,14 +32,21 @@ TOKENIZER_VOCAB = 49152
 
 
 class SlowFake(FakeExecutor):
-    def __init__(self, block_size: int, max_model_len: int, delay: float):
+    def __init__(self, block_size: int, max_model_len: int, delay: float, fail_token: int = -1,
+                 refuse_token: int = -1):
         super().__init__(block_size, max_model_len)
-        self.delay = delay
+        self.delay, self.fail_token, self.refuse_token = delay, fail_token, refuse_token
 
     def execute(self, batch):
         if self.delay:
             time.sleep(self.delay)
-        return super().execute(batch)
+        if any(self.fail_token in s.token_ids for s in batch.seqs):
+            raise RuntimeError(f"the step computes token {self.fail_token} (--fail-token)")
+        return run_screened(batch, self._check, super().execute)
+
+    def _check(self, s) -> None:
+        if self.refuse_token in s.token_ids:
+            raise ValueError(f"token {self.refuse_token} is refused (--refuse-token)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--step-delay", type=float, default=0.0)
+    p.add_argument("--fail-token", type=int, default=-1)
+    p.add_argument("--refuse-token", type=int, default=-1)
     p.add_argument("--metrics-port", type=int, default=None)
     add_flags(p, TlsConfig)
     args = p.parse_args(argv)
@@ -61,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def bring_up():
         try:
-            fake = SlowFake(args.block_size, args.max_model_len, args.step_delay)
+            fake = SlowFake(args.block_size, args.max_model_len, args.step_delay, args.fail_token,
+                            args.refuse_token)
             fake.info.vocab_size = TOKENIZER_VOCAB
             fake.info.tokenizer_dir = resolve_model(None, progress=False)
             handle, pool_id = register(args.memsvc, fake.info, "cpu", 60.0, tls)
