@@ -147,7 +147,7 @@ def run_serve(args) -> int:
     except ValueError as e:
         print(f"pagedserve serve: {e}", file=sys.stderr)
         return 2
-    sup = Supervisor(specs, grace=gateway.shutdown_grace + 5)
+    sup = Supervisor(specs, grace=gateway.drain_timeout + 5)
     sup.install_signal_handlers()
     try:
         sup.start()
