@@ -11,6 +11,7 @@ from wire.tls import TlsConfig
 from wire.tracing import TracingConfig
 
 GATEWAY_PORT = 50051
+STOP_AFTER_DRAIN_S = 10.0  # after --drain-timeout, a gateway ends what is left and exits within this
 
 
 @dataclass
@@ -49,8 +50,11 @@ class GatewayConfig:
     step_retry_timeout: float = setting(60.0, "keep retrying a step while memsvc or the executor "
                                         "restarts this long before failing its requests",
                                         metavar="SECONDS")
-    shutdown_grace: float = setting(10.0, "on SIGTERM, let running streams finish this long",
-                                    metavar="SECONDS")
+    drain_timeout: float = setting(30.0, "on SIGTERM, say NOT_SERVING, refuse new requests "
+                                   "(UNAVAILABLE, HTTP 503) and let the running ones of both APIs "
+                                   "finish, at most this long; those still running then end with an "
+                                   "error (UNAVAILABLE; a stream: an error event and [DONE])",
+                                   metavar="SECONDS")
     metrics_port: int | None = metrics_port_setting()
     tls: TlsConfig = field(default_factory=TlsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
@@ -58,6 +62,8 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.max_waiting < 0:
             raise ValueError(f"--max-waiting must be >= 0, got {self.max_waiting}")
+        if self.drain_timeout < 0:
+            raise ValueError(f"--drain-timeout must be >= 0, got {self.drain_timeout}")
         if self.max_request_bytes < 1024:
             raise ValueError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
         self.upstreams()

@@ -106,8 +106,7 @@ async def serve(config: GatewayConfig) -> int:
         from gateway.openai.server import start_openai
 
         try:
-            http = await start_openai(gateway, config.http_host, config.http_port, config.api_key,
-                                      grace=config.shutdown_grace, tls=tls,
+            http = await start_openai(gateway, config.http_host, config.http_port, config.api_key, tls=tls,
                                       max_body_bytes=config.max_request_bytes,
                                       metrics_upstreams=config.upstreams())
         except OSError as e:
@@ -123,15 +122,20 @@ async def serve(config: GatewayConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("stopping")
-    await asyncio.gather(gateway.stop(grace=config.shutdown_grace), *([http.stop()] if http else []))
+    log.info("draining: NOT_SERVING; running requests go on for up to %gs (--drain-timeout)",
+             config.drain_timeout)
+    await gateway.drain(config.drain_timeout)
+    if http is not None:
+        await http.stop()
+    await gateway.stop(grace=0)
     shutdown_tracing()
     log.info("stopped")
     return 0
 
 
 def run(config: GatewayConfig) -> int:
-    """Serve until SIGTERM/SIGINT; 2 for settings that cannot work (told on stderr)."""
+    """Serve until SIGTERM/SIGINT, then drain (Gateway.drain, --drain-timeout) and stop; 2 for
+    settings that cannot work (told on stderr)."""
     import uvloop
 
     try:

@@ -14,6 +14,8 @@ unchanged:
 - Drain: a replica whose probe answers NOT_SERVING (`Draining`: an executor told to stop,
   executor.server's --drain-timeout) gets no new requests; those it runs go on there. If it
   then fails, they move as above; if it says SERVING again, it is routed to again.
+- `in_flight()` and `end_all(message)` as a StepRunner's: the requests not yet ended, on any
+  replica or waiting for one; ending them all (a draining gateway at its deadline).
 - With `discover` (gateway.discovery: a DNS name of all replicas), the probe thread asks
   it again every `discover_s` seconds and adds the replicas it has not seen.
 """
@@ -236,6 +238,17 @@ class ReplicaSet:
                 routed.replica.runner.abort(request_id)
             if routed in self._stranded:
                 self._stranded.remove(routed)
+
+    def in_flight(self) -> int:
+        return len(self._requests)
+
+    def end_all(self, message: str) -> None:
+        with self._lock:
+            ending, self._requests, self._stranded = list(self._requests.values()), {}, []
+            for routed in ending:
+                if routed.replica is not None:
+                    routed.replica.runner.abort(routed.request_id)
+                routed.sink(BackendError(message))
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopped.set()

@@ -16,8 +16,10 @@ Contract:
   `authorization: Bearer <key>` (or `x-api-key: <key>`), else UNAUTHENTICATED.
 - Messages over `max_message_bytes` (default 4 MiB) are refused with RESOURCE_EXHAUSTED;
   bytes that do not parse as the request message with INVALID_ARGUMENT.
-- `stop(grace)`: health NOT_SERVING, new requests UNAVAILABLE, running streams get up to
-  `grace` seconds to finish, then whatever is left is cancelled.
+- `drain(timeout)` (SIGTERM): health NOT_SERVING, new requests of both APIs UNAVAILABLE
+  (HTTP 503), the requests running on either API get up to `timeout` seconds to finish;
+  those still running then end with UNAVAILABLE (an HTTP stream: an error event and
+  `data: [DONE]`). `stop(grace)`: drain(grace), then close the server and the backend.
 - Telemetry: one span per request (GenAI attributes, a child of the client's traceparent),
   per-step spans linked to the requests (gateway.step_telemetry), Prometheus metrics in
   `service.metrics` (gateway.metrics).
@@ -59,6 +61,7 @@ SERVICE = pb.DESCRIPTOR.services_by_name["Generation"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 PUBLIC_MAX_MESSAGE_BYTES = 4 << 20
+END_WAIT_S = 2.0  # after the drain: how long requests ended by it get to say so
 
 
 @dataclass
@@ -271,19 +274,38 @@ class Gateway:
         self._spawn(self._connect())
         return self.port
 
-    async def stop(self, grace: float = 1.0) -> None:
-        """NOT_SERVING and refuse new requests; give running streams `grace` seconds; stop."""
+    async def drain(self, timeout: float) -> int:
+        """Admit nothing new and let what runs finish, at most `timeout` seconds (see the
+        module's contract); returns how many requests were still running then and ended."""
         for task in self._tasks:
             task.cancel()
         self.service.draining = True
+        await self.health.enter_graceful_shutdown()
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + timeout
+        while self._busy() and clock() < deadline:
+            await asyncio.sleep(0.05)
+        runner = self.service.runner
+        left = runner.in_flight() if runner is not None else 0
+        if left:
+            log.info("%d requests still running after --drain-timeout %gs; ending them", left, timeout)
+            runner.end_all(f"the gateway is shutting down and this request did not finish within "
+                           f"its --drain-timeout ({timeout:g}s): retry it on another replica")
+        deadline = clock() + END_WAIT_S
+        while self._busy() and clock() < deadline:
+            await asyncio.sleep(0.05)
+        return left
+
+    def _busy(self) -> bool:
+        """A request of either API in flight, or a gRPC stream not yet ended."""
+        runner = self.service.runner
+        return bool(self.service.active or (runner is not None and runner.in_flight()))
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """drain(grace), then stop the gRPC server, the step runner and the backend clients."""
+        await self.drain(grace)
         if self.server is not None:
-            await self.health.enter_graceful_shutdown()
-            deadline = asyncio.get_running_loop().time() + grace
-            while self.service.active and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.05)
-            if self.service.active:
-                log.info("%d streams still running after %.1fs; cancelling them", self.service.active, grace)
-            await self.server.stop(0.5 if grace else 0)
+            await self.server.stop(END_WAIT_S)  # returns once no call is left
         if self.service.runner is not None:
             await asyncio.to_thread(self.service.runner.stop)
         backend = self.service.backend

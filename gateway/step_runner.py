@@ -9,6 +9,11 @@ With `max_waiting`, a request that arrives while that many sequences wait for th
 (or next, after a preemption) step is refused with QueueFull. A step that raises
 PoolChanged (memsvc restarted under it, see gateway.step_retry) is planned again without
 failing anyone; any other failure ends the requests in flight.
+
+`in_flight()` counts the requests submitted and not yet finished, aborted or failed;
+`end_all(message)` ends every one of them before the next step, as a failed step does: each
+sink gets BackendError(message) and the sequences are aborted (a draining gateway at its
+deadline).
 """
 from __future__ import annotations
 
@@ -76,6 +81,15 @@ class StepRunner:
         """Stop a request; its sink gets nothing more. Safe to call for finished requests."""
         self._post(("abort", request_id))
 
+    def in_flight(self) -> int:
+        """Requests submitted and not yet finished, aborted or failed."""
+        return len(self._sinks) + sum(1 for command in list(self._commands) if command[0] == "add")
+
+    def end_all(self, message: str) -> None:
+        """End every request in flight (and every one queued) with BackendError(message),
+        before the next step."""
+        self._post(("end_all", message))
+
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True
         self._wake.set()
@@ -119,6 +133,9 @@ class StepRunner:
                 self._sinks.pop(command[1], None)
                 self.loop.abort(command[1])
                 continue
+            if command[0] == "end_all":
+                self._end_all(BackendError(command[1]))
+                continue
             _, request_id, prompt, sampling, sink, priority, done, salt = command
             if not done.set_running_or_notify_cancel():
                 continue  # the caller went away (cancelled, deadline) before its turn
@@ -159,9 +176,11 @@ class StepRunner:
         self._healthy = False
         if self.on_step_error:
             self.on_step_error(error)
-        failure = BackendError(f"the model backend failed, retry later: {reason}")
+        self._end_all(BackendError(f"the model backend failed, retry later: {reason}"))
+
+    def _end_all(self, error: BackendError) -> None:
         for request_id in list(self.loop.requests):
             self.loop.abort(request_id)
         sinks, self._sinks = self._sinks, {}
         for sink in sinks.values():
-            sink(failure)
+            sink(error)

@@ -3,6 +3,11 @@
 Its flags are the services' own (memsvc.config, executor.config, gateway.config), grouped
 by service, each declared once; `serve` chooses only the wiring (hosts, ports, peer
 addresses). A child gets its whole config as flags (`to_argv`), secrets by environment.
+
+On SIGTERM or Ctrl-C the gateways drain first (`--drain-timeout`: NOT_SERVING, nothing new
+admitted, the running requests of both APIs finish), and only once they have exited are
+the executors stopped, then memsvc (pagedserve.supervisor's stop waves). The executors get
+`--drain-timeout 0`: when they are told to stop no gateway is left to drain for.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import sys
 from dataclasses import dataclass
 
 from executor.config import ExecutorConfig
-from gateway.config import GATEWAY_PORT, GatewayConfig
+from gateway.config import GATEWAY_PORT, STOP_AFTER_DRAIN_S, GatewayConfig
 from memsvc.config import MemsvcConfig
 from wire.settings import add_flags, from_args, secret_env, setting, to_argv
 from wire.tls import TlsConfig
@@ -47,15 +52,18 @@ SERVICE_GROUPS = [("memsvc", MemsvcConfig), ("executor", ExecutorConfig), ("gate
 def add_parsers(sub) -> None:
     p = sub.add_parser("serve", help="serve a model: memsvc, executor and gateway on this host",
                        description="Start memsvc, the executor and the gateway as processes on "
-                                   "127.0.0.1; restart any that crashes; stop all on Ctrl-C. "
-                                   "Every flag of every service works here.")
+                                   "127.0.0.1; restart any that crashes. On SIGTERM or Ctrl-C the "
+                                   "gateway drains (--drain-timeout), then the executor and memsvc "
+                                   "stop. Every flag of every service works here.")
     add_serve_flags(p)
     p.set_defaults(run=run_serve)
 
 
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
     seen: set[str] = set()
-    add_flags(p.add_argument_group("serve"), ServeConfig, seen=seen)
+    group = p.add_argument_group("serve")
+    add_flags(group, ServeConfig, seen=seen)
+    add_flags(group, GatewayConfig, only={"drain_timeout"}, seen=seen)  # the gateways drain
     common = p.add_argument_group("every service: TLS between them, tracing, metrics")
     add_flags(common, TlsConfig, seen=seen)
     add_flags(common, TracingConfig, seen=seen)
@@ -95,16 +103,16 @@ def service_specs(args, host: str = "127.0.0.1"):
         m = dataclasses.replace(memsvc, port=(0 if scaled else serve.memsvc_port) or free_port(host),
                                 metrics_port=free_port(host) if scrape else metrics_elsewhere)
         e = dataclasses.replace(executor, port=(0 if scaled else serve.executor_port) or free_port(host),
-                                memsvc=f"{host}:{m.port}",
+                                memsvc=f"{host}:{m.port}", drain_timeout=0.0,
                                 metrics_port=free_port(host) if scrape else metrics_elsewhere)
         if scrape:
             upstreams += [f"memsvc{suffix(i)}=http://{host}:{m.metrics_port}/metrics",
                           f"executor{suffix(i)}=http://{host}:{e.metrics_port}/metrics"]
         specs.append(ServiceSpec(f"memsvc{suffix(i)}", cli + ["memsvc", *to_argv(m)], f"{host}:{m.port}",
                                  restart_with=[f"executor{suffix(i)}"], tls=_client_tls(memsvc.tls),
-                                 shm_patterns=["/dev/shm/pagedserve-kv-{pid}-*"]))
+                                 shm_patterns=["/dev/shm/pagedserve-kv-{pid}-*"], stop_wave=2))
         specs.append(ServiceSpec(f"executor{suffix(i)}", cli + ["executor", *to_argv(e)],
-                                 f"{host}:{e.port}", tls=_client_tls(executor.tls)))
+                                 f"{host}:{e.port}", tls=_client_tls(executor.tls), stop_wave=1))
         pairs.append((m, e))
     for i in range(serve.gateways):
         g = dataclasses.replace(gateway, port=serve.port + i,
@@ -118,7 +126,8 @@ def service_specs(args, host: str = "127.0.0.1"):
                                     executor=f"{host}:{pairs[0][1].port}")
         specs.append(ServiceSpec(f"gateway{suffix(i)}", cli + ["gateway", *to_argv(g)],
                                  f"{host}:{g.port}", health_service=GENERATION, env=secret_env(g),
-                                 tls=_client_tls(gateway.tls)))
+                                 tls=_client_tls(gateway.tls), stop_wave=0,
+                                 stop_grace=g.drain_timeout + STOP_AFTER_DRAIN_S))
     return specs
 
 
@@ -147,7 +156,7 @@ def run_serve(args) -> int:
     except ValueError as e:
         print(f"pagedserve serve: {e}", file=sys.stderr)
         return 2
-    sup = Supervisor(specs, grace=gateway.shutdown_grace + 5)
+    sup = Supervisor(specs)
     sup.install_signal_handlers()
     try:
         sup.start()

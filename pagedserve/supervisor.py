@@ -7,9 +7,12 @@ Contract:
   a service that exits is restarted after a backoff (doubling, reset once it has run a
   while), and so are the services listed in its `restart_with` (e.g. the executor when
   memsvc, which owns the pool, restarts). Every restart is logged.
-- `stop()` sends SIGTERM in reverse start order, waits `grace` seconds, then SIGKILLs
-  what is left, and finally removes the shared-memory segments that processes it started
-  may have left (names from `shm_patterns`, with {pid} replaced by each pid it started).
+- `stop()` stops the services wave by wave, `stop_wave` 0 first (`serve`: the gateways,
+  which drain, then the executors, then memsvc): SIGTERM to every service of the wave (in
+  reverse start order), then wait for each up to its `stop_grace` (default: `grace`) and
+  SIGKILL it after that; only then the next wave. Finally it removes the shared-memory
+  segments that processes it started may have left (names from `shm_patterns`, with {pid}
+  replaced by each pid it started).
 Children run in their own process group (a terminal's Ctrl-C reaches only the supervisor,
 which stops them in order) and get SIGTERM if the supervisor dies (Linux PR_SET_PDEATHSIG,
 set by the child itself at start, `die_with_supervisor`: no Python runs between fork and
@@ -45,6 +48,8 @@ class ServiceSpec:
     shm_patterns: list[str] = field(default_factory=list)  # e.g. /dev/shm/pagedserve-kv-{pid}-*
     env: dict[str, str] = field(default_factory=dict)
     tls: TlsConfig | None = None  # how to reach its health service
+    stop_wave: int = 0  # stop() signals wave 0 first and waits for it before wave 1
+    stop_grace: float | None = None  # seconds from SIGTERM to SIGKILL (None: the supervisor's grace)
 
 
 class ServiceFailed(RuntimeError):
@@ -135,18 +140,24 @@ class Supervisor:
                         self.log(str(e))
 
     def stop(self) -> None:
-        alive = [r.proc for r in reversed(self.services) if r.proc and r.proc.poll() is None]
-        for p in alive:
-            self._signal(p, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        for p in alive:
-            try:
-                p.wait(max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
-                self.log(f"pid {p.pid} did not stop within {self.grace:.0f}s; killing it")
-                self._signal(p, signal.SIGKILL)
-                p.wait()
+        running = [r for r in reversed(self.services) if r.proc and r.proc.poll() is None]
+        for wave in sorted({r.spec.stop_wave for r in running}):
+            members = [r for r in running if r.spec.stop_wave == wave]
+            for r in members:
+                self._signal(r.proc, signal.SIGTERM)
+            start = time.monotonic()
+            for r in members:
+                grace = self.grace if r.spec.stop_grace is None else r.spec.stop_grace
+                self._wait_or_kill(r.proc, max(start + grace - time.monotonic(), 0.01), grace)
         self._remove_segments()
+
+    def _wait_or_kill(self, p: subprocess.Popen, timeout: float, grace: float) -> None:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.log(f"pid {p.pid} did not stop within {grace:.0f}s; killing it")
+            self._signal(p, signal.SIGKILL)
+            p.wait()
 
     def _crashed(self, r: _Running, now: float) -> None:
         code = r.proc.returncode
@@ -161,11 +172,7 @@ class Supervisor:
             if dep.proc is not None and dep.proc.poll() is None and dep.restart_at is None:
                 self.log(f"restarting {name} with {r.spec.name}")
                 self._signal(dep.proc, signal.SIGTERM)
-                try:
-                    dep.proc.wait(self.grace)
-                except subprocess.TimeoutExpired:
-                    self._signal(dep.proc, signal.SIGKILL)
-                    dep.proc.wait()
+                self._wait_or_kill(dep.proc, self.grace, self.grace)
                 dep.restart_at = r.restart_at + 0.5
         self._remove_segments()
 

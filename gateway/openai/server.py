@@ -2,7 +2,9 @@
 
 Contract: `start()` binds host:port (OSError if it cannot; port 0 picks a free one), starts
 serving as a task of the current loop and returns the bound port. uvicorn installs no
-signal handlers here: the gateway's own handlers decide when to stop. `stop()` stops
+signal handlers here: the gateway's own handlers decide when to stop, and it drains first
+(gateway.server.Gateway.drain: new requests get 503 here while the running ones finish or
+end with an error event), so `stop()` finds only responses that are ending. `stop()` stops
 accepting, gives open requests `grace` seconds, then cancels them (which aborts their
 sequences). Imported only for --http-port; without uvicorn, importing it raises
 wire.optional_import.MissingPackage naming it.

@@ -3,7 +3,8 @@
 admits only its callers; every internal service requires mutual TLS with peer roles, from
 certificates whose roles (deploy/cert-manager) match what each container may call; the API
 key comes from a Secret; the executor scales on its own metrics (which pagedserve exports
-and the Prometheus adapter's rules name) and drains before its pod goes."""
+and the Prometheus adapter's rules name) and drains before its pod goes; a gateway pod's
+grace period covers its preStop and its drain."""
 from __future__ import annotations
 
 import pytest
@@ -147,3 +148,15 @@ def test_an_executor_scaled_down_drains_before_its_pod_goes(objects):
     assert memsvc_wait > executor.drain_timeout + DRAIN_IDLE_S, "the pool must outlive the drain"
     assert sts["terminationGracePeriodSeconds"] > memsvc_wait
     assert by_name["executor"]["readinessProbe"]["grpc"]["port"] == executor.health_port
+
+
+def test_a_gateway_pod_drains_its_streams_within_its_grace_period(objects):
+    from gateway.config import STOP_AFTER_DRAIN_S
+
+    pod = workload(objects, "Deployment", "pagedserve-gateway")["spec"]["template"]["spec"]
+    [container] = [c for c in pod["containers"] if c["name"] == "gateway"]
+    gateway = parse_container(container)
+    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert gateway.drain_timeout > 0
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + gateway.drain_timeout + STOP_AFTER_DRAIN_S, \
+        "the kubelet's SIGKILL would cut streams that --drain-timeout lets finish"

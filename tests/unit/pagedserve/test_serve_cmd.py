@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from executor.config import ExecutorConfig
-from gateway.config import GatewayConfig
+from gateway.config import STOP_AFTER_DRAIN_S, GatewayConfig
 from memsvc.config import MemsvcConfig
 from pagedserve import service_cmds
 from pagedserve.cli import build_parser
@@ -82,6 +82,8 @@ def test_every_flag_of_every_service_reaches_that_service_through_serve(monkeypa
             # memsvc and the executor get free ones, scraped by the gateway's HTTP /metrics
             assert got and f"{service}=http://127.0.0.1:{got}/metrics" in configs["gateway"][1].metrics_upstream
             want = got
+        if dest(f) == "drain_timeout" and service == "executor":
+            want = 0.0  # the gateways drain; the executors are stopped only after them
         assert got == want, f"{service} {flag_name(f)}: {got!r} != {want!r}"
         checked += 1
     assert checked >= 40
@@ -145,3 +147,20 @@ def test_serve_help_groups_flags_by_service(capsys):
                  "--trace-file", "--otlp-endpoint", "--max-num-seqs", "--api-key"):
         assert flag in out, flag
 
+
+
+def test_drain_timeout_is_one_flag_that_the_gateways_drain_by_and_serve_waits_for(capsys):
+    specs = service_specs(build_parser().parse_args(["serve", "--replicas", "2", "--gateways", "2",
+                                                     "--drain-timeout", "45"]))
+    waves = {s.name: s.stop_wave for s in specs}
+    assert waves == {"gateway": 0, "gateway-1": 0, "executor": 1, "executor-1": 1, "memsvc": 2, "memsvc-1": 2}
+    for spec in specs:
+        config = child_config(spec)[1]
+        if spec.name.startswith("gateway"):
+            assert config.drain_timeout == 45 and spec.stop_grace == 45 + STOP_AFTER_DRAIN_S
+        elif spec.name.startswith("executor"):
+            assert config.drain_timeout == 0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    described = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("--drain-timeout")]
+    assert len(described) == 1
