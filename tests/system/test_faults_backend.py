@@ -1,6 +1,7 @@
 """Faults in the backend under `pagedserve serve` (supervisor, real model, real processes):
 SIGKILL the executor, then memsvc, while greedy requests generate; every request finishes
-with exactly the tokens of a fault-free run, and no block stays referenced."""
+with exactly the tokens of a fault-free run, no block stays referenced, and the same
+requests sent after the fault (their prompts now prefix-cache hits) give those tokens too."""
 import os
 import signal
 import threading
@@ -65,6 +66,11 @@ def run_with_fault(served, fault) -> list[list[int]]:
     return out
 
 
+def again(served) -> list[list[int]]:
+    """The prompts once more, after the fault: a later request's output is still right."""
+    return [tokens(served["stub"].Generate(request(p), timeout=120)) for p in PROMPTS]
+
+
 def wait_unreferenced(served, timeout=30.0) -> int:
     deadline = time.monotonic() + timeout
     while True:
@@ -89,6 +95,7 @@ def test_executor_sigkill_mid_generation_keeps_the_pool_and_the_outputs(served, 
         before['pagedserve:num_preemptions_total{mode="recompute"}']
     assert child(served, "executor") != old
     assert wait_unreferenced(served) == 0
+    assert again(served) == reference
     print("execute retries:", after['pagedserve:step_retries_total{call="execute"}']
           - before['pagedserve:step_retries_total{call="execute"}'])
 
@@ -104,5 +111,6 @@ def test_memsvc_sigkill_recreates_the_pool_and_recomputes(served, reference):
     assert recomputed >= 1  # the running sequences came back for recompute
     assert child(served, "memsvc") != old
     assert wait_unreferenced(served) == 0
+    assert again(served) == reference
     print("recomputed:", recomputed, "reserve retries:", after['pagedserve:step_retries_total{call="reserve"}']
           - before['pagedserve:step_retries_total{call="reserve"}'])
