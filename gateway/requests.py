@@ -58,6 +58,11 @@ class Requests:
         if request_id in self.by_id:
             raise RequestError(f"request_id {request_id!r} is already in use")
         self._validate(prompt_token_ids, sampling)
+        if salt is not None:  # it travels to memsvc in every plan that admits the request
+            try:
+                salt.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise RequestError(f"cache_salt is not valid UTF-8 text: {e.reason} at {e.start}") from None
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
         max_len = min(len(prompt_token_ids) + sampling.max_tokens, self.info.max_model_len)
         arrival = time.monotonic() if arrival is None else arrival

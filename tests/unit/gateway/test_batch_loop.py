@@ -80,12 +80,18 @@ def test_request_that_can_never_fit_is_rejected_at_once():
     ([1, 2], SamplingParams(temperature=-1), "temperature"),
     ([1, 2], SamplingParams(top_p=0), "top_p"),
     ([1, 2], SamplingParams(n=0), "n must"),
+    ([1, 2], SamplingParams(top_k=2 ** 31), "executor receives"),  # beyond the wire's int32
+    ([1, 2], SamplingParams(stop_token_ids=[2 ** 40]), "executor receives"),
+    ([1, 2], SamplingParams(stop=["\ud800"]), "executor receives"),  # not encodable as UTF-8
+    ([1, 2], SamplingParams(top_p=1e-46), "top_p"),  # 0 as the executor's float32
+    ([1, 2], dict(salt="\udc00"), "cache_salt"),
 ])
 def test_bad_requests_are_refused_with_the_field_named(prompt, params, field):
     loop, _, _ = make_loop()
     loop.add_request("good", [1, 2, 3], greedy(3))
+    options = params if isinstance(params, dict) else {}
     with pytest.raises(RequestError, match=field):
-        loop.add_request("bad", prompt, params)
+        loop.add_request("bad", prompt, greedy(4) if options else params, **options)
     assert run_all(loop)[("good", 0)] == expected([1, 2, 3], 3, 7)
 
 
