@@ -84,6 +84,7 @@ class Scheduler:
         self.to_free: list[str] = []
         self.forks: list[tuple[str, str]] = []  # (parent, child), for memsvc before the next reserve
         self.left_out: list[str] = []  # sequences the executor left out of a step (Plan.failed)
+        self._failed_alone: list[SeqUpdate] = []
         self._holds = SampleHolds()
         self._beams = Beams(self)
         self.num_preemptions = 0
@@ -332,33 +333,35 @@ class Scheduler:
         sampled = self._sampled
         for step in batch.seqs:
             start = step.start_pos
-            self._alone(sampled, step.seq_id, step.seq, start, start + len(step.token_ids), by_id, updates)
+            try:
+                sampled(step.seq_id, step.seq, start, start + len(step.token_ids), by_id, updates)
+            except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
+                self._fail_alone(self.seqs.get(step.seq_id, step.seq), step.seq, e)
         run = batch.run
         if run is not None:
             for seq_id, seq, start in zip(run.seq_ids, run.seqs, run.start_pos):
-                self._alone(sampled, seq_id, seq, start, start + 1, by_id, updates)
+                try:
+                    sampled(seq_id, seq, start, start + 1, by_id, updates)
+                except Exception as e:  # noqa: BLE001
+                    self._fail_alone(self.seqs.get(seq_id, seq), seq, e)
+        if self._failed_alone:
+            updates.extend(self._failed_alone)
+            self._failed_alone = []
         return updates
 
-    def _alone(self, sampled, seq_id: str, source, start: int, computed: int, by_id: dict,
-               updates: list) -> None:
-        """`_sampled`, where a sequence that fails (the executor left it out, or applying its
-        output raised) ends alone: its request gets an error update naming why."""
-        out = by_id.get(seq_id)
-        try:
-            if out is None or not out.error:
-                return sampled(seq_id, source, start, computed, by_id, updates)
-            error = f"the executor refused this sequence: {out.error}"
-        except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
-            error = f"the gateway could not apply this sequence's output: {type(e).__name__}: {e}"
-        left_out = out is not None and bool(out.error)
-        seq = self.seqs.get(seq_id) if left_out else self.seqs.get(seq_id, source)
+    def _fail_alone(self, seq: Sequence | None, source, why: Exception | str) -> None:
+        """End `seq` alone: the executor left it out (`why` its reason), or applying its output
+        raised `why`; its request gets an error update naming it."""
         if seq is None or source is not None and source is not seq:  # ended already
             return
-        if left_out:
-            self.left_out.append(seq_id)
-        self.abort(seq_id, "error")
+        if isinstance(why, str):
+            error = f"the executor refused this sequence: {why}"
+            self.left_out.append(seq.seq_id)
+        else:
+            error = f"the gateway could not apply this sequence's output: {type(why).__name__}: {why}"
+        self.abort(seq.seq_id, "error")
         seq.error = error
-        updates.append(SeqUpdate(seq, None, finished=True, error=error))
+        self._failed_alone.append(SeqUpdate(seq, None, finished=True, error=error))
 
     def _sampled(self, seq_id: str, source, start: int, computed: int, by_id: dict, updates: list) -> None:
         """One sequence's part of `on_sampled`: the step computed its tokens from `start` to
@@ -366,8 +369,10 @@ class Scheduler:
         seq = self.seqs.get(seq_id)
         if seq is None or source is not None and source is not seq:  # ended while the step ran
             return
-        seq.num_computed = computed
         out = by_id.get(seq_id)
+        if out is not None and out.error:
+            return self._fail_alone(seq, source, out.error)
+        seq.num_computed = computed
         if seq.prompt_logprobs is not None:
             self._prompt_logprobs(seq, start, out)
         if seq.fork_at is not None and computed >= seq.fork_at:

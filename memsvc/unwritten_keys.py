@@ -12,30 +12,23 @@ pool's key map holds only blocks whose contents were written (docs/ARCHITECTURE.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from memsvc.block_pool import Block, BlockPool
 from memsvc.block_table import BlockTable
 
-
-@dataclass(slots=True)
-class _Record:
-    table: BlockTable
-    index: int  # in table.blocks
-    block: Block
-    gen: int  # block.gen when keyed
-    key: bytes
+# (table, index in table.blocks, block, block.gen when keyed, key): a tuple, one per keyed block
+Record = tuple[BlockTable, int, Block, int, bytes]
 
 
 class UnwrittenKeys:
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
         self.stamp = 0  # the act (Reserve) now keying blocks
-        self.by_stamp: dict[int, list[_Record]] = {}
+        self.by_stamp: dict[int, list[Record]] = {}
 
     def add(self, table: BlockTable, index: int, key: bytes) -> None:
         block = table.blocks[index]
-        self.by_stamp.setdefault(self.stamp, []).append(_Record(table, index, block, block.gen, key))
+        self.by_stamp.setdefault(self.stamp, []).append((table, index, block, block.gen, key))
 
     def confirm(self, stamps: Iterable[int]) -> int:
         """Publish the keys recorded under `stamps` whose blocks still hold what was written
@@ -43,12 +36,13 @@ class UnwrittenKeys:
         first, so those are evicted first); returns how many were published."""
         published = 0
         for stamp in stamps:  # a freed block keyed moves to the queue's tail: tail blocks first
-            for r in reversed(self.by_stamp.pop(stamp, ())):
-                if r.block.gen != r.gen:
+            for table, index, block, gen, key in reversed(self.by_stamp.pop(stamp, ())):
+                if block.gen != gen:
                     continue
-                if self.pool.cache(r.block, r.key, r.table.salt):
+                if self.pool.cache(block, key, table.salt):
                     published += 1
-                r.table.written = max(r.table.written, r.index + 1)
+                if index >= table.written:
+                    table.written = index + 1
         return published
 
     def drop(self, stamps: Iterable[int]) -> None:
@@ -61,7 +55,7 @@ class UnwrittenKeys:
         if not ids:
             return
         for stamp, records in self.by_stamp.items():
-            records[:] = [r for r in records if r.table.seq_id not in ids]
+            records[:] = [r for r in records if r[0].seq_id not in ids]
 
     def __len__(self) -> int:
         return sum(len(r) for r in self.by_stamp.values())
