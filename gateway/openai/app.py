@@ -211,6 +211,7 @@ class OpenAIApi:
             service = self._service()
             raw = await read_body(request, self.max_body_bytes)
             req = await service.parse_pool.run(_parsed, parse, raw, service.info, service.backend.tokenizer)
+            self._service()  # a drain may have begun while it was read
             stream = RequestStream(service.runner, req.prompts, req.sampling,
                                    operation="chat" if req.chat else "text_completion",
                                    model=service.info.name, telemetry=service.telemetry,
