@@ -3,9 +3,12 @@
 Contract:
 - Generate / Chat stream GenerateResponse messages; each of the n completions ends with a
   message carrying its finish_reason (stop, length). usage is on every message.
-- INVALID_ARGUMENT for a bad request (the message names the field), RESOURCE_EXHAUSTED for
-  a request the KV pool can never hold, UNAVAILABLE while the backend is not ready or when
-  a step fails. Other requests keep going.
+- INVALID_ARGUMENT for a bad request (the message names the field and what it may hold:
+  wire.sampling_fields, gateway.request_limits), before anything is queued;
+  RESOURCE_EXHAUSTED for a request the KV pool can never hold, UNAVAILABLE while the
+  backend is not ready or when a step fails. Other requests keep going.
+- Requests are read (checked, grammars prepared, prompts tokenized) on the service's
+  `parse_pool` (gateway.parse_pool), shared with the HTTP API, never on the event loop.
 - A client that cancels, disconnects or passes its deadline has its request aborted before
   the next step; its blocks are freed by the next Reserve.
 - grpc.health.v1 says NOT_SERVING until the backend answers (executor ModelInfo, memsvc
@@ -41,9 +44,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gateway.api_key import ApiKeyInterceptor
-from gateway.api_request import ApiError, chat_prompt, check_model, generate_prompt, sampling_from_proto
+from gateway.api_request import (ApiError, chat_prompt, check_model, check_request_field,
+                                 check_text_size, generate_prompt, sampling_from_proto)
 from gateway.batch_loop import BatchLoop
 from gateway.metrics import GatewayMetrics
+from gateway.parse_pool import ParsePool
+from gateway.request_limits import utf8_size
 from gateway.request_guard import DecodeGuard
 from gateway.request_stream import RequestStream, StreamError
 from gateway.request_telemetry import RequestTelemetry
@@ -114,6 +120,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.info = None
         self.draining = False
         self.active = 0  # streams in progress
+        self.parse_pool = ParsePool()
 
     def attach(self, backend: Backend, on_step_error=None, on_step_ok=None) -> None:
         """Run on `backend`: steps retried through service restarts, observed, then batched."""
@@ -147,13 +154,15 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.metrics.watch_scheduler(replicas.queues)
 
     async def Generate(self, request, context):
-        async for r in self._guarded(context, lambda: generate_prompt(request, self._tokenizer()),
+        async for r in self._guarded(context, lambda: generate_prompt(request, self._tokenizer(),
+                                                                      self.info.max_model_len),
                                      request.model, request.sampling, request.priority,
                                      request.request_id, "text_completion", request.cache_salt):
             yield r
 
     async def Chat(self, request, context):
-        async for r in self._guarded(context, lambda: chat_prompt(request, self._tokenizer()),
+        async for r in self._guarded(context, lambda: chat_prompt(request, self._tokenizer(),
+                                                                  self.info.max_model_len),
                                      request.model, request.sampling, request.priority,
                                      request.request_id, "chat", request.cache_salt):
             yield r
@@ -172,10 +181,16 @@ class GenerationService(pb_grpc.GenerationServicer):
             check_model(request.model, self.info)
             if self.backend.tokenizer is None:
                 raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, "this model has no tokenizer")
+            tokenizer, max_len = self.backend.tokenizer, self.info.max_model_len
+
+            def tokenize() -> list[int]:
+                check_text_size(utf8_size(request.text), max_len, tokenizer, "text")
+                return tokenizer(request.text, add_special_tokens=request.add_special_tokens)["input_ids"]
+
+            ids = await self.parse_pool.run(tokenize)
         except ApiError as e:
             await context.abort(e.code, e.message)
-        ids = self.backend.tokenizer(request.text, add_special_tokens=request.add_special_tokens)
-        return pb.TokenizeResponse(token_ids=ids["input_ids"])
+        return pb.TokenizeResponse(token_ids=ids)
 
     def _tokenizer(self):
         return self.backend.tokenizer
@@ -190,11 +205,15 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def _guarded(self, context, prompt: Callable[[], list[int]], model: str, sampling_pb,
                        priority: int, client_request_id: str, operation: str, salt: str = ""):
+        def read() -> tuple:
+            check_request_field("cache_salt", salt)
+            return sampling_from_proto(sampling_pb, self.info.max_model_len), prompt()
+
         try:
             self._ready_or_raise_sync()
             check_model(model, self.info)
-            sampling = sampling_from_proto(sampling_pb)
-            prompt_ids = prompt()
+            sampling, prompt_ids = await self.parse_pool.run(read)
+            self._ready_or_raise_sync()  # a drain may have begun while it was read
         except ApiError as e:
             self.metrics.errors.labels(e.code.name).inc()
             await context.abort(e.code, e.message)
@@ -306,6 +325,7 @@ class Gateway:
         await self.drain(grace)
         if self.server is not None:
             await self.server.stop(END_WAIT_S)  # returns once no call is left
+        self.service.parse_pool.close()
         if self.service.runner is not None:
             await asyncio.to_thread(self.service.runner.stop)
         backend = self.service.backend

@@ -28,6 +28,7 @@ from wire.protocol import (
     SeqStep,
     StepBatch,
 )
+from wire.sampling_fields import DEFAULTS
 from wire.v1 import executor_pb2, generation_pb2, memory_pb2
 
 # -- sampling and geometry ---------------------------------------------------------------
@@ -51,28 +52,30 @@ def _f32(x: float) -> float:
 
 
 def sampling_from_proto(m: generation_pb2.SamplingParams) -> SamplingParams:
-    has = m.HasField
+    """Unset optional fields (and a beam_width of 0) take their defaults from
+    wire.sampling_fields; the message is not validated here (SamplingParams.validate)."""
+    has, d = m.HasField, DEFAULTS
     return SamplingParams(
-        max_tokens=m.max_tokens if has("max_tokens") else 16,
-        temperature=_f32(m.temperature) if has("temperature") else 1.0,
-        top_p=_f32(m.top_p) if has("top_p") else 1.0,
+        max_tokens=m.max_tokens if has("max_tokens") else d["max_tokens"],
+        temperature=_f32(m.temperature) if has("temperature") else d["temperature"],
+        top_p=_f32(m.top_p) if has("top_p") else d["top_p"],
         top_k=m.top_k,
         min_p=_f32(m.min_p),
-        repetition_penalty=_f32(m.repetition_penalty) if has("repetition_penalty") else 1.0,
+        repetition_penalty=_f32(m.repetition_penalty) if has("repetition_penalty") else d["repetition_penalty"],
         presence_penalty=_f32(m.presence_penalty),
         frequency_penalty=_f32(m.frequency_penalty),
-        seed=m.seed if has("seed") else None,
+        seed=m.seed if has("seed") else d["seed"],
         stop=list(m.stop),
         stop_token_ids=list(m.stop_token_ids),
         ignore_eos=m.ignore_eos,
-        logprobs=m.logprobs if has("logprobs") else None,
-        n=m.n if has("n") else 1,
-        beam_width=m.beam_width or 1,
-        length_penalty=_f32(m.length_penalty) if has("length_penalty") else 1.0,
+        logprobs=m.logprobs if has("logprobs") else d["logprobs"],
+        n=m.n if has("n") else d["n"],
+        beam_width=m.beam_width or d["beam_width"],
+        length_penalty=_f32(m.length_penalty) if has("length_penalty") else d["length_penalty"],
         early_stopping=m.early_stopping,
         guided_kind=m.guided_kind,
         guided_spec=m.guided_spec,
-        prompt_logprobs=m.prompt_logprobs if has("prompt_logprobs") else None,
+        prompt_logprobs=m.prompt_logprobs if has("prompt_logprobs") else d["prompt_logprobs"],
     )
 
 

@@ -8,43 +8,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-MAX_BEAM_WIDTH = 10  # each beam asks for 2 * beam_width top logprobs, at most 20
-GUIDED_KINDS = ("", "json_schema", "json_object", "regex", "choice", "grammar", "structural_tag")
-MAX_N = 128  # completions per request (OpenAI's bound): each is a sequence the gateway holds
-MAX_LOGPROBS = 20  # top logprobs per token (sampled or prompt)
+from wire import sampling_fields
+from wire.sampling_fields import DEFAULTS as _D
+from wire.sampling_fields import GUIDED_KINDS, MAX_BEAM_WIDTH, MAX_LOGPROBS, MAX_N  # noqa: F401
 
 
 @dataclass
 class SamplingParams:
-    """How to pick tokens for one request. `validate` names the field that is wrong."""
+    """How to pick tokens for one request. Each field's type, range and default are declared
+    once in wire.sampling_fields; `validate` names the field that is wrong."""
 
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 or -1: off
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
+    max_tokens: int = _D["max_tokens"]
+    temperature: float = _D["temperature"]
+    top_p: float = _D["top_p"]
+    top_k: int = _D["top_k"]  # 0 or -1: off
+    min_p: float = _D["min_p"]
+    repetition_penalty: float = _D["repetition_penalty"]
+    presence_penalty: float = _D["presence_penalty"]
+    frequency_penalty: float = _D["frequency_penalty"]
+    seed: int | None = _D["seed"]
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    logprobs: int | None = None  # None: no logprobs; 0: the chosen token's; k: plus the top k
+    ignore_eos: bool = _D["ignore_eos"]
+    logprobs: int | None = _D["logprobs"]  # None: no logprobs; 0: the chosen token's; k: plus the top k
     # per prompt position from the second on: None: none; 0: the prompt token's logprob and
     # rank; k: plus the top k (raw model distribution). Computing them disables prefix-cache hits
-    prompt_logprobs: int | None = None
-    n: int = 1  # completions; with beam search, the n best beams
-    beam_width: int = 1  # > 1: beam search (deterministic; temperature, top_*, seed unused)
-    length_penalty: float = 1.0  # beam score = sum of logprobs / length ** length_penalty
-    early_stopping: bool = False  # True: stop once beam_width hypotheses finished
+    prompt_logprobs: int | None = _D["prompt_logprobs"]
+    n: int = _D["n"]  # completions; with beam search, the n best beams
+    beam_width: int = _D["beam_width"]  # > 1: beam search (deterministic; temperature, top_*, seed unused)
+    length_penalty: float = _D["length_penalty"]  # beam score = sum of logprobs / length ** length_penalty
+    early_stopping: bool = _D["early_stopping"]  # True: stop once beam_width hypotheses finished
     # structured output: the executor masks every token the grammar does not allow
     # (executor.logits_mask); kind "" is off, else one of GUIDED_KINDS with its spec:
     # json_schema (the schema as JSON text), json_object (""), regex, choice (a JSON list of
     # strings), grammar (EBNF/GBNF text), structural_tag (xgrammar's, as JSON text)
-    guided_kind: str = ""
-    guided_spec: str = ""
+    guided_kind: str = _D["guided_kind"]
+    guided_spec: str = _D["guided_spec"]
 
     @property
     def guided(self) -> bool:
@@ -68,45 +67,19 @@ class SamplingParams:
         )
 
     def validate(self, max_model_len: int | None = None) -> None:
-        """Raise ValueError naming the first invalid field."""
-        import dataclasses
-        import math
-
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{f.name} must be a finite number, got {value}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        """Raise ValueError (wire.sampling_fields.FieldError) naming the first invalid field."""
+        for name in sampling_fields.FIELDS:
+            sampling_fields.check(name, getattr(self, name))
         if max_model_len is not None and self.max_tokens > max_model_len:
             raise ValueError(
                 f"max_tokens={self.max_tokens} exceeds the model's maximum length {max_model_len}"
             )
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if not -2 <= self.presence_penalty <= 2:
-            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
-        if not -2 <= self.frequency_penalty <= 2:
-            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        for name in ("logprobs", "prompt_logprobs"):
-            k = getattr(self, name)
-            if k is not None and not 0 <= k <= MAX_LOGPROBS:
-                raise ValueError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {k}")
-        if not 1 <= self.n <= MAX_N:
-            raise ValueError(f"n must be between 1 and {MAX_N}, got {self.n}")
-        if not 1 <= self.beam_width <= MAX_BEAM_WIDTH:
-            raise ValueError(f"beam_width must be between 1 and {MAX_BEAM_WIDTH}, got {self.beam_width}")
-        if self.guided_kind not in GUIDED_KINDS:
-            raise ValueError(f"guided_kind must be one of {', '.join(k for k in GUIDED_KINDS if k)}, "
-                             f"got {self.guided_kind!r}")
+        bound = sampling_fields.length_penalty_bound(max_model_len or 0)
+        if abs(self.length_penalty) > bound:
+            raise sampling_fields.FieldError(
+                "length_penalty", "", f"must be between -{bound} and {bound} for a maximum length of "
+                f"{max_model_len} tokens (length ** length_penalty must stay finite and nonzero "
+                f"for every length up to it), got {self.length_penalty!r}")
         if self.beam_width > 1 and self.prompt_logprobs is not None:
             raise ValueError("prompt_logprobs is not supported with beam search")
         if self.beam_width > 1 and self.n > self.beam_width:

@@ -3,8 +3,9 @@
 Routes: POST /v1/completions, POST /v1/chat/completions (streaming or not), GET /v1/models,
 GET /v1/models/{model}, POST /tokenize, POST /detokenize, GET /health (200 once the backend
 answers, 503 before and while it recovers), GET /metrics (Prometheus: the gateway's and its
-upstreams', gateway.metrics_proxy; no API key, like /health). The app shares the Gateway's StepRunner, so HTTP and gRPC requests are
-batched together.
+upstreams', gateway.metrics_proxy; no API key, like /health), GET /openapi.json (the request
+bodies' schemas, gateway.openai.openapi; no API key). The app shares the Gateway's
+StepRunner, so HTTP and gRPC requests are batched together.
 
 Contract:
 - With an API key set, every /v1 route needs `Authorization: Bearer <key>` (else 401).
@@ -17,17 +18,21 @@ Contract:
   requests wait for KV blocks. 429 and 503 carry Retry-After.
 - 413 for a body over `max_body_bytes` (`--max-request-bytes`, as the gRPC API's limit),
   told by Content-Length or counted while reading.
+- A body is read (JSON, every parameter checked, the prompt tokenized, a grammar prepared:
+  gateway.openai.json_body, gateway.openai.request) on the gateway's parse pool
+  (gateway.parse_pool), not on the event loop that serves every client; a bad one is a 400
+  naming the parameter before anything is queued.
 - A client that disconnects, streaming or not, has its sequences aborted before the
   next step; their blocks are freed by the next reserve.
 
-Packages: starlette (and httpx, for /metrics' upstreams) are needed only here; the gateway
-imports this module only when --http-port asks for the HTTP API, and importing it without
-them raises wire.optional_import.MissingPackage naming the package and --http-port 0.
+Packages: starlette and pydantic (and httpx, for /metrics' upstreams) are needed only here;
+the gateway imports this module only when --http-port asks for the HTTP API, and importing
+it without them raises wire.optional_import.MissingPackage naming the package and
+--http-port 0.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 
@@ -35,7 +40,7 @@ from wire.optional_import import require
 
 HTTP_FEATURE = "the OpenAI-compatible HTTP API (--http-port)"
 HTTP_OFF = "--http-port 0 to turn it off"
-for _module in ("starlette", "httpx"):  # named before the imports below fail unnamed
+for _module in ("starlette", "httpx", "pydantic"):  # named before the imports below fail unnamed
     require(_module, _module, HTTP_FEATURE, off=HTTP_OFF)
 
 from starlette.applications import Starlette  # noqa: E402
@@ -45,8 +50,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse  # noq
 from starlette.routing import Route  # noqa: E402
 
 from gateway.metrics_proxy import CONTENT_TYPE, ReplicaMetrics
-from gateway.openai.errors import OpenAIError, bad_request, from_stream_error, model_not_found, unavailable
-from gateway.openai.request import OpenAIRequest, parse_chat, parse_completion, tokenize_body
+from gateway.openai import json_body
+from gateway.openai.errors import OpenAIError, from_stream_error, model_not_found, unavailable
+from gateway.openai.openapi import openapi_document
+from gateway.openai.request import (OpenAIRequest, detokenize_body, parse_chat, parse_completion,
+                                    tokenize_body)
 from gateway.openai.response import DONE, Formatter, sse
 from gateway.request_stream import RequestStream, StreamError
 
@@ -54,8 +62,8 @@ CLIENT_CLOSED = 499
 MAX_BODY_BYTES = 4 << 20
 
 
-async def read_json(request: Request, limit: int) -> dict:
-    """The request's JSON object body; OpenAIError 413 past `limit` bytes, 400 if not JSON."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body; OpenAIError 413 past `limit` bytes."""
     too_large = OpenAIError(413, f"the request body exceeds {limit} bytes (--max-request-bytes)",
                             code="request_too_large")
     length = request.headers.get("content-length")
@@ -67,13 +75,12 @@ async def read_json(request: Request, limit: int) -> dict:
         if size > limit:
             raise too_large
         chunks.append(chunk)
-    try:
-        body = json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError):
-        raise bad_request("the request body is not valid JSON", None) from None
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object", None)
-    return body
+    return b"".join(chunks)
+
+
+def _parsed(parse, raw: bytes, info, tokenizer):
+    """`parse` of the JSON body `raw` (on the parse pool)."""
+    return parse(json_body.loads(raw), info, tokenizer)
 
 
 def error_response(e: OpenAIError) -> JSONResponse:
@@ -132,6 +139,7 @@ class OpenAIApi:
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]),
+            Route("/openapi.json", self.openapi),
         ]
         return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
 
@@ -139,6 +147,9 @@ class OpenAIApi:
         if self.gateway.serving:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable"}, status_code=503)
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi_document())
 
     async def prometheus(self, request: Request) -> Response:
         return Response(await self.metrics.render(), media_type=CONTENT_TYPE)
@@ -167,9 +178,9 @@ class OpenAIApi:
         try:
             self._authorize(request)
             service = self._service()
-            body = await read_json(request, self.max_body_bytes)
-            _check_model(body, service.info)
-            tokens = tokenize_body(body, service.backend.tokenizer)
+            raw = await read_body(request, self.max_body_bytes)
+            tokens = await service.parse_pool.run(_parsed, tokenize_body, raw, service.info,
+                                                  service.backend.tokenizer)
             return JSONResponse({"count": len(tokens), "max_model_len": service.info.max_model_len,
                                  "tokens": tokens})
         except OpenAIError as e:
@@ -180,16 +191,10 @@ class OpenAIApi:
         try:
             self._authorize(request)
             service = self._service()
-            body = await read_json(request, self.max_body_bytes)
-            _check_model(body, service.info)
-            tokens = body.get("tokens")
-            if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                       and 0 <= t < service.info.vocab_size for t in tokens):
-                raise bad_request(f"tokens must be a list of token ids in [0, {service.info.vocab_size})",
-                                  "tokens")
-            if service.backend.tokenizer is None:
-                raise bad_request("this model has no tokenizer", "tokens")
-            return JSONResponse({"prompt": service.backend.tokenizer.decode(tokens)})
+            raw = await read_body(request, self.max_body_bytes)
+            text = await service.parse_pool.run(_parsed, detokenize_body, raw, service.info,
+                                                service.backend.tokenizer)
+            return JSONResponse({"prompt": text})
         except OpenAIError as e:
             return error_response(e)
 
@@ -204,8 +209,9 @@ class OpenAIApi:
         try:
             self._authorize(request)
             service = self._service()
-            body = await read_json(request, self.max_body_bytes)
-            req = parse(body, service.info, service.backend.tokenizer)
+            raw = await read_body(request, self.max_body_bytes)
+            req = await service.parse_pool.run(_parsed, parse, raw, service.info, service.backend.tokenizer)
+            self._service()  # a drain may have begun while it was read
             stream = RequestStream(service.runner, req.prompts, req.sampling,
                                    operation="chat" if req.chat else "text_completion",
                                    model=service.info.name, telemetry=service.telemetry,
@@ -283,12 +289,6 @@ async def _http_errors(req: OpenAIRequest, coro):
         return await coro
     except StreamError as e:
         raise from_stream_error(e, "messages" if req.chat else "prompt", len(req.prompts)) from None
-
-
-def _check_model(body: dict, info) -> None:
-    model = body.get("model")
-    if model not in (None, "") and model != info.name:
-        raise model_not_found(str(model), info.name)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

@@ -34,6 +34,15 @@ def bad_request(message: str, param: str | None) -> OpenAIError:
     return OpenAIError(400, message, param)
 
 
+def param_path(loc) -> str | None:
+    """The parameter at `loc` (keys and indexes into the body) as `param` names it:
+    ("messages", 2, "tool_calls", 0) is messages[2].tool_calls[0]; () is None."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out or None
+
+
 def unavailable(message: str) -> OpenAIError:
     return OpenAIError(503, message, code="service_unavailable")
 
