@@ -80,9 +80,9 @@ def test_request_that_can_never_fit_is_rejected_at_once():
     ([1, 2], SamplingParams(temperature=-1), "temperature"),
     ([1, 2], SamplingParams(top_p=0), "top_p"),
     ([1, 2], SamplingParams(n=0), "n must"),
-    ([1, 2], SamplingParams(top_k=2 ** 31), "executor receives"),  # beyond the wire's int32
-    ([1, 2], SamplingParams(stop_token_ids=[2 ** 40]), "executor receives"),
-    ([1, 2], SamplingParams(stop=["\ud800"]), "executor receives"),  # not encodable as UTF-8
+    ([1, 2], SamplingParams(top_k=2 ** 31), "top_k"),  # beyond the wire's int32
+    ([1, 2], SamplingParams(stop_token_ids=[2 ** 40]), "stop_token_ids"),
+    ([1, 2], SamplingParams(stop=["\ud800"]), "stop"),  # not encodable as UTF-8
     ([1, 2], SamplingParams(top_p=1e-46), "top_p"),  # 0 as the executor's float32
     ([1, 2], dict(salt="\udc00"), "cache_salt"),
 ])
