@@ -40,6 +40,9 @@ class GatewayConfig:
     http_host: str = setting("127.0.0.1", "address of the OpenAI-compatible HTTP API")
     http_port: int = setting(8000, "port of the OpenAI-compatible HTTP API (also serves /metrics), "
                              "0 to turn it off; with --tls-cert it is HTTPS")
+    http_write_timeout: float = setting(30.0, "drop a streaming HTTP client that reads nothing for "
+                                        "this long while its response waits to be written, and "
+                                        "abort its request", metavar="SECONDS")
     metrics_upstream: list[str] = setting([], "another service's Prometheus endpoint to include in "
                                           "the HTTP API's /metrics, each sample labelled "
                                           "service=NAME (serve sets memsvc's and the executor's)",
@@ -58,6 +61,8 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.max_waiting < 0:
             raise ValueError(f"--max-waiting must be >= 0, got {self.max_waiting}")
+        if not self.http_write_timeout > 0:
+            raise ValueError(f"--http-write-timeout must be positive, got {self.http_write_timeout}")
         if self.max_request_bytes < 1024:
             raise ValueError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
         self.upstreams()

@@ -108,6 +108,7 @@ async def serve(config: GatewayConfig) -> int:
         try:
             http = await start_openai(gateway, config.http_host, config.http_port, config.api_key,
                                       grace=config.shutdown_grace, tls=tls,
+                                      write_timeout=config.http_write_timeout,
                                       max_body_bytes=config.max_request_bytes,
                                       metrics_upstreams=config.upstreams())
         except OSError as e:
