@@ -1,9 +1,11 @@
 """The gateway's settings: a dataclass whose fields are its flags (wire.settings); the
-batching loop's are its nested `SchedulerConfig` (gateway.scheduler)."""
+batching loop's are its nested `SchedulerConfig` (gateway.scheduler), the grammar budget's
+its nested `GrammarBudget` (gateway.grammar_budget)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.grammar_budget import GrammarBudget
 from gateway.scheduler import SchedulerConfig
 from wire.metrics import metrics_port_setting
 from wire.settings import setting
@@ -37,6 +39,7 @@ class GatewayConfig:
                                "sequences wait for a step; 0: no bound", metavar="N")
     max_request_bytes: int = setting(4 << 20, "largest request either API accepts: a gRPC message "
                                      "(RESOURCE_EXHAUSTED) or an HTTP body (413)", metavar="BYTES")
+    grammar: GrammarBudget = field(default_factory=GrammarBudget)
     http_host: str = setting("127.0.0.1", "address of the OpenAI-compatible HTTP API")
     http_port: int = setting(8000, "port of the OpenAI-compatible HTTP API (also serves /metrics), "
                              "0 to turn it off; with --tls-cert it is HTTPS")
