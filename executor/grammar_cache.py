@@ -18,7 +18,9 @@ from __future__ import annotations
 import collections
 import json
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+
+from wire.daemon_pool import DaemonPool
 
 GRAMMAR_CACHE_BYTES = 256 << 20  # --grammar-cache-bytes
 COMPILE_WORKERS = 2
@@ -64,7 +66,7 @@ class GrammarCache:
         self._bytes = 0
         self._compiling: dict[tuple, Future] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="pagedserve-grammar-compile")
+        self._pool = DaemonPool(workers, "pagedserve-grammar-compile")
 
     @property
     def kept_bytes(self) -> int:

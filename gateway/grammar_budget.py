@@ -11,7 +11,7 @@ Contract:
   wait for a free worker included. Past that it raises GrammarBudgetExceeded (a ValueError
   naming the budget and its flag): a work that had not started is dropped; one that had
   keeps its thread until it ends (a thread cannot be stopped), so at most `grammar_workers`
-  run at once however many requests wait. A spec over `grammar_max_bytes` raises at once.
+  run at once however many requests wait; the process does not wait for it to exit. A spec over `grammar_max_bytes` raises at once.
 - Verdicts are kept by (kind, spec digest), least recently used out past MAX_VERDICTS or
   VERDICT_BYTES: a spec checked before costs nothing, and one that ran past the budget is
   refused at once when it comes again. A work that waited for a worker but did not start in
@@ -25,11 +25,11 @@ import collections
 import hashlib
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Callable
 
+from wire.daemon_pool import DaemonPool
 from wire.settings import setting
 
 OVERRUN = "checking and compiling the grammar took over"
@@ -70,7 +70,7 @@ class GrammarBusy(GrammarBudgetExceeded):
 class GrammarChecks:
     def __init__(self, budget: GrammarBudget | None = None):
         self.budget = budget or GrammarBudget()
-        self._pool = ThreadPoolExecutor(self.budget.grammar_workers, thread_name_prefix="pagedserve-grammar")
+        self._pool = DaemonPool(self.budget.grammar_workers, "pagedserve-grammar-check")
         self._verdicts: collections.OrderedDict[tuple, tuple[bool, str]] = collections.OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -96,7 +96,7 @@ class GrammarChecks:
         return value
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
 
     def _work(self, key, kind: str, spec: str, work, started: list[float]) -> tuple[bool, str]:
         known = self._verdict(key)  # settled by another request while this one queued
