@@ -5,9 +5,10 @@ Contract:
 - `GrammarCache(compiler, cache_bytes)`: `compiled(kind, spec)` returns a Future of the
   xgrammar CompiledGrammar at once: done when it is kept, else the compile in progress (one
   per (kind, spec), on one of COMPILE_WORKERS threads; xgrammar releases the GIL while it
-  compiles). A spec that does not compile fails its Future with ValueError and is tried
-  again when asked again. `compiler` is called on a worker to get the xgrammar
-  GrammarCompiler (built once, by its owner); its own cache should be off.
+  compiles); `start(kind, spec)` only starts it, and costs a look-up when it is kept. A
+  spec that does not compile fails its Future with ValueError and is tried again when asked
+  again. `compiler` is called on a worker to get the xgrammar GrammarCompiler (built once,
+  by its owner); its own cache should be off.
 - Compiled grammars are kept while their bytes (xgrammar's `memory_size_bytes` plus the
   spec's) stay within `cache_bytes` (--grammar-cache-bytes), least recently used out; one
   larger than that alone is not kept. Matchers hold what they use, so dropping a grammar
@@ -77,6 +78,13 @@ class GrammarCache:
         """The (kind, spec) kept, least recently used first."""
         with self._lock:
             return list(self._kept)
+
+    def start(self, kind: str, spec: str) -> None:
+        """Start compiling (kind, spec) unless it is kept or compiling: cheap when it is, for
+        every guided sequence of every step."""
+        key = (kind, spec)
+        if key not in self._kept and key not in self._compiling:  # a racy look: compiled() decides
+            self.compiled(kind, spec)
 
     def compiled(self, kind: str, spec: str) -> Future:
         key = (kind, spec)

@@ -147,7 +147,7 @@ class GuidedDecoding:
         """Start compiling the grammars of `seqs` that are neither compiled nor compiling."""
         for s in seqs:
             if s.sampling.guided:
-                self.grammars.compiled(s.sampling.guided_kind, s.sampling.guided_spec)
+                self.grammars.start(s.sampling.guided_kind, s.sampling.guided_spec)
 
     def grammar(self, kind: str, spec: str):
         """The compiled grammar of (kind, spec), waiting for its compile; ValueError if invalid."""
