@@ -65,6 +65,9 @@ class ExecutorConfig:
     simulate_step_ms: float | None = setting(None, "serve a simulated accelerator whose every step "
                                              "takes this long (slept, no CPU used); with "
                                              "--simulate, this wins over its roofline", metavar="MS")
+    grammar_cache_bytes: int = setting(256 << 20, "compiled grammars (structured output) kept for "
+                                       "reuse, in bytes, least recently used out; 0: none kept",
+                                       metavar="BYTES")
     metrics_port: int | None = metrics_port_setting()
     health_port: int | None = health_port_setting()
     tls: TlsConfig = field(default_factory=TlsConfig)
@@ -76,6 +79,8 @@ class ExecutorConfig:
             raise ValueError(f"--block-size must be positive, got {self.block_size}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be positive, got {self.max_model_len}")
+        if self.grammar_cache_bytes < 0:
+            raise ValueError(f"--grammar-cache-bytes must be >= 0, got {self.grammar_cache_bytes}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}")
         if not self.tensor_parallel_timeout > 0:

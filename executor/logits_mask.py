@@ -17,7 +17,12 @@ Contract:
 - Once the grammar is complete only the stop tokens (EOS) are allowed. A token the grammar
   refused (impossible through this mask, unless the request changed its grammar) leaves the
   sequence unconstrained rather than failing the step.
-- Grammars are compiled once per (kind, spec) and cached (bounded).
+- Grammars compile off the step: `expect(seqs)` (the model runner calls it with every
+  sequence of a step, the executor service as soon as a step arrives) starts compiling each
+  grammar not compiled yet on a compile thread (executor.grammar_cache), so that it
+  compiles while the sequence's prompt does; only the mask of a sequence whose grammar is
+  still compiling waits for it, on the mask thread. Compiled grammars are kept within
+  `cache_bytes` (--grammar-cache-bytes).
 - Closing within max_tokens: once a sequence has `close_window(max_tokens, depth)` tokens
   or fewer left (a quarter of max_tokens up to CLOSE_WITHIN, and at least the output's open
   strings, arrays and objects plus CLOSE_MARGIN), its mask keeps only the closing tokens
@@ -33,51 +38,18 @@ GuidedDecoding. `GuidedSampler` wraps any sampler with the same masks, not overl
 from __future__ import annotations
 
 import collections
-import json
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from executor.grammar_cache import GRAMMAR_CACHE_BYTES, GrammarCache, choice_grammar, compile_grammar  # noqa: F401
 from wire.protocol import SeqStep
 
 MAX_MATCHERS = 4096
-MAX_GRAMMARS = 256
 CLOSE_WITHIN = 64  # tokens left to max_tokens from which a guided output is steered to close
 CLOSE_MARGIN = 8  # ... or the open nesting depth plus these
 CLOSING_CHARS = frozenset('"]}')
-
-
-def compile_grammar(compiler, kind: str, spec: str):
-    """The xgrammar CompiledGrammar of a guided (kind, spec); ValueError when it is invalid."""
-    import xgrammar as xgr
-
-    try:
-        if kind == "json_schema":
-            return compiler.compile_json_schema(spec, any_whitespace=False)
-        if kind == "json_object":
-            return compiler.compile_builtin_json_grammar()
-        if kind == "regex":
-            return compiler.compile_regex(spec)
-        if kind == "choice":
-            choices = json.loads(spec)
-            return compiler.compile_grammar(choice_grammar(choices))
-        if kind == "grammar":
-            return compiler.compile_grammar(spec)
-        if kind == "structural_tag":
-            return compiler.compile_structural_tag(spec)
-    except (RuntimeError, ValueError, TypeError, xgr.exception.InvalidJSONError) as e:
-        raise ValueError(str(e)) from None
-    except Exception as e:  # xgrammar's own errors for bad grammars
-        raise ValueError(f"{type(e).__name__}: {e}") from None
-    raise ValueError(f"unknown guided_kind {kind!r}")
-
-
-def choice_grammar(choices: list[str]) -> str:
-    """EBNF that matches exactly one of `choices`."""
-    if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
-        raise ValueError("guided_choice must be a non-empty list of strings")
-    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
 
 
 def close_window(max_tokens: int, depth: int = 0) -> int:
@@ -136,13 +108,14 @@ class _Matcher:
 
 class GuidedDecoding:
     def __init__(self, tokenizer_dir: str, vocab_size: int, stop_token_ids: list[int] | None = None,
-                 tokenizer=None):
+                 tokenizer=None, cache_bytes: int = GRAMMAR_CACHE_BYTES):
         self.tokenizer_dir = tokenizer_dir
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids or [])
         self._tokenizer = tokenizer
         self._compiler = None
-        self._grammars: collections.OrderedDict = collections.OrderedDict()
+        self._compiler_lock = threading.Lock()
+        self.grammars = GrammarCache(self.compiler, cache_bytes)
         self._matchers: collections.OrderedDict[str, _Matcher] = collections.OrderedDict()
         self._closing = None  # bitmask rows of the closing tokens (out of, in a string), built
         # with the compiler
@@ -152,33 +125,33 @@ class GuidedDecoding:
 
     # -- compiling -----------------------------------------------------------------------------
     def compiler(self):
-        if self._compiler is None:
-            import xgrammar as xgr
+        with self._compiler_lock:
+            if self._compiler is None:
+                import xgrammar as xgr
 
-            tokenizer = self._tokenizer
-            if tokenizer is None:
-                from transformers import AutoTokenizer
+                tokenizer = self._tokenizer
+                if tokenizer is None:
+                    from transformers import AutoTokenizer
 
-                tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
-            info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
-                                                      stop_token_ids=self.stop_token_ids or None)
-            self._pieces = [p or "" for p in tokenizer.convert_ids_to_tokens(
-                list(range(min(len(tokenizer), self.vocab_size))))]
-            self._closing = [closing_bitmask(self._pieces, self.vocab_size, self.stop_token_ids, in_string)
-                             for in_string in (False, True)]
-            self._compiler = xgr.GrammarCompiler(info)
-        return self._compiler
+                    tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
+                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
+                                                          stop_token_ids=self.stop_token_ids or None)
+                self._pieces = [p or "" for p in tokenizer.convert_ids_to_tokens(
+                    list(range(min(len(tokenizer), self.vocab_size))))]
+                self._closing = [closing_bitmask(self._pieces, self.vocab_size, self.stop_token_ids, in_string)
+                                 for in_string in (False, True)]
+                self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # cached here, bounded
+            return self._compiler
+
+    def expect(self, seqs: list[SeqStep]) -> None:
+        """Start compiling the grammars of `seqs` that are neither compiled nor compiling."""
+        for s in seqs:
+            if s.sampling.guided:
+                self.grammars.start(s.sampling.guided_kind, s.sampling.guided_spec)
 
     def grammar(self, kind: str, spec: str):
-        key = (kind, spec)
-        g = self._grammars.get(key)
-        if g is None:
-            g = self._grammars[key] = compile_grammar(self.compiler(), kind, spec)
-            while len(self._grammars) > MAX_GRAMMARS:
-                self._grammars.popitem(last=False)
-        else:
-            self._grammars.move_to_end(key)
-        return g
+        """The compiled grammar of (kind, spec), waiting for its compile; ValueError if invalid."""
+        return self.grammars.compiled(kind, spec).result()
 
     # -- per sequence ------------------------------------------------------------------------------
     def _matcher(self, s: SeqStep) -> _Matcher:
@@ -232,6 +205,7 @@ class GuidedDecoding:
         guided."""
         if not any(s.sampling.guided for s in seqs):
             return None
+        self.expect(seqs)
         return self._pool.submit(self._guarded_masks, seqs)
 
     def _guarded_masks(self, seqs):

@@ -90,8 +90,10 @@ class ModelRunner:
     @torch.inference_mode()
     def _execute(self, batch: StepBatch) -> list[SampleOutput]:
         sampled = [s for s in batch.seqs if s.sample]
-        if self.guided is not None and batch.forget:
-            self.guided.forget(batch.forget)
+        if self.guided is not None:
+            if batch.forget:
+                self.guided.forget(batch.forget)
+            self.guided.expect(batch.seqs)  # grammars compile from a sequence's first chunk on
         scoring = PromptScoring.of(batch, self.config.vocab_size)
         # grammar masks depend only on the tokens already known: computed during the forward pass
         pending = self.guided.prepare(sampled) if self.guided is not None else None

@@ -133,6 +133,9 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             raise
         batch = step.batch
         tokens = sum(len(s.token_ids) for s in batch.seqs)
+        guided = getattr(self.executor, "guided", None)
+        if guided is not None:  # new grammars compile from now on, while the step before runs
+            guided.expect(batch.seqs)
 
         def before():  # on the model thread, just before the pass: the session's next step may expand
             try:
@@ -282,6 +285,7 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
                                 tensor_parallel_size=config.tensor_parallel_size,
                                 group_timeout=config.tensor_parallel_timeout,
                                 on_group_lost=_exit_group_lost, group=_group(config))
+        executor.guided.grammars.cache_bytes = config.grammar_cache_bytes
     info = executor.model_info()
     if config.max_model_len:
         info.max_model_len = min(info.max_model_len, config.max_model_len)

@@ -1,9 +1,11 @@
 """The gateway's settings: a dataclass whose fields are its flags (wire.settings); the
-batching loop's are its nested `SchedulerConfig` (gateway.scheduler)."""
+batching loop's are its nested `SchedulerConfig` (gateway.scheduler), the grammar budget's
+its nested `GrammarBudget` (gateway.grammar_budget)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.grammar_budget import GrammarBudget
 from gateway.scheduler import SchedulerConfig
 from wire.metrics import metrics_port_setting
 from wire.settings import setting
@@ -38,9 +40,13 @@ class GatewayConfig:
                                "sequences wait for a step; 0: no bound", metavar="N")
     max_request_bytes: int = setting(4 << 20, "largest request either API accepts: a gRPC message "
                                      "(RESOURCE_EXHAUSTED) or an HTTP body (413)", metavar="BYTES")
+    grammar: GrammarBudget = field(default_factory=GrammarBudget)
     http_host: str = setting("127.0.0.1", "address of the OpenAI-compatible HTTP API")
     http_port: int = setting(8000, "port of the OpenAI-compatible HTTP API (also serves /metrics), "
                              "0 to turn it off; with --tls-cert it is HTTPS")
+    http_write_timeout: float = setting(30.0, "drop a streaming HTTP client that reads nothing for "
+                                        "this long while its response waits to be written, and "
+                                        "abort its request", metavar="SECONDS")
     metrics_upstream: list[str] = setting([], "another service's Prometheus endpoint to include in "
                                           "the HTTP API's /metrics, each sample labelled "
                                           "service=NAME (serve sets memsvc's and the executor's)",
@@ -64,6 +70,8 @@ class GatewayConfig:
             raise ValueError(f"--max-waiting must be >= 0, got {self.max_waiting}")
         if self.drain_timeout < 0:
             raise ValueError(f"--drain-timeout must be >= 0, got {self.drain_timeout}")
+        if not self.http_write_timeout > 0:
+            raise ValueError(f"--http-write-timeout must be positive, got {self.http_write_timeout}")
         if self.max_request_bytes < 1024:
             raise ValueError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
         self.upstreams()

@@ -5,6 +5,7 @@ import asyncio
 import signal
 import sys
 
+from gateway import grammar_budget
 from gateway.config import GatewayConfig
 from gateway.server import SERVING, Backend, Gateway
 from wire.grpc_service import get_logger, open_channel
@@ -37,6 +38,7 @@ def replica_set(config: GatewayConfig, service, tls=None):
 
 def connect_remote(memsvc: str, executor: str, tls=None) -> Backend:
     """Clients of memsvc and the executor, once both answer; raises while either does not."""
+    from gateway import grammar_compile
     from gateway.byte_detokenizer import byte_table
     from gateway.remote import RemoteExecutorClient, RemoteMemoryClient, tokenizer_dir_from_info
     from gateway.tokenizer import load_tokenizer
@@ -54,6 +56,7 @@ def connect_remote(memsvc: str, executor: str, tls=None) -> Backend:
             memory_client.close()
         raise
     byte_table(tokenizer)  # built now rather than for the first request (gateway.byte_detokenizer)
+    grammar_compile.bind(tokenizer, info.vocab_size, info.eos_token_ids)  # grammars compile at admission
     freeze_heap()  # start-up is done: imports, tokenizer
     return Backend(memory_client, executor_client, tokenizer,
                    check=lambda: _check_serving({"executor": executor, "memsvc": memsvc}, tls))
@@ -79,6 +82,7 @@ async def serve(config: GatewayConfig) -> int:
 
     tls = config.tls
     setup_tracing("gateway", config.tracing)
+    grammar_budget.configure(config.grammar)
     gateway = Gateway(lambda: connect_remote(config.memsvc, config.executor, tls), config.scheduler,
                       host=config.host, port=config.port, max_waiting=config.max_waiting,
                       step_retry_s=config.step_retry_timeout, api_key=config.api_key or None,
@@ -107,6 +111,7 @@ async def serve(config: GatewayConfig) -> int:
 
         try:
             http = await start_openai(gateway, config.http_host, config.http_port, config.api_key, tls=tls,
+                                      write_timeout=config.http_write_timeout,
                                       max_body_bytes=config.max_request_bytes,
                                       metrics_upstreams=config.upstreams())
         except OSError as e:

@@ -29,8 +29,9 @@ class SampleHolds:
         parent.fork_at = None
         samples = self.held.pop(parent.seq_id, [])
         for sample in samples:
-            if parent.prompt_logprobs is not None:  # the parent scored the prompt for every sample
-                sample.sampling, sample.prompt_logprobs = parent.sampling, list(parent.prompt_logprobs)
+            if parent.prompt_logprobs is not None:  # the parent scored the prompt for every sample:
+                # complete by now, and shared (read only), not copied n times
+                sample.sampling, sample.prompt_logprobs = parent.sampling, parent.prompt_logprobs
             sample.num_computed = parent.num_computed
             sample.block_table = list(parent.block_table)
             sample.num_cached_tokens = parent.num_cached_tokens

@@ -68,30 +68,23 @@ def normalize(schema: dict) -> dict:
                 if extra is False:
                     raise UnsupportedKeyword("required", path, f"names {name!r}, which additionalProperties "
                                              "false forbids (no output can be valid)")
-                if any(_may_match(p, name) for p in node.get("patternProperties", {})):
-                    raise UnsupportedKeyword("required", path, f"names {name!r}, which only patternProperties "
-                                             "declares")
+                if node.get("patternProperties"):  # its patterns are not run here: a client's regex
+                    raise UnsupportedKeyword("required", path, f"names {name!r} beside patternProperties "
+                                             "but not in properties (declare it in properties)")
                 props[name] = extra if isinstance(extra, dict) else {}
     return schema
-
-
-def _may_match(pattern: str, name: str) -> bool:
-    try:
-        return re.search(pattern, name) is not None
-    except re.error:
-        return True  # a pattern Python cannot read: assume it may
 
 
 def check(schema: dict) -> None:
     """Raise UnsupportedKeyword for the first keyword, reachable from the root, that the
     engine would not enforce exactly."""
-    todo, seen = [schema], set()
+    todo, roots, seen = [schema], set(), set()
     while todo:
         root = todo.pop()
-        if id(root) in seen:
+        if id(root) in roots:
             continue
-        seen.add(id(root))
-        for path, node in walk(root, with_defs=False):
+        roots.add(id(root))
+        for path, node in walk(root, with_defs=False, seen=seen):
             _check_node(path, node)
             if "$ref" in node:
                 target = resolve(schema, node["$ref"])
@@ -145,7 +138,8 @@ def _types(node: dict) -> set[str] | None:
     if isinstance(node.get("enum"), list):
         return {of(v) for v in node["enum"]}
     t = node.get("type")
-    types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else None
+    types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) and all(
+        isinstance(x, str) for x in t) else None
     if types and "integer" in types:
         types = (types - {"integer"}) | {"number"}
     return types
@@ -155,20 +149,24 @@ def _disjoint(branches: list) -> bool:
     """True when no instance can match two of `branches`: their types differ, or they are
     objects that each require one property whose const / enum values differ."""
     types = [_types(b) if isinstance(b, dict) else None for b in branches]
-    if all(t is not None for t in types):
-        if all(not (a & b) for i, a in enumerate(types) for b in types[i + 1:]):
-            return True
+    if all(t is not None for t in types) and _pairwise_disjoint(types):
+        return True
     for key in _common_required(branches):
         values = [_values(b["properties"][key]) for b in branches]
-        if all(v is not None for v in values) and all(
-                not (a & b) for i, a in enumerate(values) for b in values[i + 1:]):
+        if all(v is not None for v in values) and _pairwise_disjoint(values):
             return True
     return False
 
 
+def _pairwise_disjoint(sets: list[set]) -> bool:
+    """No element in two of `sets` (linear: their sizes add up to their union's)."""
+    return sum(len(s) for s in sets) == len(set().union(*sets))
+
+
 def _common_required(branches: list) -> set[str]:
-    sets = [set(b.get("required", [])) & set(b.get("properties", {})) if isinstance(b, dict) else set()
-            for b in branches]
+    sets = [{r for r in b.get("required", []) if isinstance(r, str)} & set(b.get("properties", {}))
+            if isinstance(b, dict) and isinstance(b.get("required", []), list)
+            and isinstance(b.get("properties", {}), dict) else set() for b in branches]
     return set.intersection(*sets) if sets else set()
 
 

@@ -32,9 +32,11 @@ def children(node: dict, with_defs: bool = True) -> Iterator[tuple[str, dict]]:
                     yield f"{key}/{i}", sub
 
 
-def walk(schema: dict, with_defs: bool = True) -> Iterator[tuple[str, dict]]:
-    """(JSON pointer, subschema) of `schema` and every schema object inside it, each once."""
-    seen: set[int] = set()
+def walk(schema: dict, with_defs: bool = True, seen: set[int] | None = None) -> Iterator[tuple[str, dict]]:
+    """(JSON pointer, subschema) of `schema` and every schema object inside it, each once:
+    none whose id is in `seen`, which gets the ids of those walked (shared by several walks,
+    each object is walked once in all)."""
+    seen = set() if seen is None else seen
     stack = [("#", schema)]
     while stack:
         path, node = stack.pop()

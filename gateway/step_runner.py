@@ -5,8 +5,10 @@ commands into a queue; the worker applies them between steps, so an abort takes 
 before the next step and the sequence's blocks are freed by the next reserve. The worker
 steps while there is work and sleeps on an event when idle.
 
-With `max_waiting`, a request that arrives while that many sequences wait for their first
-(or next, after a preemption) step is refused with QueueFull. A step that raises
+With `max_waiting`, a request is refused with QueueFull when its sequences (n, or its beam
+width) and those already waiting for their first (or next, after a preemption) step would
+be more than that (`waiting_sequences`: held n > 1 samples and unforked beams count); one
+that asks for more sequences than that alone, with RequestError. A step that raises
 PoolChanged (memsvc restarted under it, see gateway.step_retry) is planned again without
 failing anyone; any other failure ends the requests in flight.
 
@@ -27,6 +29,7 @@ from typing import Callable
 import grpc
 
 from gateway.batch_loop import BatchLoop
+from gateway.requests import RequestError
 from wire.protocol import Delta, SamplingParams
 from gateway.step_retry import PoolChanged
 
@@ -139,11 +142,9 @@ class StepRunner:
             _, request_id, prompt, sampling, sink, priority, done, salt = command
             if not done.set_running_or_notify_cancel():
                 continue  # the caller went away (cancelled, deadline) before its turn
-            waiting = len(self.loop.scheduler.waiting)
-            if self.max_waiting and waiting >= self.max_waiting:
-                done.set_exception(QueueFull(
-                    f"the request queue is full ({waiting} waiting, limit {self.max_waiting}): "
-                    "retry later or on another replica"))
+            refusal = self._over_max_waiting(sampling)
+            if refusal is not None:
+                done.set_exception(refusal)
                 continue
             try:
                 self.loop.add_request(request_id, prompt, sampling, priority=priority, salt=salt)
@@ -152,6 +153,23 @@ class StepRunner:
                 continue
             self._sinks[request_id] = sink
             done.set_result(None)
+
+    def _over_max_waiting(self, sampling: SamplingParams) -> Exception | None:
+        """Why a request of `sampling` may not queue now (--max-waiting counts sequences: each
+        of its n, or its beams); None if it may."""
+        if not self.max_waiting:
+            return None
+        wanted = sampling.beam_width if sampling.beam_search else sampling.n
+        if wanted > self.max_waiting:
+            what = f"beam_width={wanted}" if sampling.beam_search else f"n={wanted}"
+            return RequestError(f"{what} asks for {wanted} sequences, more than this gateway lets wait "
+                                f"(--max-waiting {self.max_waiting}): ask for fewer")
+        waiting = waiting_sequences(self.loop.scheduler)
+        if waiting + wanted > self.max_waiting:
+            return QueueFull(f"the request queue is full ({waiting} sequences waiting; this request's "
+                             f"{wanted} would pass the limit of {self.max_waiting}, --max-waiting): "
+                             "retry later or on another replica")
+        return None
 
     def _dispatch(self, deltas: list[Delta]) -> None:
         by_request: dict[str, list[Delta]] = {}
@@ -184,3 +202,16 @@ class StepRunner:
         sinks, self._sinks = self._sinks, {}
         for sink in sinks.values():
             sink(error)
+
+
+def waiting_sequences(scheduler) -> int:
+    """Sequences that wait for their first step: the waiting queue, the samples held for their
+    fork (n > 1), and the beams that a beam search not started yet will fork."""
+    count = len(scheduler.waiting) + sum(len(samples) for samples in scheduler.held.values())
+    searches = scheduler.beams
+    if searches:
+        for seq in scheduler.waiting:
+            search = searches.get(seq.request_id)
+            if search is not None and search.num_forks == 1:
+                count += search.width - 1
+    return count

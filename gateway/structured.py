@@ -7,8 +7,10 @@ OpenAI: response_format {"type": "text" | "json_object" | "json_schema", "json_s
 guided_regex, guided_choice (list of strings), guided_grammar (EBNF/GBNF). At most one.
 `strict` false is accepted and enforced all the same (the output always follows the schema).
 
-A JSON schema is sent to the executor as `prepare` makes it: normalized and checked
-(gateway.schema_support: a keyword the grammar engine would not enforce exactly is a 400
+Every spec is checked within a budget (gateway.grammar_budget: its size, and the time to
+check and compile it, on a few worker threads) and compiled as the executor will compile it
+(gateway.grammar_compile). A JSON schema is sent to the executor as `prepare` makes it:
+normalized and checked (gateway.schema_support: a keyword the grammar engine would not enforce exactly is a 400
 naming it) and bounded (gateway.schema_bounds: strings, arrays, numbers and open objects get
 limits, so that an output can close within max_tokens; its outputs stay valid against the
 schema the client sent).
@@ -16,9 +18,8 @@ schema the client sent).
 from __future__ import annotations
 
 import json
-import re
 
-from gateway import schema_bounds, schema_support
+from gateway import grammar_budget, grammar_compile, schema_bounds, schema_support
 
 GUIDED_PARAMS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
@@ -30,29 +31,10 @@ class GuidedError(ValueError):
 
 
 def check(kind: str, spec: str) -> None:
-    """Raise ValueError if (kind, spec) does not compile (tokenizer-independent check)."""
-    if not kind:
-        return
-    import xgrammar as xgr
-
-    try:
-        if kind == "json_schema":
-            xgr.Grammar.from_json_schema(spec, any_whitespace=False)
-        elif kind == "regex":
-            xgr.Grammar.from_regex(spec)
-        elif kind == "choice":
-            choices = json.loads(spec)
-            if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
-                raise ValueError("must be a non-empty list of strings")
-        elif kind == "grammar":
-            xgr.Grammar.from_ebnf(spec)
-        elif kind == "structural_tag":
-            xgr.Grammar.from_structural_tag(spec)
-        elif kind != "json_object":
-            raise ValueError(f"unknown kind {kind!r}")
-    except Exception as e:  # xgrammar raises its own types for bad input
-        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(re.sub(r"^\[[^\]]*\] \S+: ", "", text)) from None
+    """Raise ValueError if (kind, spec) does not compile: parsed, and with the model's
+    tokenizer bound (gateway.grammar_compile) compiled as the executor will."""
+    if kind:
+        grammar_compile.compile_with_tokenizer(grammar_compile.grammar_of(kind, spec))
 
 
 def from_openai(body: dict) -> tuple[str, str]:
@@ -108,16 +90,27 @@ def from_openai(body: dict) -> tuple[str, str]:
 def prepare(kind: str, spec: str) -> str:
     """The spec to send to the executor for (kind, spec): a JSON schema normalized, checked
     and bounded, anything else as given; ValueError (naming the keyword) when it cannot be
-    enforced exactly or does not compile."""
+    enforced exactly or does not compile, or (naming the budget and its flag) when it is
+    over the grammar budget. Blocks the calling thread while a grammar worker does the work
+    (gateway.grammar_budget), at most --grammar-compile-timeout seconds."""
+    return grammar_budget.checks().run(kind, spec, _prepare)
+
+
+def _prepare(kind: str, spec: str) -> str:
     if kind == "json_schema":
         try:
             schema = json.loads(spec)
         except ValueError as e:
             raise ValueError(f"the schema is not JSON: {e}") from None
+        except RecursionError:
+            raise ValueError("the schema nests too deeply") from None
         if not isinstance(schema, dict):
             raise ValueError("the schema must be a JSON object")
-        schema = schema_support.normalize(schema)
-        schema_support.check(schema)
-        spec = json.dumps(schema_bounds.bound(schema))
+        try:
+            schema = schema_support.normalize(schema)
+            schema_support.check(schema)
+            spec = json.dumps(schema_bounds.bound(schema))
+        except RecursionError:
+            raise ValueError("the schema nests too deeply") from None
     check(kind, spec)
     return spec

@@ -10,6 +10,11 @@ choice's `prompt_logprobs` is vLLM's: null for the first prompt token, then per 
 {token_id: {logprob, rank, decoded_token}} for the token itself and the top k (streamed: in
 the choice's first chunk). A token's text is the tokenizer's decoding of it alone
 ("token_id:N" when the model has no tokenizer).
+
+Cost: linear in what is sent. A token's text is decoded once per response; a prompt's
+`prompt_logprobs` (and, with echo, its tokens' logprobs) are made once per prompt and shared
+by its n choices; a choice's text and logprobs grow in place (kept whole only when the
+response is not streamed).
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ def sse(payload: dict) -> str:
 class ChoiceState:
     """What one choice (an OpenAI `choices[i]`) has accumulated so far."""
 
-    text: str = ""
+    parts: list[str] = field(default_factory=list)  # its text, in pieces (see `text`)
     finish_reason: str | None = None
     logprobs: dict | None = None
     last_logprobs: dict | None = None  # of the latest delta
@@ -48,6 +53,12 @@ class ChoiceState:
     prompt_pending: bool = False  # streaming: prompt_logprobs not sent yet
     scored: bool = False  # the first token's delta (with the prompt logprobs) was seen
 
+    @property
+    def text(self) -> str:
+        if len(self.parts) > 1:
+            self.parts[:] = ["".join(self.parts)]
+        return self.parts[0] if self.parts else ""
+
 
 @dataclass
 class Formatter:
@@ -56,6 +67,9 @@ class Formatter:
     id: str = ""
     created: int = 0
     choices: dict[int, ChoiceState] = field(default_factory=dict)
+    _texts: dict[int, str] = field(default_factory=dict)  # token id -> its text alone
+    _prompt_logprobs: dict[int, list] = field(default_factory=dict)  # prompt index -> vLLM's shape
+    _echoed: dict[int, dict] = field(default_factory=dict)  # prompt index -> its tokens' logprobs
 
     def __post_init__(self) -> None:
         self.id = self.id or ("chatcmpl-" if self.request.chat else "cmpl-") + uuid.uuid4().hex
@@ -71,9 +85,9 @@ class Formatter:
         if c is None:
             c = self.choices[index] = ChoiceState(prompt=index // self.request.sampling.n)
             if self.request.echo:
-                c.text = self.request.prompt_texts[c.prompt]
+                c.parts.append(self.request.prompt_texts[c.prompt])
                 c.echo_pending = True
-        c.text += d.text
+        c.parts.append(d.text)
         c.finish_reason = d.finish_reason or c.finish_reason
         c.completion_tokens = d.completion_tokens
         c.prompt_tokens = d.prompt_tokens
@@ -82,14 +96,19 @@ class Formatter:
         if d.token_ids and not c.scored:  # the first token's delta carries the prompt logprobs
             first, c.scored = d.prompt_logprobs, True
         if first is not None and self.request.prompt_logprobs is not None:
-            c.prompt_logprobs = [None] + [self._prompt_entry(e, self.request.prompt_logprobs) for e in first]
+            c.prompt_logprobs = self._prompt_logprobs_of(c.prompt, first)
             c.prompt_pending = True
         if self.request.sampling.logprobs is not None:
             echoed = self._echo_logprobs(c, first) if first is not None and self.request.echo else None
             c.last_logprobs = self._logprobs(c, d)
             if echoed is not None:
-                c.last_logprobs = _merge(echoed, c.last_logprobs)
-            c.logprobs = c.last_logprobs if c.logprobs is None else _merge(c.logprobs, c.last_logprobs)
+                c.last_logprobs = _joined(echoed, c.last_logprobs)
+            if not self.request.stream:  # the body sends them whole; a stream, as they come
+                if c.logprobs is None:
+                    c.logprobs = {k: list(v) for k, v in c.last_logprobs.items()}
+                else:
+                    for k, v in c.last_logprobs.items():
+                        c.logprobs[k].extend(v)
         return c
 
     def body(self) -> dict:
@@ -178,6 +197,14 @@ class Formatter:
             choice["prompt_logprobs"] = c.prompt_logprobs
         return choice
 
+    def _prompt_logprobs_of(self, prompt: int, entries: list[PromptLogprob]) -> list:
+        """vLLM's prompt_logprobs of prompt `prompt`, made once for all its choices."""
+        out = self._prompt_logprobs.get(prompt)
+        if out is None:
+            k = self.request.prompt_logprobs
+            out = self._prompt_logprobs[prompt] = [None] + [self._prompt_entry(e, k) for e in entries]
+        return out
+
     def _prompt_entry(self, e: PromptLogprob, k: int) -> dict:
         entry = {e.token_id: {"logprob": e.logprob, "rank": e.rank, "decoded_token": self._token(e.token_id)}}
         for rank, (t, v) in enumerate(e.top[:k], 1):
@@ -186,17 +213,22 @@ class Formatter:
         return entry
 
     def _echo_logprobs(self, c: ChoiceState, entries: list[PromptLogprob]) -> dict:
-        """The legacy logprobs of the echoed prompt: its first token has none."""
-        k = self.request.sampling.logprobs
-        tokens = [self._token(t) for t in self.request.prompts[c.prompt]]
-        values, tops = [None] * len(tokens), [None] * len(tokens)
-        for i, e in enumerate(entries[:len(tokens) - 1], 1):
-            values[i], tops[i] = e.logprob, {self._token(t): v for t, v in e.top[:k]}
-        offsets = [0]
-        for s in tokens[:-1]:
-            offsets.append(offsets[-1] + len(s))
+        """The legacy logprobs of the echoed prompt (its first token has none), made once per
+        prompt; `c`'s text offsets continue after it."""
+        echoed = self._echoed.get(c.prompt)
+        if echoed is None:
+            k = self.request.sampling.logprobs
+            tokens = [self._token(t) for t in self.request.prompts[c.prompt]]
+            values, tops = [None] * len(tokens), [None] * len(tokens)
+            for i, e in enumerate(entries[:len(tokens) - 1], 1):
+                values[i], tops[i] = e.logprob, {self._token(t): v for t, v in e.top[:k]}
+            offsets = [0]
+            for s in tokens[:-1]:
+                offsets.append(offsets[-1] + len(s))
+            echoed = self._echoed[c.prompt] = {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+                                               "text_offset": offsets}
         c.offset = len(self.request.prompt_texts[c.prompt])  # the completion's text comes after it
-        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+        return echoed
 
     def _logprobs(self, c: ChoiceState, d: Delta) -> dict:
         tokens = [self._token(t) for t in d.token_ids]
@@ -216,10 +248,13 @@ class Formatter:
                 "top_logprobs": [dict(top) for top in tops], "text_offset": offsets}
 
     def _token(self, token_id: int) -> str:
-        if self.tokenizer is None:
-            return f"token_id:{token_id}"
-        return self.tokenizer.decode([token_id])
+        text = self._texts.get(token_id)
+        if text is None:
+            text = f"token_id:{token_id}" if self.tokenizer is None else self.tokenizer.decode([token_id])
+            self._texts[token_id] = text
+        return text
 
 
-def _merge(old: dict, new: dict) -> dict:
+def _joined(old: dict, new: dict) -> dict:
+    """`old`'s lists followed by `new`'s, as new lists (`old` may be shared)."""
     return {k: old[k] + new[k] for k in old}

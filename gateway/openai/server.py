@@ -6,8 +6,10 @@ signal handlers here: the gateway's own handlers decide when to stop, and it dra
 (gateway.server.Gateway.drain: new requests get 503 here while the running ones finish or
 end with an error event), so `stop()` finds only responses that are ending. `stop()` stops
 accepting, gives open requests `grace` seconds, then cancels them (which aborts their
-sequences). Imported only for --http-port; without uvicorn, importing it raises
-wire.optional_import.MissingPackage naming it.
+sequences). A client that reads nothing for `write_timeout` seconds while its response
+waits is dropped and its request aborted (gateway.openai.write_timeout). Imported only for
+--http-port; without uvicorn, importing it raises wire.optional_import.MissingPackage naming
+it.
 """
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ import logging
 import socket
 
 from gateway.openai.app import HTTP_FEATURE, HTTP_OFF, build_app  # checks starlette and httpx
+from gateway.openai.write_timeout import WriteTimeout
 from wire.optional_import import require
 
 uvicorn = require("uvicorn", "uvicorn", HTTP_FEATURE, off=HTTP_OFF)
 
 log = logging.getLogger("pagedserve.gateway")
+WRITE_TIMEOUT = 30.0  # --http-write-timeout
 
 
 class _Server(uvicorn.Server):
@@ -71,11 +75,15 @@ class HttpServer:
 
 
 async def start_openai(gateway, host: str, port: int, api_key: str | None = None,
-                       grace: float = 2.0, tls=None, **options) -> HttpServer:
+                       grace: float = 2.0, tls=None, write_timeout: float = WRITE_TIMEOUT,
+                       **options) -> HttpServer:
     """Serve the OpenAI API of `gateway` (a gateway.server.Gateway) on host:port; HTTPS with
     `tls` (a wire.tls.TlsConfig with a certificate: the gRPC API's own --tls-cert/--tls-key;
-    clients are not asked for certificates). `options` go to gateway.openai.app.OpenAIApi."""
+    clients are not asked for certificates); a client that reads nothing for `write_timeout`
+    seconds while its response waits is dropped (gateway.openai.write_timeout). `options`
+    go to gateway.openai.app.OpenAIApi."""
     cert, key = (tls.cert, tls.key) if tls is not None and tls.cert else (None, None)
-    server = HttpServer(build_app(gateway, api_key, **options), host, port, grace, cert, key)
+    app = WriteTimeout(build_app(gateway, api_key, **options), write_timeout)
+    server = HttpServer(app, host, port, grace, cert, key)
     await server.start()
     return server

@@ -16,12 +16,12 @@ Contract:
 - `parse(text, tools)` -> (content, calls): forced choices parse the JSON; auto finds the
   model's own format: Qwen2.5/Qwen3/Hermes `<tool_call>{...}</tool_call>` blocks, or Llama
   3.x JSON `{"name": ..., "parameters": {...}}` (optionally after `<|python_tag|>`, several
-  separated by `;`). Calls to unknown functions are left in the content as text.
+  separated by `;`). Calls to unknown functions are left in the content as text. Linear in
+  the output's length.
 """
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 
@@ -168,7 +168,26 @@ def _call(name: str, arguments) -> dict:
             "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
 
 
-_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+
+
+def _tagged(text: str) -> tuple[list[str], str]:
+    """The `<tool_call>` blocks of `text`, stripped (the last may run to the end, unclosed),
+    and the text outside them; one pass, with no regex (which backtracked quadratically over
+    long runs of whitespace)."""
+    blocks, outside, at = [], [], 0
+    while (start := text.find(OPEN_TAG, at)) != -1:
+        outside.append(text[at:start])
+        body = start + len(OPEN_TAG)
+        end = text.find(CLOSE_TAG, body)
+        if end == -1:
+            blocks.append(text[body:].strip())
+            at = len(text)
+            break
+        blocks.append(text[body:end].strip())
+        at = end + len(CLOSE_TAG)
+    outside.append(text[at:])
+    return blocks, "".join(outside)
 
 
 def _from_obj(obj, tools: Tools) -> dict | None:
@@ -178,7 +197,7 @@ def _from_obj(obj, tools: Tools) -> dict | None:
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     return _call(obj["name"], args)
 
@@ -188,22 +207,23 @@ def parse(text: str, tools: Tools) -> tuple[str | None, list[dict]]:
     if tools.forced:
         try:
             obj = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return text, []
         objs = obj if isinstance(obj, list) else [obj]
         calls = [c for c in (_from_obj(o, tools) for o in objs) if c]
         return (None, calls) if calls else (text, [])
     calls, rest = [], text
-    if "<tool_call>" in text:  # Qwen2.5 / Qwen3 / Hermes
-        for block in _TAGGED.findall(text):
+    if OPEN_TAG in text:  # Qwen2.5 / Qwen3 / Hermes
+        blocks, outside = _tagged(text)
+        for block in blocks:
             try:
                 call = _from_obj(json.loads(block), tools)
-            except ValueError:
+            except (ValueError, RecursionError):
                 call = None
             if call:
                 calls.append(call)
         if calls:
-            rest = _TAGGED.sub("", text).strip()
+            rest = outside.strip()
             if "<think>" in rest or "</think>" in rest:
                 rest = rest.strip()
             return rest or None, calls
@@ -216,7 +236,7 @@ def parse(text: str, tools: Tools) -> tuple[str | None, list[dict]]:
         while at < len(body):
             try:
                 obj, end = decoder.raw_decode(body, at)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return text, []
             call = _from_obj(obj, tools)
             if call is None:

@@ -124,3 +124,68 @@ def test_the_closing_window_covers_the_open_levels():
 
     assert close_window(16) == 4 and close_window(1000) == CLOSE_WITHIN
     assert close_window(300, depth=100) == 100 + CLOSE_MARGIN  # deep output: one token per level at least
+
+
+class Gate:
+    """A compiler whose compile of `held` waits until the gate opens."""
+
+    def __init__(self, compiler, held: str):
+        import threading
+
+        self.compiler, self.held, self.open = compiler, held, threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.compiler, name)
+
+    def compile_grammar(self, spec):
+        if spec == self.held:
+            assert self.open.wait(30)
+        return self.compiler.compile_grammar(spec)
+
+
+def test_grammars_compile_from_first_sight_and_hold_only_their_own_masks(default_model_dir):
+    from gateway.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(default_model_dir)
+    g = GuidedDecoding(default_model_dir, 49152, [tok.eos_token_id], tokenizer=tok)
+    held = 'root ::= "yes" | "no"'
+    gate = Gate(g.compiler(), held)
+    g.grammars.compiler = lambda: gate
+    sp = SamplingParams(max_tokens=8, guided_kind="grammar", guided_spec=held)
+    chunk = SeqStep("h", [1], 0, [0], [0], False, sp, 0, [1], [])  # a prompt chunk: samples nothing
+    g.expect([chunk])  # returns while its grammar compiles (held)
+    compiling = g.grammars.compiled("grammar", held)
+    assert not compiling.done()
+    import re
+
+    assert re.fullmatch(r"\d{3}-\d{4}", decode((g, tok), "regex", r"\d{3}-\d{4}")[1])  # others go on
+    step = SeqStep("h", [1], 1, [0], [0], True, sp, 0, [1], [])
+    pending = g.prepare([step])
+    assert not pending.done()  # its own mask waits for its grammar
+    gate.open.set()
+    logits = torch.randn(1, 49152)
+    g.apply(logits, pending)
+    allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    assert allowed and all(tok.decode([t]) in ("y", "ye", "yes", "n", "no") for t in allowed)
+
+
+def test_compiled_grammars_are_kept_within_their_byte_budget(default_model_dir):
+    from gateway.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(default_model_dir)
+    g = GuidedDecoding(default_model_dir, 49152, [tok.eos_token_id], tokenizer=tok)
+    specs = [json.dumps({"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"],
+                         "additionalProperties": False}) for i in range(5)]
+    g.grammar("json_schema", specs[0])
+    one = g.grammars.kept_bytes
+    assert one > len(specs[0])  # xgrammar's size of the compiled grammar counts
+    g.grammars.cache_bytes = int(one * 2.5)
+    for spec in specs[1:]:
+        g.grammar("json_schema", spec)
+    assert g.grammars.kept_bytes <= g.grammars.cache_bytes
+    assert g.grammars.kept() == [("json_schema", s) for s in specs[3:]]  # least recently used out
+    _, text = decode((g, tok), "json_schema", specs[0], seq_id="again")  # dropped: compiled again
+    assert json.loads(text).keys() == {"k0"}
+    g.grammars.cache_bytes = 0
+    g.grammar("json_schema", specs[1])
+    assert g.grammars.kept() == [] and g.grammars.kept_bytes == 0

@@ -1,0 +1,59 @@
+"""The gateway's grammar check with the default model's tokenizer bound
+(gateway.grammar_compile): a grammar is compiled at admission as the executor will compile
+it, so one that parses at once but takes long to compile is refused within the budget
+(gateway.grammar_budget), before it reaches a step."""
+import json
+
+import pytest
+
+from gateway import grammar_budget, grammar_compile, structured
+from gateway.grammar_budget import GrammarBudget
+
+RULES = 3000  # parses in milliseconds; its token masks take a good half second on one core
+SLOW_TO_COMPILE = "root ::= " + " | ".join(f"r{i}" for i in range(RULES)) + "\n" + "\n".join(
+    f'r{i} ::= "a{i}" [a-z]* "b"' for i in range(RULES))
+
+
+@pytest.fixture
+def budget():
+    def configure(**fields):
+        return grammar_budget.configure(GrammarBudget(**fields))
+    yield configure
+    grammar_budget.configure(GrammarBudget())
+
+
+@pytest.fixture
+def bound(default_model_dir):
+    from gateway.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(default_model_dir)
+    grammar_compile.bind(tok, 49152, [tok.eos_token_id])
+    yield
+    grammar_compile.unbind()
+
+
+def test_a_grammar_slow_to_compile_is_refused_only_once_compiled_with_the_tokenizer(budget, default_model_dir):
+    budget(grammar_compile_timeout=0.3)
+    assert structured.prepare("grammar", SLOW_TO_COMPILE) == SLOW_TO_COMPILE  # parsed only
+    from gateway.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(default_model_dir)
+    grammar_compile.bind(tok, 49152, [tok.eos_token_id])
+    try:
+        budget(grammar_compile_timeout=0.3)  # new checks: nothing remembered
+        with pytest.raises(structured.GuidedError) as e:
+            structured.from_openai({"guided_grammar": SLOW_TO_COMPILE})
+        assert e.value.param == "guided_grammar" and "--grammar-compile-timeout" in str(e.value)
+    finally:
+        grammar_compile.unbind()
+
+
+def test_specs_compile_with_the_tokenizer_as_without(bound, budget):
+    budget()
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    spec = structured.prepare("json_schema", json.dumps(schema))
+    assert json.loads(spec)["properties"]["city"]["maxLength"] == 48
+    assert structured.prepare("choice", json.dumps(["yes", "no"])) == '["yes", "no"]'
+    assert structured.prepare("json_object", "") == ""
+    with pytest.raises(ValueError):
+        structured.prepare("regex", "(")
