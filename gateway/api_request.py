@@ -40,6 +40,8 @@ def sampling_from_proto(p, max_model_len: int | None = None) -> SamplingParams:
 
         try:
             sp.guided_spec = structured.prepare(sp.guided_kind, sp.guided_spec)
+        except structured.grammar_budget.GrammarBusy as e:  # not the request's fault: retry
+            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
         except ValueError as e:
             raise invalid(f"sampling.guided_spec ({sp.guided_kind}): {e}") from None
     return sp

@@ -83,6 +83,8 @@ def from_openai(body: dict) -> tuple[str, str]:
     kind, spec, param = found[0]
     try:
         return kind, prepare(kind, spec)
+    except grammar_budget.GrammarBusy:
+        raise  # not the request's fault: the caller answers "busy, retry"
     except ValueError as e:
         raise GuidedError(f"{param}: {e}", param) from None
 

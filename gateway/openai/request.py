@@ -25,7 +25,8 @@ from types import SimpleNamespace
 
 from gateway import structured
 from gateway.api_request import ApiError, chat_prompt, check_text_size, generate_prompt
-from gateway.openai.errors import bad_request, from_api_error, model_not_found
+from gateway.grammar_budget import GrammarBusy
+from gateway.openai.errors import OpenAIError, bad_request, from_api_error, model_not_found
 from gateway.openai.models import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, validated
 from gateway.openai.param_types import PROMPT_SHAPE
 from gateway.openai.tool_calls import guided as guided_tools, parse_tools, render
@@ -112,6 +113,8 @@ def parse_chat(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
         kind, spec = guided_tools(tools)
         try:
             sampling.guided_kind, sampling.guided_spec = kind, structured.prepare(kind, spec)
+        except GrammarBusy as e:
+            raise busy(e) from None
         except ValueError as e:
             raise bad_request(f"tools: {e}", "tools") from None
     req = _finish(m, info, True, [prompt], sampling)
@@ -139,8 +142,15 @@ def _with_tool_fields(turns: list[dict], messages) -> list[dict]:
 def _guided(body: dict, sampling: SamplingParams) -> None:
     try:
         sampling.guided_kind, sampling.guided_spec = structured.from_openai(body)
+    except GrammarBusy as e:
+        raise busy(e) from None
     except structured.GuidedError as e:
         raise bad_request(str(e), e.param) from None
+
+
+def busy(e: GrammarBusy) -> OpenAIError:
+    """Every grammar worker is taken: 429, retry (the request itself may be fine)."""
+    return OpenAIError(429, str(e), code="grammar_workers_busy")
 
 
 def tokenize_body(body: dict, info: ModelInfo, tokenizer) -> list[int]:

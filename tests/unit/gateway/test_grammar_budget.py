@@ -119,3 +119,19 @@ def test_schema_checks_run_no_client_regex_and_nothing_quadratic(schema):
     else:
         with pytest.raises(ValueError, match="patternProperties"):
             structured.prepare("json_schema", json.dumps(schema))
+
+
+def test_a_request_that_finds_every_worker_taken_is_told_to_retry(monkeypatch):
+    from gateway import api_request, structured
+    from gateway.openai import request as openai_request
+    from wire.v1 import generation_pb2 as pb
+
+    def taken(kind, spec):
+        raise GrammarBusy("no grammar worker was free: 1 (--grammar-workers)")
+    monkeypatch.setattr(structured, "prepare", taken)
+    with pytest.raises(openai_request.OpenAIError) as e:
+        openai_request._guided({"guided_regex": "a+"}, openai_request.SamplingParams())
+    assert e.value.status == 429 and "--grammar-workers" in e.value.message
+    with pytest.raises(api_request.ApiError) as e:
+        api_request.sampling_from_proto(pb.SamplingParams(guided_kind="regex", guided_spec="a+"))
+    assert e.value.code.name == "RESOURCE_EXHAUSTED"
