@@ -18,6 +18,7 @@ from concurrent import futures
 
 import grpc
 
+from wire.internal_auth import with_token
 from wire.optional_import import available, require
 
 MAX_MESSAGE_BYTES = 64 << 20
@@ -54,16 +55,17 @@ def get_logger(service: str) -> logging.Logger:
     return log
 
 
-def open_channel(address: str, tls=None) -> grpc.Channel:
+def open_channel(address: str, tls=None, token: str | None = None) -> grpc.Channel:
     """A client channel to a pagedserve service: TLS when `tls` (wire.tls.TlsConfig)
-    asks for it, and quick reconnects. (Trace context: wire.tracing.trace_metadata.)"""
+    asks for it, the internal token in every call when `token` is set
+    (wire.internal_auth), and quick reconnects. (Trace context: wire.tracing.trace_metadata.)"""
     options = CLIENT_OPTIONS + (tls.channel_options() if tls is not None else [])
     credentials = tls.channel_credentials() if tls is not None else None
     if credentials is not None:
         channel = grpc.secure_channel(address, credentials, options=options)
     else:
         channel = grpc.insecure_channel(address, options=options)
-    return channel
+    return with_token(channel, token)
 
 
 class Service:
