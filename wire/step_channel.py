@@ -11,6 +11,11 @@ Contract:
 - A frame is `<u32 length><u32 call id><u8 method or status>` and `length` bytes: the
   serialized request, or in an answer the serialized response (status 0) or the error's
   details (a grpc.StatusCode's number).
+- A connection opens with a hello: the client's first frame is method HELLO (0) carrying
+  the internal token (wire.internal_auth; empty without one), answered before any call is
+  read: status 0, or UNAUTHENTICATED and the connection closed when the server has a token
+  and this is not it (a first frame that is no hello, or none in HELLO_TIMEOUT_S, is
+  refused alike). Checked once per connection, not per frame.
 - `StepChannelServer` listens on a free port (`port`) and runs each call on a worker
   thread, so a second call on a connection is read while the first one runs; a method
   named in `inline` (memsvc's Reserve, which one lock serializes anyway) runs on the
@@ -18,7 +23,8 @@ Contract:
   answers its code and details, any other exception UNKNOWN.
 - `StepChannelClient` has no reader thread: the thread that waits for an answer reads.
 - The gRPC servicer says `step_port` in its Reserve/Execute answers when it offers one
-  (only without TLS: the channel is plaintext and unauthenticated, as plaintext gRPC is).
+  (only without TLS: the channel is plaintext, as plaintext gRPC is; the hello's token
+  authenticates it as the token's metadata does a gRPC call).
   `StepChannelSlot` holds a client's connection, opened when an answer names a port; a
   call with trace context goes over gRPC, which carries it.
 - A failed call raises StepChannelError, a grpc.RpcError with `code()` and `details()`,
@@ -42,13 +48,17 @@ import grpc
 
 from wire.clients import failing
 from wire.grpc_service import MAX_MESSAGE_BYTES
+from wire.internal_auth import REFUSED, matches
 from wire.settings import setting
 from wire.tracing import trace_metadata
 
 HEADER = struct.Struct("<IIB")
+HELLO = 0
 METHODS = {"Reserve": 1, "Execute": 2}
 CODES = {c.value[0]: c for c in grpc.StatusCode}
 CONNECT_TIMEOUT_S = 2.0
+HELLO_TIMEOUT_S = 10.0
+MAX_HELLO_BYTES = 4096
 log = logging.getLogger("pagedserve.step_channel")
 
 
@@ -103,6 +113,14 @@ def _read_frame(sock: socket.socket) -> tuple[int, int, bytes]:
     return call_id, kind, _read_exact(sock, length)
 
 
+def _read_hello(sock: socket.socket) -> tuple[int, bytes]:
+    """A hello, or the answer to one: (method or status, body)."""
+    length, _, kind = HEADER.unpack(_read_exact(sock, HEADER.size))
+    if length > MAX_HELLO_BYTES:
+        raise ConnectionError(f"a {length}-byte hello is over the {MAX_HELLO_BYTES}-byte limit")
+    return kind, _read_exact(sock, length)
+
+
 def _read_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
@@ -121,8 +139,10 @@ def _tune(sock: socket.socket) -> None:
 class StepChannelServer:
     """Serves `handlers` (method name -> (servicer method, request message class))."""
 
-    def __init__(self, host: str, handlers: dict, workers: int = 8, inline: tuple[str, ...] = ()):
+    def __init__(self, host: str, handlers: dict, workers: int = 8, inline: tuple[str, ...] = (),
+                 token: str | None = None):
         self.handlers = {METHODS[name]: h for name, h in handlers.items()}
+        self._token = token
         self._inline = {METHODS[name] for name in inline}
         host = host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -148,6 +168,8 @@ class StepChannelServer:
     def _serve(self, conn: socket.socket, peer: str) -> None:
         write = threading.Lock()
         try:
+            if not self._hello(conn):
+                return
             while True:
                 call_id, method, payload = _read_frame(conn)
                 if method in self._inline:
@@ -159,6 +181,19 @@ class StepChannelServer:
         finally:
             self._conns.discard(conn)
             conn.close()
+
+    def _hello(self, conn: socket.socket) -> bool:
+        """Read the connection's hello and answer it; False: refused (answered, to be closed)."""
+        conn.settimeout(HELLO_TIMEOUT_S)
+        method, token = _read_hello(conn)
+        conn.settimeout(None)
+        if method == HELLO and (not self._token or matches(self._token, token)):
+            conn.sendall(HEADER.pack(0, 0, 0))
+            return True
+        why = REFUSED if method == HELLO else "the step channel opens with a hello frame"
+        body = why.encode()
+        conn.sendall(HEADER.pack(len(body), 0, grpc.StatusCode.UNAUTHENTICATED.value[0]) + body)
+        return False
 
     def _call(self, conn, write, peer, call_id, method, payload) -> None:
         try:
@@ -199,11 +234,16 @@ class StepChannelClient:
     between threads per call): answers to other calls are kept for their callers, and
     one thread reads at a time while the others wait for it."""
 
-    def __init__(self, host: str, port: int):
+    def __init__(self, host: str, port: int, token: str | None = None):
         self.port = port
         self._sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+        try:
+            _tune(self._sock)
+            self._say_hello(token)
+        except BaseException:
+            self._sock.close()
+            raise
         self._sock.settimeout(None)
-        _tune(self._sock)
         self._answers: dict[int, tuple[int, bytes]] = {}
         self._waiting: set[int] = set()  # calls sent and not answered yet
         self._ids = itertools.count(1)
@@ -212,6 +252,14 @@ class StepChannelClient:
         self._reading = False
         self._why = ""
         self.alive = True
+
+    def _say_hello(self, token: str | None) -> None:
+        """The connection's first frame (OSError, or StepChannelError when refused)."""
+        body = (token or "").encode()
+        self._sock.sendall(HEADER.pack(len(body), 0, HELLO) + body)
+        status, details = _read_hello(self._sock)
+        if status:
+            raise StepChannelError(CODES.get(status, grpc.StatusCode.UNKNOWN), details.decode(errors="replace"))
 
     def call(self, method: str, request, response_type, timeout: float | None = None):
         return self.answer(self.send(method, request), method, response_type, timeout)
@@ -296,13 +344,14 @@ class StepChannelClient:
         self._broken("the client closed the step channel")
 
 
-def offer_step_channel(config, credentials, handlers: dict, inline: tuple[str, ...] = ()
-                       ) -> StepChannelServer | None:
+def offer_step_channel(config, credentials, handlers: dict, inline: tuple[str, ...] = (),
+                       token: str | None = None) -> StepChannelServer | None:
     """A step channel beside a service's gRPC server on `config.host`, when
-    `config.step_channel` offers one and the server is plaintext (`credentials` None)."""
+    `config.step_channel` offers one and the server is plaintext (`credentials` None);
+    with `token`, it takes only the connections whose hello carries it."""
     if not config.step_channel.enabled or credentials is not None:
         return None
-    return StepChannelServer(config.host, handlers, inline=inline)
+    return StepChannelServer(config.host, handlers, inline=inline, token=token)
 
 
 def host_of(address: str) -> str | None:
@@ -315,11 +364,13 @@ def host_of(address: str) -> str | None:
 
 class StepChannelSlot:
     """A client's step channel to the server at `address`: `offer` (a gRPC answer's
-    `step_port`) opens it, `client` is it while it is up. One that cannot connect is not
-    tried again for that port (logged once); gRPC goes on carrying the steps."""
+    `step_port`) opens it with `token` in its hello, `client` is it while it is up. One
+    that cannot connect, or whose hello is refused, is not tried again for that port
+    (logged once); gRPC goes on carrying the steps."""
 
-    def __init__(self, address: str, enabled: bool = True):
+    def __init__(self, address: str, enabled: bool = True, token: str | None = None):
         self.host = host_of(address) if enabled else None
+        self.token = token
         self.client: StepChannelClient | None = None
         self._refused: set[int] = set()
         self._lock = threading.Lock()
@@ -334,11 +385,12 @@ class StepChannelSlot:
             if c is not None:
                 c.close()
             try:
-                self.client = StepChannelClient(self.host, port)
-            except OSError as e:
+                self.client = StepChannelClient(self.host, port, self.token)
+            except (OSError, StepChannelError) as e:
                 self.client = None
                 self._refused.add(port)
-                log.warning("step channel %s:%d unreachable (%s): steps go over gRPC", self.host, port, e)
+                log.warning("step channel %s:%d unreachable or refused (%s): steps go over gRPC",
+                            self.host, port, e)
 
     def call(self, method: str, grpc_call, request, response_type, timeout: float | None):
         """`method` over the channel while it is up and there is no trace context to carry;

@@ -1,4 +1,5 @@
 """wire.step_channel: frames carry the servicer's answers and its errors as gRPC would."""
+import socket
 import threading
 
 import grpc
@@ -225,3 +226,66 @@ def test_the_slot_starts_a_call_and_its_answer_is_read_later(server):
         for answer in failed:
             answer()
 
+
+
+TOKEN = "step-channel-token-0123456789"
+
+
+@pytest.fixture
+def closed_server():
+    calls = []
+
+    def reserve(request, context):
+        calls.append(request.session_id)
+        return _reserve(request, context)
+
+    s = StepChannelServer("127.0.0.1", {"Reserve": (reserve, memory_pb2.ReserveRequest)}, token=TOKEN)
+    s.calls = calls
+    yield s
+    s.close()
+
+
+def test_a_connection_whose_hello_carries_the_token_is_served(closed_server):
+    slot = StepChannelSlot(f"127.0.0.1:{closed_server.port}", token=TOKEN)
+    slot.offer(closed_server.port)
+    r = slot.get().call("Reserve", memory_pb2.ReserveRequest(session_id="g"), memory_pb2.ReserveResponse, 5)
+    assert r.pool_epoch.startswith("g@") and closed_server.calls == ["g"]
+    slot.close()
+
+
+@pytest.mark.parametrize("token", [None, "another-token-0123456789"])
+def test_a_hello_without_the_token_is_refused_and_not_tried_again(closed_server, token):
+    slot = StepChannelSlot(f"127.0.0.1:{closed_server.port}", token=token)
+    slot.offer(closed_server.port)
+    assert slot.get() is None and closed_server.port in slot._refused
+    with pytest.raises(StepChannelError) as e:
+        step_channel.StepChannelClient("127.0.0.1", closed_server.port, token)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "--internal-token" in e.value.details()
+    assert closed_server.calls == []
+
+
+def _raw_answer(port: int, frame: bytes) -> tuple[int, bytes, bytes]:
+    """Send `frame` on a new connection: (status, details) of the answer and what follows
+    it before the server closes the connection (a reset, with the rest of `frame` unread)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(frame)
+        status, details = step_channel._read_hello(sock)
+        rest = b""
+        try:
+            while chunk := sock.recv(4096):
+                rest += chunk
+        except ConnectionResetError:
+            pass
+    return status, details, rest
+
+
+def test_a_call_without_a_hello_is_refused_and_the_connection_closed(closed_server):
+    payload = memory_pb2.ReserveRequest(session_id="intruder").SerializeToString()
+    reserve = step_channel.HEADER.pack(len(payload), 1, step_channel.METHODS["Reserve"]) + payload
+    status, details, rest = _raw_answer(closed_server.port, reserve + reserve)
+    assert status == grpc.StatusCode.UNAUTHENTICATED.value[0] and b"hello" in details
+    assert rest == b"" and closed_server.calls == []
+    hello = step_channel.HEADER.pack(len(TOKEN), 0, step_channel.HELLO) + TOKEN.encode()
+    status, _, rest = _raw_answer(closed_server.port, hello[:-1] + b"X" + reserve)  # a wrong token
+    assert status == grpc.StatusCode.UNAUTHENTICATED.value[0] and rest == b""
+    assert closed_server.calls == []
