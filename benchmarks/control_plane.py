@@ -67,28 +67,32 @@ def add_parser(sub) -> None:
 
 def start_services(block_size: int, kv_tokens: int, prefix_caching: bool = True,
                    simulate: str | None = None, simulate_step_ms: float | None = None):
-    """memsvc and a zero-cost (or simulated) executor as processes under a Supervisor (started).
-    The executor of a simulation serves metrics (`--metrics-port`), for its simulated seconds."""
+    """memsvc and a zero-cost (or simulated) executor as processes under a Supervisor (started),
+    closed by a fresh internal token (returned last, for the clients). The executor of a
+    simulation serves metrics (`--metrics-port`), for its simulated seconds."""
     from executor.config import ExecutorConfig
     from memsvc.config import MemoryConfig, MemsvcConfig
     from pagedserve.serve_cmd import free_port
     from pagedserve.supervisor import ServiceSpec, Supervisor
-    from wire.settings import to_argv
+    from wire.internal_auth import new_token
+    from wire.settings import secret_env, to_argv
 
     cli = [sys.executable, "-m", "pagedserve.cli"]
-    m = MemsvcConfig(port=free_port(), memory=MemoryConfig(
+    token = new_token()
+    m = MemsvcConfig(port=free_port(), internal_token=token, memory=MemoryConfig(
         kv_tokens=kv_tokens, prefix_caching=prefix_caching, preemption_mode="recompute"))
     simulated = simulate is not None or simulate_step_ms is not None
     e = ExecutorConfig(port=free_port(), memsvc=f"127.0.0.1:{m.port}", block_size=block_size,
-                       zero_cost=not simulated, simulate=simulate, simulate_step_ms=simulate_step_ms,
-                       metrics_port=free_port() if simulated else None, max_model_len=8192)
+                       internal_token=token, zero_cost=not simulated, simulate=simulate,
+                       simulate_step_ms=simulate_step_ms, metrics_port=free_port() if simulated else None,
+                       max_model_len=8192)
     sup = Supervisor([
         ServiceSpec("memsvc", cli + ["memsvc", *to_argv(m)], f"127.0.0.1:{m.port}",
-                    shm_patterns=["/dev/shm/pagedserve-kv-{pid}-*"]),
-        ServiceSpec("executor", cli + ["executor", *to_argv(e)], f"127.0.0.1:{e.port}"),
+                    shm_patterns=["/dev/shm/pagedserve-kv-{pid}-*"], env=secret_env(m)),
+        ServiceSpec("executor", cli + ["executor", *to_argv(e)], f"127.0.0.1:{e.port}", env=secret_env(e)),
     ], log=lambda *a: None)
     sup.start()
-    return sup, f"127.0.0.1:{m.port}", f"127.0.0.1:{e.port}", e.metrics_port
+    return sup, f"127.0.0.1:{m.port}", f"127.0.0.1:{e.port}", e.metrics_port, token
 
 
 def simulated_seconds_of(metrics_port: int | None):
@@ -114,9 +118,11 @@ def service_pids(sup) -> dict[str, int | None]:
 LOOP_KINDS = ("ahead", "overlap", "serial")
 
 
-def build_loop(memsvc: str, executor: str, batch: int, input_len: int, kind: str = "ahead"):
-    """The gateway's loop over the services, built as the gateway builds it (step retry,
-    request telemetry and step spans around the clients), with the tokenizer."""
+def build_loop(memsvc: str, executor: str, batch: int, input_len: int, kind: str = "ahead",
+               token: str | None = None):
+    """The gateway's loop over the services (called with the internal `token`), built as the
+    gateway builds it (step retry, request telemetry and step spans around the clients), with
+    the tokenizer."""
     from gateway.batch_loop import BatchLoop
     from gateway.metrics import GatewayMetrics
     from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
@@ -127,8 +133,8 @@ def build_loop(memsvc: str, executor: str, batch: int, input_len: int, kind: str
     from gateway.tokenizer import load_tokenizer
     from wire.heap import freeze_heap
 
-    ex = RemoteExecutorClient(executor)
-    mem = RemoteMemoryClient(memsvc)
+    ex = RemoteExecutorClient(executor, token=token)
+    mem = RemoteMemoryClient(memsvc, token=token)
     info = ex.model_info()
     retry = StepRetry(mem, ex)
     telemetry = RequestTelemetry(GatewayMetrics())
@@ -197,14 +203,14 @@ def run(args) -> int:
     biggest = max(sizes)
     per_seq = args.input_len + args.output_len
     kv_tokens = (biggest * (-(-per_seq // args.block_size)) + 64) * args.block_size
-    sup, memsvc, executor, metrics_port = start_services(
+    sup, memsvc, executor, metrics_port, token = start_services(
         args.block_size, kv_tokens, not args.no_prefix_caching, args.simulate, args.simulate_step_ms)
     pids, simulated = service_pids(sup), simulated_seconds_of(metrics_port)
     results: dict[str, dict[str, dict]] = {k: {} for k in kinds}
     try:
         for batch in sizes:
             for kind in kinds:  # in turn at each size: the same conditions for each kind
-                loop, clients = build_loop(memsvc, executor, batch, args.input_len, kind)
+                loop, clients = build_loop(memsvc, executor, batch, args.input_len, kind, token)
                 measure(loop, min(batch, 64), args.input_len, 8, f"warm{batch}{kind}")
                 results[kind][str(batch)] = measure_busy(loop, batch, args.input_len, args.output_len,
                                                          f"b{batch}{kind}", pids, simulated)

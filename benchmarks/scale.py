@@ -3,7 +3,8 @@
 
 Starts two replicas (memsvc + executor) and three gateways: prefix-aware and round-robin
 on both replicas, and one on replica 0 only. Each run uses its own prompts (a new tag),
-so no run finds another's blocks cached.
+so no run finds another's blocks cached. The services take a fresh internal token, which
+this process also uses to read memsvc's counters.
 
     python -m benchmarks.scale [--kv-tokens 4096] [--json out.json]
 """
@@ -26,6 +27,9 @@ import grpc
 from memsvc.config import MemoryConfig
 from pagedserve.serve_cmd import free_port
 from pagedserve.supervisor import health_status
+from wire.grpc_service import open_channel
+from wire.internal_auth import ENV as TOKEN_ENV
+from wire.internal_auth import new_token
 from wire.v1 import generation_pb2 as pb
 from wire.v1 import generation_pb2_grpc as pb_grpc
 from wire.settings import add_flags
@@ -80,19 +84,19 @@ def run_load(address: str, prompts: list[str], max_tokens: int, concurrency: int
             "ttft_p50_s": round(ttft[len(ttft) // 2], 3), "ttft_p90_s": round(ttft[int(len(ttft) * 0.9)], 3)}
 
 
-def pool_counters(memsvcs: list[str]) -> tuple[int, int]:
+def pool_counters(memsvcs: list[str], token: str) -> tuple[int, int]:
     hits = queries = 0
     for m in memsvcs:
-        s = memory_pb2_grpc.MemoryManagerStub(grpc.insecure_channel(m)).Stats(memory_pb2.StatsRequest(),
-                                                                              timeout=10)
+        with open_channel(m, token=token) as channel:
+            s = memory_pb2_grpc.MemoryManagerStub(channel).Stats(memory_pb2.StatsRequest(), timeout=10)
         hits, queries = hits + s.prefix_cache_hits, queries + s.prefix_cache_queries
     return hits, queries
 
 
-def measured(memsvcs, address, prompts, max_tokens, concurrency) -> dict:
-    h0, q0 = pool_counters(memsvcs)
+def measured(memsvcs, token, address, prompts, max_tokens, concurrency) -> dict:
+    h0, q0 = pool_counters(memsvcs, token)
     result = run_load(address, prompts, max_tokens, concurrency)
-    h1, q1 = pool_counters(memsvcs)
+    h1, q1 = pool_counters(memsvcs, token)
     result["prefix_hit_rate"] = round((h1 - h0) / max(q1 - q0, 1), 3)
     return result
 
@@ -107,10 +111,12 @@ def main(argv=None) -> int:
     sections = set(args.sections.split(","))
     logs = tempfile.mkdtemp(prefix="bench-scale-")
     procs = []
+    token = new_token()
 
     def start(name, *a):
         out = open(os.path.join(logs, name + ".log"), "w")
-        procs.append(subprocess.Popen([*CLI, *a], stdout=out, stderr=subprocess.STDOUT, process_group=0))
+        procs.append(subprocess.Popen([*CLI, *a], stdout=out, stderr=subprocess.STDOUT, process_group=0,
+                                      env=dict(os.environ, **{TOKEN_ENV: token})))
 
     def wait(address, service=""):
         while health_status(address, service) != SERVING:
@@ -137,12 +143,12 @@ def main(argv=None) -> int:
         run_load(gateways["one"], ["warm up"] * 2, 4, 2)
         results = {"routing": {}, "replicas": {}, "gateways": {}}
         for name in ("rr", "prefix") if "routing" in sections else ():
-            results["routing"][name] = measured(memsvcs, gateways[name],
+            results["routing"][name] = measured(memsvcs, token, gateways[name],
                                                 shared_prefix_prompts(name), 16, 8)
             print(name, results["routing"][name], flush=True)
         distinct = [f"Request {i}: write a short story about the number {i * 7}." for i in range(32)]
         for name in ("one", "rr") if "replicas" in sections else ():
-            results["replicas"][name] = measured(memsvcs, gateways[name],
+            results["replicas"][name] = measured(memsvcs, token, gateways[name],
                                                  [f"({name}) {d}" for d in distinct], 32, 16)
             print(name, results["replicas"][name], flush=True)
         if "gateways" in sections:  # one replica: 16 clients on one gateway, or 8 on each of two

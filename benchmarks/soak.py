@@ -1,6 +1,7 @@
 """A bounded soak of a running gateway: many requests, some cancelled, some with short
 deadlines; every one must end completed, cancelled or refused with a clear status, and
-memsvc must hold no block afterwards.
+memsvc must hold no block afterwards (asked with the services' internal token,
+--internal-token or PAGEDSERVE_INTERNAL_TOKEN).
 
     python -m benchmarks.soak --server 127.0.0.1:50051 --memsvc 127.0.0.1:50052 \\
         --requests 2000 --concurrency 64 --pids GATEWAY_PID,MEMSVC_PID
@@ -25,6 +26,9 @@ from dataclasses import asdict, dataclass
 
 import grpc
 
+from gateway.config import GatewayConfig
+from wire.grpc_service import open_channel
+from wire.settings import add_flags
 from wire.v1 import generation_pb2 as pb
 from wire.v1 import generation_pb2_grpc as pb_grpc
 from wire.v1 import memory_pb2, memory_pb2_grpc
@@ -86,7 +90,8 @@ async def _one(stub, i: int, cfg: SoakConfig, rng: random.Random, metadata) -> t
     return "completed", ""
 
 
-async def soak(server: str, memsvc: str | None, cfg: SoakConfig, pids: dict[str, int]) -> dict:
+async def soak(server: str, memsvc: str | None, cfg: SoakConfig, pids: dict[str, int],
+               token: str | None = None) -> dict:
     rng = random.Random(cfg.seed)
     seeds = [rng.randrange(1 << 30) for _ in range(cfg.requests)]
     metadata = [("authorization", f"Bearer {cfg.api_key}")] if cfg.api_key else None
@@ -120,14 +125,15 @@ async def soak(server: str, memsvc: str | None, cfg: SoakConfig, pids: dict[str,
     report = {"config": asdict(cfg), "duration_s": round(duration, 1), "outcomes": outcomes,
               "unclear": details, "rss_bytes_by_quarter": rss}
     if memsvc:
-        report["memsvc"] = await asyncio.to_thread(_settled_stats, memsvc)
+        report["memsvc"] = await asyncio.to_thread(_settled_stats, memsvc, token)
     return report
 
 
-def _settled_stats(memsvc: str, timeout: float = 30.0) -> dict:
-    """memsvc's blocks and sequences once the last frees arrived (or after `timeout`)."""
+def _settled_stats(memsvc: str, token: str | None = None, timeout: float = 30.0) -> dict:
+    """memsvc's blocks and sequences once the last frees arrived (or after `timeout`), asked
+    with the internal `token`."""
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(memsvc) as channel:
+    with open_channel(memsvc, token=token) as channel:
         stub = memory_pb2_grpc.MemoryManagerStub(channel)
         while True:
             s = stub.Stats(memory_pb2.StatsRequest(), timeout=5)
@@ -146,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.splitlines()[0])
     p.add_argument("--server", required=True, help="the gateway, host:port")
     p.add_argument("--memsvc", default=None, help="memsvc, host:port: check that no block stays referenced")
+    add_flags(p, GatewayConfig, only={"internal_token"})  # to ask memsvc
     p.add_argument("--pids", default="", help="NAME=PID,... whose memory to sample (e.g. gateway=123)")
     for f in ("requests", "concurrency", "max_prompt_words", "max_tokens", "seed"):
         p.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(SoakConfig, f))
@@ -156,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SoakConfig(args.requests, args.concurrency, args.max_prompt_words, args.max_tokens, args.cancel,
                      args.short_deadline, args.seed, args.api_key)
     pids = dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in args.pids.split(",") if kv)
-    report = asyncio.run(soak(args.server, args.memsvc, cfg, pids))
+    report = asyncio.run(soak(args.server, args.memsvc, cfg, pids, args.internal_token))
     print(json.dumps(report, indent=1))
     return 0 if ok(report) else 1
 

@@ -187,6 +187,7 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict[str, list[dict]]
     from pagedserve.serve_cmd import free_port, service_specs
     from pagedserve.supervisor import Supervisor
     from wire.heap import freeze_heap
+    from wire.internal_auth import ENV as TOKEN_ENV
 
     spec_args = serve_namespace(args, port=free_port())
     sup = Supervisor(with_executor_metrics(service_specs(spec_args), free_port()))
@@ -198,9 +199,10 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict[str, list[dict]]
         argv = sup.by_name["executor"].spec.argv
         port = argv[argv.index("--metrics-port") + 1]
         server_metrics = executor_metrics_of(f"http://127.0.0.1:{port}/metrics")
-        remote_ex = RemoteExecutorClient(executor)
+        token = sup.by_name["memsvc"].spec.env.get(TOKEN_ENV)  # the one serve made for its services
+        remote_ex = RemoteExecutorClient(executor, token=token)
         vocab = remote_ex.model_info().vocab_size
-        memory, executor = TimedMemory(RemoteMemoryClient(memsvc)), TimedExecutor(remote_ex)
+        memory, executor = TimedMemory(RemoteMemoryClient(memsvc, token=token)), TimedExecutor(remote_ex)
         engine = LLMEngine(EngineConfig.from_args(args))
         freeze_heap()  # as the services do once started
         loops = {"in_process": BatchLoop(TimedMemory(engine.memory), TimedExecutor(engine.loop.executor),

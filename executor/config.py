@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from executor.simulated import SPEC_HELP, parse_spec
 from executor.tp_group import TensorParallelGroupConfig
 from wire.health_port import health_port_setting
+from wire.internal_auth import check_token, insecure_internal_setting, internal_token_setting
 from wire.metrics import metrics_port_setting
 from wire.settings import setting
 from wire.step_channel import StepChannelConfig
@@ -70,6 +71,8 @@ class ExecutorConfig:
                                        metavar="BYTES")
     metrics_port: int | None = metrics_port_setting()
     health_port: int | None = health_port_setting()
+    internal_token: str | None = internal_token_setting()
+    insecure_internal: bool = insecure_internal_setting()
     tls: TlsConfig = field(default_factory=TlsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     step_channel: StepChannelConfig = field(default_factory=StepChannelConfig)
@@ -91,6 +94,7 @@ class ExecutorConfig:
             parse_spec(self.simulate)
         if self.simulate_step_ms is not None and not self.simulate_step_ms > 0:
             raise ValueError(f"--simulate-step-ms must be positive, got {self.simulate_step_ms}")
+        check_token(self.internal_token)
 
     @property
     def simulated(self) -> bool:

@@ -31,6 +31,10 @@ Service contract:
   mutual TLS, Execute and ModelInfo are for callers whose certificate says gateway
   (wire.peer_auth; others PERMISSION_DENIED). `--health-port` serves the health alone in
   plaintext (wire.health_port: Kubernetes probes).
+- With `--internal-token` every call but health's must carry it (wire.internal_auth; else
+  UNAUTHENTICATED), the step channel's connections too, and the registration at memsvc
+  carries it. Without a token and without mutual TLS the executor does not start (status
+  2) unless `--insecure-internal` says it may be open.
 - Drain (`--drain-timeout S`): on SIGTERM the health turns NOT_SERVING at once, so
   gateways route no new request here (gateway.replica_set), while Execute goes on serving
   the running ones; the process stops once no Execute has come for DRAIN_IDLE_S (their
@@ -52,7 +56,7 @@ from executor.metrics import ExecutorMetrics
 from executor.sequence_state import SequenceStates, StateLost
 from executor.step_merger import StepMerger, launch_of
 from wire.step_feed import FedTokenUnknown
-from wire import convert, peer_auth
+from wire import convert, internal_auth, peer_auth
 from wire.grpc_service import Service, get_logger, open_channel, stop_on_signals, wait
 from wire.heap import freeze_heap
 from wire.step_channel import offer_step_channel
@@ -177,12 +181,13 @@ def drain(service: Service, servicer: ExecutorService, timeout: float, idle: flo
 
 
 def register(memsvc: str, info: ModelInfo, device: str, timeout: float, tls=None, ranks: int = 1,
-             holds_pool: list[bool] | None = None) -> tuple[memory_pb2.PoolHandle, str | None]:
-    """RegisterExecutor at memsvc, waiting up to `timeout` seconds for it to answer (a
-    tensor-parallel group: one pool per rank, each on `device`, but for the ranks that
-    `holds_pool` themselves: executor.tp_pools).
+             holds_pool: list[bool] | None = None, token: str | None = None
+             ) -> tuple[memory_pb2.PoolHandle, str | None]:
+    """RegisterExecutor at memsvc (with the internal `token`), waiting up to `timeout`
+    seconds for it to answer (a tensor-parallel group: one pool per rank, each on `device`,
+    but for the ranks that `holds_pool` themselves: executor.tp_pools).
     Returns the pool handle and the pool's epoch (None from a memsvc that sends none)."""
-    with open_channel(memsvc, tls) as channel:
+    with open_channel(memsvc, tls, token) as channel:
         grpc.channel_ready_future(channel).result(timeout=timeout)
         response = memory_pb2_grpc.MemoryManagerStub(channel).RegisterExecutor(
             memory_pb2.RegisterExecutorRequest(geometry=convert.geometry_to_proto(info.kv),
@@ -293,7 +298,7 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
     ranks = 1 if config.model_free else config.tensor_parallel_size
     holds = _group(config).holds_own_pool if ranks > 1 else None
     handle, pool_id = register(config.memsvc, info, memsvc_device, config.register_timeout, config.tls,
-                               ranks=ranks, holds_pool=holds)
+                               ranks=ranks, holds_pool=holds, token=config.internal_token)
     with on_device(torch_device):
         executor.attach_pool(map_pool(handle))
     servicer.set_ready(executor, info, read_tokenizer_files(info.tokenizer_dir), pool_id)
@@ -331,15 +336,18 @@ def serve(config: ExecutorConfig) -> int:
         return 2
     if layout.node > 0:  # a node of a tensor-parallel group that rank 0 leads from elsewhere
         return run_worker_node(config, layout)
-    stop = stop_on_signals()
     try:
         credentials = config.tls.server_credentials()
+        internal_auth.require_closed("executor", config.internal_token, config.tls,
+                                     config.insecure_internal, log)
     except (ValueError, OSError) as e:
         print(f"executor: {e}", file=sys.stderr)
         return 2
+    stop = stop_on_signals()
     setup_tracing("executor", config.tracing)
     service = Service([SERVICE_NAME], max_workers=4,
-                      interceptors=peer_auth.interceptors(config.tls, peer_auth.EXECUTOR_POLICY))
+                      interceptors=[*internal_auth.interceptors(config.internal_token),
+                                    *peer_auth.interceptors(config.tls, peer_auth.EXECUTOR_POLICY)])
     servicer = ExecutorService()
     executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, service.server)
     failed: list[str] = []
@@ -352,7 +360,8 @@ def serve(config: ExecutorConfig) -> int:
             stop.set()
 
     address = service.start(config.host, config.port, credentials)
-    channel = offer_step_channel(config, credentials, {"Execute": (servicer.Execute, executor_pb2.ExecuteRequest)})
+    channel = offer_step_channel(config, credentials, {"Execute": (servicer.Execute, executor_pb2.ExecuteRequest)},
+                                 token=config.internal_token)
     servicer.step_port = channel.port if channel is not None else 0
     serve_metrics(servicer.metrics.registry, config.host, config.metrics_port, log)
     health_server = serve_health(service.health, config.host, config.health_port, log)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from gateway.grammar_budget import GrammarBudget
 from gateway.scheduler import SchedulerConfig
+from wire.internal_auth import check_token, internal_token_setting
 from wire.metrics import metrics_port_setting
 from wire.settings import setting
 from wire.tls import TlsConfig
@@ -62,6 +63,7 @@ class GatewayConfig:
                                    "error (UNAVAILABLE; a stream: an error event and [DONE])",
                                    metavar="SECONDS")
     metrics_port: int | None = metrics_port_setting()
+    internal_token: str | None = internal_token_setting()
     tls: TlsConfig = field(default_factory=TlsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
 
@@ -74,6 +76,7 @@ class GatewayConfig:
             raise ValueError(f"--http-write-timeout must be positive, got {self.http_write_timeout}")
         if self.max_request_bytes < 1024:
             raise ValueError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
+        check_token(self.internal_token)
         self.upstreams()
         self.replica_addresses()
 

@@ -12,7 +12,7 @@ from wire.grpc_service import get_logger, open_channel
 from wire.heap import freeze_heap
 
 
-def replica_set(config: GatewayConfig, service, tls=None):
+def replica_set(config: GatewayConfig, service, tls=None, token: str | None = None):
     """A ReplicaSet over the replicas of `config`, making step runners with `service`."""
     from gateway.replica_set import ReplicaSet
     from gateway.router import Router
@@ -25,7 +25,7 @@ def replica_set(config: GatewayConfig, service, tls=None):
 
         memsvc_port, executor_port = parse_ports(config.discover_ports)
         discover = lambda: dns_replicas(config.discover, memsvc_port, executor_port)  # noqa: E731
-    replicas = ReplicaSet(config.replica_addresses(), lambda m, e: connect_remote(m, e, tls),
+    replicas = ReplicaSet(config.replica_addresses(), lambda m, e: connect_remote(m, e, tls, token),
                           lambda backend, on_error: service.build_runner(backend, on_error),
                           router, service.telemetry, discover=discover)
 
@@ -36,18 +36,19 @@ def replica_set(config: GatewayConfig, service, tls=None):
     return connect
 
 
-def connect_remote(memsvc: str, executor: str, tls=None) -> Backend:
-    """Clients of memsvc and the executor, once both answer; raises while either does not."""
+def connect_remote(memsvc: str, executor: str, tls=None, token: str | None = None) -> Backend:
+    """Clients of memsvc and the executor (calling with the internal `token`), once both
+    answer; raises while either does not."""
     from gateway import grammar_compile
     from gateway.byte_detokenizer import byte_table
     from gateway.remote import RemoteExecutorClient, RemoteMemoryClient, tokenizer_dir_from_info
     from gateway.tokenizer import load_tokenizer
 
-    executor_client = RemoteExecutorClient(executor, tls=tls)
+    executor_client = RemoteExecutorClient(executor, tls=tls, token=token)
     memory_client = None
     try:
         info = executor_client.model_info()  # UNAVAILABLE until its pool is mapped
-        memory_client = RemoteMemoryClient(memsvc, tls=tls)
+        memory_client = RemoteMemoryClient(memsvc, tls=tls, token=token)
         memory_client.stats()
         tokenizer = load_tokenizer(tokenizer_dir_from_info(info))
     except BaseException:
@@ -80,16 +81,19 @@ async def serve(config: GatewayConfig) -> int:
     from wire.metrics import serve_metrics
     from wire.tracing import setup_tracing, shutdown_tracing
 
-    tls = config.tls
+    tls, token = config.tls, config.internal_token
+    if not token and not (tls.cert and tls.ca):
+        log.warning("no --internal-token and no mutual TLS: memsvc and the executors must run "
+                    "with --insecure-internal to take this gateway's calls")
     setup_tracing("gateway", config.tracing)
     grammar_budget.configure(config.grammar)
-    gateway = Gateway(lambda: connect_remote(config.memsvc, config.executor, tls), config.scheduler,
+    gateway = Gateway(lambda: connect_remote(config.memsvc, config.executor, tls, token), config.scheduler,
                       host=config.host, port=config.port, max_waiting=config.max_waiting,
                       step_retry_s=config.step_retry_timeout, api_key=config.api_key or None,
                       credentials=tls.server_credentials(require_client_cert=False),
                       max_message_bytes=config.max_request_bytes)
     if config.replica or config.discover:
-        gateway.connect = replica_set(config, gateway.service, tls)
+        gateway.connect = replica_set(config, gateway.service, tls, token)
     try:
         port = await gateway.start()
     except RuntimeError as e:

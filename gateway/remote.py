@@ -5,9 +5,10 @@ and a background heartbeat (an empty Reserve) keeps the session's lease alive wh
 gateway lives, even through a long step. Failures surface as grpc.RpcError with the
 server's status code and message.
 
-Both clients carry the caller's trace context in every call (wire.tracing.trace_metadata),
-speak TLS when given a wire.tls.TlsConfig that asks for it, and reconnect quickly to a
-restarted service. See docs/ARCHITECTURE.md, "One step".
+Both clients carry the caller's trace context in every call (wire.tracing.trace_metadata)
+and the internal token when given one (wire.internal_auth: in every gRPC call's metadata
+and in the step channel's hello), speak TLS when given a wire.tls.TlsConfig that asks for
+it, and reconnect quickly to a restarted service. See docs/ARCHITECTURE.md, "One step".
 """
 from __future__ import annotations
 
@@ -35,13 +36,14 @@ from wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 class RemoteMemoryClient(MemoryClient):
     def __init__(self, address: str, session_id: str | None = None, *, timeout: float = 60.0,
-                 heartbeat_s: float = 2.0, tls=None):
+                 heartbeat_s: float = 2.0, tls=None, token: str | None = None):
         self.address = address
         self.session_id = session_id or f"gateway-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.timeout = timeout
-        self.channel = open_channel(address, tls)
+        self.channel = open_channel(address, tls, token)
         self.stub = memory_pb2_grpc.MemoryManagerStub(self.channel)
-        self._steps = StepChannelSlot(address, enabled=not (tls is not None and tls.client_enabled))
+        self._steps = StepChannelSlot(address, enabled=not (tls is not None and tls.client_enabled),
+                                      token=token)
         self._last_call = time.monotonic()
         self._closed = threading.Event()
         self._heartbeat_s = heartbeat_s
@@ -103,7 +105,7 @@ class RemoteExecutorClient(ExecutorClient):
     calls_later = True  # wire.clients
 
     def __init__(self, address: str, *, timeout: float | None = None, info_timeout: float = 60.0,
-                 tls=None, session_id: str | None = None):
+                 tls=None, session_id: str | None = None, token: str | None = None):
         self.address = address
         self.session_id = session_id or f"gateway-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.incarnation = ""  # the executor process that holds our sequences' state
@@ -114,9 +116,10 @@ class RemoteExecutorClient(ExecutorClient):
         self.num_resyncs = 0
         self.timeout = timeout
         self.info_timeout = info_timeout
-        self.channel = open_channel(address, tls)
+        self.channel = open_channel(address, tls, token)
         self.stub = executor_pb2_grpc.ExecutorStub(self.channel)
-        self._steps = StepChannelSlot(address, enabled=not (tls is not None and tls.client_enabled))
+        self._steps = StepChannelSlot(address, enabled=not (tls is not None and tls.client_enabled),
+                                      token=token)
         self._info: ModelInfo | None = None
         self._tokenizer_dir: str | None = None
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from memsvc.preemption_policy import PREEMPTION_MODES
 from wire.health_port import health_port_setting
+from wire.internal_auth import check_token, insecure_internal_setting, internal_token_setting
 from wire.metrics import metrics_port_setting
 from wire.settings import setting
 from wire.step_channel import StepChannelConfig
@@ -95,6 +96,11 @@ class MemsvcConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     metrics_port: int | None = metrics_port_setting()
     health_port: int | None = health_port_setting()
+    internal_token: str | None = internal_token_setting()
+    insecure_internal: bool = insecure_internal_setting()
     tls: TlsConfig = field(default_factory=TlsConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     step_channel: StepChannelConfig = field(default_factory=StepChannelConfig)
+
+    def __post_init__(self) -> None:
+        check_token(self.internal_token)

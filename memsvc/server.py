@@ -28,6 +28,9 @@ Service contract:
   mutual with `--tls-ca`, and then callers' roles are checked (wire.peer_auth):
   RegisterExecutor only from an executor, the rest only from gateways (PERMISSION_DENIED).
   `--health-port` serves the health alone in plaintext (wire.health_port: probes).
+- With `--internal-token` every call but health's must carry it (wire.internal_auth; else
+  UNAUTHENTICATED), the step channel's connections too. Without a token and without mutual
+  TLS memsvc does not start (status 2) unless `--insecure-internal` says it may be open.
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ from memsvc.block_watch import BlockChanges, BlockWatch
 from memsvc.config import MemsvcConfig
 from memsvc.memory_manager import MemoryManager
 from memsvc.metrics import MemsvcMetrics
-from wire import convert, peer_auth
+from wire import convert, internal_auth, peer_auth
 from wire.grpc_service import Service, get_logger, stop_on_signals, wait
 from wire.heap import freeze_heap
 from wire.step_channel import offer_step_channel
@@ -235,24 +238,28 @@ def serve(config: MemsvcConfig) -> int:
     from wire.metrics import serve_metrics
     from wire.tracing import setup_tracing, shutdown_tracing
 
-    stop = stop_on_signals()
     try:
         memory = dataclasses.replace(config.memory, shared=True)
         credentials = config.tls.server_credentials()
+        internal_auth.require_closed("memsvc", config.internal_token, config.tls,
+                                     config.insecure_internal, log)
     except (ValueError, OSError) as e:
         print(f"memsvc: {e}", file=sys.stderr)
         return 2
+    stop = stop_on_signals()
     setup_tracing("memsvc", config.tracing)
     servicer = MemoryService(MemoryManager(memory))
-    # WatchBlocks streams hold a worker each; callers' roles checked with mutual TLS.
+    # WatchBlocks streams hold a worker each; the token checked, and callers' roles with mutual TLS.
     service = Service([SERVICE_NAME], max_workers=16,
-                      interceptors=peer_auth.interceptors(config.tls, peer_auth.MEMSVC_POLICY))
+                      interceptors=[*internal_auth.interceptors(config.internal_token),
+                                    *peer_auth.interceptors(config.tls, peer_auth.MEMSVC_POLICY)])
     memory_pb2_grpc.add_MemoryManagerServicer_to_server(servicer, service.server)
     health_server = channel = None
     try:
         address = service.start(config.host, config.port, credentials)
         channel = offer_step_channel(config, credentials, {"Reserve": (servicer.Reserve, memory_pb2.ReserveRequest)},
-                                     inline=("Reserve",))  # one lock serializes it anyway
+                                     inline=("Reserve",),  # one lock serializes it anyway
+                                     token=config.internal_token)
         servicer.step_port = channel.port if channel is not None else 0
         serve_metrics(servicer.metrics.registry, config.host, config.metrics_port, log)
         health_server = serve_health(service.health, config.host, config.health_port, log)

@@ -2,7 +2,9 @@
 
 Its flags are the services' own (memsvc.config, executor.config, gateway.config), grouped
 by service, each declared once; `serve` chooses only the wiring (hosts, ports, peer
-addresses). A child gets its whole config as flags (`to_argv`), secrets by environment.
+addresses) and, unless given one (or `--insecure-internal`), a fresh internal token per
+launch (wire.internal_auth) that every child gets. A child gets its whole config as flags
+(`to_argv`), secrets (the token, the API key) by environment.
 
 On SIGTERM or Ctrl-C the gateways drain first (`--drain-timeout`: NOT_SERVING, nothing new
 admitted, the running requests of both APIs finish), and only once they have exited are
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from executor.config import ExecutorConfig
 from gateway.config import GATEWAY_PORT, STOP_AFTER_DRAIN_S, GatewayConfig
 from memsvc.config import MemsvcConfig
+from wire.internal_auth import new_token
 from wire.settings import add_flags, from_args, secret_env, setting, to_argv
 from wire.tls import TlsConfig
 from wire.tracing import TracingConfig
@@ -64,7 +67,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("serve")
     add_flags(group, ServeConfig, seen=seen)
     add_flags(group, GatewayConfig, only={"drain_timeout"}, seen=seen)  # the gateways drain
-    common = p.add_argument_group("every service: TLS between them, tracing, metrics")
+    common = p.add_argument_group("every service: the token and TLS between them, tracing, metrics")
+    add_flags(common, MemsvcConfig, only={"internal_token", "insecure_internal"}, seen=seen)
     add_flags(common, TlsConfig, seen=seen)
     add_flags(common, TracingConfig, seen=seen)
     add_flags(common, GatewayConfig, only={"metrics_port"}, seen=seen)
@@ -92,6 +96,10 @@ def service_specs(args, host: str = "127.0.0.1"):
     memsvc = from_args(MemsvcConfig, args, host=host)
     executor = from_args(ExecutorConfig, args, host=host)
     gateway = from_args(GatewayConfig, args, host=host)
+    if not memsvc.internal_token and not memsvc.insecure_internal:  # closed: a token per launch
+        token = new_token()
+        memsvc, executor, gateway = (dataclasses.replace(c, internal_token=token)
+                                     for c in (memsvc, executor, gateway))
     metrics_elsewhere = None if gateway.metrics_port is None else 0
     # the first gateway's HTTP /metrics includes every replica's memsvc and executor, so
     # they always get a (free) metrics port the gateway is told about
@@ -110,9 +118,11 @@ def service_specs(args, host: str = "127.0.0.1"):
                           f"executor{suffix(i)}=http://{host}:{e.metrics_port}/metrics"]
         specs.append(ServiceSpec(f"memsvc{suffix(i)}", cli + ["memsvc", *to_argv(m)], f"{host}:{m.port}",
                                  restart_with=[f"executor{suffix(i)}"], tls=_client_tls(memsvc.tls),
-                                 shm_patterns=["/dev/shm/pagedserve-kv-{pid}-*"], stop_wave=2))
+                                 shm_patterns=["/dev/shm/pagedserve-kv-{pid}-*"], stop_wave=2,
+                                 env=secret_env(m)))
         specs.append(ServiceSpec(f"executor{suffix(i)}", cli + ["executor", *to_argv(e)],
-                                 f"{host}:{e.port}", tls=_client_tls(executor.tls), stop_wave=1))
+                                 f"{host}:{e.port}", tls=_client_tls(executor.tls), stop_wave=1,
+                                 env=secret_env(e)))
         pairs.append((m, e))
     for i in range(serve.gateways):
         g = dataclasses.replace(gateway, port=serve.port + i,

@@ -70,9 +70,13 @@ def hf_greedy(model_dir, prompts, max_new, dtype, device):
 
 
 class Services:
-    """memsvc, executor and gateway as three processes on loopback (the executor killable)."""
+    """memsvc, executor and gateway as three processes on loopback (the executor killable),
+    closed by a fresh internal token that this process also reads memsvc's stats with."""
 
     def __init__(self, model_dir, device, dtype, extra_memsvc=(), log_dir=None):
+        from wire.internal_auth import new_token
+
+        self.token = new_token()
         self.ports = {n: free_port() for n in ("memsvc", "executor", "gateway")}
         self.model_dir, self.device, self.dtype = str(model_dir), device, dtype
         self.extra_memsvc = list(extra_memsvc)
@@ -82,7 +86,9 @@ class Services:
 
     def _start(self, name, argv):
         log = open(self.log_dir / f"{name}.log", "ab")
-        env = child_env()
+        from wire.internal_auth import ENV
+
+        env = {**child_env(), ENV: self.token}
         self.procs[name] = subprocess.Popen([sys.executable, "-m", "pagedserve.cli", *argv], cwd=ROOT, env=env,
                                             stdout=log, stderr=subprocess.STDOUT)
 
@@ -125,12 +131,11 @@ class Services:
 
     def memsvc_stats(self):
         """memsvc's PoolStats (preemption counts in .preemption)."""
-        import grpc
-
         from wire import convert
+        from wire.grpc_service import open_channel
         from wire.v1 import memory_pb2, memory_pb2_grpc
 
-        with grpc.insecure_channel(f"127.0.0.1:{self.ports['memsvc']}") as channel:
+        with open_channel(f"127.0.0.1:{self.ports['memsvc']}", token=self.token) as channel:
             reply = memory_pb2_grpc.MemoryManagerStub(channel).Stats(memory_pb2.StatsRequest(), timeout=10)
         return convert.stats_from_proto(reply)
 

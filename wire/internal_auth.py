@@ -50,7 +50,7 @@ def insecure_internal_setting():
     """The `--insecure-internal` field of memsvc's and the executor's configs."""
     return setting(False, "accept calls without --internal-token and without mutual TLS: any "
                    "process that reaches the port may read and overwrite the KV cache. Off: a "
-                   "service with neither refuses to start")
+                   "service with neither refuses to start (pagedserve serve makes a token)")
 
 
 def new_token() -> str:

@@ -1,4 +1,5 @@
-"""Start memsvc and executor as `python -m <module>` processes on 127.0.0.1 for tests; always stop them."""
+"""Start memsvc and executor as `python -m <module>` processes on 127.0.0.1 for tests, given the
+internal token tests.support.serve_procs.TOKEN; always stop them."""
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ import sys
 
 from tests.support import ROOT
 from tests.support.health import wait_for_health
+from tests.support.serve_procs import TOKEN, TOKEN_ENV
 
 
 def free_port() -> int:
@@ -24,7 +26,8 @@ class ServiceProcess:
         self.name = name
         self.log_path = os.path.join(log_dir, f"{name}.log")
         self.log = open(self.log_path, "wb")
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   **{TOKEN_ENV: TOKEN})
         self.proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.seen: list[int | None] = []

@@ -2,7 +2,8 @@
 need many fast steps: `python -m tests.support.fake_executor_server --port P --memsvc ADDR`.
 
 It is executor.server with the model swapped out: it registers with memsvc, maps the
-shared pool, checks the pool epoch on Execute, serves health, metrics and traces. Its
+shared pool, checks the pool epoch on Execute, serves health, metrics and traces, and with
+`--internal-token` (or its environment variable) calls and is called with that token. Its
 ModelInfo names the default model's tokenizer (so the gateway takes text and chat) and
 that tokenizer's vocabulary; its outputs are `reference_next` of the context it reads
 back from the pool, so a wrong slot, block table or re-mapped pool changes them.
@@ -18,8 +19,10 @@ import sys
 import threading
 import time
 
+from executor.config import ExecutorConfig
 from executor.seq_screen import run_screened
 from executor.server import SERVICE_NAME, ExecutorService, map_pool, read_tokenizer_files, register
+from wire import internal_auth
 from wire.grpc_service import Service, stop_on_signals, wait
 from wire.metrics import serve_metrics
 from wire.settings import add_flags, from_args
@@ -63,11 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--refuse-token", type=int, default=-1)
     p.add_argument("--metrics-port", type=int, default=None)
     add_flags(p, TlsConfig)
+    add_flags(p, ExecutorConfig, only={"internal_token"})
     args = p.parse_args(argv)
-    tls = from_args(TlsConfig, args)
+    tls, token = from_args(TlsConfig, args), args.internal_token
     setup_tracing("executor")
     stop = stop_on_signals()
-    service = Service([SERVICE_NAME], max_workers=4)
+    service = Service([SERVICE_NAME], max_workers=4, interceptors=internal_auth.interceptors(token))
     servicer = ExecutorService()
     executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, service.server)
     service.start(args.host, args.port, tls.server_credentials())
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                             args.refuse_token)
             fake.info.vocab_size = TOKENIZER_VOCAB
             fake.info.tokenizer_dir = resolve_model(None, progress=False)
-            handle, pool_id = register(args.memsvc, fake.info, "cpu", 60.0, tls)
+            handle, pool_id = register(args.memsvc, fake.info, "cpu", 60.0, tls, token=token)
             fake.attach_pool(map_pool(handle))
             servicer.set_ready(fake, fake.info, read_tokenizer_files(fake.info.tokenizer_dir), pool_id)
             service.set_serving(True)

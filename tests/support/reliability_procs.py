@@ -14,9 +14,11 @@ import urllib.request
 import grpc
 
 from pagedserve.serve_cmd import free_port
+from wire.grpc_service import open_channel
 from wire.v1 import generation_pb2_grpc, memory_pb2, memory_pb2_grpc
 from tests.support import ROOT
 from tests.support.health import SERVING, wait_for_health
+from tests.support.serve_procs import TOKEN, TOKEN_ENV
 
 # The OpenAI HTTP listener (when this gateway has one) stays off in these tests.
 BASE_ENV = {"PAGEDSERVE_HTTP_PORT": "0"}
@@ -87,10 +89,13 @@ def scrape(port: int) -> dict[str, float]:
 
 class Stack:
     """memsvc + executor + gateway. `fake` picks tests.support.fake_executor_server (fast, exact
-    outputs) over the real default model. Addresses, ports and gRPC stubs as attributes."""
+    outputs) over the real default model. Addresses, ports and gRPC stubs as attributes. They
+    call each other with the internal token TOKEN (`token`: None for a stack closed by mutual
+    TLS alone, whose `memsvc_args` and `executor_args` say so)."""
 
     def __init__(self, log_dir: str, *, fake: bool = True, kv_tokens: int = 4096, lease: float = 10.0,
-                 memsvc_args=(), executor_args=(), gateway_args=(), env: dict | None = None):
+                 memsvc_args=(), executor_args=(), gateway_args=(), env: dict | None = None,
+                 token: str | None = TOKEN):
         self.log_dir = log_dir
         self.ports = {n: free_port() for n in ("memsvc", "executor", "gateway",
                                                "memsvc_metrics", "executor_metrics", "gateway_metrics")}
@@ -98,7 +103,8 @@ class Stack:
         self.executor = f"127.0.0.1:{self.ports['executor']}"
         self.gateway = f"127.0.0.1:{self.ports['gateway']}"
         self.procs: dict[str, Proc] = {}
-        env = env or {}
+        self.token = token
+        env = {**({TOKEN_ENV: token} if token else {}), **(env or {})}
         try:
             self.procs["memsvc"] = Proc("memsvc", "pagedserve.cli", [
                 "memsvc", "--port", str(self.ports["memsvc"]), "--kv-tokens", str(kv_tokens),
@@ -122,13 +128,13 @@ class Stack:
                                           timeout=timeout, credentials=credentials)
 
     def stubs(self):
-        """(Generation stub, MemoryManager stub) over plaintext channels."""
-        self._channels = [grpc.insecure_channel(self.gateway), grpc.insecure_channel(self.memsvc)]
+        """(Generation stub, MemoryManager stub) over plaintext channels (memsvc's with the token)."""
+        self._channels = [grpc.insecure_channel(self.gateway), open_channel(self.memsvc, token=self.token)]
         return (generation_pb2_grpc.GenerationStub(self._channels[0]),
                 memory_pb2_grpc.MemoryManagerStub(self._channels[1]))
 
     def memsvc_stats(self) -> memory_pb2.StatsResponse:
-        with grpc.insecure_channel(self.memsvc) as ch:
+        with open_channel(self.memsvc, token=self.token) as ch:
             return memory_pb2_grpc.MemoryManagerStub(ch).Stats(memory_pb2.StatsRequest(), timeout=5)
 
     def wait_unreferenced(self, timeout: float = 15.0) -> memory_pb2.StatsResponse:

@@ -1,7 +1,8 @@
 """Start `pagedserve` commands as real processes on loopback for the serve tests; always stop them.
 `serving_http` is the HTTP system tests' module fixture: `pagedserve serve` with its HTTP API,
 once /health says 200; `serving_grpc` the fault tests': `pagedserve serve` once it says it
-serves, with its Generation and MemoryManager stubs."""
+serves, with its Generation and MemoryManager stubs. Both hand serve the internal token
+(`TOKEN`, by environment, as a deployment would) so that a test can call memsvc itself."""
 from __future__ import annotations
 
 import contextlib
@@ -16,13 +17,17 @@ from types import SimpleNamespace
 
 from pagedserve.serve_cmd import free_port
 from tests.support import ROOT
+from wire.internal_auth import ENV as TOKEN_ENV
+from wire.internal_auth import new_token
 
 CLI = [sys.executable, "-m", "pagedserve.cli"]
+TOKEN = new_token()  # the internal token of the services these tests start
 
 
 def start(*args: str, stdout=None) -> subprocess.Popen:
-    """`python -m pagedserve.cli ARGS` in its own process group."""
-    return subprocess.Popen([*CLI, *args], cwd=ROOT, stdout=stdout, text=True, process_group=0)
+    """`python -m pagedserve.cli ARGS` in its own process group, given the internal TOKEN."""
+    return subprocess.Popen([*CLI, *args], cwd=ROOT, stdout=stdout, text=True, process_group=0,
+                            env=dict(os.environ, **{TOKEN_ENV: TOKEN}))
 
 
 def children(pid: int) -> list[int]:
@@ -91,7 +96,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> No
 @contextlib.contextmanager
 def serving_http(*args: str):
     """`pagedserve serve ARGS` with the HTTP API on a free port, once healthy: `url`, `port`
-    (gRPC), `memsvc_port`, `proc`. Always stopped."""
+    (gRPC), `memsvc_port`, `proc`; its services take TOKEN. Always stopped."""
     ports = SimpleNamespace(port=free_port(), memsvc_port=free_port(), http_port=free_port())
     proc = start("serve", "--port", str(ports.port), "--memsvc-port", str(ports.memsvc_port),
                  "--http-port", str(ports.http_port), *args)
@@ -106,15 +111,16 @@ def serving_http(*args: str):
 @contextlib.contextmanager
 def serving_grpc(*args: str):
     """`pagedserve serve ARGS` (HTTP off) once it prints that it serves: a dict of `proc`,
-    `stub` (Generation), `memory` (MemoryManager) and `pids`, a set the test adds the
-    processes it kills to. Stopped with SIGTERM (SIGKILL after 60 s); then every process in
-    `pids` or ever a child of serve that is still alive is killed."""
+    `stub` (Generation), `memory` (MemoryManager, calling with TOKEN) and `pids`, a set the
+    test adds the processes it kills to. Stopped with SIGTERM (SIGKILL after 60 s); then every
+    process in `pids` or ever a child of serve that is still alive is killed."""
     import grpc
 
+    from wire.grpc_service import open_channel
     from wire.v1 import generation_pb2_grpc, memory_pb2_grpc
 
     port, mem_port, ex_port = free_port(), free_port(), free_port()
-    env = dict(os.environ, PAGEDSERVE_HTTP_PORT="0", PYTHONPATH=ROOT)
+    env = dict(os.environ, PAGEDSERVE_HTTP_PORT="0", PYTHONPATH=ROOT, **{TOKEN_ENV: TOKEN})
     proc = subprocess.Popen([*CLI, "serve", "--port", str(port), "--memsvc-port", str(mem_port),
                              "--executor-port", str(ex_port), *args],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, process_group=0)
@@ -122,7 +128,7 @@ def serving_grpc(*args: str):
     try:
         assert proc.stdout.readline().startswith("pagedserve: serving"), "serve did not start"
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        mem_channel = grpc.insecure_channel(f"127.0.0.1:{mem_port}")
+        mem_channel = open_channel(f"127.0.0.1:{mem_port}", token=TOKEN)
         yield dict(proc=proc, stub=generation_pb2_grpc.GenerationStub(channel), pids=pids,
                    memory=memory_pb2_grpc.MemoryManagerStub(mem_channel))
         channel.close()

@@ -4,8 +4,9 @@ lock), the executor group and the gateway as `pagedserve executor` / `pagedserve
 processes under a pagedserve Supervisor (a crashed executor group restarts as under `serve`).
 `other_nodes` starts, first, one more `pagedserve executor` per environment given (e.g.
 LeaderWorkerSet's variables for a worker pod), each running only its node's ranks
-(`restart_node` starts one again once it exited, as its pod would restart). Always
-stopped; `pids` collects every process started, the workers of each group included."""
+(`restart_node` starts one again once it exited, as its pod would restart). All of them
+take the internal token tests.support.serve_procs.TOKEN. Always stopped; `pids` collects
+every process started, the workers of each group included."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,9 @@ from pagedserve.serve_cmd import GENERATION, free_port
 from pagedserve.supervisor import ServiceSpec, Supervisor
 from tests.support import ROOT
 from tests.support.gateway_harness import collect, greedy
-from tests.support.serve_procs import alive, children, cmdline
+from tests.support.serve_procs import TOKEN, TOKEN_ENV, alive, children, cmdline
 from tests.support.tiny_models import make_tiny_model, save_tiny_tokenizer
+from wire import internal_auth
 from wire.grpc_service import Service
 from wire.v1 import generation_pb2 as pb
 from wire.v1 import generation_pb2_grpc, memory_pb2_grpc
@@ -75,12 +77,12 @@ class TPServices:
     def __init__(self, model: str, memory: MemoryConfig, world: int = 2, executor_args=(),
                  gateway_args=(), other_nodes: list[dict[str, str]] = ()):
         self.memory = MemoryService(MemoryManager(dataclasses.replace(memory, shared=True)))
-        self.service = Service([SERVICE_NAME], max_workers=16)
+        self.service = Service([SERVICE_NAME], max_workers=16, interceptors=internal_auth.interceptors(TOKEN))
         memory_pb2_grpc.add_MemoryManagerServicer_to_server(self.memory, self.service.server)
         mem_address = self.service.start("127.0.0.1", 0)
         self.service.set_serving(True)
         ex_port, gw_port = free_port(), free_port()
-        env = {"PYTHONPATH": ROOT, "PAGEDSERVE_HTTP_PORT": "0"}
+        env = {"PYTHONPATH": ROOT, "PAGEDSERVE_HTTP_PORT": "0", TOKEN_ENV: TOKEN}
         executor = [*CLI, "executor", "--model", model, "--port", str(ex_port), "--memsvc",
                     mem_address, "--tensor-parallel-size", str(world), "--device", "cpu",
                     "--linear-backend", "mkl", "--tensor-parallel-timeout", "30", *executor_args]

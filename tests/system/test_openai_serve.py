@@ -13,7 +13,8 @@ from wire.v1 import generation_pb2 as pb
 from wire.v1 import generation_pb2_grpc as pb_grpc
 from wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support.gateway_harness import collect, greedy
-from tests.support.serve_procs import serving_http
+from tests.support.serve_procs import TOKEN, serving_http
+from wire.grpc_service import open_channel
 
 KEY = "test-key"
 MODEL = "SmolLM2-135M-Instruct"
@@ -25,7 +26,7 @@ AUTH = [("authorization", f"Bearer {KEY}")]  # the key may guard the gRPC API to
 def served():
     with serving_http("--kv-tokens", "4096", "--max-num-seqs", "8", "--api-key", KEY) as serve:
         channels = [grpc.insecure_channel(f"127.0.0.1:{serve.port}"),
-                    grpc.insecure_channel(f"127.0.0.1:{serve.memsvc_port}")]
+                    open_channel(f"127.0.0.1:{serve.memsvc_port}", token=TOKEN)]
         try:
             yield SimpleNamespace(
                 url=serve.url, stub=pb_grpc.GenerationStub(channels[0]),

@@ -23,7 +23,8 @@ from wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support import ROOT
 from tests.support.gateway_harness import collect, greedy
 from tests.support.health import SERVING, wait_for_health
-from tests.support.serve_procs import free_port
+from tests.support.serve_procs import TOKEN, TOKEN_ENV, free_port
+from wire.grpc_service import open_channel
 
 GENERATION = "pagedserve.v1.Generation"
 KV_TOKENS = 4096
@@ -34,7 +35,8 @@ PROMPTS = ["The capital of France is", "Write a haiku about rain.", "1, 2, 3, 4,
 
 
 class Procs:
-    """`pagedserve` commands in their own process groups, stderr to log files; stop() kills all."""
+    """`pagedserve` commands in their own process groups, stderr to log files, every one given
+    the internal TOKEN; stop() kills all."""
 
     def __init__(self, log_dir):
         self.log_dir, self.procs = log_dir, {}
@@ -42,7 +44,8 @@ class Procs:
     def start(self, name, *args):
         log = open(os.path.join(self.log_dir, f"{name}.log"), "w")
         self.procs[name] = subprocess.Popen([sys.executable, "-m", "pagedserve.cli", *args], cwd=ROOT,
-                                            stdout=log, stderr=subprocess.STDOUT, process_group=0)
+                                            stdout=log, stderr=subprocess.STDOUT, process_group=0,
+                                            env=dict(os.environ, **{TOKEN_ENV: TOKEN}))
         return self.procs[name]
 
     def log(self, name):
@@ -100,8 +103,8 @@ def stub(address):
 
 
 def stats(memsvc):
-    return memory_pb2_grpc.MemoryManagerStub(grpc.insecure_channel(memsvc)).Stats(
-        memory_pb2.StatsRequest(), timeout=10)
+    with open_channel(memsvc, token=TOKEN) as channel:
+        return memory_pb2_grpc.MemoryManagerStub(channel).Stats(memory_pb2.StatsRequest(), timeout=10)
 
 
 def run_all(jobs):

@@ -9,7 +9,7 @@ import grpc
 
 from pagedserve.client import GenerationClient
 from wire.protocol import SamplingParams
-from tests.support.serve_procs import alive, children, cmdline, free_port, segments, start, stop
+from tests.support.serve_procs import TOKEN, alive, children, cmdline, free_port, segments, start, stop
 
 
 def read_line(proc, timeout=300.0) -> str:
@@ -73,6 +73,7 @@ def test_serve_takes_every_memsvc_flag_and_swaps_under_a_tiny_pool():
     """The command the restructuring issue quoted, refused before: `serve` copied flags by hand."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from wire.grpc_service import open_channel
     from wire.v1 import memory_pb2, memory_pb2_grpc
 
     port, mem_port = free_port(), free_port()
@@ -91,7 +92,7 @@ def test_serve_takes_every_memsvc_flag_and_swaps_under_a_tiny_pool():
         with ThreadPoolExecutor(len(prompts)) as pool:  # 4 x ~60 tokens > 160 slots: preemption
             together = list(pool.map(run, prompts))
         assert together == alone and all(alone)
-        with grpc.insecure_channel(f"127.0.0.1:{mem_port}") as channel:
+        with open_channel(f"127.0.0.1:{mem_port}", token=TOKEN) as channel:
             stats = memory_pb2_grpc.MemoryManagerStub(channel).Stats(memory_pb2.StatsRequest(), timeout=10)
         assert stats.preemption_mode == "swap" and stats.num_blocks == 10
         assert stats.num_swapped_out > 0 and stats.num_swapped_in == stats.num_swapped_out

@@ -15,7 +15,8 @@ from wire.v1 import generation_pb2_grpc as pb_grpc
 from wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support.gateway_harness import collect, greedy
 from tests.support.health import NOT_SERVING, SERVING, wait_for_health
-from tests.support.serve_procs import free_port, start, stop
+from tests.support.serve_procs import TOKEN, free_port, start, stop
+from wire.grpc_service import open_channel
 KV_TOKENS = 4096
 MAX_SEQS = 16
 PROMPTS = ["The capital of France is", "Write a haiku about rain.", "1, 2, 3, 4,",
@@ -41,7 +42,7 @@ def services():
         channel = grpc.insecure_channel(gateway)
         yield SimpleNamespace(gateway=gateway, memsvc=memsvc, procs=procs,
                               stub=pb_grpc.GenerationStub(channel), channel=channel,
-                              memory=memory_pb2_grpc.MemoryManagerStub(grpc.insecure_channel(memsvc)))
+                              memory=memory_pb2_grpc.MemoryManagerStub(open_channel(memsvc, token=TOKEN)))
     finally:
         stop(procs[::-1])
 

@@ -21,6 +21,8 @@ from wire.step_delta import SeqDelta, StepDelta
 from wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support.backend_procs import ServiceProcess, free_port
 from tests.support.health import NOT_SERVING, SERVING
+from tests.support.serve_procs import TOKEN
+from wire.grpc_service import open_channel
 
 KV_TOKENS = 1024
 LEASE = 3.0
@@ -43,8 +45,8 @@ def backend(tmp_path_factory):
             "executor", "--port", ex_addr.split(":")[1], "--memsvc", mem_addr], logs)
         procs.append(executor)
         executor.wait_serving(ex_addr)
-        memory = RemoteMemoryClient(mem_addr, heartbeat_s=0.5)
-        remote_executor = RemoteExecutorClient(ex_addr)
+        memory = RemoteMemoryClient(mem_addr, heartbeat_s=0.5, token=TOKEN)
+        remote_executor = RemoteExecutorClient(ex_addr, token=TOKEN)
         yield SimpleNamespace(mem_addr=mem_addr, ex_addr=ex_addr, memsvc=memsvc, executor=executor,
                               shm_path=f"/dev/shm/{shm_name}", memory=memory, remote=remote_executor)
         memory.close()
@@ -81,7 +83,7 @@ def test_health_went_from_not_serving_to_serving(backend):
 @pytest.mark.parametrize("which,service", [("mem_addr", "pagedserve.v1.MemoryManager"),
                                            ("ex_addr", "pagedserve.v1.Executor")])
 def test_reflection_lists_the_services(backend, which, service):
-    with grpc.insecure_channel(getattr(backend, which)) as channel:
+    with open_channel(getattr(backend, which), token=TOKEN) as channel:  # reflection wants it too
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         answers = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         names = {s.name for a in answers for s in a.list_services_response.service}
@@ -110,7 +112,7 @@ def test_greedy_output_matches_the_in_process_engine(backend, engine):
 
 
 def test_a_lapsed_session_gets_its_sequences_freed(backend):
-    silent = RemoteMemoryClient(backend.mem_addr, session_id="silent", heartbeat_s=0)
+    silent = RemoteMemoryClient(backend.mem_addr, session_id="silent", heartbeat_s=0, token=TOKEN)
     try:
         before = backend.memory.stats()
         result = silent.reserve(Plan([PlanEntry("a/0", list(range(1, 40)), True, 64)]))
@@ -133,7 +135,7 @@ def test_a_lapsed_session_gets_its_sequences_freed(backend):
 
 def test_a_restarted_executor_gets_the_same_pool(backend):
     info = backend.remote.model_info()
-    with grpc.insecure_channel(backend.mem_addr) as channel:
+    with open_channel(backend.mem_addr, token=TOKEN) as channel:
         pool = memory_pb2_grpc.MemoryManagerStub(channel).RegisterExecutor(
             memory_pb2.RegisterExecutorRequest(geometry=convert.geometry_to_proto(info.kv), device="cpu"),
             timeout=5).pool
@@ -142,7 +144,7 @@ def test_a_restarted_executor_gets_the_same_pool(backend):
 
 
 def test_errors_carry_status_codes(backend):
-    with grpc.insecure_channel(backend.mem_addr) as channel:
+    with open_channel(backend.mem_addr, token=TOKEN) as channel:
         stub = memory_pb2_grpc.MemoryManagerStub(channel)
         with pytest.raises(grpc.RpcError) as e:
             stub.Reserve(memory_pb2.ReserveRequest(), timeout=5)

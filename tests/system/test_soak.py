@@ -26,7 +26,7 @@ def test_soak_ends_clean(stack):
     pool ever ran short, depend on the machine's speed; how each request ends does not."""
     pids = {"gateway": stack.procs["gateway"].pid, "memsvc": stack.procs["memsvc"].pid}
     cfg = SoakConfig(requests=REQUESTS, concurrency=64, max_prompt_words=120, max_tokens=64)
-    report = asyncio.run(soak(stack.gateway, stack.memsvc, cfg, pids))
+    report = asyncio.run(soak(stack.gateway, stack.memsvc, cfg, pids, stack.token))
     print(report)
     outcomes = report["outcomes"]
     assert set(outcomes) <= CLEAR, report["unclear"]  # each ends with a clear status

@@ -93,7 +93,8 @@ def stack(certs, tmp_path_factory):
     public = grpc.ssl_channel_credentials(root_certificates=pem(certs["ca"]))
     with serving_stack(str(tmp_path_factory.mktemp("tls")), credentials=public, kv_tokens=1024,
                        memsvc_args=tls(certs, "memsvc"), executor_args=tls(certs, "executor"),
-                       gateway_args=tls(certs, "gateway"), env={"PAGEDSERVE_API_KEY": KEY}) as s:
+                       gateway_args=tls(certs, "gateway"), env={"PAGEDSERVE_API_KEY": KEY},
+                       token=None) as s:  # mutual TLS alone closes memsvc and the executor
         s.public = public
         yield s
 

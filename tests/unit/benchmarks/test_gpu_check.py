@@ -70,6 +70,7 @@ def test_service_processes_keep_the_pythonpath_set(monkeypatch, tmp_path):
     svc = models.Services(tmp_path / "model", "cuda", "float32", log_dir=tmp_path / "logs" / "services")
     svc._start("memsvc", ["memsvc"])
     assert started[0]["PYTHONPATH"] == f"{common.ROOT}{common.os.pathsep}/wheels"
+    assert started[0]["PAGEDSERVE_INTERNAL_TOKEN"] == svc.token  # the services are closed
     assert (tmp_path / "logs" / "services" / "memsvc.log").exists()
     monkeypatch.delenv("PYTHONPATH")
     assert common.child_env()["PYTHONPATH"] == str(common.ROOT)

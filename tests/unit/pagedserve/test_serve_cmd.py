@@ -105,7 +105,28 @@ def test_wiring_points_the_services_at_each_other():
 def test_the_api_key_travels_by_environment_not_on_the_command_line():
     gateway = service_specs(build_parser().parse_args(["serve", "--api-key", "s3cret"]))[-1]
     assert "s3cret" not in " ".join(gateway.argv)
-    assert gateway.env == {"PAGEDSERVE_API_KEY": "s3cret"}
+    assert gateway.env["PAGEDSERVE_API_KEY"] == "s3cret"
+
+
+def test_every_launch_makes_one_internal_token_for_all_its_children_by_environment(monkeypatch):
+    monkeypatch.delenv("PAGEDSERVE_INTERNAL_TOKEN", raising=False)
+    argv = ["serve", "--replicas", "2", "--gateways", "2"]
+    specs = service_specs(build_parser().parse_args(argv))
+    tokens = {s.env.get("PAGEDSERVE_INTERNAL_TOKEN") for s in specs}
+    assert len(tokens) == 1 and None not in tokens
+    [token] = tokens
+    assert len(token) >= 32 and all(token not in " ".join(s.argv) for s in specs)
+    for spec in specs:  # each child reads it back from its environment
+        monkeypatch.setenv("PAGEDSERVE_INTERNAL_TOKEN", spec.env["PAGEDSERVE_INTERNAL_TOKEN"])
+        assert child_config(spec)[1].internal_token == token
+    monkeypatch.delenv("PAGEDSERVE_INTERNAL_TOKEN")
+    again = service_specs(build_parser().parse_args(argv))[0].env["PAGEDSERVE_INTERNAL_TOKEN"]
+    assert again != token  # a fresh one per launch
+    given = service_specs(build_parser().parse_args(["serve", "--internal-token", "x" * 20]))
+    assert {s.env["PAGEDSERVE_INTERNAL_TOKEN"] for s in given} == {"x" * 20}
+    open_ = service_specs(build_parser().parse_args(["serve", "--insecure-internal"]))
+    assert not any("PAGEDSERVE_INTERNAL_TOKEN" in s.env for s in open_)
+    assert "--insecure-internal" in open_[0].argv and "--insecure-internal" in open_[1].argv
 
 
 def test_serve_with_replicas_and_gateways_starts_each_pair_then_every_gateway_on_all_of_them():
@@ -144,7 +165,8 @@ def test_serve_help_groups_flags_by_service(capsys):
     headings = [line.rstrip(":") for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
     assert {"memsvc", "executor", "gateway"} <= set(headings)
     for flag in ("--preemption-mode", "--swap-space", "--policy", "--device", "--tls-cert",
-                 "--trace-file", "--otlp-endpoint", "--max-num-seqs", "--api-key"):
+                 "--trace-file", "--otlp-endpoint", "--max-num-seqs", "--api-key", "--internal-token",
+                 "--insecure-internal"):
         assert flag in out, flag
 
 

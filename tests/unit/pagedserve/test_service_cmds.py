@@ -70,3 +70,25 @@ def test_help_names_the_environment_variables(capsys):
         parse(["executor", "--help"])
     out = capsys.readouterr().out
     assert "PAGEDSERVE_MEMSVC" in out and "--register-timeout" in out
+
+
+@pytest.mark.parametrize("service", ["memsvc", "executor"])
+def test_a_service_with_neither_token_nor_mutual_tls_exits_2_unless_told_it_may_be_open(
+        service, capsys, monkeypatch):
+    monkeypatch.delenv("PAGEDSERVE_INTERNAL_TOKEN", raising=False)
+    parser = argparse.ArgumentParser(prog="pagedserve")
+    service_cmds.add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args([service, "--port", "1"])
+    assert args.run(args) == 2
+    err = capsys.readouterr().err
+    assert "--internal-token" in err and "--insecure-internal" in err and "PAGEDSERVE_INTERNAL_TOKEN" in err
+    assert parse([service, "--insecure-internal"]).insecure_internal
+
+
+def test_the_internal_token_comes_from_the_environment_and_a_bad_one_names_the_flag(monkeypatch):
+    monkeypatch.setenv("PAGEDSERVE_INTERNAL_TOKEN", "a-token-from-a-kubernetes-secret")
+    for service in ("memsvc", "executor", "gateway"):
+        assert parse([service]).internal_token == "a-token-from-a-kubernetes-secret"
+    monkeypatch.setenv("PAGEDSERVE_INTERNAL_TOKEN", "short")
+    with pytest.raises(ValueError, match="--internal-token"):
+        parse(["gateway"])
