@@ -4,8 +4,10 @@ CPU), each computing every step on its shard of the model (executor.sharding).
 - Rank 0 is the executor the rest of pagedserve talks to. `Leader` validates nothing
   itself (ShardPlan.of does, before anything starts), launches its node's other ranks as
   child processes (`python -m executor.tp_worker`, which exit when it does; other nodes'
-  join from there: executor.tp_group), joins the group and watches them. Each step goes out first, as one object broadcast (`lead`); then every rank runs it,
-  so all ranks meet the same collectives in the same order; rank 0's outputs are the answer.
+  join from there: executor.tp_group), joins the group and watches them. Each step goes
+  out first, broadcast as a protobuf message in a tensor (`lead`, executor.tp_broadcast:
+  never pickled); then every rank runs it, so all ranks meet the same collectives in the
+  same order; rank 0's outputs are the answer.
 - Collectives: the row-parallel projections (o_proj, down; Mixtral's whole MLP) all-reduce
   their output, the vocab-parallel embedding all-reduces the looked-up rows, the LM head
   all-gathers the logits (every rank samples the same rows; only rank 0's are used).
@@ -35,6 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from executor import tp_broadcast
 from executor.sharding import ShardPlan
 from executor.tp_group import GroupLayout
 
@@ -121,7 +124,7 @@ class Leader:
 
     def __init__(self, plan: ShardPlan, device: torch.device, worker_args: dict, timeout_s: float,
                  on_lost: Callable[[str], None] | None = None, layout: GroupLayout | None = None):
-        self.plan, self.timeout_s, self.on_lost = plan, timeout_s, on_lost
+        self.plan, self.device, self.timeout_s, self.on_lost = plan, device, timeout_s, on_lost
         self.lock = threading.Lock()
         self.down: str | None = None
         self.last_send = time.monotonic()
@@ -143,12 +146,13 @@ class Leader:
         atexit.register(self.close)  # a caller that never closes still stops its workers
 
     def lead(self, kind: str, payload, run: Callable[[], object] | None = None):
-        """Broadcast (kind, payload) to the workers, then run this rank's part (`run`)."""
+        """Broadcast (kind, payload) to the workers (executor.tp_broadcast), then run this
+        rank's part (`run`)."""
         with self.lock:
             if self.down is not None:
                 raise GroupDown(self.down)
             try:
-                dist.broadcast_object_list([(kind, payload)], src=0)
+                tp_broadcast.send(kind, payload, self.device)
                 self.last_send = time.monotonic()
                 return run() if run is not None else None
             except Exception as e:  # noqa: BLE001  (a bad batch fails alike on every rank)
@@ -178,7 +182,7 @@ class Leader:
                 continue
             try:
                 if self.down is None and not self.stopping:
-                    dist.broadcast_object_list([("ping", None)], src=0)
+                    tp_broadcast.send("ping", None, self.device)
                     self.last_send = time.monotonic()
             except RuntimeError as e:
                 self._lose(f"the heartbeat failed ({e})")

@@ -2,9 +2,10 @@
 
 `python -m executor.tp_worker '{"model": ..., "rank": r, "world": n, "address": "host:port",
 "timeout_s": s, ...}'`, started by rank 0. It joins the group, loads its shard, then runs
-what rank 0 broadcasts, in order, until "stop": "attach" maps this rank's own pool (the
-list of every rank's pool specs), "execute"/"logits" run the step on its shard (outputs dropped: rank 0 answers),
-"ping" is the idle heartbeat. A batch rejected as invalid is rejected alike on every rank
+the commands rank 0 broadcasts (executor.tp_broadcast: protobuf, never pickle), in order,
+until "stop": "attach" maps this rank's own pool (the list of every rank's pool specs),
+"execute"/"logits" run the step on its shard (outputs dropped: rank 0 answers), "ping" is
+the idle heartbeat. A batch rejected as invalid is rejected alike on every rank
 and skipped; any other failure, a collective that times out or fails, or rank 0 exiting,
 ends this process with status 1 (rank 0 sees it and the group goes down).
 """
@@ -19,18 +20,14 @@ import time
 
 import torch.distributed as dist
 
+from executor import tp_broadcast
+
 log = logging.getLogger("pagedserve.executor")
-
-
-def receive():
-    box = [None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def run(executor) -> None:
     while True:
-        kind, payload = receive()
+        kind, payload = tp_broadcast.receive(executor.device)
         if kind == "stop":
             return
         if kind == "attach":
