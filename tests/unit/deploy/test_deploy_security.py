@@ -1,7 +1,8 @@
 """deploy/: closed by default, and executors that scale and drain. On the rendered overlays
 (the loader of test_deploy_manifests): every internal port is behind a NetworkPolicy that
 admits only its callers; every internal service requires mutual TLS with peer roles, from
-certificates whose roles (deploy/cert-manager) match what each container may call; the API
+certificates whose roles (deploy/cert-manager) match what each container may call, and so
+starts closed (wire.internal_auth) without a shared token; the API
 key comes from a Secret; the executor scales on its own metrics (which pagedserve exports
 and the Prometheus adapter's rules name) and drains before its pod goes; a gateway pod's
 grace period covers its preStop and its drain."""
@@ -111,6 +112,19 @@ def test_every_internal_service_requires_mutual_tls_with_peer_roles(objects):
     for client, servers in (("gateway", ("memsvc", "executor")), ("executor", ("memsvc",))):
         for server in servers:
             assert args[client].tls_server_name in certs[tls_secret(objects, by_name[server])]["dnsNames"]
+
+
+def test_memsvc_and_the_executor_start_closed_by_mutual_tls(objects):
+    """A memsvc or executor with neither internal token nor mutual TLS refuses to start
+    (wire.internal_auth): here mutual TLS closes them, never --insecure-internal."""
+    from pagedserve.service_cmds import config_from
+    from wire.internal_auth import require_closed
+
+    for c in pagedserve_containers(objects):
+        if c["name"] != "gateway":
+            config = config_from(c["name"], parse_container(c))
+            assert not config.insecure_internal, c["name"]
+            require_closed(c["name"], config.internal_token, config.tls, config.insecure_internal)
 
 
 def test_the_api_key_comes_from_a_secret(objects):
