@@ -39,7 +39,8 @@ def step_to_proto(batch: StepBatch) -> TensorParallelStep:
         seqs=[TensorParallelSeq(seq_id=s.seq_id, token_ids=s.token_ids, start_pos=s.start_pos,
                                 slot_mapping=s.slot_mapping, block_table=s.block_table, sample=s.sample,
                                 sampling=sampling_to_proto(s.sampling), seed=s.seed,
-                                prompt_token_ids=s.prompt_token_ids, output_token_ids=s.output_token_ids)
+                                prompt_token_ids=s.prompt_token_ids, output_token_ids=s.output_token_ids,
+                                error=s.error)
               for s in batch.seqs],
         pool_epoch=batch.pool_epoch, forget=batch.forget, step=batch.step,
         copy_src=[c[0] for c in batch.copies], copy_dst=[c[1] for c in batch.copies])
@@ -48,7 +49,7 @@ def step_to_proto(batch: StepBatch) -> TensorParallelStep:
 def step_from_proto(m: TensorParallelStep) -> StepBatch:
     seqs = [SeqStep(s.seq_id, list(s.token_ids), s.start_pos, list(s.slot_mapping), list(s.block_table),
                     s.sample, sampling_from_proto(s.sampling), s.seed, list(s.prompt_token_ids),
-                    list(s.output_token_ids)) for s in m.seqs]
+                    list(s.output_token_ids), s.error) for s in m.seqs]
     return StepBatch(seqs, m.pool_epoch, list(m.forget), m.step, list(zip(m.copy_src, m.copy_dst)))
 
 

@@ -1,6 +1,7 @@
 """executor.tp_broadcast: a tensor-parallel command travels as protobuf in two tensors (its
 length, its bytes) and comes back equal; nothing is pickled; a command too big is refused
 before anything is sent."""
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ def batch() -> StepBatch:
     return StepBatch([
         SeqStep("s/0", [11, 12, 13], 0, [64, 65, 66], [4, 9], True, guided, 2**63 + 5,
                 prompt_token_ids=[11, 12, 13, 14], output_token_ids=[]),
-        SeqStep("s/1", [7], 31, [303], [0, 0, 18], False, SamplingParams(temperature=0.0), 0),
+        SeqStep("s/1", [7], 31, [303], [0, 0, 18], False, SamplingParams(temperature=0.0), 0,
+                prompt_token_ids=[1, 2], output_token_ids=[7, 8]),
+        SeqStep("s/2", [-1], 4, [20], [5], True, SamplingParams(), 9, error="FedTokenUnknown: left out"),
     ], pool_epoch="epoch-1", forget=["old/0", "old/1"], step=42, copies=[(3, 8), (5, 1)])
 
 
@@ -59,6 +62,15 @@ def relay(wire: Wire, kind: str, payload):
 @pytest.mark.parametrize("kind", ["execute", "logits"])
 def test_a_step_arrives_equal(wire, kind):
     assert relay(wire, kind, batch()) == (kind, batch())
+
+
+def test_the_test_step_sets_every_field_so_a_new_one_must_travel_too():
+    b = batch()
+    for cls, objects in ((StepBatch, [b]), (SeqStep, b.seqs)):
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            assert any(getattr(o, f.name) != default for o in objects), \
+                f"{cls.__name__}.{f.name}: set it here, and carry it in TensorParallelSeq/Step"
 
 
 def test_the_pools_the_heartbeat_and_stop_arrive(wire):
