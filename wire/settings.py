@@ -104,6 +104,8 @@ def add_flags(parser, cls, *, only: typing.Iterable[str] | None = None,
         shown = "off" if default is None else default
         if kind is bool:
             shown = "on" if default else "off"
+        elif f.metadata["secret"] and default is not None:
+            shown = "set, not shown"  # from the environment: --help must not print it
         help_text = f"{f.metadata['help']} (env {env_name(f)}; default {shown})"
         kwargs: dict[str, Any] = {"dest": dest(f), "default": default, "help": help_text}
         if kind is bool:

@@ -92,3 +92,12 @@ def test_the_internal_token_comes_from_the_environment_and_a_bad_one_names_the_f
     monkeypatch.setenv("PAGEDSERVE_INTERNAL_TOKEN", "short")
     with pytest.raises(ValueError, match="--internal-token"):
         parse(["gateway"])
+
+
+def test_help_does_not_print_a_secret_from_the_environment(capsys, monkeypatch):
+    monkeypatch.setenv("PAGEDSERVE_INTERNAL_TOKEN", "do-not-print-this-token")
+    monkeypatch.setenv("PAGEDSERVE_API_KEY", "do-not-print-this-key")
+    with pytest.raises(SystemExit):
+        parse(["gateway", "--help"])
+    out = capsys.readouterr().out
+    assert "do-not-print" not in out and "set, not shown" in out
