@@ -9,22 +9,25 @@ Contract:
   bytes a rank reads are data, never code, whoever wrote them to the group's connections.
 - A command over MAX_COMMAND_BYTES is refused on rank 0 (ValueError) before anything is
   sent, so the other ranks are never left waiting for it.
-- StepBatch <-> proto is exact but for the sampling parameters' float fields, which travel
-  as float32 (as from the gateway): only rank 0's samples are used.
+- StepBatch <-> proto is exact, the sampling parameters too (doubles, 64-bit integers, one
+  proto field per SamplingParams field, converted by name): every rank checks a sequence
+  alike, so a sequence left out of the step is left out on every rank.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from wire.convert import sampling_from_proto, sampling_to_proto
+import dataclasses
+
 from wire.grpc_service import MAX_MESSAGE_BYTES
-from wire.protocol import SeqStep, StepBatch
+from wire.protocol import SamplingParams, SeqStep, StepBatch
 from wire.v1.tensor_parallel_pb2 import (
     TensorParallelCommand,
     TensorParallelPing,
     TensorParallelPool,
     TensorParallelPools,
+    TensorParallelSampling,
     TensorParallelSeq,
     TensorParallelStep,
     TensorParallelStop,
@@ -32,6 +35,21 @@ from wire.v1.tensor_parallel_pb2 import (
 
 MAX_COMMAND_BYTES = MAX_MESSAGE_BYTES
 STEP_KINDS = ("execute", "logits")
+
+
+def sampling_to_proto(sp: SamplingParams) -> TensorParallelSampling:
+    return TensorParallelSampling(**{f.name: getattr(sp, f.name) for f in dataclasses.fields(sp)
+                                     if getattr(sp, f.name) is not None})
+
+
+def sampling_from_proto(m: TensorParallelSampling) -> SamplingParams:
+    values = {}
+    for fd in m.DESCRIPTOR.fields:
+        if fd.is_repeated:
+            values[fd.name] = list(getattr(m, fd.name))
+        else:
+            values[fd.name] = getattr(m, fd.name) if not fd.has_presence or m.HasField(fd.name) else None
+    return SamplingParams(**values)
 
 
 def step_to_proto(batch: StepBatch) -> TensorParallelStep:

@@ -22,28 +22,29 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from wire.v1 import generation_pb2 as wire_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dwire/v1/tensor_parallel.proto\x12\rpagedserve.v1\x1a\x18wire/v1/generation.proto\"\xa9\x02\n\x15TensorParallelCommand\x12\x34\n\x07\x65xecute\x18\x01 \x01(\x0b\x32!.pagedserve.v1.TensorParallelStepH\x00\x12\x33\n\x06logits\x18\x02 \x01(\x0b\x32!.pagedserve.v1.TensorParallelStepH\x00\x12\x34\n\x06\x61ttach\x18\x03 \x01(\x0b\x32\".pagedserve.v1.TensorParallelPoolsH\x00\x12\x31\n\x04ping\x18\x04 \x01(\x0b\x32!.pagedserve.v1.TensorParallelPingH\x00\x12\x31\n\x04stop\x18\x05 \x01(\x0b\x32!.pagedserve.v1.TensorParallelStopH\x00\x42\t\n\x07\x63ommand\"\x14\n\x12TensorParallelPing\"\x14\n\x12TensorParallelStop\"D\n\x12TensorParallelPool\x12\x10\n\x08shm_name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"G\n\x13TensorParallelPools\x12\x30\n\x05pools\x18\x01 \x03(\x0b\x32!.pagedserve.v1.TensorParallelPool\"\x86\x02\n\x11TensorParallelSeq\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x11\n\tstart_pos\x18\x03 \x01(\x03\x12\x14\n\x0cslot_mapping\x18\x04 \x03(\x03\x12\x13\n\x0b\x62lock_table\x18\x05 \x03(\x03\x12\x0e\n\x06sample\x18\x06 \x01(\x08\x12/\n\x08sampling\x18\x07 \x01(\x0b\x32\x1d.pagedserve.v1.SamplingParams\x12\x0c\n\x04seed\x18\x08 \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\t \x03(\x03\x12\x18\n\x10output_token_ids\x18\n \x03(\x03\x12\r\n\x05\x65rror\x18\x0b \x01(\t\"\x9a\x01\n\x12TensorParallelStep\x12.\n\x04seqs\x18\x01 \x03(\x0b\x32 .pagedserve.v1.TensorParallelSeq\x12\x12\n\npool_epoch\x18\x02 \x01(\t\x12\x0e\n\x06\x66orget\x18\x03 \x03(\t\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x10\n\x08\x63opy_src\x18\x05 \x03(\x03\x12\x10\n\x08\x63opy_dst\x18\x06 \x03(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dwire/v1/tensor_parallel.proto\x12\rpagedserve.v1\"\xa9\x02\n\x15TensorParallelCommand\x12\x34\n\x07\x65xecute\x18\x01 \x01(\x0b\x32!.pagedserve.v1.TensorParallelStepH\x00\x12\x33\n\x06logits\x18\x02 \x01(\x0b\x32!.pagedserve.v1.TensorParallelStepH\x00\x12\x34\n\x06\x61ttach\x18\x03 \x01(\x0b\x32\".pagedserve.v1.TensorParallelPoolsH\x00\x12\x31\n\x04ping\x18\x04 \x01(\x0b\x32!.pagedserve.v1.TensorParallelPingH\x00\x12\x31\n\x04stop\x18\x05 \x01(\x0b\x32!.pagedserve.v1.TensorParallelStopH\x00\x42\t\n\x07\x63ommand\"\x14\n\x12TensorParallelPing\"\x14\n\x12TensorParallelStop\"D\n\x12TensorParallelPool\x12\x10\n\x08shm_name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"G\n\x13TensorParallelPools\x12\x30\n\x05pools\x18\x01 \x03(\x0b\x32!.pagedserve.v1.TensorParallelPool\"\x8e\x02\n\x11TensorParallelSeq\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x11\n\tstart_pos\x18\x03 \x01(\x03\x12\x14\n\x0cslot_mapping\x18\x04 \x03(\x03\x12\x13\n\x0b\x62lock_table\x18\x05 \x03(\x03\x12\x0e\n\x06sample\x18\x06 \x01(\x08\x12\x37\n\x08sampling\x18\x07 \x01(\x0b\x32%.pagedserve.v1.TensorParallelSampling\x12\x0c\n\x04seed\x18\x08 \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\t \x03(\x03\x12\x18\n\x10output_token_ids\x18\n \x03(\x03\x12\r\n\x05\x65rror\x18\x0b \x01(\t\"\xe4\x03\n\x16TensorParallelSampling\x12\x12\n\nmax_tokens\x18\x01 \x01(\x03\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\r\n\x05top_k\x18\x04 \x01(\x03\x12\r\n\x05min_p\x18\x05 \x01(\x01\x12\x1a\n\x12repetition_penalty\x18\x06 \x01(\x01\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x01\x12\x11\n\x04seed\x18\t \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\x03\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x15\n\x08logprobs\x18\r \x01(\x03H\x01\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x0e \x01(\x03H\x02\x88\x01\x01\x12\t\n\x01n\x18\x0f \x01(\x03\x12\x12\n\nbeam_width\x18\x10 \x01(\x03\x12\x16\n\x0elength_penalty\x18\x11 \x01(\x01\x12\x16\n\x0e\x65\x61rly_stopping\x18\x12 \x01(\x08\x12\x13\n\x0bguided_kind\x18\x13 \x01(\t\x12\x13\n\x0bguided_spec\x18\x14 \x01(\tB\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\x9a\x01\n\x12TensorParallelStep\x12.\n\x04seqs\x18\x01 \x03(\x0b\x32 .pagedserve.v1.TensorParallelSeq\x12\x12\n\npool_epoch\x18\x02 \x01(\t\x12\x0e\n\x06\x66orget\x18\x03 \x03(\t\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x10\n\x08\x63opy_src\x18\x05 \x03(\x03\x12\x10\n\x08\x63opy_dst\x18\x06 \x03(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'wire.v1.tensor_parallel_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENSORPARALLELCOMMAND']._serialized_start=75
-  _globals['_TENSORPARALLELCOMMAND']._serialized_end=372
-  _globals['_TENSORPARALLELPING']._serialized_start=374
-  _globals['_TENSORPARALLELPING']._serialized_end=394
-  _globals['_TENSORPARALLELSTOP']._serialized_start=396
-  _globals['_TENSORPARALLELSTOP']._serialized_end=416
-  _globals['_TENSORPARALLELPOOL']._serialized_start=418
-  _globals['_TENSORPARALLELPOOL']._serialized_end=486
-  _globals['_TENSORPARALLELPOOLS']._serialized_start=488
-  _globals['_TENSORPARALLELPOOLS']._serialized_end=559
-  _globals['_TENSORPARALLELSEQ']._serialized_start=562
-  _globals['_TENSORPARALLELSEQ']._serialized_end=824
-  _globals['_TENSORPARALLELSTEP']._serialized_start=827
-  _globals['_TENSORPARALLELSTEP']._serialized_end=981
+  _globals['_TENSORPARALLELCOMMAND']._serialized_start=49
+  _globals['_TENSORPARALLELCOMMAND']._serialized_end=346
+  _globals['_TENSORPARALLELPING']._serialized_start=348
+  _globals['_TENSORPARALLELPING']._serialized_end=368
+  _globals['_TENSORPARALLELSTOP']._serialized_start=370
+  _globals['_TENSORPARALLELSTOP']._serialized_end=390
+  _globals['_TENSORPARALLELPOOL']._serialized_start=392
+  _globals['_TENSORPARALLELPOOL']._serialized_end=460
+  _globals['_TENSORPARALLELPOOLS']._serialized_start=462
+  _globals['_TENSORPARALLELPOOLS']._serialized_end=533
+  _globals['_TENSORPARALLELSEQ']._serialized_start=536
+  _globals['_TENSORPARALLELSEQ']._serialized_end=806
+  _globals['_TENSORPARALLELSAMPLING']._serialized_start=809
+  _globals['_TENSORPARALLELSAMPLING']._serialized_end=1293
+  _globals['_TENSORPARALLELSTEP']._serialized_start=1296
+  _globals['_TENSORPARALLELSTEP']._serialized_end=1450
 # @@protoc_insertion_point(module_scope)

@@ -1,6 +1,6 @@
 """executor.tp_broadcast: a tensor-parallel command travels as protobuf in two tensors (its
-length, its bytes) and comes back equal; nothing is pickled; a command too big is refused
-before anything is sent."""
+length, its bytes) and comes back equal, floats not rounded (1e-46 is 0 as a float32); nothing
+is pickled; a command too big is refused before anything is sent."""
 import dataclasses
 from pathlib import Path
 
@@ -14,9 +14,11 @@ EXECUTOR = Path(tp_broadcast.__file__).resolve().parent
 
 
 def batch() -> StepBatch:
-    guided = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.75, top_k=20, min_p=0.125,
-                            repetition_penalty=1.25, seed=3, stop=["\n"], stop_token_ids=[2],
-                            logprobs=4, prompt_logprobs=0, n=2, guided_kind="regex", guided_spec="a+")
+    guided = SamplingParams(max_tokens=7, temperature=0.1234567891, top_p=0.75, top_k=20, min_p=1e-46,
+                            repetition_penalty=1.25, presence_penalty=-0.3, frequency_penalty=0.2,
+                            seed=3, stop=["\n"], stop_token_ids=[2], ignore_eos=True, logprobs=4,
+                            prompt_logprobs=0, n=2, beam_width=2, length_penalty=0.7,
+                            early_stopping=True, guided_kind="regex", guided_spec="a+")
     return StepBatch([
         SeqStep("s/0", [11, 12, 13], 0, [64, 65, 66], [4, 9], True, guided, 2**63 + 5,
                 prompt_token_ids=[11, 12, 13, 14], output_token_ids=[]),
@@ -66,11 +68,12 @@ def test_a_step_arrives_equal(wire, kind):
 
 def test_the_test_step_sets_every_field_so_a_new_one_must_travel_too():
     b = batch()
-    for cls, objects in ((StepBatch, [b]), (SeqStep, b.seqs)):
+    samplings = [s.sampling for s in b.seqs]
+    for cls, objects in ((StepBatch, [b]), (SeqStep, b.seqs), (SamplingParams, samplings)):
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             assert any(getattr(o, f.name) != default for o in objects), \
-                f"{cls.__name__}.{f.name}: set it here, and carry it in TensorParallelSeq/Step"
+                f"{cls.__name__}.{f.name}: set it here, and carry it in tensor_parallel.proto"
 
 
 def test_the_pools_the_heartbeat_and_stop_arrive(wire):
