@@ -23,12 +23,11 @@ import subprocess
 import sys
 import time
 
-import httpx
-
-from benchmarks.fuzz_harness import FuzzConfig, run as run_fuzz
 from benchmarks.fuzz_inputs import WEIGHTS
-from benchmarks.fuzz_report import violations
 from pagedserve.serve_cmd import free_port
+
+# httpx (and the harness, which needs it) are imported where used: the command line builds
+# every bench's parser, and the GPU path carries no httpx (scripts/gpu_not_carried.txt)
 
 CLI = [sys.executable, "-m", "pagedserve.cli"]
 
@@ -59,6 +58,8 @@ def add_parser(sub) -> None:
 @contextlib.contextmanager
 def serving(kv_tokens: int, max_num_seqs: int, log_path: str):
     """`pagedserve serve` on free ports until /health says 200: (base_url, grpc_address)."""
+    import httpx
+
     http_port, port = free_port(), free_port()
     args = [*CLI, "serve", "--port", str(port), "--http-port", str(http_port), "--kv-tokens", str(kv_tokens),
             "--max-num-seqs", str(max_num_seqs)]
@@ -108,6 +109,11 @@ def print_summary(report: dict, broken: list[str]) -> None:
 
 
 def run(args) -> int:
+    import httpx
+
+    from benchmarks.fuzz_harness import FuzzConfig, run as run_fuzz
+    from benchmarks.fuzz_report import violations
+
     categories = tuple(args.categories.split(",")) if args.categories else None
     if categories and not set(categories) <= set(WEIGHTS):
         raise SystemExit(f"pagedserve bench fuzz: --categories: unknown {set(categories) - set(WEIGHTS)}")

@@ -6,20 +6,12 @@ import json
 
 import pytest
 
-from gateway import grammar_budget, grammar_compile, structured
-from gateway.grammar_budget import GrammarBudget
+from gateway import grammar_compile, structured
+from tests.support.grammar_budget import budget  # noqa: F401 (the fixture)
 
 RULES = 3000  # parses in milliseconds; its token masks take a good half second on one core
 SLOW_TO_COMPILE = "root ::= " + " | ".join(f"r{i}" for i in range(RULES)) + "\n" + "\n".join(
     f'r{i} ::= "a{i}" [a-z]* "b"' for i in range(RULES))
-
-
-@pytest.fixture
-def budget():
-    def configure(**fields):
-        return grammar_budget.configure(GrammarBudget(**fields))
-    yield configure
-    grammar_budget.configure(GrammarBudget())
 
 
 @pytest.fixture

@@ -11,24 +11,9 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.integration.test_openai_http import Server
+from tests.support.openai_server import Server
 from tests.support.gateway_harness import collect
 from wire.v1 import generation_pb2 as pb
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_model_dir):
-    from gateway.tokenizer import load_tokenizer
-
-    return load_tokenizer(default_model_dir)
-
-
-@pytest.fixture(scope="module")
-def server(tokenizer):
-    s = Server(tokenizer)
-    s.g.wait_ready()
-    yield s
-    s.close()
 
 
 ASK = [{"role": "user", "content": "Hi"}]

@@ -8,22 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.metrics_proxy import ReplicaMetrics, merge
 from gateway.openai.server import start_openai
-from tests.integration.test_openai_http import Server
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_model_dir):
-    from gateway.tokenizer import load_tokenizer
-
-    return load_tokenizer(default_model_dir)
-
-
-@pytest.fixture(scope="module")
-def server(tokenizer):
-    s = Server(tokenizer)
-    s.g.wait_ready()
-    yield s
-    s.close()
+from tests.support.openai_server import Server
 
 
 def samples(text: str) -> dict:

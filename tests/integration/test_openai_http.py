@@ -10,66 +10,10 @@ import httpx
 import openai
 import pytest
 
-from gateway.openai.server import start_openai
-from gateway.scheduler import SchedulerConfig
-from gateway.server import Backend
-from memsvc.memory_manager import MemoryConfig, MemoryManager
 from wire.v1 import generation_pb2 as pb
-from tests.support.fake_executor import FakeExecutor, SlowExecutor
-from tests.support.gateway_harness import GatewayThread, Serialized, collect
-
-BLOCK = 4
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_model_dir):
-    from gateway.tokenizer import load_tokenizer
-
-    return load_tokenizer(default_model_dir)
-
-
-class Server:
-    """A Gateway on its own loop thread with the OpenAI API beside it on a free port."""
-
-    def __init__(self, tokenizer, num_blocks=256, delay=0.0, api_key=None, gate=None, max_num_seqs=32):
-        self.executor = SlowExecutor(BLOCK, 2048, delay=delay)
-        self.executor.info.vocab_size = len(tokenizer)  # outputs stay below 999, never EOS
-        self.memory = Serialized(MemoryManager(MemoryConfig(num_blocks=num_blocks, max_model_len=2048)))
-        self.executor.attach_pool(self.memory.register_executor(self.executor.info.kv))
-
-        def connect():
-            if gate is not None and not gate.wait(30):
-                raise TimeoutError("gate")
-            return Backend(self.memory, self.executor, tokenizer)
-
-        self.g = GatewayThread(connect, SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=512, overlap=False))
-        self.http = self.g._call(start_openai(self.g.gateway, "127.0.0.1", 0, api_key))
-        self.url = f"http://127.0.0.1:{self.http.port}"
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key or "none", max_retries=0)
-
-    def post(self, path, body, **kw):
-        return httpx.post(self.url + path, json=body, **{"timeout": 30, **kw})
-
-    def referenced(self) -> int:
-        return self.memory.stats().snapshot["blocks_referenced"]
-
-    def wait_unreferenced(self, timeout=10.0) -> int:
-        deadline = time.monotonic() + timeout
-        while (n := self.referenced()) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return n
-
-    def close(self):
-        self.g._call(self.http.stop())
-        self.g.close()
-
-
-@pytest.fixture(scope="module")
-def server(tokenizer):
-    s = Server(tokenizer)
-    s.g.wait_ready()
-    yield s
-    s.close()
+from tests.support.fake_executor import FakeExecutor
+from tests.support.gateway_harness import collect
+from tests.support.openai_server import BLOCK, Server
 
 
 def events(response) -> list:

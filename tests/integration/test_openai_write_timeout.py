@@ -6,7 +6,7 @@ import socket
 import time
 
 from gateway.openai.server import start_openai
-from tests.integration.test_openai_http import Server, tokenizer  # noqa: F401 (fixture)
+from tests.support.openai_server import Server
 
 
 def test_a_client_that_stops_reading_is_dropped_and_its_request_aborted(tokenizer):  # noqa: F811

@@ -134,14 +134,20 @@ def serving_grpc(*args: str):
         channel.close()
         mem_channel.close()
     finally:
-        pids.update(children(proc.pid))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for p in pids:
-            if alive(p):
-                os.kill(p, signal.SIGKILL)
+        stop_serve(proc, pids)
+
+
+def stop_serve(proc: subprocess.Popen, pids: set[int] = frozenset()) -> None:
+    """SIGTERM to `serve` (SIGKILL to its group after 60 s); then every process in `pids` or a
+    child of serve that is still alive is killed."""
+    pids = set(pids) | set(children(proc.pid))
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for p in pids:
+        if alive(p):
+            os.kill(p, signal.SIGKILL)

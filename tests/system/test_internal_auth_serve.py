@@ -4,7 +4,6 @@ another, is refused UNAUTHENTICATED on every method (reflection too), health sta
 step-channel connection without the hello (or with a wrong token in it) is refused and
 closed, and the served API works, its steps on the step channel."""
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.support import ROOT
 from tests.support.gateway_harness import collect, greedy
-from tests.support.serve_procs import alive, children, cmdline, free_port
+from tests.support.serve_procs import children, cmdline, free_port, stop_serve
 from wire import internal_auth, step_channel
 from wire.grpc_service import open_channel
 from wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
@@ -41,16 +40,7 @@ def served():
         pids = {name: next(p for p in children(proc.pid) if name in cmdline(p)) for name in ("memsvc", "executor")}
         yield {name: f"127.0.0.1:{port}" for name, port in ports.items()}, pids
     finally:
-        pids = children(proc.pid)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for p in pids:
-            if alive(p):
-                os.kill(p, signal.SIGKILL)
+        stop_serve(proc)
 
 
 def internal_calls(memsvc: grpc.Channel, executor: grpc.Channel) -> dict:

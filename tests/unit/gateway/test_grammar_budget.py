@@ -9,6 +9,7 @@ import pytest
 
 from gateway import grammar_budget, structured
 from gateway.grammar_budget import GrammarBudget, GrammarBudgetExceeded, GrammarBusy, GrammarChecks
+from tests.support.grammar_budget import budget  # noqa: F401 (the fixture)
 
 
 @pytest.fixture
@@ -80,14 +81,6 @@ def test_the_verdicts_are_bounded(monkeypatch):
     for k in range(5):
         checks.run("regex", str(k), lambda kind, spec: spec)
     assert len(checks._verdicts) == 3
-
-
-@pytest.fixture
-def budget():
-    def configure(**fields):
-        return grammar_budget.configure(GrammarBudget(**fields))
-    yield configure
-    grammar_budget.configure(GrammarBudget())
 
 
 HOSTILE = {"type": "string", "pattern": "^[a-z0-9 ]{1,4000}$"}  # about a second to build, on one core
