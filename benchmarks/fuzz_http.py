@@ -109,9 +109,11 @@ def types(rng: random.Random, prefix: str, target: Target) -> dict:
     """One to three fields (or a message's role or content) replaced by a wrong-typed value."""
     path, body = base(rng, prefix, target)
     for _ in range(rng.randint(1, 3)):
-        if "messages" in body and rng.random() < 0.3:
-            m = rng.choice(body["messages"])
-            m[rng.choice(("role", "content", "name", "tool_calls"))] = v.wrong_type(rng)
+        messages = body.get("messages")
+        if isinstance(messages, list) and messages and rng.random() < 0.3:
+            m = rng.choice(messages)
+            if isinstance(m, dict):  # (an earlier round may have replaced it)
+                m[rng.choice(("role", "content", "name", "tool_calls"))] = v.wrong_type(rng)
             continue
         name = rng.choice(NUMERIC + OTHER_FIELDS)
         body[name] = v.wrong_type(rng)

@@ -185,9 +185,13 @@ class GuidedDecoding:
 
         rows = [i for i, s in enumerate(seqs) if s.sampling.guided]
         bitmask = xgr.allocate_token_bitmask(len(seqs), self.vocab_size)
-        masked = []
+        masked, failed = [], {}
         for i in rows:
-            m = self._matcher(seqs[i])
+            try:
+                m = self._matcher(seqs[i])
+            except ValueError as e:  # its grammar does not compile here: that sequence fails alone
+                failed[i] = str(e)
+                continue
             if m.broken or m.matcher.is_terminated():  # finishing: the stop token is in
                 continue
             m.matcher.fill_next_token_bitmask(bitmask, i)
@@ -198,7 +202,7 @@ class GuidedDecoding:
                 if bool(closing.any()):
                     bitmask[i] = closing
             masked.append(i)
-        return bitmask, masked
+        return bitmask, masked, failed
 
     def prepare(self, seqs: list[SeqStep]) -> Future | None:
         """Start computing the masks of `seqs` (the sampled ones, in order); None if none is
@@ -212,15 +216,18 @@ class GuidedDecoding:
         with self._lock:
             return self._masks(seqs)
 
-    def apply(self, logits: torch.Tensor, pending: Future | None) -> None:
-        """Disallowed tokens of the guided rows of `logits` [S, vocab] to -inf, in place."""
+    def apply(self, logits: torch.Tensor, pending: Future | None) -> dict[int, str]:
+        """Disallowed tokens of the guided rows of `logits` [S, vocab] to -inf, in place;
+        returns {row: why} for the rows whose grammar could not be had (their samples are
+        void: the sequences fail alone)."""
         if pending is None:
-            return
+            return {}
         import xgrammar as xgr
 
-        bitmask, rows = pending.result()
+        bitmask, rows, failed = pending.result()
         if rows:
             xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+        return failed
 
     def forget(self, seq_ids) -> None:
         """Drop the matchers of sequences that finished or were preempted (a preempted one

@@ -101,9 +101,10 @@ class ModelRunner:
         outputs = []
         if meta.sample_indices.numel():
             logits = self.model.compute_logits(hidden[meta.sample_indices])
-            if pending is not None:
-                self.guided.apply(logits, pending)
+            failed = self.guided.apply(logits, pending) if pending is not None else {}
             outputs = self.sampler(logits, sampled)
+            for i, why in failed.items():
+                outputs[i] = SampleOutput(sampled[i].seq_id, -1, sampled=False, error=f"its grammar: {why}")
         if scoring is None:
             if not outputs:  # nothing was read back to the host, so nothing has waited yet
                 wait_for_device(self.kv_pool.device)

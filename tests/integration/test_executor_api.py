@@ -118,3 +118,13 @@ def test_an_out_of_range_sequence_is_left_out_and_the_others_run_as_alone(execut
     assert out[1].token_id == alone[0].token_id and not out[1].error
     with pytest.raises(ValueError, match="empty"):
         executor.execute(StepBatch([]))
+
+
+def test_a_sequence_whose_grammar_does_not_compile_fails_alone(executor):
+    alone = executor.execute(StepBatch([step("ok", [5, 6, 7], 0, [3])]))
+    bad = step("bad", [1, 2], 0, [4], params=SamplingParams(temperature=0.0, guided_kind="regex",
+                                                            guided_spec="(unclosed"))
+    out = executor.execute(StepBatch([bad, step("ok", [5, 6, 7], 0, [3])]))
+    assert [o.seq_id for o in out] == ["bad", "ok"]
+    assert "grammar" in out[0].error and not out[0].sampled
+    assert out[1].token_id == alone[0].token_id and not out[1].error

@@ -76,3 +76,12 @@ def test_describe_truncates_and_escapes():
     huge = max(PROBES, key=lambda p: len(p.body))
     assert len(huge.body) > 1 << 20 and len(huge.describe(400)) < 600
     assert all("\ud800" not in p.describe() for p in PROBES)  # lone surrogates shown escaped
+
+
+def test_every_probe_of_a_long_run_can_be_made():
+    """A generator that raises would end a long run (seed 1 of `bench fuzz` once did, at an
+    index past the CI run's: a wrong-typed `messages` replaced earlier in the same probe)."""
+    for seed in (1, 2):
+        prefixes = Prefixes(seed)
+        for i in range(1500):
+            make_probe(seed, i, TARGET, prefixes)
