@@ -6,8 +6,8 @@ out of the cache, as a decode step meets it: between two uses of one layer the s
 every other weight of the model through the cache, and a model larger than the last-level
 cache finds none of it there. Before each such call a scratch buffer of twice that cache's
 size (at most MAX_SWEEP_BYTES) is read. Timed warm instead, MKL looked faster at one row on
-the gate/up weight, resident; cold it was 2.9x slower, and the decode step 1.4x (BENCHMARKS.md,
-issue 25).
+the gate/up weight, resident; cold it was 2.9x slower, and the decode step 1.4x
+(docs/benchmark-history.md, "Decode steps measured as they run", issue 25).
 Larger M are compute-bound and timed warm, several calls in a row.
 """
 from __future__ import annotations

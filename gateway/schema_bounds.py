@@ -10,7 +10,7 @@ original), with
   other bound).
 
 Why: a small model under greedy decoding repeats itself, and an unbounded string, array or
-number lets it repeat until max_tokens (see BENCHMARKS.md, structured outputs).
+number lets it repeat until max_tokens (see docs/benchmark-history.md, "Real-world schemas").
 """
 from __future__ import annotations
 

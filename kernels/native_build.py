@@ -5,8 +5,9 @@ compiler (about a second; plain C ABI through ctypes, no torch headers), with -O
 that its parallel loops run on the OpenMP runtime torch already loaded (same soname) and share
 torch's warm thread pool. The target is -march=native (the vector width this CPU and OS
 allow: AVX-512 where present, AVX2 on AVX2-only x86; every hot loop vectorizes at either
-width, checked with -march=haswell, BENCHMARKS.md), or $PAGEDSERVE_NATIVE_MARCH (for example
-haswell or x86-64-v3: a value the compiler takes after -march=); when the compiler refuses
+width, checked with -march=haswell: docs/benchmark-history.md, "The C++ kernels on AVX2"),
+or $PAGEDSERVE_NATIVE_MARCH (for example haswell or x86-64-v3: a value the compiler takes
+after -march=); when the compiler refuses
 the target, the source is built again for the compiler's default target (still vectorized,
 at its baseline width) rather than not at all. The shared object is cached in
 $PAGEDSERVE_CACHE or ~/.cache/pagedserve, keyed by the source, the target asked for and this

@@ -42,7 +42,7 @@ from wire.device import on_device
 LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 512  # a split walks at least this much context
 MAX_SPLITS = 64
-# Measured on an H200 (BENCHMARKS.md, "On one H200"): splitting pays
+# Measured on an H200 (docs/benchmark-history.md, "On one H200"): splitting pays
 # below ~4 programs per SM (at 4.8, 640 programs of 64 x 2k, 2 splits cost 12%) and pays most
 # when the splits make ~8 programs per SM (32 x 8k: 1 split 76% of the copy bandwidth, 4 splits 91%).
 SPLIT_BELOW = 4  # programs per SM below which a decode batch's context is split

@@ -44,7 +44,7 @@ def loop_settings(scheduler, device: str):
     every core, so there is no wait for the output work to hide in. On a GPU, as configured
     (overlapped by default): the step runs on the device while the loop applies the last
     one's outputs and plans the next (on an H200 the split services' plan-ahead loop ran
-    at 0.77x the serial in-process step at batch 32: BENCHMARKS.md, "On one H200")."""
+    at 0.77x the serial in-process step at batch 32: docs/benchmark-history.md, "On one H200")."""
     if device == "cpu":
         return dataclasses.replace(scheduler, overlap=False)
     return scheduler

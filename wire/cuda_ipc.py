@@ -3,7 +3,7 @@
 It uses torch's public CUDA IPC path (`torch.multiprocessing.reductions.reduce_tensor` on
 the producer, `rebuild_cuda_tensor` on the consumer, the same calls torch.multiprocessing
 makes). It ran on an H200 (scripts/gpu_check.sh's services part: greedy, n=4, beam search,
-an executor SIGKILLed and restarted on the same pool, swap: BENCHMARKS.md, "On one H200");
+an executor SIGKILLed and restarted on the same pool, swap: docs/benchmark-history.md, "On one H200");
 the suite, without a GPU, covers everything up to the CUDA boundary (handle packing, UUID
 selection).
 

@@ -23,7 +23,7 @@ import pytest
 from tests.support import REPO
 
 DOCUMENTS = ("README.md", "RELIABILITY.md", "BENCHMARKS.md", "DEVELOPERS.md", "deploy/README.md",
-             "docs/ARCHITECTURE.md")
+             "docs/ARCHITECTURE.md", "docs/benchmark-history.md")
 NOT_PATHS = {"deploy/pagedserve-otel-collector": "a Kubernetes resource (kubectl logs deploy/NAME)"}
 EXTENSIONS = "py|sh|md|proto|toml|yaml|yml|png|txt|cfg|ini"
 PLACEHOLDER = re.compile(r"[<>*{}$~]")
@@ -115,6 +115,35 @@ def missing_paths(document: str, text: str, tree: Tree) -> list[str]:
     return bad
 
 
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a markdown file's headings: lower case, punctuation dropped,
+    spaces as hyphens, a repeated one suffixed -1, -2, ..."""
+    anchors: set[str] = set()
+    for line in text.splitlines():
+        if m := re.match(r"#+ (.*)", line):
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            n = 0
+            while (slug if n == 0 else f"{slug}-{n}") in anchors:
+                n += 1
+            anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def missing_anchors(document: str, text: str) -> list[str]:
+    """`document:line: target` for each link to `FILE.md#anchor` (or `#anchor`) whose file has
+    no heading with that anchor."""
+    bad = []
+    for n, line in enumerate(text.splitlines(), 1):
+        for m in LINK.finditer(line):
+            path, _, anchor = m.group(1).partition("#")
+            if not anchor or URL.match(path) or not (path == "" or path.endswith(".md")):
+                continue
+            target = (REPO / Path(document).parent / path) if path else REPO / document
+            if not target.exists() or anchor not in heading_anchors(target.read_text()):
+                bad.append(f"{document}:{n}: {m.group(1)}")
+    return bad
+
+
 @pytest.fixture(scope="module")
 def tree() -> Tree:
     ignored = gitignore_patterns()
@@ -143,3 +172,17 @@ def test_existing_paths_pass(tree):
     text = ("[server](../gateway/server.py), `wire/protocol.py`, `models/llama.py`, "
             "gemma.py, `tests/support/`\n")
     assert missing_paths("docs/X.md", text, tree) == []
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_every_anchor_a_document_links_exists(document):
+    bad = missing_anchors(document, (REPO / document).read_text())
+    assert not bad, "links to a heading that is not there (its title changed?):\n" + "\n".join(bad)
+
+
+def test_a_planted_anchor_is_found():
+    text = ("[a](BENCHMARKS.md#how-a-benchmark-is-run) [b](BENCHMARKS.md#no-such-heading)\n"
+            "[c](docs/ARCHITECTURE.md#layering) [d](#nowhere) [e](https://x.org/a.md#y)\n")
+    assert missing_anchors("README.md", text) == [
+        "README.md:1: BENCHMARKS.md#no-such-heading", "README.md:2: #nowhere"]
+    assert heading_anchors("# A b\n## Who: may (call)?\n# A b\n") == {"a-b", "who-may-call", "a-b-1"}

@@ -1,5 +1,5 @@
 """The decode kernel's split count (kernels/paged_attention_triton.choose_splits) at the
-shapes timed on an H200 (132 SMs; BENCHMARKS.md, "On one H200"): each
+shapes timed on an H200 (132 SMs; docs/benchmark-history.md, "On one H200"): each
 choice is the measured best or within a few percent of it."""
 import importlib.util
 
