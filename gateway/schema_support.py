@@ -16,7 +16,11 @@ from __future__ import annotations
 import copy
 import re
 
+from gateway.schema_errors import UnsupportedKeyword
+from gateway.schema_rewrite import rewrite
 from gateway.schema_walk import resolve, walk
+
+__all__ = ["UnsupportedKeyword", "check", "normalize"]
 
 IGNORED = ("not", "if", "then", "else", "dependencies", "dependentRequired", "dependentSchemas", "contains",
            "minContains", "maxContains", "unevaluatedItems", "$dynamicRef", "$recursiveRef")
@@ -35,18 +39,12 @@ TYPED = ("minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMi
 LOOKAROUND = re.compile(r"\(\?<?[=!]")
 
 
-class UnsupportedKeyword(ValueError):
-    def __init__(self, keyword: str, path: str, why: str):
-        super().__init__(f"{path}: {keyword} {why}; structured output cannot enforce it exactly, so "
-                         f"remove it or express it with supported keywords")
-        self.keyword = keyword
-        self.path = path
-
-
 def normalize(schema: dict) -> dict:
     """An equivalent copy that the engine reads right: draft-04 boolean exclusiveMinimum /
-    exclusiveMaximum as numbers, draft-04 tuple `items` as prefixItems, and each required
-    property that `properties` lacks declared with the schema extra properties must follow."""
+    exclusiveMaximum as numbers, draft-04 tuple `items` as prefixItems, the rewrites of
+    gateway.schema_rewrite (keywords beside a combinator or a `$ref`, allOf), and each
+    required property that `properties` lacks declared with the schema extra properties
+    must follow."""
     schema = copy.deepcopy(schema)
     for path, node in walk(schema):
         for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
@@ -58,6 +56,8 @@ def normalize(schema: dict) -> dict:
             extra = node.pop("additionalItems", None)
             if extra is not None:
                 node["items"] = extra
+    schema = rewrite(schema)
+    for path, node in walk(schema):
         required = node.get("required")
         if isinstance(required, list) and not any(k in node for k in COMBINATORS):
             props = node.setdefault("properties", {}) if isinstance(node.get("properties", {}), dict) else None
@@ -85,14 +85,14 @@ def check(schema: dict) -> None:
             continue
         roots.add(id(root))
         for path, node in walk(root, with_defs=False, seen=seen):
-            _check_node(path, node)
+            _check_node(path, node, schema)
             if "$ref" in node:
                 target = resolve(schema, node["$ref"])
                 if target is not None:
                     todo.append(target)
 
 
-def _check_node(path: str, node: dict) -> None:
+def _check_node(path: str, node: dict, root: dict) -> None:
     for key in IGNORED:
         if key in node:
             raise UnsupportedKeyword(key, path, "is ignored by the grammar engine")
@@ -108,7 +108,7 @@ def _check_node(path: str, node: dict) -> None:
                                      "the type it applies to)")
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
         raise UnsupportedKeyword("allOf", path, "with more than one schema is only approximated")
-    if isinstance(node.get("oneOf"), list) and not _disjoint(node["oneOf"]):
+    if isinstance(node.get("oneOf"), list) and not _disjoint(node["oneOf"], root):
         raise UnsupportedKeyword("oneOf", path, "whose schemas may overlap is read as anyOf")
     if node.get("uniqueItems") is True and not (isinstance(node.get("maxItems"), int) and node["maxItems"] <= 1):
         raise UnsupportedKeyword("uniqueItems", path, "is ignored by the grammar engine")
@@ -145,17 +145,57 @@ def _types(node: dict) -> set[str] | None:
     return types
 
 
-def _disjoint(branches: list) -> bool:
-    """True when no instance can match two of `branches`: their types differ, or they are
-    objects that each require one property whose const / enum values differ."""
-    types = [_types(b) if isinstance(b, dict) else None for b in branches]
+def _disjoint(branches: list, root: dict) -> bool:
+    """True when no output the engine generates can match two of `branches`: their types
+    or their const / enum values differ, they are objects that each require one property
+    whose const / enum values differ, or objects each of which requires a property that no
+    other declares (the engine, strict, writes no property a schema does not declare)."""
+    branches = [_target(b, root) for b in branches]
+    if not all(isinstance(b, dict) for b in branches):
+        return False
+    types = [_types(b) for b in branches]
     if all(t is not None for t in types) and _pairwise_disjoint(types):
         return True
+    values = [_values(b) for b in branches]
+    if all(v is not None for v in values) and _pairwise_disjoint(values):
+        return True
     for key in _common_required(branches):
-        values = [_values(b["properties"][key]) for b in branches]
+        values = [_values(_target(b["properties"][key], root)) for b in branches]
         if all(v is not None for v in values) and _pairwise_disjoint(values):
             return True
-    return False
+    return _own_required(branches)
+
+
+def _target(node, root: dict):
+    """A branch as the schema it stands for: a lone local `$ref` followed."""
+    for _ in range(32):
+        if not (isinstance(node, dict) and set(node) - {"description", "title"} == {"$ref"}):
+            return node
+        node = resolve(root, node["$ref"])
+    return None
+
+
+def _own_required(branches: list) -> bool:
+    """Each branch is an object schema requiring a property that no other branch lets the
+    engine write (declared in its properties, or allowed by a patternProperties /
+    additionalProperties schema)."""
+    def writable(b: dict) -> set[str] | None:
+        if b.get("patternProperties") or isinstance(b.get("additionalProperties"), dict) \
+                or b.get("additionalProperties") is True:
+            return None
+        return set(b.get("properties", {})) if isinstance(b.get("properties", {}), dict) else None
+
+    if not all(b.get("type") == "object" and isinstance(b.get("required"), list) for b in branches):
+        return False
+    can = [writable(b) for b in branches]
+    if any(c is None for c in can):
+        return False
+    for i, b in enumerate(branches):
+        for j in range(len(branches)):
+            if i != j and not any(isinstance(r, str) and r not in can[j] and r not in branches[j]["required"]
+                                  for r in b["required"]):
+                return False
+    return True
 
 
 def _pairwise_disjoint(sets: list[set]) -> bool:
