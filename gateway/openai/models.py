@@ -11,7 +11,7 @@ or raises OpenAIError 400 whose `param` names the first bad parameter as OpenAI 
   or true, a number an integer or a float, a boolean only true or false, a string only a
   string; null is the same as leaving a parameter out.
 - Unknown parameters are allowed (and ignored by the parser); parameters whose rules live
-  elsewhere (tools, tool_choice, response_format, guided_json: gateway.openai.tool_calls,
+  elsewhere (tools, tool_choice, response_format, structured_outputs, guided_json: gateway.openai.tool_calls,
   gateway.structured) are only typed here.
 """
 from typing import Annotated, Any, Optional
@@ -94,6 +94,7 @@ class _Generation(_Body):
     guided_regex: Str = None
     guided_choice: Optional[list[StrictStr]] = None
     guided_grammar: Str = None
+    structured_outputs: Object = None
     # refused when given (suffix, logit_bias, functions, audio): typed loosely to say so
     suffix: documented({}) = None
     logit_bias: documented({}) = None

@@ -93,6 +93,19 @@ def test_json_object_n_2_and_grammar_extensions(served):
     assert re.fullmatch(r"\d+\+\d+", c.choices[0].text)
 
 
+def test_structured_outputs_is_honoured_as_its_guided_twin(served):
+    """vLLM's structured_outputs (the issue's example: a choice came back as free text)."""
+    for so, check in (({"choice": ["red", "green"]}, lambda t: t in ("red", "green")),
+                      ({"regex": r"\d{3}-\d{4}"}, lambda t: re.fullmatch(r"\d{3}-\d{4}", t))):
+        c = served.client.chat.completions.create(model=served.model, max_tokens=20, temperature=1.0, seed=4,
+                                                  messages=[{"role": "user", "content": "Pick a colour."}],
+                                                  extra_body={"structured_outputs": so})
+        assert check(c.choices[0].message.content), (so, c.choices[0].message.content)
+    r = httpx.post(served.url + "/v1/completions", timeout=30, json={
+        "prompt": "x", "structured_outputs": {"choice": ["a"], "whitespace_pattern": " "}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs.whitespace_pattern"
+
+
 def test_bad_grammars_are_400_and_invalid_argument(served):
     r = httpx.post(served.url + "/v1/completions", json={"prompt": "x", "guided_regex": "("}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "guided_regex"
