@@ -1,6 +1,9 @@
 """Batched token sampling for one step.
 
 For each sampled sequence, in this order:
+0. min_tokens: while the sequence has fewer output tokens, its end-of-sequence tokens (the
+   Sampler's `eos_token_ids`) and stop_token_ids are set to -inf, unless no other token is
+   left (a grammar that allows only its end);
 1. penalties: repetition (Hugging Face semantics, over prompt + output tokens: a positive
    logit is divided by the penalty, a negative one multiplied), then frequency and presence
    (OpenAI semantics, over output tokens: logit -= frequency * count + presence * [count > 0]);
@@ -15,7 +18,8 @@ For each sampled sequence, in this order:
 
 Logprobs are the log-softmax of the processed distribution, the one the token was drawn
 from: after steps 1-3 (tokens removed by truncation have -inf and never appear among the top
-logprobs). Stopping (EOS, stop ids, ignore_eos) is the gateway's business: nothing is masked.
+logprobs). Stopping (EOS, stop ids, ignore_eos) is the gateway's business: nothing else is
+masked.
 """
 from __future__ import annotations
 
@@ -32,6 +36,24 @@ def mix_seed(seed: int, position: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return (x ^ (x >> 31)) >> 1
+
+
+def apply_min_tokens(logits: torch.Tensor, seqs: list[SeqStep], eos_token_ids) -> None:
+    """In place: the stop tokens of the rows still short of their min_tokens to -inf."""
+    vocab = logits.shape[-1]
+    for i, s in enumerate(seqs):
+        sp = s.sampling
+        if len(s.output_token_ids) >= sp.min_tokens:
+            continue
+        ids = [t for t in {*eos_token_ids, *sp.stop_token_ids} if 0 <= t < vocab]
+        if not ids:
+            continue
+        row = logits[i]
+        ids = torch.tensor(ids, dtype=torch.int64, device=row.device)
+        kept = row[ids].clone()
+        row[ids] = float("-inf")
+        if not bool(torch.isfinite(row).any()):  # nothing else allowed: a grammar's end
+            row[ids] = kept
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[SeqStep]) -> None:
@@ -89,7 +111,11 @@ def uniform(seed: int, position: int) -> float:
 
 
 class Sampler:
-    """__call__(logits [S, vocab], seqs) -> one SampleOutput per row, in order."""
+    """__call__(logits [S, vocab], seqs) -> one SampleOutput per row, in order.
+    `eos_token_ids`: the model's end-of-sequence tokens, masked with min_tokens."""
+
+    def __init__(self, eos_token_ids=()):
+        self.eos_token_ids = list(eos_token_ids)
 
     def __call__(self, logits: torch.Tensor, seqs: list[SeqStep]) -> list[SampleOutput]:
         assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
@@ -99,6 +125,8 @@ class Sampler:
             tokens = logits.argmax(-1).tolist()
             return [SampleOutput(seq_id=s.seq_id, token_id=t) for s, t in zip(seqs, tokens)]
         logits = logits.float().clone()
+        if any(p.min_tokens for p in params):
+            apply_min_tokens(logits, seqs, self.eos_token_ids)
         apply_penalties(logits, seqs)
         dev = logits.device
         temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=dev)

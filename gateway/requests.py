@@ -68,7 +68,8 @@ class Requests:
         arrival = time.monotonic() if arrival is None else arrival
         state = RequestState(request_id, len(prompt_token_ids), [], [], sampling=sampling)
         for i in range(sampling.n):
-            state.streams.append(OutputStream(self.tokenizer, prompt_token_ids, sampling.stop))
+            state.streams.append(OutputStream(self.tokenizer, prompt_token_ids, sampling.stop,
+                                              sampling.min_tokens))
             state.open.add(i)
         if sampling.beam_search:
             self._add_beam_search(state, list(prompt_token_ids), sampling, seed, max_len, arrival,

@@ -77,6 +77,7 @@ FIELDS = {f.name: f for f in (
     _f("stop", list, "repeated string", (), item=str, max_items=MAX_STOP, max_chars=MAX_STOP_CHARS),
     _f("stop_token_ids", list, "repeated uint32", (), *UINT32, item=int, max_items=MAX_STOP_TOKEN_IDS),
     _f("ignore_eos", bool, "bool", False),
+    _f("min_tokens", int, "uint32", 0, *UINT32, note=" (end-of-sequence and stop tokens masked until then)"),
     _f("logprobs", int, "optional uint32", None, 0, MAX_LOGPROBS, optional=True),
     _f("prompt_logprobs", int, "optional uint32", None, 0, MAX_LOGPROBS, optional=True),
     _f("n", int, "optional uint32", 1, 1, MAX_N),

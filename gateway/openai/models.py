@@ -79,6 +79,7 @@ class _Generation(_Body):
     stop: Stop = None
     stop_token_ids: table("stop_token_ids") = None
     ignore_eos: table("ignore_eos") = None
+    min_tokens: table("min_tokens") = None
     n: table("n") = None
     best_of: Int = None
     beam_width: table("beam_width") = None

@@ -11,7 +11,7 @@ tokenized), then the prompt is tokenized and a grammar prepared. They do blockin
 Prompts are tokenized exactly as the gRPC API does (gateway.api_request), so the same
 request gives the same tokens on both. Defaults are SamplingParams' (wire.sampling_fields),
 as OpenAI's: max_tokens 16 for completions, but the rest of the context for chat.
-Extensions beside OpenAI's parameters: top_k, min_p, repetition_penalty, ignore_eos,
+Extensions beside OpenAI's parameters: top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
 stop_token_ids, beam search (beam_width, length_penalty, early_stopping), priority,
 cache_salt, and prompt_logprobs on completions (echo with logprobs asks for them too: the
 echoed prompt's tokens get logprobs, as OpenAI gives them).
@@ -34,7 +34,7 @@ from gateway.request_limits import utf8_size
 from wire.protocol import ModelInfo, SamplingParams
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-            "frequency_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "beam_width",
+            "frequency_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "n", "beam_width",
             "length_penalty", "early_stopping")
 REFUSED = ("suffix", "logit_bias", "functions", "audio")
 
@@ -246,13 +246,13 @@ def _check_size(size: int, info: ModelInfo, tokenizer, what: str, param: str) ->
 
 def _sampling(m, info: ModelInfo, chat: bool) -> SamplingParams:
     """The SamplingParams of a checked body, validated; a chat without max_tokens gets the
-    rest of the context once its prompt is known (1 here)."""
+    rest of the context once its prompt is known (1, or min_tokens, here)."""
     max_name = "max_completion_tokens" if chat and m.max_completion_tokens is not None else "max_tokens"
     given = {name: getattr(m, name) for name in SAMPLING if getattr(m, name) is not None}
     if getattr(m, max_name) is not None:
         given["max_tokens"] = getattr(m, max_name)
     elif chat:
-        given["max_tokens"] = 1
+        given["max_tokens"] = max(1, m.min_tokens or 0)
     logprobs = _chat_logprobs(m) if chat else m.logprobs
     s = SamplingParams(**given, logprobs=logprobs, prompt_logprobs=None if chat else m.prompt_logprobs)
     if m.best_of not in (None, 1, s.n):

@@ -131,3 +131,24 @@ def test_logprobs_are_log_softmax_of_the_processed_distribution():
     assert [t for t, _ in out[2].top_logprobs] == top3.indices.tolist()  # only the 3 kept tokens
     assert [v for _, v in out[2].top_logprobs] == pytest.approx(expected2.tolist(), abs=1e-6)
     assert sum(math.exp(v) for _, v in out[2].top_logprobs) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_min_tokens_masks_eos_and_stop_ids_until_reached_per_row():
+    logits = torch.tensor([[0.0, 5.0, 4.0, 1.0]] * 3)  # token 1 (EOS) then 2 (a stop id) lead
+    sp = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[2])
+    seqs = [seq(sp, output=[3], seq_id="short"), seq(sp, output=[3, 3], seq_id="reached"),
+            seq(SamplingParams(temperature=0.0), seq_id="plain")]
+    out = Sampler(eos_token_ids=[1])(logits, seqs)
+    assert [o.token_id for o in out] == [3, 1, 1]
+
+
+def test_min_tokens_leaves_a_row_whose_only_allowed_token_is_a_stop():
+    logits = torch.tensor([[float("-inf"), 2.0, float("-inf")]])  # a grammar allows only EOS
+    out = Sampler(eos_token_ids=[1])(logits, [seq(SamplingParams(temperature=0.5, min_tokens=5))])
+    assert out[0].token_id == 1
+
+
+def test_min_tokens_masks_in_logprobs_too_and_ignores_ids_past_the_vocabulary():
+    sp = SamplingParams(temperature=1.0, min_tokens=1, stop_token_ids=[99], logprobs=2)
+    out = Sampler(eos_token_ids=[0])(LOGITS[None], [seq(sp)])
+    assert out[0].token_id != 0 and all(t != 0 for t, _ in out[0].top_logprobs)

@@ -36,6 +36,7 @@ SAMPLINGS = [
     SamplingParams(guided_kind="choice", guided_spec='["yes", "no"]', n=3),
     SamplingParams(guided_kind="grammar", guided_spec='root ::= "a" | "b"'),
     SamplingParams(guided_kind="json_object"),
+    SamplingParams(min_tokens=5, stop_token_ids=[7], max_tokens=9),
 ]
 
 

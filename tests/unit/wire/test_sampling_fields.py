@@ -75,6 +75,8 @@ BAD = [
     ({"ignore_eos": 1}, "ignore_eos", "a boolean"),
     ({"top_k": 2.0}, "top_k", "an integer"),
     ({"temperature": "hot"}, "temperature", "a number"),
+    ({"min_tokens": -1}, "min_tokens", "between 0 and 4294967295"),
+    ({"min_tokens": 17}, "min_tokens", "at most max_tokens (16)"),
 ]
 
 

