@@ -1,7 +1,8 @@
 """Batched token sampling for one step.
 
 For each sampled sequence, in this order:
-0. min_tokens: while the sequence has fewer output tokens, its end-of-sequence tokens (the
+0. logit_bias: each listed token's value added to its logit (ids past the vocabulary skipped);
+   min_tokens: while the sequence has fewer output tokens, its end-of-sequence tokens (the
    Sampler's `eos_token_ids`) and stop_token_ids are set to -inf, unless no other token is
    left (a grammar that allows only its end);
 1. penalties: repetition (Hugging Face semantics, over prompt + output tokens: a positive
@@ -36,6 +37,17 @@ def mix_seed(seed: int, position: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return (x ^ (x >> 31)) >> 1
+
+
+def apply_logit_bias(logits: torch.Tensor, seqs: list[SeqStep]) -> None:
+    """In place, for the rows whose sampling params carry a logit_bias."""
+    vocab = logits.shape[-1]
+    for i, s in enumerate(seqs):
+        bias = {t: v for t, v in s.sampling.logit_bias.items() if 0 <= t < vocab}
+        if bias:
+            row = logits[i]
+            ids = torch.tensor(list(bias), dtype=torch.int64, device=row.device)
+            row[ids] += torch.tensor(list(bias.values()), dtype=row.dtype, device=row.device)
 
 
 def apply_min_tokens(logits: torch.Tensor, seqs: list[SeqStep], eos_token_ids) -> None:
@@ -101,7 +113,7 @@ def apply_truncation(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
 def _plain_greedy(p) -> bool:
     """Greedy with nothing that could change the argmax (penalties; truncation, on ties) or
     asks for the distribution (logprobs)."""
-    return (p.greedy and not p.uses_penalties and p.logprobs is None
+    return (p.greedy and not p.uses_penalties and p.logprobs is None and not p.logit_bias
             and p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0)
 
 
@@ -125,6 +137,8 @@ class Sampler:
             tokens = logits.argmax(-1).tolist()
             return [SampleOutput(seq_id=s.seq_id, token_id=t) for s, t in zip(seqs, tokens)]
         logits = logits.float().clone()
+        if any(p.logit_bias for p in params):
+            apply_logit_bias(logits, seqs)
         if any(p.min_tokens for p in params):
             apply_min_tokens(logits, seqs, self.eos_token_ids)
         apply_penalties(logits, seqs)

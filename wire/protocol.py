@@ -33,6 +33,8 @@ class SamplingParams:
     # the executor masks the end-of-sequence and stop_token_ids tokens until this many output
     # tokens (unless nothing else is allowed: a grammar's end); stop strings match after it
     min_tokens: int = _D["min_tokens"]
+    # token id -> a value in [-100, 100] added to its logit before anything else (OpenAI's)
+    logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = _D["logprobs"]  # None: no logprobs; 0: the chosen token's; k: plus the top k
     # per prompt position from the second on: None: none; 0: the prompt token's logprob and
     # rank; k: plus the top k (raw model distribution). Computing them disables prefix-cache hits

@@ -80,6 +80,7 @@ class _Generation(_Body):
     stop_token_ids: table("stop_token_ids") = None
     ignore_eos: table("ignore_eos") = None
     min_tokens: table("min_tokens") = None
+    logit_bias: table("logit_bias") = None
     n: table("n") = None
     best_of: Int = None
     beam_width: table("beam_width") = None
@@ -96,9 +97,8 @@ class _Generation(_Body):
     guided_choice: Optional[list[StrictStr]] = None
     guided_grammar: Str = None
     structured_outputs: Object = None
-    # refused when given (suffix, logit_bias, functions, audio): typed loosely to say so
+    # refused when given (suffix, functions, audio): typed loosely to say so
     suffix: documented({}) = None
-    logit_bias: documented({}) = None
     functions: documented({}) = None
     audio: documented({}) = None
 

@@ -11,6 +11,7 @@ tokenized), then the prompt is tokenized and a grammar prepared. They do blockin
 Prompts are tokenized exactly as the gRPC API does (gateway.api_request), so the same
 request gives the same tokens on both. Defaults are SamplingParams' (wire.sampling_fields),
 as OpenAI's: max_tokens 16 for completions, but the rest of the context for chat.
+logit_bias is on the model's token ids (an id past its vocabulary is refused).
 Extensions beside OpenAI's parameters: top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
 stop_token_ids, beam search (beam_width, length_penalty, early_stopping), priority,
 cache_salt, and prompt_logprobs on completions (echo with logprobs asks for them too: the
@@ -34,9 +35,9 @@ from gateway.request_limits import utf8_size
 from wire.protocol import ModelInfo, SamplingParams
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-            "frequency_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "n", "beam_width",
+            "frequency_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "logit_bias", "n", "beam_width",
             "length_penalty", "early_stopping")
-REFUSED = ("suffix", "logit_bias", "functions", "audio")
+REFUSED = ("suffix", "functions", "audio")
 
 
 @dataclass
@@ -255,6 +256,10 @@ def _sampling(m, info: ModelInfo, chat: bool) -> SamplingParams:
         given["max_tokens"] = max(1, m.min_tokens or 0)
     logprobs = _chat_logprobs(m) if chat else m.logprobs
     s = SamplingParams(**given, logprobs=logprobs, prompt_logprobs=None if chat else m.prompt_logprobs)
+    outside = next((t for t in s.logit_bias if t >= info.vocab_size), None)
+    if outside is not None:
+        raise bad_request(f"logit_bias[{outside}]: token id {outside} is outside the vocabulary "
+                          f"[0, {info.vocab_size})", "logit_bias")
     if m.best_of not in (None, 1, s.n):
         raise bad_request("best_of is not supported; use n, or beam_width for beam search", "best_of")
     try:

@@ -51,3 +51,18 @@ def test_min_tokens_holds_back_the_end_of_sequence(served):
                    json={"prompt": "x", "max_tokens": 4, "min_tokens": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
     assert "at most max_tokens" in r.json()["error"]["message"]
+
+
+def test_logit_bias_moves_the_choice(served):
+    def first(**kw):
+        r = served.client.completions.create(model=served.model, prompt="The capital of France is",
+                                             max_tokens=3, temperature=0, logprobs=0, **kw)
+        return r.choices[0].logprobs.tokens, r.choices[0].text
+
+    tokens, text = first()
+    top = served.tokenizer.encode(text, add_special_tokens=False)[0]
+    banned, _ = first(extra_body={"logit_bias": {str(top): -100}})
+    assert banned[0] != tokens[0]
+    forced = served.tokenizer.encode(" blue", add_special_tokens=False)[0]
+    _, text = first(extra_body={"logit_bias": {str(forced): 100}})
+    assert served.tokenizer.encode(text, add_special_tokens=False) == [forced] * 3

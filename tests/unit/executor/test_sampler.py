@@ -152,3 +152,12 @@ def test_min_tokens_masks_in_logprobs_too_and_ignores_ids_past_the_vocabulary():
     sp = SamplingParams(temperature=1.0, min_tokens=1, stop_token_ids=[99], logprobs=2)
     out = Sampler(eos_token_ids=[0])(LOGITS[None], [seq(sp)])
     assert out[0].token_id != 0 and all(t != 0 for t, _ in out[0].top_logprobs)
+
+
+def test_logit_bias_moves_the_choice_per_row_and_skips_ids_past_the_vocabulary():
+    logits = torch.tensor([[0.0, 5.0, 4.0, 1.0]] * 2)
+    biased = SamplingParams(temperature=0.0, logit_bias={1: -100.0, 3: 3.5, 10**6: 100.0}, logprobs=0)
+    out = Sampler()(logits, [seq(biased, seq_id="b"), seq(SamplingParams(temperature=0.0), seq_id="p")])
+    assert [o.token_id for o in out] == [3, 1]
+    expected = torch.tensor([0.0, -95.0, 4.0, 4.5]).log_softmax(-1)[3]
+    assert math.isclose(out[0].logprob, float(expected), rel_tol=1e-5)  # drawn from the biased distribution
