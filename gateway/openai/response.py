@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from gateway.openai.request import OpenAIRequest
 from gateway.openai.tool_calls import parse
+from gateway.openai.tool_stream import ToolStream
 from wire.protocol import Delta, PromptLogprob
 
 DONE = "data: [DONE]\n\n"
@@ -52,6 +53,7 @@ class ChoiceState:
     prompt_logprobs: list | None = None  # completions, when asked: vLLM's shape
     prompt_pending: bool = False  # streaming: prompt_logprobs not sent yet
     scored: bool = False  # the first token's delta (with the prompt logprobs) was seen
+    tool_stream: ToolStream | None = None  # streaming chat with tools: its calls as they come
 
     @property
     def text(self) -> str:
@@ -125,7 +127,7 @@ class Formatter:
         if not (d.text or d.finish_reason or logprobs):
             return []
         if self.request.chat and self.request.tools is not None:
-            return self._tool_chunks(index, c, d)  # the calls are parsed once the output is whole
+            return self._tool_chunks(index, c, d)
         if self.request.chat:
             delta = {"content": d.text}
             if not c.started:
@@ -166,19 +168,25 @@ class Formatter:
         return chunk
 
     def _tool_chunks(self, index: int, c: ChoiceState, d: Delta) -> list[str]:
-        if not d.finish_reason:
-            return []
-        content, calls = parse(c.text, self.request.tools)
-        delta = {"role": "assistant", "content": content}
-        events = [sse(self._chunk([{"index": index, "delta": delta, "logprobs": None,
-                                    "finish_reason": None}]))]
-        if calls:
-            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+        """Content and tool calls as they come (gateway.openai.tool_stream), then the finish."""
+        if c.tool_stream is None:
+            c.tool_stream = ToolStream(self.request.tools)
+        deltas = c.tool_stream.feed(d.text)
+        called = False
+        if d.finish_reason:
+            last, called = c.tool_stream.finish()
+            deltas += last
+        events = []
+        for delta in deltas:
+            if not c.started:
+                delta, c.started = {"role": "assistant", **delta}, True
             events.append(sse(self._chunk([{"index": index, "delta": delta, "logprobs": None,
                                             "finish_reason": None}])))
-        reason = "tool_calls" if calls else d.finish_reason
-        events.append(sse(self._chunk([{"index": index, "delta": {}, "logprobs": None,
-                                        "finish_reason": reason}])))
+        if d.finish_reason:
+            delta = {} if c.started else {"role": "assistant", "content": ""}
+            c.started = True
+            events.append(sse(self._chunk([{"index": index, "delta": delta, "logprobs": None,
+                                            "finish_reason": "tool_calls" if called else d.finish_reason}])))
         return events
 
     def _choice(self, index: int, c: ChoiceState) -> dict:

@@ -171,9 +171,13 @@ def test_tool_calls_required_and_named(served, stream, choice):
               parallel_tool_calls=False, temperature=0)
     if stream:
         chunks = list(served.client.chat.completions.create(stream=True, **kw))
-        calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
         reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-        name, args = calls[0].function.name, calls[0].function.arguments
+        # as vLLM streams them: the call's id and name first, then its arguments in fragments
+        assert deltas[0].id and deltas[0].function.name and deltas[0].function.arguments == ""
+        assert len(deltas) > 2 and all(d.index == 0 and not d.function.name for d in deltas[1:])
+        calls = [deltas[0]]
+        name, args = deltas[0].function.name, "".join(d.function.arguments for d in deltas)
     else:
         r = served.client.chat.completions.create(**kw)
         reasons = [r.choices[0].finish_reason]
