@@ -119,6 +119,7 @@ class ChatRequest(_Generation):
     tool_choice: documented({"anyOf": [{"type": "string"}, {"type": "object"}]}) = None
     parallel_tool_calls: Bool = None
     prompt_logprobs: documented({}) = None  # completions only: refused here
+    chat_template_kwargs: Object = None
 
 
 class TokenizeRequest(_Body):
@@ -127,6 +128,7 @@ class TokenizeRequest(_Body):
     messages: Messages = None
     add_special_tokens: Bool = None
     add_generation_prompt: Bool = None
+    chat_template_kwargs: Object = None
 
 
 class DetokenizeRequest(_Body):

@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from gateway import structured
+from gateway import chat_template, structured
 from gateway.api_request import ApiError, chat_prompt, check_text_size, generate_prompt
 from gateway.grammar_budget import GrammarBusy
 from gateway.openai.errors import OpenAIError, bad_request, from_api_error, model_not_found
@@ -95,15 +95,16 @@ def parse_chat(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
         raise bad_request("prompt_logprobs is only supported on /v1/completions, not on chat",
                           "prompt_logprobs")
     turns = _turns(m.messages)
+    template_kwargs = _template_kwargs(m.chat_template_kwargs)
     tools = parse_tools(body)
     sampling = _sampling(m, info, chat=True)
     if tools is not None:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise bad_request("this model has no chat template", "messages")
         _check_chat_size(turns, info, tokenizer)
-        prompt = render(_with_tool_fields(turns, m.messages), tools, tokenizer)
+        prompt = render(_with_tool_fields(turns, m.messages), tools, tokenizer, template_kwargs)
     else:
-        prompt = _chat_prompt(turns, info, tokenizer)
+        prompt = _chat_prompt(turns, info, tokenizer, template_kwargs)
     if m.max_tokens is None and m.max_completion_tokens is None:
         sampling.max_tokens = max(info.max_model_len - len(prompt), 1)
     _guided(body, sampling)
@@ -163,14 +164,15 @@ def tokenize_body(body: dict, info: ModelInfo, tokenizer) -> list[int]:
         raise bad_request("this model has no tokenizer", None)
     if m.messages is not None:
         turns = _turns(m.messages)
+        template_kwargs = _template_kwargs(m.chat_template_kwargs)
         if m.add_generation_prompt is False:
             _check_chat_size(turns, info, tokenizer)
             try:
-                return list(tokenizer.apply_chat_template(turns, add_generation_prompt=False,
-                                                          tokenize=True, return_dict=False))
+                return list(tokenizer.apply_chat_template(turns, add_generation_prompt=False, tokenize=True,
+                                                          return_dict=False, **(template_kwargs or {})))
             except Exception as e:
                 raise bad_request(f"messages: the chat template refused them: {e}", "messages") from None
-        return _chat_prompt(turns, info, tokenizer)
+        return _chat_prompt(turns, info, tokenizer, template_kwargs)
     if m.prompt is None:
         raise bad_request("send prompt (a string) or messages", "prompt")
     _check_size(utf8_size(m.prompt), info, tokenizer, "prompt", "prompt")
@@ -225,10 +227,18 @@ def _text_prompt(text: str, info: ModelInfo, tokenizer) -> list[int]:
         raise from_api_error(e, "prompt") from None
 
 
-def _chat_prompt(turns: list[dict], info: ModelInfo, tokenizer) -> list[int]:
+def _template_kwargs(value) -> dict | None:
+    try:
+        return chat_template.kwargs(value)
+    except ValueError as e:
+        raise bad_request(str(e), "chat_template_kwargs") from None
+
+
+def _chat_prompt(turns: list[dict], info: ModelInfo, tokenizer,
+                 template_kwargs: dict | None = None) -> list[int]:
     try:
         return chat_prompt(SimpleNamespace(messages=[SimpleNamespace(**t) for t in turns]), tokenizer,
-                           info.max_model_len)
+                           info.max_model_len, template_kwargs or {})
     except ApiError as e:
         raise from_api_error(e, "messages") from None
 
