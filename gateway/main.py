@@ -25,7 +25,8 @@ def replica_set(config: GatewayConfig, service, tls=None, token: str | None = No
 
         memsvc_port, executor_port = parse_ports(config.discover_ports)
         discover = lambda: dns_replicas(config.discover, memsvc_port, executor_port)  # noqa: E731
-    replicas = ReplicaSet(config.replica_addresses(), lambda m, e: connect_remote(m, e, tls, token),
+    replicas = ReplicaSet(config.replica_addresses(),
+                          lambda m, e: connect_remote(m, e, tls, token, config.template),
                           lambda backend, on_error: service.build_runner(backend, on_error),
                           router, service.telemetry, discover=discover)
 
@@ -36,9 +37,11 @@ def replica_set(config: GatewayConfig, service, tls=None, token: str | None = No
     return connect
 
 
-def connect_remote(memsvc: str, executor: str, tls=None, token: str | None = None) -> Backend:
+def connect_remote(memsvc: str, executor: str, tls=None, token: str | None = None,
+                   chat_template: str | None = None) -> Backend:
     """Clients of memsvc and the executor (calling with the internal `token`), once both
-    answer; raises while either does not."""
+    answer; raises while either does not. `chat_template` (--chat-template's text) replaces
+    the model's."""
     from gateway import grammar_compile
     from gateway.byte_detokenizer import byte_table
     from gateway.remote import RemoteExecutorClient, RemoteMemoryClient, tokenizer_dir_from_info
@@ -56,6 +59,8 @@ def connect_remote(memsvc: str, executor: str, tls=None, token: str | None = Non
         if memory_client is not None:
             memory_client.close()
         raise
+    if chat_template:
+        tokenizer.chat_template = chat_template
     byte_table(tokenizer)  # built now rather than for the first request (gateway.byte_detokenizer)
     grammar_compile.bind(tokenizer, info.vocab_size, info.eos_token_ids)  # grammars compile at admission
     freeze_heap()  # start-up is done: imports, tokenizer
@@ -87,7 +92,8 @@ async def serve(config: GatewayConfig) -> int:
                     "with --insecure-internal to take this gateway's calls")
     setup_tracing("gateway", config.tracing)
     grammar_budget.configure(config.grammar)
-    gateway = Gateway(lambda: connect_remote(config.memsvc, config.executor, tls, token), config.scheduler,
+    gateway = Gateway(lambda: connect_remote(config.memsvc, config.executor, tls, token, config.template),
+                      config.scheduler,
                       host=config.host, port=config.port, max_waiting=config.max_waiting,
                       step_retry_s=config.step_retry_timeout, api_key=config.api_key or None,
                       credentials=tls.server_credentials(require_client_cert=False),

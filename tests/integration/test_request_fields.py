@@ -66,3 +66,48 @@ def test_logit_bias_moves_the_choice(served):
     forced = served.tokenizer.encode(" blue", add_special_tokens=False)[0]
     _, text = first(extra_body={"logit_bias": {str(forced): 100}})
     assert served.tokenizer.encode(text, add_special_tokens=False) == [forced] * 3
+
+
+TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+            "{% if shout %}ANSWER LOUDLY IN CAPITAL LETTERS!\n{% endif %}assistant:")
+
+
+@pytest.fixture(scope="module")
+def templated(default_model_dir, tmp_path_factory):
+    """The HTTP and gRPC APIs with --chat-template's file in place of the model's template."""
+    from gateway import chat_template
+    from gateway.tokenizer import load_tokenizer
+    from tests.support.openai_server import Server
+
+    path = tmp_path_factory.mktemp("template") / "shout.jinja"
+    path.write_text(TEMPLATE)
+    tokenizer = load_tokenizer(default_model_dir)
+    tokenizer.chat_template = chat_template.load(str(path))  # as gateway.main does with the flag
+    s = Server(tokenizer)
+    s.g.wait_ready()
+    yield s
+    s.close()
+
+
+def test_chat_template_kwargs_reach_the_template_on_both_apis(templated):
+    from google.protobuf.struct_pb2 import Struct
+
+    from wire.v1 import generation_pb2 as pb
+
+    def prompt_tokens(**extra):
+        r = templated.post("/v1/chat/completions", {"messages": ASK, "max_tokens": 1, **extra})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+
+    plain, loud = prompt_tokens(), prompt_tokens(chat_template_kwargs={"shout": True})
+    assert loud > plain
+    count = templated.post("/tokenize", {"messages": ASK, "chat_template_kwargs": {"shout": True}}).json()["count"]
+    assert count == loud
+    kwargs = Struct()
+    kwargs.update({"shout": True})
+    out = list(templated.g.stub.Chat(pb.ChatRequest(messages=[pb.ChatMessage(role="user", content="Say hi.")],
+                                                    sampling=pb.SamplingParams(max_tokens=1),
+                                                    chat_template_kwargs=kwargs), timeout=30))
+    assert out[-1].usage.prompt_tokens == loud
+    r = templated.post("/v1/chat/completions", {"messages": ASK, "chat_template_kwargs": {"tokenize": False}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"

@@ -24,3 +24,54 @@ def test_min_tokens_and_logit_bias_reach_the_sampling():
 def test_bad_values_are_refused_naming_the_field(body, param, words):
     e = refused(body)
     assert e.param == param and words in e.message, e.message
+
+
+class RecordingTokenizer:
+    """Renders with the keyword arguments it was given recorded."""
+
+    chat_template = "{{ x }}{{ tools }}"  # a template that takes tools
+
+    def __init__(self):
+        self.kwargs = None
+
+    def encode(self, text, add_special_tokens=False):
+        return [1] * len(text)
+
+    def apply_chat_template(self, messages, **kw):
+        self.kwargs = kw
+        return [1, 2, 3]
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_chat_template_kwargs_reach_the_template(tools):
+    tok = RecordingTokenizer()
+    body = {"messages": ASK, "chat_template_kwargs": {"enable_thinking": False, "x": [1]}}
+    if tools:
+        body["tools"] = [{"type": "function", "function": {"name": "f"}}]
+    parse(body, tok)
+    assert tok.kwargs["enable_thinking"] is False and tok.kwargs["x"] == [1]
+    assert tok.kwargs["tokenize"] is True and ("tools" in tok.kwargs) == tools  # the server's own
+
+
+@pytest.mark.parametrize("value,words", [({"tokenize": False}, "chat_template_kwargs.tokenize is set by the server"),
+                                         ({"tools": []}, "chat_template_kwargs.tools"),
+                                         ([1], "must be an object")])
+def test_chat_template_kwargs_the_server_sets_are_refused(value, words):
+    e = refused({"messages": ASK, "chat_template_kwargs": value}, RecordingTokenizer())
+    assert e.param == "chat_template_kwargs" and words in e.message, e.message
+
+
+def test_chat_template_file_is_read_and_checked(tmp_path):
+    from gateway import chat_template
+    from gateway.config import GatewayConfig
+
+    good = tmp_path / "t.jinja"
+    good.write_text("{% for m in messages %}{% if loop.index > 9 %}{% break %}{% endif %}{{ m.content }}"
+                    "{% endfor %}")
+    assert GatewayConfig(chat_template=str(good)).template == good.read_text()
+    assert GatewayConfig().template is None
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}")
+    for path, words in ((bad, "not a Jinja template"), (tmp_path / "none.jinja", "cannot read it")):
+        with pytest.raises(ValueError, match=f"--chat-template {path}: {words}"):
+            chat_template.load(str(path))
