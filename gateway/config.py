@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway import chat_template
 from gateway.grammar_budget import GrammarBudget
 from gateway.scheduler import SchedulerConfig
 from wire.internal_auth import check_token, internal_token_setting
@@ -44,7 +43,7 @@ class GatewayConfig:
                                      "(RESOURCE_EXHAUSTED) or an HTTP body (413)", metavar="BYTES")
     grammar: GrammarBudget = field(default_factory=GrammarBudget)
     chat_template: str | None = setting(None, "a Jinja chat template file to render chat requests "
-                                        "with, instead of the model's own (both APIs)", metavar="FILE")
+                                        "with, instead of the model's own (both APIs; read at start)", metavar="FILE")
     http_host: str = setting("127.0.0.1", "address of the OpenAI-compatible HTTP API")
     http_port: int = setting(8000, "port of the OpenAI-compatible HTTP API (also serves /metrics), "
                              "0 to turn it off; with --tls-cert it is HTTPS")
@@ -81,7 +80,6 @@ class GatewayConfig:
             raise ValueError(f"--max-request-bytes must be >= 1024, got {self.max_request_bytes}")
         check_token(self.internal_token)
         self.upstreams()
-        self.template = chat_template.load(self.chat_template)  # the file's text, checked now
         self.replica_addresses()
 
     def upstreams(self) -> list[tuple[str, str]]:

@@ -5,15 +5,17 @@ import asyncio
 import signal
 import sys
 
-from gateway import grammar_budget
+from gateway import chat_template, grammar_budget
 from gateway.config import GatewayConfig
 from gateway.server import SERVING, Backend, Gateway
 from wire.grpc_service import get_logger, open_channel
 from wire.heap import freeze_heap
 
 
-def replica_set(config: GatewayConfig, service, tls=None, token: str | None = None):
-    """A ReplicaSet over the replicas of `config`, making step runners with `service`."""
+def replica_set(config: GatewayConfig, service, tls=None, token: str | None = None,
+                template: str | None = None):
+    """A ReplicaSet over the replicas of `config`, making step runners with `service`
+    (`template`: --chat-template's text)."""
     from gateway.replica_set import ReplicaSet
     from gateway.router import Router
 
@@ -26,7 +28,7 @@ def replica_set(config: GatewayConfig, service, tls=None, token: str | None = No
         memsvc_port, executor_port = parse_ports(config.discover_ports)
         discover = lambda: dns_replicas(config.discover, memsvc_port, executor_port)  # noqa: E731
     replicas = ReplicaSet(config.replica_addresses(),
-                          lambda m, e: connect_remote(m, e, tls, token, config.template),
+                          lambda m, e: connect_remote(m, e, tls, token, template),
                           lambda backend, on_error: service.build_runner(backend, on_error),
                           router, service.telemetry, discover=discover)
 
@@ -90,16 +92,21 @@ async def serve(config: GatewayConfig) -> int:
     if not token and not (tls.cert and tls.ca):
         log.warning("no --internal-token and no mutual TLS: memsvc and the executors must run "
                     "with --insecure-internal to take this gateway's calls")
+    try:
+        template = chat_template.load(config.chat_template)
+    except ValueError as e:
+        log.error("%s", e)
+        return 1
     setup_tracing("gateway", config.tracing)
     grammar_budget.configure(config.grammar)
-    gateway = Gateway(lambda: connect_remote(config.memsvc, config.executor, tls, token, config.template),
+    gateway = Gateway(lambda: connect_remote(config.memsvc, config.executor, tls, token, template),
                       config.scheduler,
                       host=config.host, port=config.port, max_waiting=config.max_waiting,
                       step_retry_s=config.step_retry_timeout, api_key=config.api_key or None,
                       credentials=tls.server_credentials(require_client_cert=False),
                       max_message_bytes=config.max_request_bytes)
     if config.replica or config.discover:
-        gateway.connect = replica_set(config, gateway.service, tls, token)
+        gateway.connect = replica_set(config, gateway.service, tls, token, template)
     try:
         port = await gateway.start()
     except RuntimeError as e:

@@ -68,10 +68,20 @@ def test_chat_template_file_is_read_and_checked(tmp_path):
     good = tmp_path / "t.jinja"
     good.write_text("{% for m in messages %}{% if loop.index > 9 %}{% break %}{% endif %}{{ m.content }}"
                     "{% endfor %}")
-    assert GatewayConfig(chat_template=str(good)).template == good.read_text()
-    assert GatewayConfig().template is None
+    assert chat_template.load(GatewayConfig(chat_template=str(good)).chat_template) == good.read_text()
+    assert chat_template.load(GatewayConfig().chat_template) is None
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for m in messages %}")
     for path, words in ((bad, "not a Jinja template"), (tmp_path / "none.jinja", "cannot read it")):
         with pytest.raises(ValueError, match=f"--chat-template {path}: {words}"):
             chat_template.load(str(path))
+
+
+def test_the_gateway_will_not_start_with_a_bad_chat_template(tmp_path, caplog):
+    import asyncio
+
+    from gateway.config import GatewayConfig
+    from gateway.main import serve
+
+    assert asyncio.run(serve(GatewayConfig(chat_template=str(tmp_path / "none.jinja")))) == 1
+    assert "--chat-template" in caplog.text
