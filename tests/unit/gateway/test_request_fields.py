@@ -77,11 +77,11 @@ def test_chat_template_file_is_read_and_checked(tmp_path):
             chat_template.load(str(path))
 
 
-def test_the_gateway_will_not_start_with_a_bad_chat_template(tmp_path, caplog):
+def test_the_gateway_will_not_start_with_a_bad_chat_template(tmp_path, capfd):
     import asyncio
 
     from gateway.config import GatewayConfig
     from gateway.main import serve
 
     assert asyncio.run(serve(GatewayConfig(chat_template=str(tmp_path / "none.jinja")))) == 1
-    assert "--chat-template" in caplog.text
+    assert "--chat-template" in capfd.readouterr().err
