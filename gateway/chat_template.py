@@ -20,8 +20,9 @@ RESERVED = ("conversation", "messages", "tools", "documents", "chat_template", "
 def kwargs(value, param: str = "chat_template_kwargs") -> dict | None:
     if value is None:
         return None
-    if not isinstance(value, dict):
-        raise ValueError(f"{param} must be an object of template variables (e.g. {{\"enable_thinking\": false}})")
+    if not isinstance(value, dict):  # a ValueError: the APIs answer it as a bad request
+        raise ValueError(f"{param} must be an object of template variables "  # noqa: TRY004
+                         '(e.g. {"enable_thinking": false})')
     for key in value:
         if key in RESERVED:
             raise ValueError(f"{param}.{key} is set by the server, not a template variable: leave it out")

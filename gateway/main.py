@@ -130,7 +130,8 @@ async def serve(config: GatewayConfig) -> int:
             http = await start_openai(gateway, config.http_host, config.http_port, config.api_key, tls=tls,
                                       write_timeout=config.http_write_timeout,
                                       max_body_bytes=config.max_request_bytes,
-                                      metrics_upstreams=config.upstreams())
+                                      metrics_upstreams=config.upstreams(),
+                                      reasoning_parser=config.reasoning_parser)
         except OSError as e:
             log.error("cannot listen on %s:%d (HTTP): %s", config.http_host, config.http_port, e)
             await gateway.stop(grace=0)

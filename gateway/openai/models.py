@@ -120,6 +120,7 @@ class ChatRequest(_Generation):
     parallel_tool_calls: Bool = None
     prompt_logprobs: documented({}) = None  # completions only: refused here
     chat_template_kwargs: Object = None
+    include_reasoning: Bool = None
 
 
 class TokenizeRequest(_Body):

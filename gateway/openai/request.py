@@ -56,6 +56,8 @@ class OpenAIRequest:
     cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share
     prompt_logprobs: int | None = None  # completions: as asked (choices[i].prompt_logprobs); the
     # sampling's may be larger, for echo with logprobs
+    reasoning: str | None = None  # chat: the --reasoning-parser splitting the output (the app sets it)
+    include_reasoning: bool = True  # chat: send the reasoning (vLLM's include_reasoning)
 
 
 def parse_completion(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
@@ -121,6 +123,7 @@ def parse_chat(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
             raise bad_request(f"tools: {e}", "tools") from None
     req = _finish(m, info, True, [prompt], sampling)
     req.tools = tools if tools is not None and tools.active else None
+    req.include_reasoning = m.include_reasoning is not False
     return req
 
 

@@ -21,6 +21,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from gateway.openai.reasoning import partial_tag
 from gateway.openai.tool_calls import CLOSE_TAG, OPEN_TAG, Tools, _tagged, parse
 
 HEADER = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
@@ -93,7 +94,7 @@ class ToolStream:
             return True
         if mode == "content":
             k = text.find(OPEN_TAG, self.at)
-            end = k if k >= 0 else len(text) - _partial(text, OPEN_TAG)
+            end = k if k >= 0 else len(text) - partial_tag(text, OPEN_TAG)
             self._content(out, text[self.at:end])
             self.at = end
             if k < 0:
@@ -202,11 +203,3 @@ class ToolStream:
             return ""
         raw = self.text[call.args_start:end]
         return raw[len(call.sent):] if raw.startswith(call.sent) else ""
-
-
-def _partial(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that begins `tag` (held back: the tag may follow)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0

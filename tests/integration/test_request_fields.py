@@ -111,3 +111,44 @@ def test_chat_template_kwargs_reach_the_template_on_both_apis(templated):
     assert out[-1].usage.prompt_tokens == loud
     r = templated.post("/v1/chat/completions", {"messages": ASK, "chat_template_kwargs": {"tokenize": False}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+
+
+THOUGHT = "<think>\nThe user wants Paris.\n</think>\n\nParis."
+
+
+@pytest.fixture(scope="module")
+def thinking(tokenizer):
+    """The HTTP API with --reasoning-parser qwen3 over an executor that writes THOUGHT."""
+    from tests.support.openai_server import Server
+    from wire.protocol import SampleOutput
+
+    s = Server(tokenizer, reasoning_parser="qwen3")
+    script, written = tokenizer.encode(THOUGHT, add_special_tokens=False), {}
+
+    def execute(batch):
+        out = []
+        for seq in batch.seqs:
+            if seq.sample:
+                i = written[seq.seq_id] = written.get(seq.seq_id, -1) + 1
+                out.append(SampleOutput(seq_id=seq.seq_id, token_id=script[min(i, len(script) - 1)]))
+        return out
+
+    s.executor.execute = execute
+    s.script = script
+    s.g.wait_ready()
+    yield s
+    s.close()
+
+
+def test_reasoning_parser_gives_reasoning_content_whole_and_streamed(thinking):
+    kw = {"messages": ASK, "max_tokens": len(thinking.script)}
+    r = thinking.post("/v1/chat/completions", kw).json()
+    message = r["choices"][0]["message"]
+    assert message["reasoning_content"] == "\nThe user wants Paris.\n" and message["content"] == "Paris."
+    chunks = list(thinking.client.chat.completions.create(model=r["model"], stream=True, **kw))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+    assert reasoning == message["reasoning_content"]
+    assert "".join(d.content or "" for d in deltas) == "Paris."
+    r = thinking.post("/v1/chat/completions", {**kw, "include_reasoning": False}).json()
+    assert "reasoning_content" not in r["choices"][0]["message"]
