@@ -219,9 +219,10 @@ class OpenAIApi:
                                    operation="chat" if req.chat else "text_completion",
                                    model=service.info.name, telemetry=service.telemetry,
                                    metadata=list(request.headers.items()), priority=req.priority,
-                                   salt=req.cache_salt)
+                                   salt=req.cache_salt, public_id=req.request_id)
             await _http_errors(req, stream.start())
-            fmt = Formatter(req, service.backend.tokenizer)
+            fmt = Formatter(req, service.backend.tokenizer,
+                            id=req.request_id and ("chatcmpl-" if req.chat else "cmpl-") + req.request_id)
             first = await _unless_disconnected(request, _http_errors(req, stream.next_batch()))
             if first is None:
                 return Response(status_code=CLIENT_CLOSED)

@@ -10,7 +10,8 @@ or raises OpenAIError 400 whose `param` names the first bad parameter as OpenAI 
 - Types are as strict as the API has always been: an integer takes 5 or 5.0 but not "5"
   or true, a number an integer or a float, a boolean only true or false, a string only a
   string; null is the same as leaving a parameter out.
-- Unknown parameters are allowed (and ignored by the parser); parameters whose rules live
+- Unknown parameters pass here and are refused by gateway.openai.unsupported (as are
+  those declared only to be refused: suffix, functions, audio); parameters whose rules live
   elsewhere (tools, tool_choice, response_format, structured_outputs, guided_json: gateway.openai.tool_calls,
   gateway.structured) are only typed here.
 """
@@ -91,6 +92,7 @@ class _Generation(_Body):
     user: Str = None
     priority: table("priority") = None
     cache_salt: table("cache_salt") = None
+    request_id: Str = None
     response_format: Object = None
     guided_json: documented({"anyOf": [{"type": "object"}, {"type": "string"}]}) = None
     guided_regex: Str = None

@@ -16,7 +16,9 @@ Extensions beside OpenAI's parameters: top_k, min_p, repetition_penalty, ignore_
 stop_token_ids, beam search (beam_width, length_penalty, early_stopping), priority,
 cache_salt, and prompt_logprobs on completions (echo with logprobs asks for them too: the
 echoed prompt's tokens get logprobs, as OpenAI gives them).
-Unknown parameters are ignored; known ones this server cannot honour are refused.
+Nothing is dropped in silence: a field this server does not act on is a 400 naming it
+(gateway.openai.unsupported), unknown ones included. `request_id` (vLLM's) names the
+response ("chatcmpl-<id>", "cmpl-<id>") and the request's telemetry.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from types import SimpleNamespace
 from gateway import chat_template, structured
 from gateway.api_request import ApiError, chat_prompt, check_text_size, generate_prompt
 from gateway.grammar_budget import GrammarBusy
+from gateway.openai import unsupported
 from gateway.openai.errors import OpenAIError, bad_request, from_api_error, model_not_found
 from gateway.openai.models import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, validated
 from gateway.openai.param_types import PROMPT_SHAPE
@@ -37,7 +40,6 @@ from wire.protocol import ModelInfo, SamplingParams
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
             "frequency_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "logit_bias", "n", "beam_width",
             "length_penalty", "early_stopping")
-REFUSED = ("suffix", "functions", "audio")
 
 
 @dataclass
@@ -58,10 +60,12 @@ class OpenAIRequest:
     # sampling's may be larger, for echo with logprobs
     reasoning: str | None = None  # chat: the --reasoning-parser splitting the output (the app sets it)
     include_reasoning: bool = True  # chat: send the reasoning (vLLM's include_reasoning)
+    request_id: str = ""  # the client's (vLLM's request_id): the response's id and telemetry's
 
 
 def parse_completion(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
     m = validated(CompletionRequest, body)
+    unsupported.check(body, CompletionRequest.model_fields)
     _check_common(m, info)
     if m.response_format is not None:
         raise bad_request("response_format is a chat parameter; use guided_json here", "response_format")
@@ -92,6 +96,7 @@ def _decode(ids: list[int], tokenizer) -> str:
 
 def parse_chat(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
     m = validated(ChatRequest, body)
+    unsupported.check(body, ChatRequest.model_fields)
     _check_common(m, info)
     if m.prompt_logprobs is not None:
         raise bad_request("prompt_logprobs is only supported on /v1/completions, not on chat",
@@ -162,6 +167,7 @@ def tokenize_body(body: dict, info: ModelInfo, tokenizer) -> list[int]:
     """The tokens of a /tokenize body: {prompt} as completions tokenize it, or {messages}
     rendered by the chat template as chat does."""
     m = validated(TokenizeRequest, body)
+    unsupported.check(body, TokenizeRequest.model_fields)
     _check_model(m.model, info)
     if tokenizer is None:
         raise bad_request("this model has no tokenizer", None)
@@ -185,6 +191,7 @@ def tokenize_body(body: dict, info: ModelInfo, tokenizer) -> list[int]:
 def detokenize_body(body: dict, info: ModelInfo, tokenizer) -> str:
     """The text of a /detokenize body {tokens: [ids]}."""
     m = validated(DetokenizeRequest, body)
+    unsupported.check(body, DetokenizeRequest.model_fields)
     _check_model(m.model, info)
     tokens = m.tokens
     if tokens is None or not all(0 <= t < info.vocab_size for t in tokens) or len(tokens) > info.max_model_len:
@@ -202,9 +209,6 @@ def _check_model(model: str | None, info: ModelInfo) -> None:
 
 def _check_common(m, info: ModelInfo) -> None:
     _check_model(m.model, info)
-    for name in REFUSED:
-        if getattr(m, name):  # absent, null, false, "" and empty lists or objects are fine
-            raise bad_request(f"{name} is not supported by this server", name)
 
 
 def _finish(m, info: ModelInfo, chat: bool, prompts, sampling) -> OpenAIRequest:
@@ -213,7 +217,8 @@ def _finish(m, info: ModelInfo, chat: bool, prompts, sampling) -> OpenAIRequest:
         raise bad_request("stream_options is only allowed with stream=true", "stream_options")
     include_usage = bool(m.stream_options is not None and m.stream_options.include_usage)
     return OpenAIRequest(chat, info.name, prompts, sampling, stream, include_usage, m.user,
-                         priority=m.priority or 0, cache_salt=m.cache_salt or None)
+                         priority=m.priority or 0, cache_salt=m.cache_salt or None,
+                         request_id=m.request_id or "")
 
 
 def _ids_prompt(ids: list[int], info: ModelInfo) -> list[int]:

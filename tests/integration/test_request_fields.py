@@ -152,3 +152,17 @@ def test_reasoning_parser_gives_reasoning_content_whole_and_streamed(thinking):
     assert "".join(d.content or "" for d in deltas) == "Paris."
     r = thinking.post("/v1/chat/completions", {**kw, "include_reasoning": False}).json()
     assert "reasoning_content" not in r["choices"][0]["message"]
+
+
+def test_over_http_each_field_not_acted_on_is_a_400_naming_it(server):
+    from tests.unit.gateway.test_request_fields import (ASKING, HONOURED_CHAT, OPENAI_CHAT, VLLM_CHAT)
+
+    for name in sorted((OPENAI_CHAT | VLLM_CHAT | {"unknown_field"}) - HONOURED_CHAT - {"model"}):
+        value, extra = ASKING[name] if isinstance(ASKING[name], tuple) else (ASKING[name], {})
+        r = server.post("/v1/chat/completions", {"messages": ASK, "max_tokens": 1, **extra, name: value})
+        assert r.status_code == 400, (name, r.text)
+        assert r.json()["error"]["param"].split(".")[0].split("[")[0] == name, (name, r.text)
+    r = server.post("/v1/chat/completions", {"messages": ASK, "max_tokens": 1, "request_id": "abc"})
+    assert r.json()["id"] == "chatcmpl-abc"
+    r = server.client.completions.create(model="fake", prompt="x", max_tokens=1, extra_body={"request_id": "x1"})
+    assert r.id == "cmpl-x1"
