@@ -161,3 +161,11 @@ def test_logit_bias_moves_the_choice_per_row_and_skips_ids_past_the_vocabulary()
     assert [o.token_id for o in out] == [3, 1]
     expected = torch.tensor([0.0, -95.0, 4.0, 4.5]).log_softmax(-1)[3]
     assert math.isclose(out[0].logprob, float(expected), rel_tol=1e-5)  # drawn from the biased distribution
+
+
+def test_min_tokens_restores_only_the_rows_left_with_nothing_else():
+    inf = float("-inf")
+    logits = torch.tensor([[inf, 2.0, inf, inf], [1.0, 2.0, inf, 0.5]])  # row 0: a grammar's end
+    sp = SamplingParams(temperature=0.0, min_tokens=3)
+    out = Sampler(eos_token_ids=[1])(logits, [seq(sp, seq_id="a"), seq(sp, seq_id="b")])
+    assert [o.token_id for o in out] == [1, 0]
