@@ -73,7 +73,7 @@ def apply_min_tokens(logits: torch.Tensor, seqs: list[SeqStep], eos_token_ids) -
     rows, cols = torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)
     kept = logits[rows, cols]
     logits[rows, cols] = float("-inf")
-    stuck = ~torch.isfinite(logits).any(-1)  # a row whose only allowed tokens were those: a grammar's end
+    stuck = logits.amax(-1) == float("-inf")  # its only allowed tokens were those: a grammar's end
     logits[rows, cols] = torch.where(stuck[rows], kept, logits[rows, cols])
 
 
