@@ -190,6 +190,9 @@ class Requests:
         bad = [t for t in prompt if not 0 <= t < info.vocab_size]
         if bad:
             raise RequestError(f"prompt_token_ids: {bad[0]} is outside the vocabulary [0, {info.vocab_size})")
+        bad = [t for t in sampling.logit_bias if t >= info.vocab_size]
+        if bad:
+            raise RequestError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {info.vocab_size})")
         try:
             sampling.validate(info.max_model_len)
         except ValueError as e:

@@ -166,3 +166,19 @@ def test_over_http_each_field_not_acted_on_is_a_400_naming_it(server):
     assert r.json()["id"] == "chatcmpl-abc"
     r = server.client.completions.create(model="fake", prompt="x", max_tokens=1, extra_body={"request_id": "x1"})
     assert r.id == "cmpl-x1"
+
+
+def test_the_grpc_api_takes_min_tokens_and_logit_bias_and_refuses_ids_past_the_vocabulary(server):
+    import grpc
+
+    from wire.v1 import generation_pb2 as pb
+
+    out = list(server.g.stub.Generate(pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(
+        max_tokens=3, min_tokens=2, logit_bias={5: 1.5})), timeout=30))
+    assert out[-1].usage.completion_tokens == 3
+    for sampling, words in ((pb.SamplingParams(logit_bias={10 ** 6: 1.0}), "outside the vocabulary"),
+                            (pb.SamplingParams(logit_bias={5: 101.0}), "logit_bias[5]"),
+                            (pb.SamplingParams(max_tokens=2, min_tokens=3), "min_tokens")):
+        with pytest.raises(grpc.RpcError) as e:
+            list(server.g.stub.Generate(pb.GenerateRequest(prompt="x", sampling=sampling), timeout=30))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in e.value.details(), e.value.details()
