@@ -48,6 +48,8 @@ class Message(_Body):
     tool_calls: Optional[Annotated[list[ToolCall], Field(max_length=MAX_TOOL_CALLS)]] = None
     tool_call_id: Str = None
     name: Str = None
+    reasoning_content: Str = None  # an earlier answer's reasoning (vLLM's), for the template
+    reasoning: Str = None  # the same, vLLM's newer name
 
     @model_validator(mode="before")
     @classmethod

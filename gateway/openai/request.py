@@ -31,7 +31,8 @@ from gateway.api_request import ApiError, chat_prompt, check_text_size, generate
 from gateway.grammar_budget import GrammarBusy
 from gateway.openai import unsupported
 from gateway.openai.errors import OpenAIError, bad_request, from_api_error, model_not_found
-from gateway.openai.models import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, validated
+from gateway.openai.models import (ChatRequest, CompletionRequest, DetokenizeRequest, Message, TokenizeRequest,
+                                   validated)
 from gateway.openai.param_types import PROMPT_SHAPE
 from gateway.openai.tool_calls import guided as guided_tools, parse_tools, render
 from gateway.request_limits import utf8_size
@@ -97,6 +98,7 @@ def _decode(ids: list[int], tokenizer) -> str:
 def parse_chat(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
     m = validated(ChatRequest, body)
     unsupported.check(body, ChatRequest.model_fields)
+    unsupported.check_messages(body.get("messages"), Message.model_fields)
     _check_common(m, info)
     if m.prompt_logprobs is not None:
         raise bad_request("prompt_logprobs is only supported on /v1/completions, not on chat",
@@ -105,11 +107,12 @@ def parse_chat(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
     template_kwargs = _template_kwargs(m.chat_template_kwargs)
     tools = parse_tools(body)
     sampling = _sampling(m, info, chat=True)
-    if tools is not None:
+    turns = _with_message_fields(turns, m.messages)
+    if tools is not None or any(len(t) > 2 for t in turns):  # more than role and content
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise bad_request("this model has no chat template", "messages")
         _check_chat_size(turns, info, tokenizer)
-        prompt = render(_with_tool_fields(turns, m.messages), tools, tokenizer, template_kwargs)
+        prompt = render(turns, tools, tokenizer, template_kwargs)
     else:
         prompt = _chat_prompt(turns, info, tokenizer, template_kwargs)
     if m.max_tokens is None and m.max_completion_tokens is None:
@@ -138,14 +141,19 @@ def _turns(messages) -> list[dict]:
     return [{"role": m.role, "content": m.content} for m in messages]
 
 
-def _with_tool_fields(turns: list[dict], messages) -> list[dict]:
-    """The turns with their tool calls and tool results, as dicts for the chat template."""
+def _with_message_fields(turns: list[dict], messages) -> list[dict]:
+    """The turns with their tool calls, tool results, names and earlier reasoning (vLLM's
+    `reasoning` or `reasoning_content`, given to the template as reasoning_content, as
+    Qwen3's reads it), as dicts for the chat template."""
     for turn, m in zip(turns, messages):
         if m.tool_calls is not None:
             turn["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
         for key in ("tool_call_id", "name"):
             if getattr(m, key) is not None:
                 turn[key] = getattr(m, key)
+        reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+        if reasoning is not None:
+            turn["reasoning_content"] = reasoning
     return turns
 
 
@@ -168,6 +176,7 @@ def tokenize_body(body: dict, info: ModelInfo, tokenizer) -> list[int]:
     rendered by the chat template as chat does."""
     m = validated(TokenizeRequest, body)
     unsupported.check(body, TokenizeRequest.model_fields)
+    unsupported.check_messages(body.get("messages"), Message.model_fields)
     _check_model(m.model, info)
     if tokenizer is None:
         raise bad_request("this model has no tokenizer", None)

@@ -10,6 +10,9 @@ Contract: `check(body, declared)` raises OpenAIError 400 naming the first field 
 - none of these and not `declared` (the endpoint's model's fields): an unknown field, with
   any value but null;
 - stream_options with a key other than include_usage (continuous_usage_stats false passes).
+`check_messages(messages, declared)` does the same for each message's fields (the message
+model's), naming `messages[i].<field>`; an undeclared one passes only when it asks for
+nothing (a response's `refusal: null` or `annotations: []` sent back).
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ HINTS = {"use_beam_search": "; use beam_width for beam search", "chat_template":
 def check(body: dict, declared) -> None:
     for name, value in body.items():
         if name in NOT_SUPPORTED:
-            if value in (None, False, 0, "") or value == [] or value == {}:
+            if _asks_nothing(value):
                 continue
             raise bad_request(f"{name} is not supported by this server{HINTS.get(name, '')}", name)
         if name in declared:
@@ -63,6 +66,19 @@ def check(body: dict, declared) -> None:
             if key == "include_usage" or key == "continuous_usage_stats" and value in (None, False):
                 continue
             raise bad_request(f"stream_options.{key} is not supported by this server", f"stream_options.{key}")
+
+
+def check_messages(messages, declared) -> None:
+    if not isinstance(messages, list):
+        return
+    for i, m in enumerate(messages):
+        for name, value in (m.items() if isinstance(m, dict) else ()):
+            if name not in declared and not _asks_nothing(value):
+                raise bad_request(f"messages[{i}].{name} is not supported by this server", f"messages[{i}].{name}")
+
+
+def _asks_nothing(value) -> bool:
+    return value in (None, False, 0, "") or value == [] or value == {}
 
 
 def _shown(value) -> str:

@@ -155,7 +155,12 @@ def test_reasoning_parser_gives_reasoning_content_whole_and_streamed(thinking):
 
 
 def test_over_http_each_field_not_acted_on_is_a_400_naming_it(server):
-    from tests.unit.gateway.test_request_fields import (ASKING, HONOURED_CHAT, OPENAI_CHAT, VLLM_CHAT)
+    from tests.unit.gateway.test_request_fields import (
+        ASKING,
+        HONOURED_CHAT,
+        OPENAI_CHAT,
+        VLLM_CHAT,
+    )
 
     for name in sorted((OPENAI_CHAT | VLLM_CHAT | {"unknown_field"}) - HONOURED_CHAT - {"model"}):
         value, extra = ASKING[name] if isinstance(ASKING[name], tuple) else (ASKING[name], {})

@@ -220,3 +220,22 @@ def test_values_that_ask_more_than_is_done_are_refused(body, param):
 ])
 def test_values_that_ask_for_what_is_done_anyway_are_accepted(body):
     parse(body)
+
+
+class MessagesTokenizer(RecordingTokenizer):
+    def apply_chat_template(self, messages, **kw):
+        self.messages = messages
+        return [1, 2, 3]
+
+
+def test_message_fields_reach_the_template_or_are_refused_by_name():
+    tok = MessagesTokenizer()
+    history = [{"role": "user", "content": "hi", "name": "ann"},
+               {"role": "assistant", "content": "Paris.", "reasoning": "they asked", "refusal": None,
+                "annotations": []},
+               {"role": "user", "content": "why?"}]
+    parse({"messages": history}, tok)
+    assert tok.messages[0]["name"] == "ann" and tok.messages[1]["reasoning_content"] == "they asked"
+    assert "refusal" not in tok.messages[1]
+    e = refused({"messages": [{"role": "user", "content": "hi", "audio": {"id": "a"}}]}, tok)
+    assert e.param == "messages[0].audio" and "not supported" in e.message
