@@ -68,8 +68,6 @@ def parse_completion(body: dict, info: ModelInfo, tokenizer) -> OpenAIRequest:
     m = validated(CompletionRequest, body)
     unsupported.check(body, CompletionRequest.model_fields)
     _check_common(m, info)
-    if m.response_format is not None:
-        raise bad_request("response_format is a chat parameter; use guided_json here", "response_format")
     sampling = _sampling(m, info, chat=False)
     if m.prompt is None:
         raise bad_request(f"prompt {PROMPT_SHAPE}", "prompt")

@@ -94,13 +94,18 @@ def test_json_object_n_2_and_grammar_extensions(served):
 
 
 def test_structured_outputs_is_honoured_as_its_guided_twin(served):
-    """vLLM's structured_outputs (the issue's example: a choice came back as free text)."""
+    """vLLM's structured_outputs (the issue's example: a choice came back as free text), and
+    response_format on completions as vLLM takes it."""
     for so, check in (({"choice": ["red", "green"]}, lambda t: t in ("red", "green")),
                       ({"regex": r"\d{3}-\d{4}"}, lambda t: re.fullmatch(r"\d{3}-\d{4}", t))):
         c = served.client.chat.completions.create(model=served.model, max_tokens=20, temperature=1.0, seed=4,
                                                   messages=[{"role": "user", "content": "Pick a colour."}],
                                                   extra_body={"structured_outputs": so})
         assert check(c.choices[0].message.content), (so, c.choices[0].message.content)
+    c = served.client.completions.create(model=served.model, prompt="JSON:", max_tokens=30, temperature=0,
+                                         extra_body={"response_format": {"type": "json_object"}})
+    assert c.choices[0].text.startswith("{")  # the grammar's: free text would not
+    assert c.choices[0].finish_reason != "stop" or isinstance(json.loads(c.choices[0].text), dict)
     r = httpx.post(served.url + "/v1/completions", timeout=30, json={
         "prompt": "x", "structured_outputs": {"choice": ["a"], "whitespace_pattern": " "}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs.whitespace_pattern"

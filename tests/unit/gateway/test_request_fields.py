@@ -151,7 +151,7 @@ HONOURED_CHAT = {"messages", "frequency_penalty", "logit_bias", "logprobs", "max
                  "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
                  "priority", "request_id", "cache_salt", "chat_template_kwargs", "include_reasoning"}
 HONOURED_COMPLETIONS = (HONOURED_CHAT - {"messages", "max_completion_tokens", "parallel_tool_calls", "tool_choice",
-                                         "tools", "top_logprobs", "response_format", "chat_template_kwargs",
+                                         "tools", "top_logprobs", "chat_template_kwargs",
                                          "include_reasoning"}) | {"prompt", "echo", "prompt_logprobs"}
 
 
