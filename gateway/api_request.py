@@ -39,6 +39,8 @@ def sampling_from_proto(p, max_model_len: int | None = None) -> SamplingParams:
         from gateway import structured
 
         try:
+            if sp.guided_kind == "structural_tag":  # vLLM's older form too, as on the HTTP API
+                sp.guided_spec = structured.structural_tag(sp.guided_spec, "sampling.guided_spec")
             sp.guided_spec = structured.prepare(sp.guided_kind, sp.guided_spec)
         except structured.grammar_budget.GrammarBusy as e:  # not the request's fault: retry
             raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None

@@ -65,3 +65,14 @@ def test_a_structural_tag_in_vllms_older_form_is_xgrammars_triggered_tags():
     assert structured.from_openai({"response_format": old}) == (kind, spec)
     new = {"format": fmt}
     assert structured.from_openai({"structured_outputs": {"structural_tag": new}}) == (kind, spec)
+
+
+def test_the_grpc_api_reads_a_structural_tag_in_either_form():
+    from gateway.api_request import ApiError, sampling_from_proto
+    from wire.v1 import generation_pb2 as pb
+
+    old = {"structures": [{"begin": "<fn=get>", "schema": SCHEMA, "end": "</fn>"}], "triggers": ["<fn="]}
+    sp = sampling_from_proto(pb.SamplingParams(guided_kind="structural_tag", guided_spec=json.dumps(old)))
+    assert json.loads(sp.guided_spec)["format"]["type"] == "triggered_tags"
+    with pytest.raises(ApiError, match="structures"):
+        sampling_from_proto(pb.SamplingParams(guided_kind="structural_tag", guided_spec='{"triggers": []}'))
