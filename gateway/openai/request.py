@@ -39,8 +39,8 @@ from gateway.request_limits import utf8_size
 from wire.protocol import ModelInfo, SamplingParams
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-            "frequency_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "logit_bias", "n", "beam_width",
-            "length_penalty", "early_stopping")
+            "frequency_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "logit_bias",
+            "n", "beam_width", "length_penalty", "early_stopping")
 
 
 @dataclass
