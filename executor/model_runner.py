@@ -29,7 +29,7 @@ class ModelRunner:
                  holds_pool: bool = False):
         self.model = model
         self.config = config
-        self.sampler = Sampler()
+        self.sampler = Sampler(config.eos_token_ids)
         self.guided = None  # executor.logits_mask.GuidedDecoding: grammar masks (structured output)
         self.kv_pool = None
         self.attach_pool(kv_pool, holds_pool)

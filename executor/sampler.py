@@ -1,6 +1,10 @@
 """Batched token sampling for one step.
 
 For each sampled sequence, in this order:
+0. logit_bias: each listed token's value added to its logit (ids past the vocabulary skipped);
+   min_tokens: while the sequence has fewer output tokens, its end-of-sequence tokens (the
+   Sampler's `eos_token_ids`) and stop_token_ids are set to -inf, unless no other token is
+   left (a grammar that allows only its end);
 1. penalties: repetition (Hugging Face semantics, over prompt + output tokens: a positive
    logit is divided by the penalty, a negative one multiplied), then frequency and presence
    (OpenAI semantics, over output tokens: logit -= frequency * count + presence * [count > 0]);
@@ -15,7 +19,8 @@ For each sampled sequence, in this order:
 
 Logprobs are the log-softmax of the processed distribution, the one the token was drawn
 from: after steps 1-3 (tokens removed by truncation have -inf and never appear among the top
-logprobs). Stopping (EOS, stop ids, ignore_eos) is the gateway's business: nothing is masked.
+logprobs). Stopping (EOS, stop ids, ignore_eos) is the gateway's business: nothing else is
+masked.
 """
 from __future__ import annotations
 
@@ -32,6 +37,44 @@ def mix_seed(seed: int, position: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return (x ^ (x >> 31)) >> 1
+
+
+def apply_logit_bias(logits: torch.Tensor, seqs: list[SeqStep]) -> None:
+    """In place, for the rows whose sampling params carry a logit_bias: one scatter for the
+    batch (no wait on the device)."""
+    vocab = logits.shape[-1]
+    rows, cols, values = [], [], []
+    for i, s in enumerate(seqs):
+        for t, v in s.sampling.logit_bias.items():
+            if 0 <= t < vocab:
+                rows.append(i)
+                cols.append(t)
+                values.append(v)
+    if rows:
+        dev = logits.device
+        logits.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
+                          torch.tensor(values, dtype=logits.dtype, device=dev), accumulate=True)
+
+
+def apply_min_tokens(logits: torch.Tensor, seqs: list[SeqStep], eos_token_ids) -> None:
+    """In place: the stop tokens of the rows still short of their min_tokens to -inf, except
+    in a row where nothing else is allowed; for the batch at once (no wait on the device)."""
+    vocab = logits.shape[-1]
+    rows, cols = [], []
+    for i, s in enumerate(seqs):
+        if len(s.output_token_ids) < s.sampling.min_tokens:
+            for t in {*eos_token_ids, *s.sampling.stop_token_ids}:
+                if 0 <= t < vocab:
+                    rows.append(i)
+                    cols.append(t)
+    if not rows:
+        return
+    dev = logits.device
+    rows, cols = torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)
+    kept = logits[rows, cols]
+    logits[rows, cols] = float("-inf")
+    stuck = logits.amax(-1) == float("-inf")  # its only allowed tokens were those: a grammar's end
+    logits[rows, cols] = torch.where(stuck[rows], kept, logits[rows, cols])
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[SeqStep]) -> None:
@@ -79,7 +122,7 @@ def apply_truncation(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
 def _plain_greedy(p) -> bool:
     """Greedy with nothing that could change the argmax (penalties; truncation, on ties) or
     asks for the distribution (logprobs)."""
-    return (p.greedy and not p.uses_penalties and p.logprobs is None
+    return (p.greedy and not p.uses_penalties and p.logprobs is None and not p.logit_bias
             and p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0)
 
 
@@ -89,7 +132,11 @@ def uniform(seed: int, position: int) -> float:
 
 
 class Sampler:
-    """__call__(logits [S, vocab], seqs) -> one SampleOutput per row, in order."""
+    """__call__(logits [S, vocab], seqs) -> one SampleOutput per row, in order.
+    `eos_token_ids`: the model's end-of-sequence tokens, masked with min_tokens."""
+
+    def __init__(self, eos_token_ids=()):
+        self.eos_token_ids = list(eos_token_ids)
 
     def __call__(self, logits: torch.Tensor, seqs: list[SeqStep]) -> list[SampleOutput]:
         assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
@@ -99,6 +146,10 @@ class Sampler:
             tokens = logits.argmax(-1).tolist()
             return [SampleOutput(seq_id=s.seq_id, token_id=t) for s, t in zip(seqs, tokens)]
         logits = logits.float().clone()
+        if any(p.logit_bias for p in params):
+            apply_logit_bias(logits, seqs)
+        if any(p.min_tokens for p in params):
+            apply_min_tokens(logits, seqs, self.eos_token_ids)
         apply_penalties(logits, seqs)
         dev = logits.device
         temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=dev)

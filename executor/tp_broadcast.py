@@ -45,7 +45,9 @@ def sampling_to_proto(sp: SamplingParams) -> TensorParallelSampling:
 def sampling_from_proto(m: TensorParallelSampling) -> SamplingParams:
     values = {}
     for fd in m.DESCRIPTOR.fields:
-        if fd.is_repeated:
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            values[fd.name] = dict(getattr(m, fd.name))
+        elif fd.is_repeated:
             values[fd.name] = list(getattr(m, fd.name))
         else:
             values[fd.name] = getattr(m, fd.name) if not fd.has_presence or m.HasField(fd.name) else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import grpc
 
-from gateway import request_limits
+from gateway import chat_template, request_limits
 from wire import convert, sampling_fields
 from wire.protocol import ModelInfo, SamplingParams
 
@@ -39,6 +39,8 @@ def sampling_from_proto(p, max_model_len: int | None = None) -> SamplingParams:
         from gateway import structured
 
         try:
+            if sp.guided_kind == "structural_tag":  # vLLM's older form too, as on the HTTP API
+                sp.guided_spec = structured.structural_tag(sp.guided_spec, "sampling.guided_spec")
             sp.guided_spec = structured.prepare(sp.guided_kind, sp.guided_spec)
         except structured.grammar_budget.GrammarBusy as e:  # not the request's fault: retry
             raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
@@ -90,9 +92,11 @@ def generate_prompt(request, tokenizer, max_model_len: int | None = None) -> lis
     return ids
 
 
-def chat_prompt(request, tokenizer, max_model_len: int | None = None) -> list[int]:
+def chat_prompt(request, tokenizer, max_model_len: int | None = None,
+                template_kwargs: dict | None = None) -> list[int]:
     """The messages of a ChatRequest rendered by the model's chat template, as token ids
-    (refused by their size first when `max_model_len` is given)."""
+    (refused by their size first when `max_model_len` is given), with `template_kwargs` (else
+    the request's own chat_template_kwargs, gateway.chat_template) as template variables."""
     if not request.messages:
         raise invalid("messages is empty: send at least one message")
     if len(request.messages) > request_limits.MAX_MESSAGES:
@@ -107,8 +111,14 @@ def chat_prompt(request, tokenizer, max_model_len: int | None = None) -> list[in
     size = sum(request_limits.utf8_size(m.content) for m in request.messages)
     check_text_size(size, max_model_len, tokenizer, "messages (their contents together)")
     messages = [{"role": m.role, "content": m.content} for m in request.messages]
+    if template_kwargs is None:
+        try:
+            template_kwargs = chat_template.kwargs_of_proto(request)
+        except ValueError as e:
+            raise invalid(str(e)) from None
     try:
         return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False))
+                                                  tokenize=True, return_dict=False,
+                                                  **(template_kwargs or {})))
     except Exception as e:  # a template may raise on roles it does not know
         raise invalid(f"messages: the chat template refused them: {e}") from None

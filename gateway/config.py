@@ -42,6 +42,11 @@ class GatewayConfig:
     max_request_bytes: int = setting(4 << 20, "largest request either API accepts: a gRPC message "
                                      "(RESOURCE_EXHAUSTED) or an HTTP body (413)", metavar="BYTES")
     grammar: GrammarBudget = field(default_factory=GrammarBudget)
+    chat_template: str | None = setting(None, "a Jinja chat template file to render chat requests "
+                                        "with, instead of the model's own (both APIs; read at start)", metavar="FILE")
+    reasoning_parser: str | None = setting(None, "split a <think>-style model's reasoning from its "
+                                           "answer on the chat API (reasoning_content)",
+                                           choices=["qwen3", "deepseek_r1"])
     http_host: str = setting("127.0.0.1", "address of the OpenAI-compatible HTTP API")
     http_port: int = setting(8000, "port of the OpenAI-compatible HTTP API (also serves /metrics), "
                              "0 to turn it off; with --tls-cert it is HTTPS")

@@ -5,15 +5,17 @@ import asyncio
 import signal
 import sys
 
-from gateway import grammar_budget
+from gateway import chat_template, grammar_budget
 from gateway.config import GatewayConfig
 from gateway.server import SERVING, Backend, Gateway
 from wire.grpc_service import get_logger, open_channel
 from wire.heap import freeze_heap
 
 
-def replica_set(config: GatewayConfig, service, tls=None, token: str | None = None):
-    """A ReplicaSet over the replicas of `config`, making step runners with `service`."""
+def replica_set(config: GatewayConfig, service, tls=None, token: str | None = None,
+                template: str | None = None):
+    """A ReplicaSet over the replicas of `config`, making step runners with `service`
+    (`template`: --chat-template's text)."""
     from gateway.replica_set import ReplicaSet
     from gateway.router import Router
 
@@ -25,7 +27,8 @@ def replica_set(config: GatewayConfig, service, tls=None, token: str | None = No
 
         memsvc_port, executor_port = parse_ports(config.discover_ports)
         discover = lambda: dns_replicas(config.discover, memsvc_port, executor_port)  # noqa: E731
-    replicas = ReplicaSet(config.replica_addresses(), lambda m, e: connect_remote(m, e, tls, token),
+    replicas = ReplicaSet(config.replica_addresses(),
+                          lambda m, e: connect_remote(m, e, tls, token, template),
                           lambda backend, on_error: service.build_runner(backend, on_error),
                           router, service.telemetry, discover=discover)
 
@@ -36,9 +39,11 @@ def replica_set(config: GatewayConfig, service, tls=None, token: str | None = No
     return connect
 
 
-def connect_remote(memsvc: str, executor: str, tls=None, token: str | None = None) -> Backend:
+def connect_remote(memsvc: str, executor: str, tls=None, token: str | None = None,
+                   chat_template: str | None = None) -> Backend:
     """Clients of memsvc and the executor (calling with the internal `token`), once both
-    answer; raises while either does not."""
+    answer; raises while either does not. `chat_template` (--chat-template's text) replaces
+    the model's."""
     from gateway import grammar_compile
     from gateway.byte_detokenizer import byte_table
     from gateway.remote import RemoteExecutorClient, RemoteMemoryClient, tokenizer_dir_from_info
@@ -56,6 +61,8 @@ def connect_remote(memsvc: str, executor: str, tls=None, token: str | None = Non
         if memory_client is not None:
             memory_client.close()
         raise
+    if chat_template:
+        tokenizer.chat_template = chat_template
     byte_table(tokenizer)  # built now rather than for the first request (gateway.byte_detokenizer)
     grammar_compile.bind(tokenizer, info.vocab_size, info.eos_token_ids)  # grammars compile at admission
     freeze_heap()  # start-up is done: imports, tokenizer
@@ -85,15 +92,21 @@ async def serve(config: GatewayConfig) -> int:
     if not token and not (tls.cert and tls.ca):
         log.warning("no --internal-token and no mutual TLS: memsvc and the executors must run "
                     "with --insecure-internal to take this gateway's calls")
+    try:
+        template = chat_template.load(config.chat_template)
+    except ValueError as e:
+        log.error("%s", e)
+        return 1
     setup_tracing("gateway", config.tracing)
     grammar_budget.configure(config.grammar)
-    gateway = Gateway(lambda: connect_remote(config.memsvc, config.executor, tls, token), config.scheduler,
+    gateway = Gateway(lambda: connect_remote(config.memsvc, config.executor, tls, token, template),
+                      config.scheduler,
                       host=config.host, port=config.port, max_waiting=config.max_waiting,
                       step_retry_s=config.step_retry_timeout, api_key=config.api_key or None,
                       credentials=tls.server_credentials(require_client_cert=False),
                       max_message_bytes=config.max_request_bytes)
     if config.replica or config.discover:
-        gateway.connect = replica_set(config, gateway.service, tls, token)
+        gateway.connect = replica_set(config, gateway.service, tls, token, template)
     try:
         port = await gateway.start()
     except RuntimeError as e:
@@ -117,7 +130,8 @@ async def serve(config: GatewayConfig) -> int:
             http = await start_openai(gateway, config.http_host, config.http_port, config.api_key, tls=tls,
                                       write_timeout=config.http_write_timeout,
                                       max_body_bytes=config.max_request_bytes,
-                                      metrics_upstreams=config.upstreams())
+                                      metrics_upstreams=config.upstreams(),
+                                      reasoning_parser=config.reasoning_parser)
         except OSError as e:
             log.error("cannot listen on %s:%d (HTTP): %s", config.http_host, config.http_port, e)
             await gateway.stop(grace=0)

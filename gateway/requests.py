@@ -68,7 +68,8 @@ class Requests:
         arrival = time.monotonic() if arrival is None else arrival
         state = RequestState(request_id, len(prompt_token_ids), [], [], sampling=sampling)
         for i in range(sampling.n):
-            state.streams.append(OutputStream(self.tokenizer, prompt_token_ids, sampling.stop))
+            state.streams.append(OutputStream(self.tokenizer, prompt_token_ids, sampling.stop,
+                                              sampling.min_tokens))
             state.open.add(i)
         if sampling.beam_search:
             self._add_beam_search(state, list(prompt_token_ids), sampling, seed, max_len, arrival,
@@ -189,6 +190,9 @@ class Requests:
         bad = [t for t in prompt if not 0 <= t < info.vocab_size]
         if bad:
             raise RequestError(f"prompt_token_ids: {bad[0]} is outside the vocabulary [0, {info.vocab_size})")
+        bad = [t for t in sampling.logit_bias if t >= info.vocab_size]
+        if bad:
+            raise RequestError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {info.vocab_size})")
         try:
             sampling.validate(info.max_model_len)
         except ValueError as e:

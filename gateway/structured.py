@@ -3,9 +3,16 @@ bad schema, regex or grammar is a 400 / INVALID_ARGUMENT, never a failed step. T
 compiles and applies them (executor.logits_mask, xgrammar).
 
 OpenAI: response_format {"type": "text" | "json_object" | "json_schema", "json_schema":
-{"name", "schema", "strict"}}; extensions (vLLM's names): guided_json (a schema),
-guided_regex, guided_choice (list of strings), guided_grammar (EBNF/GBNF). At most one.
-`strict` false is accepted and enforced all the same (the output always follows the schema).
+{"name", "schema", "strict"}}; extensions (vLLM's names): structured_outputs {"json",
+"regex", "choice", "grammar", "json_object", "structural_tag"} (vLLM's form since it
+removed guided_*), equal in effect to guided_json (a schema), guided_regex, guided_choice
+(list of strings), guided_grammar (EBNF/GBNF), and response_format {"type":
+"structural_tag"}. At most one. `strict` false is accepted and enforced all the same (the
+output always follows the schema). A structural tag is xgrammar's ({"format": ...}) or
+vLLM's older form ({"structures": [{"begin", "schema", "end"}], "triggers"}), rewritten
+into xgrammar's. structured_outputs' options: disable_fallback and disable_any_whitespace
+are what this server always does (no fallback engine; JSON without free whitespace) and are
+accepted either way; any other option that would change the output is refused by name.
 
 Every spec is checked within a budget (gateway.grammar_budget: its size, and the time to
 check and compile it, on a few worker threads) and compiled as the executor will compile it
@@ -22,6 +29,13 @@ import json
 from gateway import grammar_budget, grammar_compile, schema_bounds, schema_support
 
 GUIDED_PARAMS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+# structured_outputs' constraints, each the kind a guided_* field gives
+STRUCTURED_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
+                    "json_object": "json_object", "structural_tag": "structural_tag"}
+# structured_outputs' options: the values this server honours (its only behaviour)
+STRUCTURED_OPTIONS = {"disable_fallback": (True, False), "disable_any_whitespace": (True, False),
+                      "disable_additional_properties": (False,), "whitespace_pattern": (),
+                      "backend": ("xgrammar", "auto")}
 
 
 class GuidedError(ValueError):
@@ -42,44 +56,19 @@ def from_openai(body: dict) -> tuple[str, str]:
     found = []
     rf = body.get("response_format")
     if rf is not None:
-        if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
-            raise GuidedError("response_format.type must be text, json_object or json_schema",
-                              "response_format")
-        if rf["type"] == "json_object":
-            found.append(("json_object", "", "response_format"))
-        elif rf["type"] == "json_schema":
-            js = rf.get("json_schema")
-            if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
-                raise GuidedError("response_format.json_schema must be an object with a schema",
-                                  "response_format")
-            if "name" in js and not isinstance(js["name"], str):
-                raise GuidedError("response_format.json_schema.name must be a string", "response_format")
-            schema = js.get("schema") or {}
-            found.append(("json_schema", json.dumps(schema), "response_format"))
+        found += _response_format(rf)
+    found += _structured_outputs(body.get("structured_outputs"))
     for name in GUIDED_PARAMS:
         value = body.get(name)
-        if value is None:
-            continue
-        if name == "guided_json":
-            if isinstance(value, str):
-                try:
-                    value = json.loads(value)
-                except ValueError:
-                    raise GuidedError("guided_json must be a JSON schema", name) from None
-            if not isinstance(value, dict):
-                raise GuidedError("guided_json must be a JSON schema object", name)
-            found.append(("json_schema", json.dumps(value), name))
-        elif name == "guided_choice":
-            found.append(("choice", json.dumps(value), name))
-        elif not isinstance(value, str) or not value:
-            raise GuidedError(f"{name} must be a non-empty string", name)
-        else:
-            found.append(("regex" if name == "guided_regex" else "grammar", value, name))
+        if value is not None:
+            kind = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
+                    "guided_grammar": "grammar"}[name]
+            found.append((kind, _spec(kind, value, name), name))
     if not found:
         return "", ""
     if len(found) > 1:
-        raise GuidedError(f"give one of response_format and {', '.join(GUIDED_PARAMS)}, not "
-                          f"{' and '.join(p for _, _, p in found)}", found[1][2])
+        raise GuidedError(f"give one of response_format, structured_outputs and {', '.join(GUIDED_PARAMS)}, "
+                          f"not {' and '.join(p for _, _, p in found)}", found[1][2])
     kind, spec, param = found[0]
     try:
         return kind, prepare(kind, spec)
@@ -87,6 +76,101 @@ def from_openai(body: dict) -> tuple[str, str]:
         raise  # not the request's fault: the caller answers "busy, retry"
     except ValueError as e:
         raise GuidedError(f"{param}: {e}", param) from None
+
+
+def _response_format(rf) -> list[tuple[str, str, str]]:
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema", "structural_tag"):
+        raise GuidedError("response_format.type must be text, json_object, json_schema or structural_tag",
+                          "response_format")
+    if rf["type"] == "json_object":
+        return [("json_object", "", "response_format")]
+    if rf["type"] == "structural_tag":
+        return [("structural_tag", _spec("structural_tag", rf, "response_format"), "response_format")]
+    if rf["type"] == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+            raise GuidedError("response_format.json_schema must be an object with a schema",
+                              "response_format")
+        if "name" in js and not isinstance(js["name"], str):
+            raise GuidedError("response_format.json_schema.name must be a string", "response_format")
+        return [("json_schema", json.dumps(js.get("schema") or {}), "response_format")]
+    return []
+
+
+def _structured_outputs(so) -> list[tuple[str, str, str]]:
+    """The constraints of vLLM's structured_outputs object (at most one is allowed)."""
+    if so is None:
+        return []
+    if not isinstance(so, dict):
+        raise GuidedError("structured_outputs must be an object", "structured_outputs")
+    found = []
+    for key, value in so.items():
+        param = f"structured_outputs.{key}"
+        if value is None:
+            continue
+        if key in STRUCTURED_KINDS:
+            if key == "json_object":
+                if not isinstance(value, bool):
+                    raise GuidedError(f"{param} must be a boolean", param)
+                if value:
+                    found.append(("json_object", "", param))
+                continue
+            kind = STRUCTURED_KINDS[key]
+            found.append((kind, _spec(kind, value, param), param))
+        elif key in STRUCTURED_OPTIONS:
+            allowed = STRUCTURED_OPTIONS[key]
+            if value not in allowed:
+                can = (f"it may be {' or '.join(json.dumps(a) for a in allowed)}" if allowed
+                       else "leave it out")
+                raise GuidedError(f"{param}={json.dumps(value)} is not supported by this server: {can}", param)
+        else:
+            raise GuidedError(f"{param} is not a structured_outputs field this server knows: give one of "
+                              f"{', '.join(STRUCTURED_KINDS)}", param)
+    return found
+
+
+def _spec(kind: str, value, param: str) -> str:
+    """The spec text of one constraint as a request gives it."""
+    if kind == "json_schema":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise GuidedError(f"{param} must be a JSON schema", param) from None
+        if not isinstance(value, dict):
+            raise GuidedError(f"{param} must be a JSON schema object", param)
+        return json.dumps(value)
+    if kind == "choice":
+        return json.dumps(value)
+    if kind == "structural_tag":
+        return structural_tag(value, param)
+    if not isinstance(value, str) or not value:
+        raise GuidedError(f"{param} must be a non-empty string", param)
+    return value
+
+
+def structural_tag(value, param: str) -> str:
+    """A structural tag as xgrammar's JSON: given so ({"format": ...}), or rewritten from vLLM's
+    older form ({"structures": [{"begin", "schema", "end"}], "triggers": [...]})."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise GuidedError(f"{param} must be a structural tag (JSON)", param) from None
+    if not isinstance(value, dict):
+        raise GuidedError(f"{param} must be a structural tag object", param)
+    if "format" in value:
+        return json.dumps({"type": "structural_tag", "format": value["format"]})
+    structures, triggers = value.get("structures"), value.get("triggers")
+    if not isinstance(structures, list) or not isinstance(triggers, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("begin"), str) and isinstance(t.get("end"), str)
+            and isinstance(t.get("schema", {}), dict) for t in structures):
+        raise GuidedError(f"{param} must hold format, or structures (each begin, schema, end) and triggers",
+                          param)
+    tags = [{"type": "tag", "begin": t["begin"], "end": t["end"],
+             "content": {"type": "json_schema", "json_schema": t.get("schema") or {}}} for t in structures]
+    return json.dumps({"type": "structural_tag",
+                       "format": {"type": "triggered_tags", "triggers": triggers, "tags": tags}})
 
 
 def prepare(kind: str, spec: str) -> str:

@@ -43,6 +43,7 @@ def sampling_to_proto(sp: SamplingParams) -> generation_pb2.SamplingParams:
         frequency_penalty=sp.frequency_penalty, beam_width=sp.beam_width,
         length_penalty=sp.length_penalty, early_stopping=sp.early_stopping,
         guided_kind=sp.guided_kind, guided_spec=sp.guided_spec, prompt_logprobs=sp.prompt_logprobs,
+        min_tokens=sp.min_tokens, logit_bias=sp.logit_bias,
     )
 
 
@@ -68,6 +69,8 @@ def sampling_from_proto(m: generation_pb2.SamplingParams) -> SamplingParams:
         stop=list(m.stop),
         stop_token_ids=list(m.stop_token_ids),
         ignore_eos=m.ignore_eos,
+        min_tokens=m.min_tokens,
+        logit_bias={t: _f32(v) for t, v in m.logit_bias.items()},
         logprobs=m.logprobs if has("logprobs") else d["logprobs"],
         n=m.n if has("n") else d["n"],
         beam_width=m.beam_width or d["beam_width"],

@@ -30,6 +30,11 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = _D["ignore_eos"]
+    # the executor masks the end-of-sequence and stop_token_ids tokens until this many output
+    # tokens (unless nothing else is allowed: a grammar's end); stop strings match after it
+    min_tokens: int = _D["min_tokens"]
+    # token id -> a value in [-100, 100] added to its logit before anything else (OpenAI's)
+    logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = _D["logprobs"]  # None: no logprobs; 0: the chosen token's; k: plus the top k
     # per prompt position from the second on: None: none; 0: the prompt token's logprob and
     # rank; k: plus the top k (raw model distribution). Computing them disables prefix-cache hits
@@ -56,11 +61,12 @@ class SamplingParams:
 
     @property
     def uses_penalties(self) -> bool:
-        """Penalties, or a grammar: the executor needs the sequence's token history (a
-        grammar's state is replayed from the output tokens, so it survives preemption,
-        recompute, swap and forks)."""
+        """Penalties, a grammar or min_tokens: the executor needs the sequence's token
+        history (a grammar's state is replayed from the output tokens, so it survives
+        preemption, recompute, swap and forks; min_tokens counts them)."""
         return (
             self.guided
+            or self.min_tokens > 0
             or self.repetition_penalty != 1.0
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
@@ -74,6 +80,9 @@ class SamplingParams:
             raise ValueError(
                 f"max_tokens={self.max_tokens} exceeds the model's maximum length {max_model_len}"
             )
+        if self.min_tokens > self.max_tokens:
+            raise sampling_fields.FieldError("min_tokens", "", f"must be at most max_tokens ({self.max_tokens}), "
+                                             f"got {self.min_tokens}")
         bound = sampling_fields.length_penalty_bound(max_model_len or 0)
         if abs(self.length_penalty) > bound:
             raise sampling_fields.FieldError(

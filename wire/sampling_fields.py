@@ -15,7 +15,9 @@ Ranges are those of the field's protobuf type (generation.proto) or narrower:
   passes 1e5); repetition_penalty within [0.01, 100] (a logit is divided or multiplied by
   it: any logit below 3e36 stays finite in float32). length_penalty's bound depends on the
   model's maximum length: `length_penalty_bound`;
-- strings are valid UTF-8 (no lone surrogate: protobuf cannot carry one); lists are bounded.
+- strings are valid UTF-8 (no lone surrogate: protobuf cannot carry one); lists are bounded;
+- a map (logit_bias) is from token ids (uint32; the model's vocabulary is the API's check) to
+  values of its `item` type in its range, bounded in size.
 
 `check(name, value)` raises FieldError ("<name>[i] must ..., got ...").
 """
@@ -34,6 +36,7 @@ MAX_STOP = 32  # stop strings, each matched against every new piece of text
 MAX_STOP_CHARS = 1024  # characters of one stop string
 MAX_STOP_TOKEN_IDS = 128  # stop token ids, looked up for every sampled token
 MAX_SALT_CHARS = 1024  # cache_salt: hashed into the key of every block of the prompt
+MAX_LOGIT_BIAS = 1024  # logit_bias entries, each added to its token's logit every step
 FLOAT32_MAX = 3.4028234663852886e38
 INT32 = (-2 ** 31, 2 ** 31 - 1)
 UINT32 = (0, 2 ** 32 - 1)
@@ -46,7 +49,7 @@ _LN_SCORE_RANGE = math.log(sys.float_info.max) / 2
 @dataclass(frozen=True)
 class Field:
     name: str
-    kind: type  # int, float, bool, str; list: a list of `item`
+    kind: type  # int, float, bool, str; list: a list of `item`; dict: token id -> `item`
     wire: str  # its protobuf type in generation.proto
     default: object
     low: float | None = None  # the range of a number, or of a list's numbers
@@ -77,6 +80,8 @@ FIELDS = {f.name: f for f in (
     _f("stop", list, "repeated string", (), item=str, max_items=MAX_STOP, max_chars=MAX_STOP_CHARS),
     _f("stop_token_ids", list, "repeated uint32", (), *UINT32, item=int, max_items=MAX_STOP_TOKEN_IDS),
     _f("ignore_eos", bool, "bool", False),
+    _f("min_tokens", int, "uint32", 0, *UINT32, note=" (end-of-sequence and stop tokens masked until then)"),
+    _f("logit_bias", dict, "map<uint32, float>", {}, -100.0, 100.0, item=float, max_items=MAX_LOGIT_BIAS),
     _f("logprobs", int, "optional uint32", None, 0, MAX_LOGPROBS, optional=True),
     _f("prompt_logprobs", int, "optional uint32", None, 0, MAX_LOGPROBS, optional=True),
     _f("n", int, "optional uint32", 1, 1, MAX_N),
@@ -111,6 +116,9 @@ def check(name: str, value) -> None:
     f = field(name)
     if value is None and f.optional:
         return
+    if f.kind is dict:
+        _check_map(f, value)
+        return
     if f.kind is not list:
         problem = value_problem(f, value)
         if problem:
@@ -126,9 +134,23 @@ def check(name: str, value) -> None:
             raise FieldError(name, f"[{i}]", problem)
 
 
+def _check_map(f: Field, value) -> None:
+    if not isinstance(value, dict):
+        raise FieldError(f.name, "", f"must be an object (token id: value), got {shown(value)}")
+    if len(value) > f.max_items:
+        raise FieldError(f.name, "", f"must hold at most {f.max_items} entries, got {len(value)}")
+    for k, v in value.items():
+        if isinstance(k, bool) or not isinstance(k, int) or not UINT32[0] <= k <= UINT32[1]:
+            raise FieldError(f.name, f"[{shown(k)}]", f"must be keyed by token ids (integers between "
+                             f"{UINT32[0]} and {UINT32[1]}), got {shown(k)}")
+        problem = value_problem(f, v)
+        if problem:
+            raise FieldError(f.name, f"[{shown(k)}]", problem)
+
+
 def value_problem(f: Field, v) -> str | None:
-    """What is wrong with `v` as a value of `f` (a list field: as one of its items), or None."""
-    kind = f.item if f.kind is list else f.kind
+    """What is wrong with `v` as a value of `f` (a list or map field: as one of its items), or None."""
+    kind = f.item if f.kind in (list, dict) else f.kind
     if kind is bool:
         return None if isinstance(v, bool) else f"must be a boolean, got {shown(v)}"
     if kind is str:

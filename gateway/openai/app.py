@@ -122,8 +122,9 @@ async def _unless_disconnected(request: Request, coro):
 
 class OpenAIApi:
     def __init__(self, gateway, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-                 metrics_upstreams: list[tuple[str, str]] | None = None):
+                 metrics_upstreams: list[tuple[str, str]] | None = None, reasoning_parser: str | None = None):
         self.gateway = gateway
+        self.reasoning_parser = reasoning_parser  # gateway.openai.reasoning
         self.api_key = api_key or None
         self.max_body_bytes = max_body_bytes
         self.metrics = ReplicaMetrics(gateway.service.metrics.registry, metrics_upstreams)
@@ -212,13 +213,16 @@ class OpenAIApi:
             raw = await read_body(request, self.max_body_bytes)
             req = await service.parse_pool.run(_parsed, parse, raw, service.info, service.backend.tokenizer)
             self._service()  # a drain may have begun while it was read
+            if req.chat and self.reasoning_parser and not req.sampling.guided:
+                req.reasoning = self.reasoning_parser
             stream = RequestStream(service.runner, req.prompts, req.sampling,
                                    operation="chat" if req.chat else "text_completion",
                                    model=service.info.name, telemetry=service.telemetry,
                                    metadata=list(request.headers.items()), priority=req.priority,
-                                   salt=req.cache_salt)
+                                   salt=req.cache_salt, public_id=req.request_id)
             await _http_errors(req, stream.start())
-            fmt = Formatter(req, service.backend.tokenizer)
+            fmt = Formatter(req, service.backend.tokenizer,
+                            id=req.request_id and ("chatcmpl-" if req.chat else "cmpl-") + req.request_id)
             first = await _unless_disconnected(request, _http_errors(req, stream.next_batch()))
             if first is None:
                 return Response(status_code=CLIENT_CLOSED)
@@ -298,6 +302,6 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 def build_app(gateway, api_key: str | None = None, **options) -> Starlette:
-    """`options`: max_body_bytes, metrics_upstreams (OpenAIApi)."""
+    """`options`: max_body_bytes, metrics_upstreams, reasoning_parser (OpenAIApi)."""
     return OpenAIApi(gateway, api_key, **options).app()
 

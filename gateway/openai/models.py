@@ -10,8 +10,9 @@ or raises OpenAIError 400 whose `param` names the first bad parameter as OpenAI 
 - Types are as strict as the API has always been: an integer takes 5 or 5.0 but not "5"
   or true, a number an integer or a float, a boolean only true or false, a string only a
   string; null is the same as leaving a parameter out.
-- Unknown parameters are allowed (and ignored by the parser); parameters whose rules live
-  elsewhere (tools, tool_choice, response_format, guided_json: gateway.openai.tool_calls,
+- Unknown parameters pass here and are refused by gateway.openai.unsupported (as are
+  those declared only to be refused: suffix, functions, audio); parameters whose rules live
+  elsewhere (tools, tool_choice, response_format, structured_outputs, guided_json: gateway.openai.tool_calls,
   gateway.structured) are only typed here.
 """
 from typing import Annotated, Any, Optional
@@ -47,6 +48,8 @@ class Message(_Body):
     tool_calls: Optional[Annotated[list[ToolCall], Field(max_length=MAX_TOOL_CALLS)]] = None
     tool_call_id: Str = None
     name: Str = None
+    reasoning_content: Str = None  # an earlier answer's reasoning (vLLM's), for the template
+    reasoning: Str = None  # the same, vLLM's newer name
 
     @model_validator(mode="before")
     @classmethod
@@ -79,6 +82,8 @@ class _Generation(_Body):
     stop: Stop = None
     stop_token_ids: table("stop_token_ids") = None
     ignore_eos: table("ignore_eos") = None
+    min_tokens: table("min_tokens") = None
+    logit_bias: table("logit_bias") = None
     n: table("n") = None
     best_of: Int = None
     beam_width: table("beam_width") = None
@@ -89,14 +94,15 @@ class _Generation(_Body):
     user: Str = None
     priority: table("priority") = None
     cache_salt: table("cache_salt") = None
+    request_id: Str = None
     response_format: Object = None
     guided_json: documented({"anyOf": [{"type": "object"}, {"type": "string"}]}) = None
     guided_regex: Str = None
     guided_choice: Optional[list[StrictStr]] = None
     guided_grammar: Str = None
-    # refused when given (suffix, logit_bias, functions, audio): typed loosely to say so
+    structured_outputs: Object = None
+    # refused when given (suffix, functions, audio): typed loosely to say so
     suffix: documented({}) = None
-    logit_bias: documented({}) = None
     functions: documented({}) = None
     audio: documented({}) = None
 
@@ -117,6 +123,8 @@ class ChatRequest(_Generation):
     tool_choice: documented({"anyOf": [{"type": "string"}, {"type": "object"}]}) = None
     parallel_tool_calls: Bool = None
     prompt_logprobs: documented({}) = None  # completions only: refused here
+    chat_template_kwargs: Object = None
+    include_reasoning: Bool = None
 
 
 class TokenizeRequest(_Body):
@@ -125,6 +133,7 @@ class TokenizeRequest(_Body):
     messages: Messages = None
     add_special_tokens: Bool = None
     add_generation_prompt: Bool = None
+    chat_template_kwargs: Object = None
 
 
 class DetokenizeRequest(_Body):

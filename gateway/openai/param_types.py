@@ -4,7 +4,7 @@
 Contract:
 - `table(name)`: a parameter declared in wire.sampling_fields (sampling, priority,
   cache_salt): its checks (`sampling_fields.check`, raising FieldError) and its JSON
-  schema come from there.
+  schema come from there; a map's keys (logit_bias's token ids) come as JSON's strings.
 - `Stop`, `Prompt`, `Content`, `Arguments`: the parameters that take one of several shapes
   (a string or a list of strings...), normalized (a prompt: a list of prompts; a content:
   its text); a value of no allowed shape raises ValueError saying what it must be, with
@@ -45,7 +45,10 @@ Int = Optional[Annotated[Any, PlainValidator(_int), WithJsonSchema({"type": "int
 
 
 def _schema(f: sampling_fields.Field, item: bool = False) -> dict:
-    kind = f.item if f.kind is list and item else f.kind
+    if f.kind is dict and not item:
+        return {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+                "additionalProperties": _schema(f, item=True), "maxProperties": f.max_items}
+    kind = f.item if f.kind in (list, dict) and item else f.kind
     if kind is list:
         return {"type": "array", "items": _schema(f, item=True), "maxItems": f.max_items}
     if kind is str:
@@ -59,7 +62,14 @@ def _schema(f: sampling_fields.Field, item: bool = False) -> dict:
             "maximum": FLOAT32_MAX if f.high is None else f.high}
 
 
+def _token_id(key):
+    """A JSON object's key as the token id it names ("50256": 50256), else as given."""
+    return int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
+
+
 def _table_value(f: sampling_fields.Field, v):
+    if f.kind is dict and isinstance(v, dict):
+        v = {_token_id(k): _integral(x) if isinstance(x, float) else x for k, x in v.items()}
     if f.kind is int or f.kind is list and f.item is int:
         v = [_integral(x) for x in v] if isinstance(v, list) else _integral(v)
     sampling_fields.check(f.name, v)

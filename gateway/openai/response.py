@@ -23,8 +23,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from gateway.openai.reasoning import ReasoningStream, split
 from gateway.openai.request import OpenAIRequest
 from gateway.openai.tool_calls import parse
+from gateway.openai.tool_stream import ToolStream
 from wire.protocol import Delta, PromptLogprob
 
 DONE = "data: [DONE]\n\n"
@@ -52,6 +54,8 @@ class ChoiceState:
     prompt_logprobs: list | None = None  # completions, when asked: vLLM's shape
     prompt_pending: bool = False  # streaming: prompt_logprobs not sent yet
     scored: bool = False  # the first token's delta (with the prompt logprobs) was seen
+    tool_stream: ToolStream | None = None  # streaming chat with tools: its calls as they come
+    reasoning_stream: ReasoningStream | None = None  # streaming chat with --reasoning-parser
 
     @property
     def text(self) -> str:
@@ -124,8 +128,8 @@ class Formatter:
         logprobs = c.last_logprobs
         if not (d.text or d.finish_reason or logprobs):
             return []
-        if self.request.chat and self.request.tools is not None:
-            return self._tool_chunks(index, c, d)  # the calls are parsed once the output is whole
+        if self.request.chat and (self.request.tools is not None or self.request.reasoning):
+            return self._parsed_chunks(index, c, d)
         if self.request.chat:
             delta = {"content": d.text}
             if not c.started:
@@ -165,33 +169,60 @@ class Formatter:
             chunk["usage"] = None
         return chunk
 
-    def _tool_chunks(self, index: int, c: ChoiceState, d: Delta) -> list[str]:
-        if not d.finish_reason:
-            return []
-        content, calls = parse(c.text, self.request.tools)
-        delta = {"role": "assistant", "content": content}
-        events = [sse(self._chunk([{"index": index, "delta": delta, "logprobs": None,
-                                    "finish_reason": None}]))]
-        if calls:
-            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
-            events.append(sse(self._chunk([{"index": index, "delta": delta, "logprobs": None,
+    def _parsed_chunks(self, index: int, c: ChoiceState, d: Delta) -> list[str]:
+        """The reasoning split off (gateway.openai.reasoning), then content and tool calls as
+        they come (gateway.openai.tool_stream), then the finish."""
+        text, deltas, called = d.text, [], False
+        if self.request.reasoning:
+            if c.reasoning_stream is None:
+                c.reasoning_stream = ReasoningStream(self.request.reasoning)
+            reasoning, text = c.reasoning_stream.feed(d.text)
+            if d.finish_reason:
+                more_reasoning, more_text = c.reasoning_stream.finish()
+                reasoning, text = reasoning + more_reasoning, text + more_text
+            if reasoning and self.request.include_reasoning:
+                deltas.append({"reasoning_content": reasoning})
+        logprobs = None
+        if self.request.tools is not None:
+            if c.tool_stream is None:
+                c.tool_stream = ToolStream(self.request.tools)
+            deltas += c.tool_stream.feed(text)
+            if d.finish_reason:
+                last, called = c.tool_stream.finish()
+                deltas += last
+        else:
+            if text:
+                deltas.append({"content": text})
+            logprobs = c.last_logprobs
+            if logprobs and not deltas:
+                deltas.append({})
+        events = []
+        for i, delta in enumerate(deltas):
+            if not c.started:
+                delta, c.started = {"role": "assistant", **delta}, True
+            events.append(sse(self._chunk([{"index": index, "delta": delta,
+                                            "logprobs": logprobs if i == len(deltas) - 1 else None,
                                             "finish_reason": None}])))
-        reason = "tool_calls" if calls else d.finish_reason
-        events.append(sse(self._chunk([{"index": index, "delta": {}, "logprobs": None,
-                                        "finish_reason": reason}])))
+        if d.finish_reason:
+            delta = {} if c.started else {"role": "assistant", "content": ""}
+            c.started = True
+            events.append(sse(self._chunk([{"index": index, "delta": delta, "logprobs": None,
+                                            "finish_reason": "tool_calls" if called else d.finish_reason}])))
         return events
 
     def _choice(self, index: int, c: ChoiceState) -> dict:
-        if self.request.chat and self.request.tools is not None:
-            content, calls = parse(c.text, self.request.tools)
-            message = {"role": "assistant", "content": content}
-            if calls:
-                message["tool_calls"] = calls
-            return {"index": index, "message": message, "logprobs": c.logprobs,
-                    "finish_reason": "tool_calls" if calls else c.finish_reason}
         if self.request.chat:
-            return {"index": index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+            text, reasoning, finish = c.text, None, c.finish_reason
+            if self.request.reasoning:
+                reasoning, text = split(self.request.reasoning, text)
+            message = {"role": "assistant", "content": text}
+            if reasoning is not None and self.request.include_reasoning:
+                message["reasoning_content"] = reasoning
+            if self.request.tools is not None and text is not None:
+                message["content"], calls = parse(text, self.request.tools)
+                if calls:
+                    message["tool_calls"], finish = calls, "tool_calls"
+            return {"index": index, "message": message, "logprobs": c.logprobs, "finish_reason": finish}
         choice = {"index": index, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
         if self.request.prompt_logprobs is not None:
             choice["prompt_logprobs"] = c.prompt_logprobs

@@ -113,8 +113,10 @@ def system_prompt(tools: Tools) -> str:
             '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
-def render(messages: list[dict], tools: Tools | None, tokenizer) -> list[int]:
-    """Token ids of the conversation (OpenAI message dicts) through the chat template."""
+def render(messages: list[dict], tools: Tools | None, tokenizer,
+           template_kwargs: dict | None = None) -> list[int]:
+    """Token ids of the conversation (OpenAI message dicts) through the chat template, with
+    the request's chat_template_kwargs."""
     template = getattr(tokenizer, "chat_template", None) or ""
     knows_tools = "tools" in template
     knows_calls = "tool_calls" in template
@@ -146,7 +148,7 @@ def render(messages: list[dict], tools: Tools | None, tokenizer) -> list[int]:
         if m.get("content") is None:
             m["content"] = ""
         msgs.append(m)
-    kwargs = {}
+    kwargs = dict(template_kwargs or {})
     if tools is not None and tools.active:
         if knows_tools:
             kwargs["tools"] = [{"type": "function", "function": f} for f in tools.functions]

@@ -93,6 +93,24 @@ def test_json_object_n_2_and_grammar_extensions(served):
     assert re.fullmatch(r"\d+\+\d+", c.choices[0].text)
 
 
+def test_structured_outputs_is_honoured_as_its_guided_twin(served):
+    """vLLM's structured_outputs (the issue's example: a choice came back as free text), and
+    response_format on completions as vLLM takes it."""
+    for so, check in (({"choice": ["red", "green"]}, lambda t: t in ("red", "green")),
+                      ({"regex": r"\d{3}-\d{4}"}, lambda t: re.fullmatch(r"\d{3}-\d{4}", t))):
+        c = served.client.chat.completions.create(model=served.model, max_tokens=20, temperature=1.0, seed=4,
+                                                  messages=[{"role": "user", "content": "Pick a colour."}],
+                                                  extra_body={"structured_outputs": so})
+        assert check(c.choices[0].message.content), (so, c.choices[0].message.content)
+    c = served.client.completions.create(model=served.model, prompt="JSON:", max_tokens=30, temperature=0,
+                                         extra_body={"response_format": {"type": "json_object"}})
+    assert c.choices[0].text.startswith("{")  # the grammar's: free text would not
+    assert c.choices[0].finish_reason != "stop" or isinstance(json.loads(c.choices[0].text), dict)
+    r = httpx.post(served.url + "/v1/completions", timeout=30, json={
+        "prompt": "x", "structured_outputs": {"choice": ["a"], "whitespace_pattern": " "}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs.whitespace_pattern"
+
+
 def test_bad_grammars_are_400_and_invalid_argument(served):
     r = httpx.post(served.url + "/v1/completions", json={"prompt": "x", "guided_regex": "("}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "guided_regex"
@@ -158,9 +176,13 @@ def test_tool_calls_required_and_named(served, stream, choice):
               parallel_tool_calls=False, temperature=0)
     if stream:
         chunks = list(served.client.chat.completions.create(stream=True, **kw))
-        calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
         reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-        name, args = calls[0].function.name, calls[0].function.arguments
+        # as vLLM streams them: the call's id and name first, then its arguments in fragments
+        assert deltas[0].id and deltas[0].function.name and deltas[0].function.arguments == ""
+        assert len(deltas) > 2 and all(d.index == 0 and not d.function.name for d in deltas[1:])
+        calls = [deltas[0]]
+        name, args = deltas[0].function.name, "".join(d.function.arguments for d in deltas)
     else:
         r = served.client.chat.completions.create(**kw)
         reasons = [r.choices[0].finish_reason]

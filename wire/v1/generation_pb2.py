@@ -22,41 +22,46 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18wire/v1/generation.proto\x12\rpagedserve.v1\"\xd3\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\r\x12\x0e\n\x01n\x18\t \x01(\rH\x04\x88\x01\x01\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x15\n\x08logprobs\x18\x0b \x01(\rH\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x02H\x06\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\r \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0e \x01(\x02\x12\x12\n\nbeam_width\x18\x0f \x01(\r\x12\x1b\n\x0elength_penalty\x18\x10 \x01(\x02H\x07\x88\x01\x01\x12\x16\n\x0e\x65\x61rly_stopping\x18\x11 \x01(\x08\x12\x13\n\x0bguided_kind\x18\x12 \x01(\t\x12\x13\n\x0bguided_spec\x18\x13 \x01(\t\x12\x1c\n\x0fprompt_logprobs\x18\x14 \x01(\rH\x08\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x04\n\x02_nB\x0b\n\t_logprobsB\x15\n\x13_repetition_penaltyB\x11\n\x0f_length_penaltyB\x12\n\x10_prompt_logprobs\"\xb5\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\r\n\x05model\x18\x03 \x01(\t\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.pagedserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x12\n\ncache_salt\x18\x07 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xb5\x01\n\x0b\x43hatRequest\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.pagedserve.v1.ChatMessage\x12\r\n\x05model\x18\x02 \x01(\t\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.pagedserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x12\n\ncache_salt\x18\x06 \x01(\t\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"g\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12&\n\x03top\x18\x03 \x03(\x0b\x32\x19.pagedserve.v1.TopLogprob\x12\x0c\n\x04rank\x18\x04 \x01(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"\xf7\x01\n\x10GenerateResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12#\n\x05usage\x18\x05 \x01(\x0b\x32\x14.pagedserve.v1.Usage\x12-\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1b.pagedserve.v1.TokenLogprob\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\x34\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1b.pagedserve.v1.TokenLogprob\"\x13\n\x11ListModelsRequest\"0\n\tModelCard\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\">\n\x12ListModelsResponse\x12(\n\x06models\x18\x01 \x03(\x0b\x32\x18.pagedserve.v1.ModelCard\"J\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r2\xc2\x02\n\nGeneration\x12M\n\x08Generate\x12\x1e.pagedserve.v1.GenerateRequest\x1a\x1f.pagedserve.v1.GenerateResponse0\x01\x12\x45\n\x04\x43hat\x12\x1a.pagedserve.v1.ChatRequest\x1a\x1f.pagedserve.v1.GenerateResponse0\x01\x12Q\n\nListModels\x12 .pagedserve.v1.ListModelsRequest\x1a!.pagedserve.v1.ListModelsResponse\x12K\n\x08Tokenize\x12\x1e.pagedserve.v1.TokenizeRequest\x1a\x1f.pagedserve.v1.TokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18wire/v1/generation.proto\x12\rpagedserve.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xdb\x05\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\r\x12\x0e\n\x01n\x18\t \x01(\rH\x04\x88\x01\x01\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x15\n\x08logprobs\x18\x0b \x01(\rH\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0c \x01(\x02H\x06\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\r \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0e \x01(\x02\x12\x12\n\nbeam_width\x18\x0f \x01(\r\x12\x1b\n\x0elength_penalty\x18\x10 \x01(\x02H\x07\x88\x01\x01\x12\x16\n\x0e\x65\x61rly_stopping\x18\x11 \x01(\x08\x12\x13\n\x0bguided_kind\x18\x12 \x01(\t\x12\x13\n\x0bguided_spec\x18\x13 \x01(\t\x12\x1c\n\x0fprompt_logprobs\x18\x14 \x01(\rH\x08\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x15 \x01(\r\x12@\n\nlogit_bias\x18\x16 \x03(\x0b\x32,.pagedserve.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x04\n\x02_nB\x0b\n\t_logprobsB\x15\n\x13_repetition_penaltyB\x11\n\x0f_length_penaltyB\x12\n\x10_prompt_logprobs\"\xb5\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\r\n\x05model\x18\x03 \x01(\t\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.pagedserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x12\n\ncache_salt\x18\x07 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xec\x01\n\x0b\x43hatRequest\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.pagedserve.v1.ChatMessage\x12\r\n\x05model\x18\x02 \x01(\t\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.pagedserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x35\n\x14\x63hat_template_kwargs\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"g\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12&\n\x03top\x18\x03 \x03(\x0b\x32\x19.pagedserve.v1.TopLogprob\x12\x0c\n\x04rank\x18\x04 \x01(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"\xf7\x01\n\x10GenerateResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12#\n\x05usage\x18\x05 \x01(\x0b\x32\x14.pagedserve.v1.Usage\x12-\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1b.pagedserve.v1.TokenLogprob\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\x34\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1b.pagedserve.v1.TokenLogprob\"\x13\n\x11ListModelsRequest\"0\n\tModelCard\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\">\n\x12ListModelsResponse\x12(\n\x06models\x18\x01 \x03(\x0b\x32\x18.pagedserve.v1.ModelCard\"J\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r2\xc2\x02\n\nGeneration\x12M\n\x08Generate\x12\x1e.pagedserve.v1.GenerateRequest\x1a\x1f.pagedserve.v1.GenerateResponse0\x01\x12\x45\n\x04\x43hat\x12\x1a.pagedserve.v1.ChatRequest\x1a\x1f.pagedserve.v1.GenerateResponse0\x01\x12Q\n\nListModels\x12 .pagedserve.v1.ListModelsRequest\x1a!.pagedserve.v1.ListModelsResponse\x12K\n\x08Tokenize\x12\x1e.pagedserve.v1.TokenizeRequest\x1a\x1f.pagedserve.v1.TokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'wire.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SAMPLINGPARAMS']._serialized_start=44
-  _globals['_SAMPLINGPARAMS']._serialized_end=639
-  _globals['_GENERATEREQUEST']._serialized_start=642
-  _globals['_GENERATEREQUEST']._serialized_end=823
-  _globals['_CHATMESSAGE']._serialized_start=825
-  _globals['_CHATMESSAGE']._serialized_end=869
-  _globals['_CHATREQUEST']._serialized_start=872
-  _globals['_CHATREQUEST']._serialized_end=1053
-  _globals['_USAGE']._serialized_start=1055
-  _globals['_USAGE']._serialized_end=1135
-  _globals['_TOKENLOGPROB']._serialized_start=1137
-  _globals['_TOKENLOGPROB']._serialized_end=1240
-  _globals['_TOPLOGPROB']._serialized_start=1242
-  _globals['_TOPLOGPROB']._serialized_end=1289
-  _globals['_GENERATERESPONSE']._serialized_start=1292
-  _globals['_GENERATERESPONSE']._serialized_end=1539
-  _globals['_LISTMODELSREQUEST']._serialized_start=1541
-  _globals['_LISTMODELSREQUEST']._serialized_end=1560
-  _globals['_MODELCARD']._serialized_start=1562
-  _globals['_MODELCARD']._serialized_end=1610
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1612
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1674
-  _globals['_TOKENIZEREQUEST']._serialized_start=1676
-  _globals['_TOKENIZEREQUEST']._serialized_end=1750
-  _globals['_TOKENIZERESPONSE']._serialized_start=1752
-  _globals['_TOKENIZERESPONSE']._serialized_end=1789
-  _globals['_GENERATION']._serialized_start=1792
-  _globals['_GENERATION']._serialized_end=2114
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_SAMPLINGPARAMS']._serialized_start=74
+  _globals['_SAMPLINGPARAMS']._serialized_end=805
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=626
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=674
+  _globals['_GENERATEREQUEST']._serialized_start=808
+  _globals['_GENERATEREQUEST']._serialized_end=989
+  _globals['_CHATMESSAGE']._serialized_start=991
+  _globals['_CHATMESSAGE']._serialized_end=1035
+  _globals['_CHATREQUEST']._serialized_start=1038
+  _globals['_CHATREQUEST']._serialized_end=1274
+  _globals['_USAGE']._serialized_start=1276
+  _globals['_USAGE']._serialized_end=1356
+  _globals['_TOKENLOGPROB']._serialized_start=1358
+  _globals['_TOKENLOGPROB']._serialized_end=1461
+  _globals['_TOPLOGPROB']._serialized_start=1463
+  _globals['_TOPLOGPROB']._serialized_end=1510
+  _globals['_GENERATERESPONSE']._serialized_start=1513
+  _globals['_GENERATERESPONSE']._serialized_end=1760
+  _globals['_LISTMODELSREQUEST']._serialized_start=1762
+  _globals['_LISTMODELSREQUEST']._serialized_end=1781
+  _globals['_MODELCARD']._serialized_start=1783
+  _globals['_MODELCARD']._serialized_end=1831
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1833
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1895
+  _globals['_TOKENIZEREQUEST']._serialized_start=1897
+  _globals['_TOKENIZEREQUEST']._serialized_end=1971
+  _globals['_TOKENIZERESPONSE']._serialized_start=1973
+  _globals['_TOKENIZERESPONSE']._serialized_end=2010
+  _globals['_GENERATION']._serialized_start=2013
+  _globals['_GENERATION']._serialized_end=2335
 # @@protoc_insertion_point(module_scope)

@@ -131,3 +131,41 @@ def test_logprobs_are_log_softmax_of_the_processed_distribution():
     assert [t for t, _ in out[2].top_logprobs] == top3.indices.tolist()  # only the 3 kept tokens
     assert [v for _, v in out[2].top_logprobs] == pytest.approx(expected2.tolist(), abs=1e-6)
     assert sum(math.exp(v) for _, v in out[2].top_logprobs) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_min_tokens_masks_eos_and_stop_ids_until_reached_per_row():
+    logits = torch.tensor([[0.0, 5.0, 4.0, 1.0]] * 3)  # token 1 (EOS) then 2 (a stop id) lead
+    sp = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[2])
+    seqs = [seq(sp, output=[3], seq_id="short"), seq(sp, output=[3, 3], seq_id="reached"),
+            seq(SamplingParams(temperature=0.0), seq_id="plain")]
+    out = Sampler(eos_token_ids=[1])(logits, seqs)
+    assert [o.token_id for o in out] == [3, 1, 1]
+
+
+def test_min_tokens_leaves_a_row_whose_only_allowed_token_is_a_stop():
+    logits = torch.tensor([[float("-inf"), 2.0, float("-inf")]])  # a grammar allows only EOS
+    out = Sampler(eos_token_ids=[1])(logits, [seq(SamplingParams(temperature=0.5, min_tokens=5))])
+    assert out[0].token_id == 1
+
+
+def test_min_tokens_masks_in_logprobs_too_and_ignores_ids_past_the_vocabulary():
+    sp = SamplingParams(temperature=1.0, min_tokens=1, stop_token_ids=[99], logprobs=2)
+    out = Sampler(eos_token_ids=[0])(LOGITS[None], [seq(sp)])
+    assert out[0].token_id != 0 and all(t != 0 for t, _ in out[0].top_logprobs)
+
+
+def test_logit_bias_moves_the_choice_per_row_and_skips_ids_past_the_vocabulary():
+    logits = torch.tensor([[0.0, 5.0, 4.0, 1.0]] * 2)
+    biased = SamplingParams(temperature=0.0, logit_bias={1: -100.0, 3: 3.5, 10**6: 100.0}, logprobs=0)
+    out = Sampler()(logits, [seq(biased, seq_id="b"), seq(SamplingParams(temperature=0.0), seq_id="p")])
+    assert [o.token_id for o in out] == [3, 1]
+    expected = torch.tensor([0.0, -95.0, 4.0, 4.5]).log_softmax(-1)[3]
+    assert math.isclose(out[0].logprob, float(expected), rel_tol=1e-5)  # drawn from the biased distribution
+
+
+def test_min_tokens_restores_only_the_rows_left_with_nothing_else():
+    inf = float("-inf")
+    logits = torch.tensor([[inf, 2.0, inf, inf], [1.0, 2.0, inf, 0.5]])  # row 0: a grammar's end
+    sp = SamplingParams(temperature=0.0, min_tokens=3)
+    out = Sampler(eos_token_ids=[1])(logits, [seq(sp, seq_id="a"), seq(sp, seq_id="b")])
+    assert [o.token_id for o in out] == [1, 0]

@@ -18,7 +18,8 @@ def batch() -> StepBatch:
                             repetition_penalty=1.25, presence_penalty=-0.3, frequency_penalty=0.2,
                             seed=3, stop=["\n"], stop_token_ids=[2], ignore_eos=True, logprobs=4,
                             prompt_logprobs=0, n=2, beam_width=2, length_penalty=0.7,
-                            early_stopping=True, guided_kind="regex", guided_spec="a+")
+                            early_stopping=True, guided_kind="regex", guided_spec="a+", min_tokens=3,
+                            logit_bias={5: -100.0, 2**32 - 1: 0.1234567891})
     return StepBatch([
         SeqStep("s/0", [11, 12, 13], 0, [64, 65, 66], [4, 9], True, guided, 2**63 + 5,
                 prompt_token_ids=[11, 12, 13, 14], output_token_ids=[]),

@@ -55,3 +55,14 @@ def test_no_byte_table_for_a_tokenizer_that_is_not_byte_level():
     from gateway.byte_detokenizer import byte_table
 
     assert byte_table(ByteTokenizer()) is None  # no Rust backend: decoded by its own decode
+
+
+def test_stop_strings_match_only_after_min_tokens():
+    from gateway.output_stream import OutputStream
+
+    tok = ByteTokenizer()
+    ids = tok.encode("ab.cd.ef")
+    free = OutputStream(tok, tok.encode("Q: "), ["."])
+    assert "".join(free.add(t) for t in ids) + free.flush() == "ab" and free.stopped
+    held = OutputStream(tok, tok.encode("Q: "), ["."], min_tokens=4)  # "ab.c": the first "." passes
+    assert "".join(held.add(t) for t in ids) + held.flush() == "ab.cd" and held.stopped

@@ -125,7 +125,8 @@ def test_a_body_nested_too_deep_is_refused_naming_the_limit():
     assert "more than 64 levels" in e.message
     e = refused('{"prompt": [1], "x": ' + "[" * 70 + "]" * 70 + "}")  # parses, then refused
     assert e.param == "x" and "more than 64 levels deep (in x)" in e.message
-    parse('{"prompt": [1], "x": ' + "[" * 60 + "]" * 60 + "}")
+    parse('{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"x": '
+          + "[" * 60 + "]" * 60 + "}}")  # a known field (an unknown one is refused: test_request_fields)
 
 
 def test_a_prompt_too_large_is_refused_by_its_size_before_it_is_tokenized():
@@ -144,8 +145,10 @@ def test_a_prompt_too_large_is_refused_by_its_size_before_it_is_tokenized():
     assert err.value.param == "prompt" and tok.calls == 1
 
 
-def test_types_stay_as_strict_as_before_and_unknown_parameters_are_ignored():
-    r = parse({"prompt": [1, 2], "n": 2.0, "max_tokens": 3.0, "temperature": 1, "whatever": {"a": [1]},
+def test_types_stay_as_strict_as_before_and_unknown_parameters_are_refused():
+    e = refused({"prompt": [1, 2], "whatever": {"a": [1]}})
+    assert e.param == "whatever" and "not a parameter this server knows" in e.message
+    r = parse({"prompt": [1, 2], "n": 2.0, "max_tokens": 3.0, "temperature": 1, "whatever": None,
                "stop": ["", "x"], "seed": 2 ** 63 - 1, "priority": -2 ** 31, "cache_salt": "s" * 1024})
     s = r.sampling
     assert (s.n, s.max_tokens, s.temperature, s.stop, s.seed) == (2, 3, 1.0, ["x"], 2 ** 63 - 1)

@@ -36,6 +36,8 @@ SAMPLINGS = [
     SamplingParams(guided_kind="choice", guided_spec='["yes", "no"]', n=3),
     SamplingParams(guided_kind="grammar", guided_spec='root ::= "a" | "b"'),
     SamplingParams(guided_kind="json_object"),
+    SamplingParams(min_tokens=5, stop_token_ids=[7], max_tokens=9),
+    SamplingParams(logit_bias={0: -100.0, 50256: 0.7, 2**32 - 1: 100.0}),
 ]
 
 
@@ -193,6 +195,8 @@ def off_default(hint, default, name):
         return generated(hint)
     if origin is list:
         return [off_default(args[0], None, name), off_default(args[0], None, name)]
+    if origin is dict:
+        return {off_default(args[0], None, name): off_default(args[1], None, name)}
     if origin is tuple:
         return tuple(off_default(a, None, name) for a in args)
     if hint is bool:

@@ -35,6 +35,12 @@ def _descriptor(name):
 def test_each_declaration_is_its_proto_field_and_within_its_type(name):
     f = ALL[name]
     message, fd = _descriptor(name)
+    if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+        key, value = (fd.message_type.fields_by_name[n].type for n in ("key", "value"))
+        assert f.kind is dict and f.wire == f"map<{TYPES[key]}, {TYPES[value]}>"
+        m = message(**{name: {RANGES[TYPES[key]][1]: f.high, 0: f.low}})
+        assert type(m).FromString(m.SerializeToString()) == m
+        return
     said = ("repeated " if fd.is_repeated else "optional " if fd.has_presence else "") + TYPES[fd.type]
     assert f.wire == said
     if f.kind is int or f.item is int:
@@ -75,6 +81,14 @@ BAD = [
     ({"ignore_eos": 1}, "ignore_eos", "a boolean"),
     ({"top_k": 2.0}, "top_k", "an integer"),
     ({"temperature": "hot"}, "temperature", "a number"),
+    ({"min_tokens": -1}, "min_tokens", "between 0 and 4294967295"),
+    ({"min_tokens": 17}, "min_tokens", "at most max_tokens (16)"),
+    ({"logit_bias": {5: 100.5}}, "logit_bias[5]", "[-100, 100]"),
+    ({"logit_bias": {5: float("inf")}}, "logit_bias[5]", "finite"),
+    ({"logit_bias": {-1: 1.0}}, "logit_bias[-1]", "token ids"),
+    ({"logit_bias": {"a": 1.0}}, "logit_bias['a']", "token ids"),
+    ({"logit_bias": [1]}, "logit_bias", "an object"),
+    ({"logit_bias": dict.fromkeys(range(1025), 1.0)}, "logit_bias", "at most 1024 entries"),
 ]
 
 
