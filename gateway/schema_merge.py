@@ -4,8 +4,9 @@
 anyOf/oneOf on one side takes the other side into each branch (a branch that cannot hold is
 dropped). What it cannot combine exactly (two different patterns, a recursive `$ref`, an
 anyOf against a oneOf) raises UnsupportedKeyword naming the keyword; an empty intersection
-raises Unsatisfiable. A property no value can meet is dropped (it must be absent), which the
-engine honours as it writes no property a schema does not declare (strict mode).
+raises Unsatisfiable. A property no value can meet is dropped (it must be absent) and the merged
+schema closed (additionalProperties false: the engine, strict, writes no undeclared property
+anyway, and a later merge cannot declare the dropped one again).
 """
 from __future__ import annotations
 
@@ -147,7 +148,7 @@ class Merger:
         if props or "properties" in out:
             out["properties"] = props
         out.pop("additionalProperties", None)
-        if ea is None or eb is None:
+        if ea is None or eb is None or dropped:  # dropped: a later merge must not declare it again
             out["additionalProperties"] = False
         elif ea is not True or eb is not True:
             out["additionalProperties"] = eb if ea is True else ea if eb is True else self.merge(
