@@ -1,8 +1,9 @@
 """Paged attention and K/V stores for the CPU serving path, faster than the torch reference.
 
-Decode tokens (q_len 1) in float32 go to the C++ kernel of kernels/paged_decode_cpu.py,
-which reads each sequence's K/V in place from its blocks of the pool; prefill chunks, other
-dtypes, and machines where the kernel cannot be built take the reference path
+Decode tokens (q_len 1) in float32 go to the C++ kernel of kernels/paged_decode_cpu.py and
+prompt chunks to that of kernels/paged_prefill_cpu.py, each reading every sequence's K/V in
+place from its blocks of the pool; other dtypes, a sliding window or soft-capping, and
+machines where the kernels cannot be built take the reference path
 (kernels/paged_attention_ref.py), which stays the reference.
 """
 from __future__ import annotations
@@ -11,14 +12,15 @@ import weakref
 
 import torch
 
+from kernels import paged_prefill_cpu
 from kernels.paged_attention_ref import _prefill, paged_attention_ref
 from kernels.paged_decode_cpu import native_available, paged_decode
 
 
 def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out=None,
                         window=None, softcap=None):
-    """kernels.paged_attention on the CPU: decodes in place through the C++ kernel, prefill
-    chunks as in the reference. A sliding window or soft-capping takes the reference path."""
+    """kernels.paged_attention on the CPU: decodes and prefill chunks in place through the C++
+    kernels. A sliding window or soft-capping takes the reference path."""
     if window is not None or softcap is not None:
         return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
                                    window=window, softcap=softcap)
@@ -28,14 +30,17 @@ def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start
     if out is None:
         out = torch.empty_like(q)
     plan = _memo(("attention", query_start_loc, seq_lens, block_tables),
-                 lambda: _plan(block_tables, seq_lens, query_start_loc))
+                 lambda: _plan(block_tables, seq_lens, query_start_loc, k_cache.shape[2]))
     gqa = q.shape[1] != k_cache.shape[2]
     qq = q if q.stride(2) == 1 else q.contiguous()
     target = out if out.stride(2) == 1 else torch.empty_like(qq)
     if plan.decode is not None:
         tables, lens, rows = plan.decode
         paged_decode(qq, k_cache, v_cache, tables, lens, rows, scale, target)
-    for b, start, end, length in plan.prefills:
+    native = plan.chunks is not None and paged_prefill_cpu.native_available()
+    if native:
+        paged_prefill_cpu.paged_prefill(qq, k_cache, v_cache, plan.tables, plan.chunks, plan.items, scale, target)
+    for b, start, end, length in (plan.long if native else plan.prefills):
         _prefill(qq, k_cache, v_cache, block_tables[b], length, start, end, scale, gqa, target)
     if target is not out:
         out.copy_(target)
@@ -44,13 +49,21 @@ def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start
 
 class _Plan:
     """What paged_attention_cpu derives from a step's metadata, the same for every layer:
-    decode (int32 tables, int32 lens, int64 q rows) or None; prefills (b, start, end, length)."""
+    decode (int32 tables, int32 lens, int64 q rows) or None; prefills (b, start, end, length),
+    and for the prefill kernel those up to MAX_CHUNK queries as an int64 tensor `chunks` with
+    its work items (or None), the longer ones as `long`, and the int32 tables."""
 
-    def __init__(self, decode, prefills):
-        self.decode, self.prefills = decode, prefills
+    def __init__(self, decode, prefills, tables, kv_heads: int):
+        self.decode, self.prefills, self.tables = decode, prefills, tables
+        self.chunks = self.items = None
+        short = [p for p in prefills if p[2] - p[1] <= paged_prefill_cpu.MAX_CHUNK]
+        self.long = [p for p in prefills if p[2] - p[1] > paged_prefill_cpu.MAX_CHUNK]
+        if short:
+            self.chunks = torch.tensor(short, dtype=torch.int64)
+            self.items = paged_prefill_cpu.work_items(short, kv_heads)
 
 
-def _plan(block_tables, seq_lens, query_start_loc) -> _Plan:
+def _plan(block_tables, seq_lens, query_start_loc, kv_heads: int) -> _Plan:
     starts = query_start_loc.tolist()
     q_lens = [end - start for start, end in zip(starts, starts[1:])]
     lens = seq_lens.tolist()
@@ -65,7 +78,7 @@ def _plan(block_tables, seq_lens, query_start_loc) -> _Plan:
         decode = (tables.index_select(0, index), seq_lens.to(torch.int32).index_select(0, index),
                   torch.tensor([starts[b] for b in decodes], dtype=torch.int64))
     prefills = [(b, starts[b], starts[b + 1], lens[b]) for b, n in enumerate(q_lens) if n > 1]
-    return _Plan(decode, prefills)
+    return _Plan(decode, prefills, tables, kv_heads)
 
 
 _memo_entry: tuple | None = None

@@ -18,7 +18,8 @@ import torch
 
 from kernels import native_build
 
-SOURCE = r"""
+# the includes and the vectorizable exp of the softmax, shared with kernels/paged_prefill_cpu.py
+EXP_NEG = r"""
 // Decode attention (one query per sequence) over the paged KV pool, in place: each sequence's
 // K/V are read straight from its blocks, nothing is gathered or copied. float32.
 // Built by kernels/paged_decode_cpu.py with the system C++ compiler; plain C ABI (ctypes),
@@ -49,6 +50,9 @@ static inline float exp_neg(float x) {
     return p * bits.f;
 }
 
+"""
+
+SOURCE = EXP_NEG + r"""
 // Each of `heads` rows of `len` scores replaced by its softmax, in place.
 static void softmax_rows(float* scores, int64_t heads, int64_t len) {
     for (int64_t h = 0; h < heads; ++h) {

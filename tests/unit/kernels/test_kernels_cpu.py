@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kernels import paged_cpu
+from kernels import paged_cpu, paged_prefill_cpu
 from kernels.paged_attention_ref import paged_attention_ref
 from kernels.store_kv_ref import store_kv_ref
 from tests.unit.kernels.test_kernels_attention import make_batch
@@ -19,11 +19,24 @@ def two_threads():
 
 def test_native_kernel_builds_here():
     assert paged_cpu.native_available(), "the C++ decode kernel did not build (is g++ installed?)"
+    assert paged_prefill_cpu.native_available(), "the C++ prefill kernel did not build"
+
+
+def test_prefill_takes_the_native_kernel(monkeypatch):
+    """Prompt chunks go to the C++ prefill kernel, not the reference's per-sequence SDPA."""
+    calls = []
+    monkeypatch.setattr(paged_cpu, "_prefill", lambda *a: calls.append(a))
+    args, _, _ = make_batch([(40, 40), (30, 7)], 16, 2, 2, 64)
+    expected = paged_attention_ref(**args, scale=0.125)
+    torch.testing.assert_close(paged_cpu.paged_attention_cpu(**args, scale=0.125), expected, atol=2e-6, rtol=2e-5)
+    assert calls == []
 
 
 @pytest.mark.parametrize("specs", [
     [(37, 1), (5, 1), (1, 1), (33, 1), (160, 1), (16, 1)] * 3,  # decodes only, split across threads
     [(37, 1), (64, 64), (5, 1), (50, 13), (90, 2), (1, 1)],  # mixed with prefill chunks
+    [(200, 200), (45, 30), (17, 17), (130, 70), (33, 33), (16, 2)],  # prefills only: across tiles and blocks
+    [(600, 600), (700, 40)],  # one chunk past MAX_CHUNK (SDPA) beside one within it (the kernel)
 ])
 @pytest.mark.parametrize("num_kv_heads,group,head_size", [(3, 3, 64), (2, 1, 16), (1, 4, 128), (1, 10, 64), (2, 8, 128)])
 @pytest.mark.parametrize("padding", ["negative", "random"])
