@@ -8,7 +8,8 @@ runtime torch already loaded, GIL released by ctypes) replaces them:
 - rms_norm(x, w): rmsnorm(x) * w;
 - rotary_(x, cos, sin): the half-split rotary embedding of x [T, heads, head_dim], in place;
 - silu_and_mul(gate_up): silu(gate) * up from the gate/up projection's output in one pass
-  (its exp a polynomial in GCC vector types, eight lanes: about 1 ulp).
+  (its exp a polynomial in GCC vector types, eight lanes: about 1 ulp); the model takes it
+  from SILU_MIN_ROWS rows (silu_applies).
 
 Each is tested against the torch code it stands in for (tests/unit/kernels/test_fused_cpu.py,
 test_fused_twins.py: the references in kernels/fused_ref.py); the rotary applied in the K/V
@@ -153,6 +154,8 @@ def _build() -> ctypes.CDLL | None:
 
 
 _native = native_build.Library(_build)
+SILU_MIN_ROWS = 32  # below, torch's two ops win (the call costs more than it saves): measured
+# 0.54x at 1 row, 1.09x at 16, 1.35-1.41x at 64-512 (BENCHMARKS.md, issue 44)
 
 
 def available() -> bool:
@@ -199,6 +202,13 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     _native.get().rotary_f32(x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(), sin.data_ptr(),
                              cos.stride(0), rows, heads, dim // 2, _threads(x.numel()))
     return x
+
+
+def silu_applies(gate_up: torch.Tensor) -> bool:
+    """Whether gate_up takes silu_and_mul: applies(), [T, 2n] with unit stride along it, and
+    T >= SILU_MIN_ROWS."""
+    return (gate_up.dim() == 2 and gate_up.shape[0] >= SILU_MIN_ROWS and gate_up.stride(1) == 1
+            and applies(gate_up))
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -103,16 +103,17 @@ def decode_steps(batches, rounds: int, per_round: int = 4) -> list[dict]:
         while len(loop.scheduler.running) < batch or loop.scheduler.waiting:
             loop.step()  # the prefills
         loop.step()
-        native = fused_cpu._native
-        lib = native.get()
+        natives = [(n, n.get()) for n in (fused_cpu._native, rotary_store_cpu._native)]
         for r in range(2 * rounds):
             on = r % 2 == (r // 2) % 2  # on, off, off, on, on, off, ...
-            native._lib = lib if on else None  # (built: get() returns what is set)
+            for native, lib in natives:
+                native._lib = lib if on else None  # (built: get() returns what is set)
             for _ in range(per_round):
                 t0 = time.perf_counter()
                 loop.step()
                 times[on].append(time.perf_counter() - t0)
-        native._lib = lib
+        for native, lib in natives:
+            native._lib = lib
         while loop.has_work():
             loop.step()
         row = {"batch": batch, "steps_each": len(times[True])}

@@ -80,6 +80,28 @@ def test_the_model_stores_through_it_and_matches_transformers(tmp_path, monkeypa
     assert calls
 
 
+@pytest.mark.parametrize("arch", ["llama3", "phi3"])  # gate and up fused in the checkpoint (phi3) or by the loader
+def test_the_model_takes_silu_and_mul_and_matches_transformers(tmp_path, monkeypatch, arch):
+    from executor.model_loader import load_model
+    from tests.support.tiny_models import make_tiny_model
+    from tests.unit.executor.test_linear_backend import TOL, worst_logit_difference
+
+    hf = make_tiny_model(tmp_path, arch)
+    model, config = load_model(str(tmp_path))
+    calls, real = [], fused_cpu.silu_and_mul
+    monkeypatch.setattr(fused_cpu, "silu_and_mul", lambda x: calls.append(x.shape[0]) or real(x))
+    monkeypatch.setattr(fused_cpu, "SILU_MIN_ROWS", 2)
+    assert worst_logit_difference(hf, model, config) <= TOL
+    assert calls and min(calls) >= 2  # the one-row steps kept torch's ops
+
+
+def test_silu_applies_from_the_row_bound():
+    n = fused_cpu.SILU_MIN_ROWS
+    assert fused_cpu.silu_applies(torch.ones(n, 8)) and not fused_cpu.silu_applies(torch.ones(n - 1, 8))
+    assert not fused_cpu.silu_applies(torch.ones(n, 8).bfloat16())
+    assert not fused_cpu.silu_applies(torch.ones(8, n).t())
+
+
 def test_turned_off_with_the_fused_ops(monkeypatch):
     _, k_cache, v_cache = pool_views(2, 4, 1, 8)
     monkeypatch.setenv("PAGEDSERVE_FUSED_OPS", "0")
