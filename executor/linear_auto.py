@@ -70,6 +70,8 @@ class AutoPlan:
         elif (busy := timing.busy()) is not None:
             self.busy = f"the machine was busy at {name}: {busy}"
             self.checked = f"not checked: {self.busy}"
+            log.warning("linear plan %s: %s; the kept timings serve (taken idle), a shape without "
+                        "any gets oneDNN", plan_cache.path(), self.checked)
         elif (why := off(seconds, timing.seconds)) is not None:
             self.checked = self.stale = f"the kept timings were off at {name} ({why}): timed again"
             self.fresh[layer.shape] = timing
@@ -112,8 +114,8 @@ class AutoPlan:
             busy = timing.busy()
             if not timing.seconds or busy is None:
                 break
-            log.info("linear %dx%d: timed while the machine was busy (%s)%s", *layer.shape, busy,
-                     "; timing again" if attempt + 1 < ATTEMPTS else "")
+            if attempt + 1 < ATTEMPTS:
+                log.info("linear %dx%d: timed while the machine was busy (%s); timing again", *layer.shape, busy)
         return timing
 
 
