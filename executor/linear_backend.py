@@ -45,7 +45,7 @@ CHOICES = ("auto", *BACKENDS)
 STEP_ROWS = (1, 64, 512)
 SOURCES = {"forced": "as named", "timed": "timed idle at this load (kept)",
            "cache": "kept from an earlier load", "busy": "oneDNN, the machine busy (nothing kept)",
-           "untimed": "F.linear, oneDNN failed"}
+           "untimed": "F.linear, oneDNN unavailable or failed"}
 
 log = logging.getLogger("pagedserve.executor")
 int8_unavailable = linear_int8.unavailable
@@ -151,11 +151,13 @@ class Planner:
             self.dropped += layer.drop_dense()
             if layer.routes != choice.routes:  # it fell back (logged): the shape on F.linear
                 if choice.layers:
-                    choice = ShapeChoice(*layer.shape, 0, [(None, "mkl")])
+                    choice = ShapeChoice(*layer.shape, 0, [(None, "mkl")], source="untimed",
+                                         note="a layer could not be prepared (logged)")
                     self.choices.append(choice)
                     self._current[layer.shape] = choice
                 else:
-                    choice.routes = [(None, "mkl")]
+                    choice.routes, choice.source = [(None, "mkl")], "untimed"
+                    choice.note = "its layer could not be prepared (logged)"
             choice.layers += 1
         if self.backend == "int4" and first and self._placed and not any(
                 b == "int4" for c in self.choices for _, b in c.routes):
