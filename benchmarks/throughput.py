@@ -154,13 +154,14 @@ def run_engine_part(args, reqs: list[BenchRequest], cpu: dict):
     sequence, printed; (the result, the engine)."""
     from benchmarks.proc_memory import resident
     from executor.linear import Linear
+    from executor.linear_backend import summary
     from pagedserve.engine import LLMEngine
     from pagedserve.engine_config import EngineConfig
     from wire.heap import freeze_heap
 
     engine = LLMEngine(EngineConfig.from_args(args))
     plan = engine.executor.linear_plan
-    print(f"linear       --linear-backend {args.linear_backend}:")
+    print(f"linear       --linear-backend {args.linear_backend}: {summary(plan)}")
     for choice in plan:
         print(f"             {choice.describe()}")
     mem = resident()
@@ -184,6 +185,7 @@ def run_engine_part(args, reqs: list[BenchRequest], cpu: dict):
         "mean_output_len": sum(r.output_len for r in reqs) / len(reqs),
         "machine": f"{os.cpu_count()} CPUs", "cpu": cpu,
         "linear_backend": args.linear_backend, "linear_plan": [c.as_dict() for c in plan],
+        "linear_plan_source": summary(plan),
         "memory": {**mem, "linear_dense_bytes": dense, "linear_prepared_bytes": prepared,
                    "kv_pool_bytes": pool_bytes},
         "ceiling": matmul_ceiling(cfg.hidden_size, cfg.intermediate_size, 2.0 * params),

@@ -17,34 +17,35 @@ the same for a model already built. Backends:
 - "auto": on the CPU in float32, each shape is timed through both at the step's row counts
   STEP_ROWS (one decode, a decode batch, a prefill chunk) on one of its layers, a few
   alternated repetitions, best of each, one row with the weight out of the cache as a
-  decode step meets it (executor.linear_timing; kept per machine: executor.linear_plan_cache); the
-  faster backend at a timed M (MKL only by more than PREFER_MARGIN) serves the rows from
-  the geometric midpoint below it to the one above (a shape that would mix the two, where
-  MKL wins by under MIXED_MARGIN, goes all oneDNN: one copy of its weight). A row count
-  whose one call would cost over linear_timing.MAX_TIMED_FLOP is timed at the largest M within it instead
-  (the vocabulary projection). Elsewhere: mkl.
+  decode step meets it (executor.linear_timing); the faster backend at a timed M (MKL only
+  by more than PREFER_MARGIN) serves the rows from the geometric midpoint below it to the
+  one above (a shape that would mix the two, where MKL wins by under MIXED_MARGIN, goes all
+  oneDNN: one copy of its weight). A row count whose one call would cost over
+  linear_timing.MAX_TIMED_FLOP is timed at the largest M within it instead (the vocabulary
+  projection). Only timings taken idle decide and are kept per machine, and kept ones are
+  checked at load (executor.linear_auto, linear_idle, linear_plan_cache); a busy machine
+  gets oneDNN at every M. Each ShapeChoice says where its plan came from. Elsewhere: mkl.
 Where oneDNN is unavailable or raises, layers use F.linear, and the log says why.
 "auto" never picks int8 or int4.
 """
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 
 import torch
 
-from executor import linear_int4, linear_int8, linear_plan_cache as plan_cache
+from executor import linear_int4, linear_int8
+from executor import linear_plan_cache as plan_cache
 from executor.linear import BACKENDS, Linear
-from executor.linear_timing import TIMED, time_shape  # noqa: F401  (TIMED: what auto chooses among)
+from executor.linear_auto import MIXED_MARGIN, PREFER_MARGIN, AutoPlan, routes_from  # noqa: F401
+from executor.linear_timing import TIMED  # noqa: F401  (what auto chooses among)
 
 CHOICES = ("auto", *BACKENDS)
 STEP_ROWS = (1, 64, 512)
-PREFER_MARGIN = 1.10  # MKL serves an M only where it is faster than oneDNN by more than this:
-# a win inside the timing noise would flip from one load to the next
-MIXED_MARGIN = 1.25  # oneDNN at most 25% slower than MKL: one copy of the weight beats two
-# (measured, AMD EPYC: where MKL wins, at M = 1 on the 576-wide projections, by 15-40%, that is
-# <= 0.7 ms of a ~25 ms decode step, for 105 MiB more weights)
+SOURCES = {"forced": "as named", "timed": "timed idle at this load (kept)",
+           "cache": "kept from an earlier load", "busy": "oneDNN, the machine busy (nothing kept)",
+           "untimed": "F.linear, oneDNN unavailable or failed"}
 
 log = logging.getLogger("pagedserve.executor")
 int8_unavailable = linear_int8.unavailable
@@ -52,14 +53,17 @@ int8_unavailable = linear_int8.unavailable
 
 @dataclass
 class ShapeChoice:
-    """The routes of every layer of one weight shape, and what was measured (seconds per call,
-    by M and backend; empty when the backend was forced)."""
+    """The routes of every layer of one weight shape, what was measured (seconds per call,
+    by M and backend; empty when the backend was forced), and where the plan came from (one
+    of SOURCES, and a note: linear_auto.Decision)."""
 
     out_features: int
     in_features: int
     layers: int
     routes: list[tuple[int | None, str]]
     seconds: dict[int, dict[str, float]] = field(default_factory=dict)
+    source: str = "forced"
+    note: str = ""
 
     def gflops(self, rows: int, backend: str) -> float:
         return 2 * rows * self.out_features * self.in_features / self.seconds[rows][backend] / 1e9
@@ -67,8 +71,8 @@ class ShapeChoice:
     def describe(self) -> str:
         ranges, low = [], None
         for below, backend in self.routes:
-            span = ("M<%d" % below if low is None else "%d<=M<%d" % (low, below)) if below else (
-                "M>=%d" % low if low is not None else "all M")
+            span = (f"M<{below}" if low is None else f"{low}<=M<{below}") if below else (
+                f"M>={low}" if low is not None else "all M")
             ranges.append(f"{backend} at {span}")
             low = below
         text = f"linear {self.out_features}x{self.in_features} ({self.layers} layers): " + ", ".join(ranges)
@@ -76,12 +80,15 @@ class ShapeChoice:
             text += "; GFLOP/s " + ", ".join(
                 f"M={m} " + " / ".join(f"{b} {self.gflops(m, b):.1f}" for b in t)
                 for m, t in self.seconds.items())
+        if self.source != "forced":
+            text += f" [{self.source}{': ' + self.note if self.note else ''}]"
         return text
 
     def as_dict(self) -> dict:
         return {"shape": [self.out_features, self.in_features], "layers": self.layers,
                 "routes": [[below, backend] for below, backend in self.routes],
-                "gflops": {str(m): {b: self.gflops(m, b) for b in t} for m, t in self.seconds.items()}}
+                "gflops": {str(m): {b: self.gflops(m, b) for b in t} for m, t in self.seconds.items()},
+                "source": self.source, "note": self.note}
 
 
 def onednn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -123,6 +130,7 @@ class Planner:
                 log.info("linear backend %s: %s; F.linear (mkl) for every layer", backend, why)
             backend = "mkl"
         self.backend, self.rows = backend, rows
+        self.auto = AutoPlan(rows)
         self.choices: list[ShapeChoice] = []
         self._current: dict[tuple[int, int], ShapeChoice] = {}
         self._placed: set[int] = set()
@@ -131,6 +139,9 @@ class Planner:
 
     def place(self, module: torch.nn.Module) -> None:
         first = not self._placed
+        if self.backend == "auto" and self.onednn:
+            self.auto.check([m for m in module.modules() if isinstance(m, Linear) and id(m) not in
+                             self._placed and m.shape not in self._current])
         for layer in module.modules():
             if not isinstance(layer, Linear) or id(layer) in self._placed:
                 continue
@@ -140,11 +151,13 @@ class Planner:
             self.dropped += layer.drop_dense()
             if layer.routes != choice.routes:  # it fell back (logged): the shape on F.linear
                 if choice.layers:
-                    choice = ShapeChoice(*layer.shape, 0, [(None, "mkl")])
+                    choice = ShapeChoice(*layer.shape, 0, [(None, "mkl")], source="untimed",
+                                         note="a layer could not be prepared (logged)")
                     self.choices.append(choice)
                     self._current[layer.shape] = choice
                 else:
-                    choice.routes = [(None, "mkl")]
+                    choice.routes, choice.source = [(None, "mkl")], "untimed"
+                    choice.note = "its layer could not be prepared (logged)"
             choice.layers += 1
         if self.backend == "int4" and first and self._placed and not any(
                 b == "int4" for c in self.choices for _, b in c.routes):
@@ -155,39 +168,33 @@ class Planner:
     def finish(self) -> list[ShapeChoice]:
         for choice in self.choices:
             log.info("%s", choice.describe())
+        if self.backend in ("auto", "int4"):
+            log.info("plan of the linear layers: %s", summary(self.choices))
         if self.dropped:
             log.info("linear: %d layers on one backend other than mkl at every M hold only its copy "
                      "of their weight", self.dropped)
         return self.choices
 
     def _decide(self, layer: Linear) -> ShapeChoice:
-        seconds, routes = {}, [(None, self.backend)]
+        choice = ShapeChoice(*layer.shape, 0, [(None, self.backend)])
         if self.backend == "int4":
             try:
-                layer.route(routes, {"int4": linear_int4.pack(layer.weight)})
+                layer.route(choice.routes, {"int4": linear_int4.pack(layer.weight)})
             except linear_int4.NotQ4_1 as e:
                 self.not_q4_1.append(str(e))
                 log.info("%s: float32 for this shape, timed as for auto", e)
-                seconds, routes = self._timed(layer)
+                choice = self._timed(layer)
         elif self.backend == "auto":
-            seconds, routes = self._timed(layer)
-        choice = ShapeChoice(*layer.shape, 0, routes, seconds)
+            choice = self._timed(layer)
         self.choices.append(choice)
         self._current[layer.shape] = choice
         return choice
 
-    def _timed(self, layer: Linear) -> tuple[dict[int, dict[str, float]], list[tuple[int | None, str]]]:
+    def _timed(self, layer: Linear) -> ShapeChoice:
         if not self.onednn:
-            return {}, [(None, "mkl")]
-        k = plan_cache.key(layer.shape, layer.weight.dtype, self.rows)
-        seconds = plan_cache.load(k)
-        if seconds is not None:
-            log.info("linear %dx%d: timings kept from an earlier load (%s)", *layer.shape, plan_cache.path())
-        else:
-            seconds = time_shape(layer, self.rows)
-            if seconds:
-                plan_cache.store(k, seconds)
-        return seconds, routes_from(seconds) if seconds else [(None, "mkl")]
+            return ShapeChoice(*layer.shape, 0, [(None, "mkl")], source="untimed", note="no oneDNN here")
+        d = self.auto.decide(layer)
+        return ShapeChoice(*layer.shape, 0, d.routes, d.seconds, d.source, d.note)
 
 
 def configure(model: torch.nn.Module, backend: str = "auto", device: torch.device | str = "cpu",
@@ -198,21 +205,10 @@ def configure(model: torch.nn.Module, backend: str = "auto", device: torch.devic
     return planner.finish()
 
 
-def routes_from(seconds: dict[int, dict[str, float]]) -> list[tuple[int | None, str]]:
-    """The faster backend per timed M, boundaries at the geometric midpoints, equal
-    neighbours merged; except that a shape which would mix backends goes to oneDNN at every M
-    when oneDNN is within MIXED_MARGIN of MKL wherever MKL is faster (a mixed layer holds its
-    weight twice, dense and packed: a win inside the timing noise is not worth that)."""
-    ms = sorted(seconds)
-    best = {m: "mkl" if seconds[m]["mkl"] * PREFER_MARGIN < seconds[m]["onednn"] else "onednn" for m in ms}
-    if len(set(best.values())) > 1 and all(
-            seconds[m]["onednn"] <= seconds[m]["mkl"] * MIXED_MARGIN for m in ms):
-        best = dict.fromkeys(ms, "onednn")
-    routes: list[tuple[int | None, str]] = []
-    for i, m in enumerate(ms):
-        below = math.ceil(math.sqrt(m * ms[i + 1])) if i + 1 < len(ms) else None
-        if routes and routes[-1][1] == best[m]:
-            routes[-1] = (below, best[m])
-        else:
-            routes.append((below, best[m]))
-    return routes
+def summary(choices: list[ShapeChoice]) -> str:
+    """Where a plan came from, in a line: how many shapes each way, and the cache file."""
+    counts: dict[str, int] = {}
+    for c in choices:
+        counts[c.source] = counts.get(c.source, 0) + 1
+    text = "; ".join(f"{n} shape{'s' * (n > 1)} {SOURCES[s]}" for s, n in counts.items())
+    return text + f" (cache {plan_cache.path()})" if {"timed", "cache", "busy"} & set(counts) else text

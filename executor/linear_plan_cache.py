@@ -3,11 +3,13 @@
 `--linear-backend auto` times each weight shape at load (executor.linear_backend). The
 seconds measured are kept in `linear-plan.json` under $PAGEDSERVE_CACHE_DIR (default
 ~/.cache/pagedserve), keyed by the CPU (model name and ISA), torch's version, the dtype, the
-shape and the row counts timed (and how: executor.linear_timing); a later load on the same machine takes them instead of
-timing again. Timings taken under load can differ from run to run, and so could the plan
-and, by float rounding, greedy outputs: kept, the plan and the outputs stay the same across
-restarts and replicas of one machine. Delete the file to time again. A file that cannot be
-read or written is logged and ignored: the shape is timed as if none were kept.
+shape and the row counts timed (and how: executor.linear_timing, KEPT_HOW); a later load on
+the same machine takes them instead of timing again, so the plan and, by float rounding,
+greedy outputs stay the same across restarts and replicas of one machine. Only timings taken
+idle are stored, and a load checks them first (executor.linear_auto); the key names that
+rule, so timings kept before it (some taken under load, issue 44) are not used. Delete the
+file to time again. A file that cannot be read or written is logged and ignored: the shape is
+timed as if none were kept.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from executor.linear_timing import COLD_BELOW
 from wire.cpu_info import cpu_info
 
 FILE_NAME = "linear-plan.json"
+KEPT_HOW = "idle only"
 log = logging.getLogger("pagedserve.executor")
 
 
@@ -34,7 +37,7 @@ def key(shape: tuple[int, int], dtype: torch.dtype, rows: tuple[int, ...]) -> st
     cpu = cpu_info()
     return (f"{cpu['model_name']} [{' '.join(cpu['isa'])}] {os.cpu_count()} CPUs | torch "
             f"{torch.__version__} | {dtype} | {shape[0]}x{shape[1]} | M {','.join(map(str, rows))} "
-            f"(cold below {COLD_BELOW})")
+            f"(cold below {COLD_BELOW}, {KEPT_HOW})")
 
 
 def _read(file: str) -> dict:

@@ -1,6 +1,8 @@
 """Timing a linear layer's backends at the row counts a step uses (for executor.linear_backend).
 
-time_shape(layer, rows) -> {M: {backend: seconds per call}}, best of REPS alternated rounds.
+time_shape(layer, rows) -> Timing: {M: {backend: seconds per call}}, best of REPS alternated
+rounds, with how far the rounds spread and the share of the CPUs other work took meanwhile
+(executor.linear_idle: what makes a timing an idle one).
 A row count below COLD_BELOW (a decode of a few sequences) is timed with the layer's weight
 out of the cache, as a decode step meets it: between two uses of one layer the step streams
 every other weight of the model through the cache, and a model larger than the last-level
@@ -15,10 +17,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 
 import torch
 
 from executor.linear import Linear
+from executor.linear_idle import OtherWork, why_busy
 from wire.cpu_info import last_level_cache_bytes
 
 TIMED = ("mkl", "onednn")  # what "auto" chooses among (int8, int4 change the outputs: opt-in only)
@@ -30,6 +34,21 @@ DEFAULT_LLC = 32 << 20  # when sysfs does not say
 MAX_SWEEP_BYTES = 512 << 20
 
 log = logging.getLogger("pagedserve.executor")
+
+
+@dataclass
+class Timing:
+    """Seconds per call by M and backend (empty: oneDNN failed here), the largest spread of
+    one backend's rounds at one M (slowest over fastest), and the share of this process's CPUs
+    other work took while it ran (None: unknown)."""
+
+    seconds: dict[int, dict[str, float]] = field(default_factory=dict)
+    spread: float = 1.0
+    others: float | None = None
+
+    def busy(self) -> str | None:
+        """Why this is not an idle timing, or None (executor.linear_idle.why_busy)."""
+        return why_busy(self.others, self.spread)
 
 
 class Sweep:
@@ -60,14 +79,15 @@ def _cold(layer: Linear, backend: str, x: torch.Tensor, sweep: Sweep) -> float:
     return best
 
 
-def time_shape(layer: Linear, rows: tuple[int, ...]) -> dict[int, dict[str, float]]:
-    """Seconds per call of each backend at each affordable M; empty when oneDNN fails here
-    (logged)."""
+def time_shape(layer: Linear, rows: tuple[int, ...]) -> Timing:
+    """Each backend at each affordable M; no seconds when oneDNN fails here (logged)."""
     n, k = layer.shape
     layer.route([(None, "onednn")])
     if layer.packed is None:
-        return {}
+        return Timing()
+    watch = OtherWork()
     seconds: dict[int, dict[str, float]] = {}
+    spread = 1.0
     g = torch.Generator().manual_seed(0)
     sweep = Sweep() if any(m < COLD_BELOW for m in rows) else None
     with torch.inference_mode():
@@ -78,17 +98,18 @@ def time_shape(layer: Linear, rows: tuple[int, ...]) -> dict[int, dict[str, floa
             flop = 2 * m * n * k
             x = torch.randn(m, k, generator=g, dtype=layer.weight.dtype)
             calls = max(1, min(20, int(5e7 / flop)))
-            best: dict[str, float] = {}
+            rounds: dict[str, list[float]] = {b: [] for b in TIMED}
             try:
                 for b in TIMED:
                     layer.run(b, x)  # warm
                 for _ in range(REPS):
                     for b in TIMED:
-                        s = _cold(layer, b, x, sweep) if m < COLD_BELOW else _warm(layer, b, x, calls)
-                        best[b] = min(best.get(b, math.inf), s)
+                        rounds[b].append(_cold(layer, b, x, sweep) if m < COLD_BELOW
+                                         else _warm(layer, b, x, calls))
             except Exception as e:  # noqa: BLE001  (oneDNN failed at this M: F.linear)
                 log.warning("linear %dx%d: oneDNN failed while timed at M=%d (%r); F.linear (mkl)",
                             n, k, m, e)
-                return {}
-            seconds[m] = best
-    return seconds
+                return Timing()
+            seconds[m] = {b: min(r) for b, r in rounds.items()}
+            spread = max(spread, *(max(r) / max(min(r), 1e-9) for r in rounds.values()))
+    return Timing(seconds, spread, watch.share())

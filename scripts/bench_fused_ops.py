@@ -22,9 +22,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels import fused_cpu  # noqa: E402
+from kernels import fused_cpu, rotary_store_cpu  # noqa: E402
+from kernels.paged_cpu import store_kv_cpu  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS, EPS = 576, 9, 3, 64, 30, 1e-5
+INTERMEDIATE = 1536
 
 
 def torch_rms_norm(x, w):  # executor/models/llama.py rms_norm, float32
@@ -45,12 +47,27 @@ def cases(t: int):
     qk = qkv[:, : (HEADS + KV_HEADS) * HEAD_DIM].view(t, HEADS + KV_HEADS, HEAD_DIM)
     angles = torch.rand(t, HEAD_DIM // 2, generator=g) * 100  # unit rotations: repeated calls stay finite
     cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    gate_up = torch.randn(t, 2 * INTERMEDIATE, generator=g)
+    gate, up = gate_up.chunk(2, dim=-1)
+    pool = torch.zeros(t + 16, 4, 2, 16, KV_HEADS, HEAD_DIM)  # 16-token blocks, 4 layers
+    k_cache, v_cache = pool[:, 1, 0], pool[:, 1, 1]
+    slots = torch.arange(t, dtype=torch.int64) * 16  # one token a block, as a decode batch
+    v = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM:].view(t, KV_HEADS, HEAD_DIM)
+
+    def rotary_then_store():  # executor/models/llama.py before: the fused rotary, then store_kv
+        fused_cpu.rotary_(qk, cos, sin)
+        store_kv_cpu(qk[:, HEADS:], v, k_cache, v_cache, slots)
 
     return {
         "rms_norm": (lambda: torch_rms_norm(x, w), lambda: fused_cpu.rms_norm(x, w, EPS)),
         # the torch side adds out of place (the layer's x is its caller's); the fused one in place
         "add_rms_norm": (lambda: torch_rms_norm(x + a, w), lambda: fused_cpu.add_rms_norm_(a, x, w, EPS)),
         "rotary": (lambda: torch_rotary(qk, cos, sin), lambda: fused_cpu.rotary_(qk, cos, sin)),
+        # executor/models/llama.py DecoderLayer.mlp's torch path
+        "silu_and_mul": (lambda: torch.nn.functional.silu(gate).mul_(up), lambda: fused_cpu.silu_and_mul(gate_up)),
+        # against the C++ rotary and store_kv's index_copy_ it replaces
+        "rotary_store": (rotary_then_store, lambda: rotary_store_cpu.rotary_store_kv_(
+            qk, v, cos, sin, k_cache, v_cache, slots)),
     }
 
 
@@ -86,16 +103,17 @@ def decode_steps(batches, rounds: int, per_round: int = 4) -> list[dict]:
         while len(loop.scheduler.running) < batch or loop.scheduler.waiting:
             loop.step()  # the prefills
         loop.step()
-        native = fused_cpu._native
-        lib = native.get()
+        natives = [(n, n.get()) for n in (fused_cpu._native, rotary_store_cpu._native)]
         for r in range(2 * rounds):
             on = r % 2 == (r // 2) % 2  # on, off, off, on, on, off, ...
-            native._lib = lib if on else None  # (built: get() returns what is set)
+            for native, lib in natives:
+                native._lib = lib if on else None  # (built: get() returns what is set)
             for _ in range(per_round):
                 t0 = time.perf_counter()
                 loop.step()
                 times[on].append(time.perf_counter() - t0)
-        native._lib = lib
+        for native, lib in natives:
+            native._lib = lib
         while loop.has_work():
             loop.step()
         row = {"batch": batch, "steps_each": len(times[True])}

@@ -19,7 +19,7 @@ import kernels
 from executor.attention_metadata import AttentionMetadata
 from executor.linear import Linear
 from executor.model_config import ModelConfig
-from kernels import fused_cpu
+from kernels import fused_cpu, rotary_store_cpu
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -107,7 +107,10 @@ class DecoderLayer(nn.Module):
         self.down = Linear(w[m + "down_proj.weight"])
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        gate_up = self.gate_up(h)
+        if self.act is F.silu and fused_cpu.silu_applies(gate_up):  # CPU float32: one C++ pass
+            return self.down(fused_cpu.silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down(self.act(gate).mul_(up))
 
     def attention(self, h, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
@@ -123,13 +126,16 @@ class DecoderLayer(nn.Module):
             qk = torch.cat((q, k), 1)
         else:  # q and k side by side in one view: one rotary pass over both
             qk = qkv[:, : c.q_size + c.kv_size].view(t, heads, c.head_dim)
-        if fused_cpu.applies(qk):  # CPU float32: in place, one C++ pass (qk is this step's own)
-            fused_cpu.rotary_(qk, cos, sin)
-        else:
-            qk = apply_rotary(qk, cos, sin)
-        q, k = qk.split([c.num_heads, c.num_kv_heads], 1)
         v = qkv[:, c.q_size + c.kv_size:].view(t, c.num_kv_heads, c.head_dim)
-        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if rotary_store_cpu.applies(qk, k_cache, v_cache):  # CPU float32: rotary in the K/V store
+            q = rotary_store_cpu.rotary_store_kv_(qk, v, cos, sin, k_cache, v_cache, meta.slot_mapping)
+        else:
+            if fused_cpu.applies(qk):  # CPU float32: in place, one C++ pass (qk is this step's own)
+                fused_cpu.rotary_(qk, cos, sin)
+            else:
+                qk = apply_rotary(qk, cos, sin)
+            q, k = qk.split([c.num_heads, c.num_kv_heads], 1)
+            kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                     meta.query_start_loc, c.attn_scale, window=self.window,
                                     softcap=c.attn_softcap)

@@ -61,9 +61,10 @@ class UnitGuard:
         if self.installed:
             return
         self.installed = True
-        from kernels import fused_cpu, paged_cpu, paged_prefill_cpu
+        from kernels import fused_cpu, paged_cpu, paged_prefill_cpu, rotary_store_cpu
 
         fused_cpu.available(), paged_cpu.native_available(), paged_prefill_cpu.native_available()
+        rotary_store_cpu.available()
         sys.addaudithook(self._audit)
         start = multiprocessing.process.BaseProcess.start
 

@@ -1,12 +1,13 @@
 """The linear layers' backend (executor.linear, executor.linear_backend): each forced backend
 and "auto" give transformers' logits and greedy tokens on tiny models; a failing oneDNN falls
-back to F.linear with a log line; auto's timings are kept per machine and reused."""
+back to F.linear with a log line; auto's timings are kept per machine and reused. Timings on
+this shared machine count as idle here (the rules for busy ones: test_linear_plan.py)."""
 import logging
 
 import pytest
 import torch
 
-from executor import linear_backend
+from executor import linear_auto, linear_backend, linear_timing
 from executor.config import LINEAR_BACKENDS
 from executor.linear import Linear
 from executor.model_loader import load_model
@@ -24,6 +25,11 @@ needs_onednn = pytest.mark.skipif(not ONEDNN, reason="no oneDNN in this torch bu
 def own_plan_cache(tmp_path_factory, monkeypatch):
     """Timings kept in a folder of this test's own (executor.linear_plan_cache)."""
     monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path_factory.mktemp("plan-cache")))
+
+
+@pytest.fixture(autouse=True)
+def idle_machine(monkeypatch):
+    monkeypatch.setattr(linear_timing, "why_busy", lambda others, spread: None)
 
 
 @pytest.fixture
@@ -138,7 +144,7 @@ def test_failing_onednn_prepack_leaves_every_layer_on_f_linear(tmp_path, monkeyp
     for backend in ("onednn", "auto"):
         log_records.clear()
         plan = linear_backend.configure(model, backend)
-        assert all(c.routes == [(None, "mkl")] for c in plan)
+        assert all(c.routes == [(None, "mkl")] and c.source == "untimed" for c in plan)
         assert all(r == [(None, "mkl")] for r in routes_by_shape(model).values())
         failed = [r.getMessage() for r in log_records if "preparing for oneDNN failed" in r.getMessage()]
         assert len(failed) == len(plan) and all("F.linear" in m for m in failed)  # one line a shape
@@ -172,17 +178,29 @@ def test_mkl_must_win_by_the_margin_to_serve_an_m():
 
 @needs_onednn
 def test_timings_are_kept_per_machine_and_reused(tmp_path, monkeypatch, log_records):
+    """Reused after one check: the largest shape timed again (alike here), no other."""
     monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path / "cache"))
     make_tiny_model(tmp_path, "qwen2")
-    model, _ = load_model(str(tmp_path))
-    first = {(c.out_features, c.in_features): (c.routes, c.seconds) for c in linear_backend.configure(model)}
+    timed = []
 
-    def not_again(*args):
-        raise AssertionError("timed again although the timings were kept")
-    monkeypatch.setattr(linear_backend, "time_shape", not_again)
+    def fake(layer, rows):  # MKL ahead at one row on the square shapes: a mixed plan
+        timed.append(layer.shape)
+        square = layer.shape[0] == layer.shape[1]
+        return linear_timing.Timing({m: {"mkl": m * (0.5 if square and m == 1 else 1.0), "onednn": 1.0 * m}
+                                     for m in rows})
+    monkeypatch.setattr(linear_auto, "time_shape", fake)
     model, _ = load_model(str(tmp_path))
-    again = {(c.out_features, c.in_features): (c.routes, c.seconds) for c in linear_backend.configure(model)}
+    plan = linear_backend.configure(model)
+    first = {(c.out_features, c.in_features): (c.routes, c.seconds) for c in plan}
+    assert sorted(timed) == sorted(first) and {c.source for c in plan} == {"timed"}
+    assert any(r == [(8, "mkl"), (None, "onednn")] for r, _ in first.values())
+    timed.clear()
+    model, _ = load_model(str(tmp_path))
+    plan = linear_backend.configure(model)
+    again = {(c.out_features, c.in_features): (c.routes, c.seconds) for c in plan}
     assert again == first
+    assert timed == [max(first, key=lambda s: s[0] * s[1])]
+    assert {c.source for c in plan} == {"cache"} and all(c.note.startswith("checked idle") for c in plan)
     assert any("timings kept from an earlier load" in r.getMessage() for r in log_records)
 
 

@@ -1,5 +1,6 @@
 """executor.linear_timing: one row is timed with the weight evicted before every call (as a
-decode step meets it), larger row counts warm; every backend is timed at every row count."""
+decode step meets it), larger row counts warm; every backend is timed at every row count;
+the timing reports how far its rounds spread and what other work took meanwhile."""
 import pytest
 import torch
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.skipif(
 def test_rows_below_the_bound_are_timed_cold(monkeypatch):
     sweeps = []
     monkeypatch.setattr(linear_timing.Sweep, "__call__", lambda self: sweeps.append(1))
-    seconds = linear_timing.time_shape(Linear(torch.randn(24, 16)), (1, 64))
+    seconds = linear_timing.time_shape(Linear(torch.randn(24, 16)), (1, 64)).seconds
     assert set(seconds) == {1, 64} and all(set(t) == set(linear_timing.TIMED) for t in seconds.values())
     assert all(s > 0 for t in seconds.values() for s in t.values())
     assert len(sweeps) == linear_timing.REPS * len(linear_timing.TIMED) * linear_timing.COLD_CALLS
@@ -24,7 +25,7 @@ def test_warm_rows_only_sweep_nothing(monkeypatch):
     def no_sweep(self):
         raise AssertionError("a sweep buffer made for warm rows")
     monkeypatch.setattr(linear_timing.Sweep, "__init__", no_sweep)
-    assert set(linear_timing.time_shape(Linear(torch.randn(24, 16)), (64, 512))) == {64, 512}
+    assert set(linear_timing.time_shape(Linear(torch.randn(24, 16)), (64, 512)).seconds) == {64, 512}
 
 
 def test_the_sweep_exceeds_the_last_level_cache(monkeypatch):
@@ -34,3 +35,15 @@ def test_the_sweep_exceeds_the_last_level_cache(monkeypatch):
     assert linear_timing.Sweep().buffer.numel() * 4 == 2 * linear_timing.DEFAULT_LLC
     monkeypatch.setattr(linear_timing, "last_level_cache_bytes", lambda: 4 << 30)
     assert linear_timing.Sweep().buffer.numel() * 4 == linear_timing.MAX_SWEEP_BYTES
+
+
+def test_the_timing_reports_its_spread_and_the_other_work(monkeypatch):
+    rounds = iter([1.0, 2.0, 1.0, 2.0, 1.5, 2.0] + [3.0, 1.0] * 3)  # mkl's rounds at M=64: 1 to 1.5
+    monkeypatch.setattr(linear_timing, "_warm", lambda layer, b, x, calls: next(rounds))
+    monkeypatch.setattr(linear_timing.OtherWork, "share", lambda self: 0.4)
+    timing = linear_timing.time_shape(Linear(torch.randn(24, 16)), (64, 512))
+    assert timing.seconds == {64: {"mkl": 1.0, "onednn": 2.0}, 512: {"mkl": 3.0, "onednn": 1.0}}
+    assert timing.spread == 1.5 and timing.others == 0.4
+    assert "40%" in timing.busy()
+    assert linear_timing.Timing(timing.seconds, 1.4, 0.1).busy() is None
+    assert "1.60x" in linear_timing.Timing(timing.seconds, 1.6, 0.1).busy()

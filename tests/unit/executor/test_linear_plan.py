@@ -1,0 +1,162 @@
+"""`--linear-backend auto` on a shared machine (executor.linear_auto), with injected timings:
+a busy timing is taken again and never kept, a busy machine gets oneDNN, a kept plan is
+checked once against an idle timing of its largest shape, a planted stale plan is found and
+timed again, and MKL serves an M only where it wins clearly at idle."""
+import json
+import logging
+
+import pytest
+import torch
+
+from executor import linear_auto, linear_backend
+from executor import linear_plan_cache as plan_cache
+from executor.linear import Linear
+from executor.linear_timing import Timing
+from tests.unit.executor.test_linear_backend import needs_onednn
+
+pytestmark = needs_onednn
+ROWS = (1, 64)
+BIG, SMALL = (48, 16), (24, 16)
+US = 1e-6
+# the issue's plan, timed while other work ran: MKL ahead at M=64 (oneDNN 3,184 us, MKL 2,430)
+STALE = {1: {"mkl": 40 * US, "onednn": 45 * US}, 64: {"mkl": 2430 * US, "onednn": 3184 * US}}
+# the same day idle: oneDNN 1,060-1,134 us, MKL 1,849-1,911
+IDLE = {1: {"mkl": 40 * US, "onednn": 45 * US}, 64: {"mkl": 1880 * US, "onednn": 1100 * US}}
+# MKL ahead at one row by far, idle: a mixed plan
+MIXED = {1: {"mkl": 20 * US, "onednn": 45 * US}, 64: {"mkl": 1880 * US, "onednn": 1100 * US}}
+
+
+class FakeTimer:
+    """time_shape's stand-in: `table` seconds for every shape, scaled by `scale`; the share
+    of other work per call from `others` (then 0)."""
+
+    def __init__(self, table, others=(), scale=1.0):
+        self.table, self.others, self.scale, self.calls = table, list(others), scale, []
+
+    def __call__(self, layer, rows):
+        self.calls.append(layer.shape)
+        others = self.others.pop(0) if self.others else 0.0
+        return Timing({m: {b: s * self.scale for b, s in self.table[m].items()} for m in rows}, 1.0, others)
+
+
+@pytest.fixture(autouse=True)
+def own_plan_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(linear_auto, "RETRY_WAIT_S", 0)
+
+
+@pytest.fixture
+def timer(monkeypatch):
+    def use(*args, **kwargs):
+        fake = FakeTimer(*args, **kwargs)
+        monkeypatch.setattr(linear_auto, "time_shape", fake)
+        return fake
+    return use
+
+
+def plant(entries: dict, key=plan_cache.key) -> None:
+    """A plan file as an earlier load would have left it."""
+    with open(plan_cache.path(), "w") as f:
+        json.dump({key(shape, torch.float32, ROWS): {str(m): t for m, t in seconds.items()}
+                   for shape, seconds in entries.items()}, f)
+
+
+def kept(shape):
+    return plan_cache.load(plan_cache.key(shape, torch.float32, ROWS))
+
+
+def plan_of_a_model():
+    model = torch.nn.Sequential(Linear(torch.randn(*BIG)), Linear(torch.randn(*SMALL)))
+    plan = {(c.out_features, c.in_features): c for c in linear_backend.configure(model, "auto", rows=ROWS)}
+    assert all(layer.routes == plan[layer.shape].routes for layer in model)
+    return plan
+
+
+def test_a_planted_stale_plan_is_found_and_timed_again(timer, caplog):
+    plant({BIG: STALE, SMALL: STALE})
+    assert linear_auto.routes_from(STALE) == [(None, "mkl")]
+    fake = timer(IDLE)
+    with caplog.at_level(logging.WARNING, "pagedserve.executor"):
+        plan = plan_of_a_model()
+    assert fake.calls == [BIG, SMALL]  # the check's timing of BIG serves its decision
+    for c in plan.values():
+        assert c.routes == [(None, "onednn")] and c.source == "timed"
+        assert "off at 48x16 (onednn at M=64: kept 3184 us, now 1100 us)" in c.note
+    assert kept(BIG) == IDLE and kept(SMALL) == IDLE
+    assert any("kept timings were off" in r.getMessage() for r in caplog.records)
+
+
+def test_a_kept_plan_that_agrees_is_checked_once_and_used(timer):
+    plant({BIG: MIXED, SMALL: MIXED})
+    fake = timer(MIXED, scale=1.2)  # within DRIFT
+    plan = plan_of_a_model()
+    assert fake.calls == [BIG]
+    for c in plan.values():
+        assert c.routes == [(8, "mkl"), (None, "onednn")] and c.seconds == MIXED
+        assert c.source == "cache" and c.note == "checked idle at 48x16"
+    assert "kept from an earlier load" in linear_backend.summary(list(plan.values()))
+
+
+def test_a_busy_timing_is_taken_again_and_kept_once_idle(timer):
+    fake = timer(MIXED, others=[0.5])
+    plan = plan_of_a_model()
+    assert fake.calls == [BIG, BIG, SMALL]
+    assert all(c.source == "timed" and c.routes == [(8, "mkl"), (None, "onednn")] for c in plan.values())
+    assert kept(BIG) == MIXED and kept(SMALL) == MIXED
+
+
+def test_a_busy_machine_gets_onednn_keeps_nothing_and_times_no_more(timer, caplog):
+    fake = timer(MIXED, others=[0.5, 0.5])
+    with caplog.at_level(logging.WARNING, "pagedserve.executor"):
+        plan = plan_of_a_model()
+    assert fake.calls == [BIG, BIG]
+    assert all(c.source == "busy" and c.routes == [(None, "onednn")] for c in plan.values())
+    assert plan[BIG].seconds == MIXED and plan[SMALL].seconds == {}  # shown, not used
+    assert "other work took 50%" in plan[BIG].note and "not timed" in plan[SMALL].note
+    assert kept(BIG) is None and kept(SMALL) is None
+    assert any("busy" in r.getMessage() and "nothing kept" in r.getMessage() for r in caplog.records)
+    assert "2 shapes oneDNN, the machine busy" in linear_backend.summary(list(plan.values()))
+
+
+def test_a_check_on_a_busy_machine_keeps_the_plan_and_says_so(timer):
+    plant({BIG: MIXED})
+    fake = timer(IDLE, others=[0.5, 0.5])
+    plan = plan_of_a_model()
+    assert fake.calls == [BIG, BIG]
+    assert plan[BIG].source == "cache" and plan[BIG].routes == [(8, "mkl"), (None, "onednn")]
+    assert plan[BIG].note.startswith("not checked: the machine was busy at 48x16")
+    assert plan[SMALL].source == "busy" and plan[SMALL].routes == [(None, "onednn")]
+    assert kept(SMALL) is None
+
+
+def test_timings_kept_before_the_idle_rule_are_not_used(timer):
+    def old_key(*args):
+        return plan_cache.key(*args).replace(f", {plan_cache.KEPT_HOW})", ")")
+    plant({BIG: STALE, SMALL: STALE}, key=old_key)
+    fake = timer(IDLE)
+    plan = plan_of_a_model()
+    assert fake.calls == [BIG, SMALL] and all(c.source == "timed" for c in plan.values())
+
+
+def test_off_names_what_an_idle_timing_contradicts():
+    mkl_at_one = {1: {"mkl": 20 * US, "onednn": 25 * US}}
+    assert linear_auto.routes_from(mkl_at_one) == [(None, "mkl")]
+    assert linear_auto.off(mkl_at_one, {1: {"mkl": 21 * US, "onednn": 24 * US}}) is None
+    assert linear_auto.off(mkl_at_one, {1: {"mkl": 24 * US, "onednn": 23 * US}}) == \
+        "MKL kept at M=1, where oneDNN is now as fast"
+    assert linear_auto.off(mkl_at_one, {1: {"mkl": 20 * US, "onednn": 40 * US}}) == \
+        "onednn at M=1: kept 25 us, now 40 us"
+    assert "kept at M [1]" in linear_auto.off(mkl_at_one, IDLE)
+
+
+def test_mkl_serves_only_where_it_wins_clearly():
+    assert linear_auto.routes_from({1: {"mkl": 1.0, "onednn": 1.09}}) == [(None, "onednn")]
+    assert linear_auto.routes_from({1: {"mkl": 1.0, "onednn": 1.11}}) == [(None, "mkl")]
+    assert linear_auto.routes_from(IDLE) == [(None, "onednn")]  # MKL 12% ahead at one row: one copy
+
+
+def test_describe_says_where_the_plan_came_from():
+    c = linear_backend.ShapeChoice(48, 16, 1, [(None, "onednn")], IDLE, "cache", "checked idle at 48x16")
+    assert c.describe().endswith("[cache: checked idle at 48x16]")
+    assert c.as_dict()["source"] == "cache"
+    assert "[" not in linear_backend.ShapeChoice(48, 16, 1, [(None, "mkl")]).describe()
