@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import socket
 import sys
 from dataclasses import dataclass
@@ -157,13 +158,30 @@ def list_models(address: str, api_key: str | None, tls: TlsConfig | None = None)
         return stub.ListModels(generation_pb2.ListModelsRequest(), timeout=10, metadata=metadata).models[0].name
 
 
+def pin_model(args) -> None:
+    """Resolve a hub id MODEL here, before any child starts: downloaded once, in the
+    foreground with its progress bars, then every executor (replicas, restarts) loads its
+    snapshot directory under the hub id's name, without the network. A path that does not
+    exist fails here too. Raises ModelLoadError (what was tried, what to do)."""
+    config = from_args(ExecutorConfig, args)
+    if config.model is None or config.model_free or os.path.exists(os.path.expanduser(config.model)):
+        return
+    from executor.model_source import resolve_model, served_name
+
+    path = resolve_model(config.model, config.revision)
+    args.served_model_name = served_name(config.model, path, config.served_model_name)
+    args.model, args.revision = path, None
+
+
 def run_serve(args) -> int:
+    from executor.errors import ModelLoadError
     from pagedserve.supervisor import ServiceFailed, Supervisor
 
     try:
+        pin_model(args)
         specs = service_specs(args)
         gateway = from_args(GatewayConfig, args)
-    except ValueError as e:
+    except (ValueError, ModelLoadError) as e:
         print(f"pagedserve serve: {e}", file=sys.stderr)
         return 2
     sup = Supervisor(specs)
