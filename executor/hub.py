@@ -72,8 +72,8 @@ def snapshot(repo_id: str, revision: str | None = None, progress: bool = True) -
                 f"({type(e).__name__}: {e}) and it is not in the Hugging Face cache "
                 f"({constants.HF_HUB_CACHE}): check the network (or HF_ENDPOINT), or copy the "
                 f"model to this machine and pass its directory") from e
-        log.warning("%s unreachable (%s): serving the cached snapshot %s", constants.ENDPOINT,
-                    type(e).__name__, path)
+        log.warning("%s unreachable (%s): serving the cached snapshot %s (HF_HUB_OFFLINE=1 "
+                    "skips the hub)", constants.ENDPOINT, type(e).__name__, path)
     return _checked(repo_id, path)
 
 

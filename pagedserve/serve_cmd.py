@@ -1,4 +1,6 @@
-"""`pagedserve serve`: memsvc, executor and gateway as local processes, from one command line.
+"""`pagedserve serve [MODEL]`: memsvc, executor and gateway as local processes, from one
+command line. A hub id MODEL is resolved (downloaded) once, before the children start
+(`pin_model`; executor.model_source).
 
 Its flags are the services' own (memsvc.config, executor.config, gateway.config), grouped
 by service, each declared once; `serve` chooses only the wiring (hosts, ports, peer
@@ -55,7 +57,9 @@ SERVICE_GROUPS = [("memsvc", MemsvcConfig), ("executor", ExecutorConfig), ("gate
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("serve", help="serve a model: memsvc, executor and gateway on this host",
-                       description="Start memsvc, the executor and the gateway as processes on "
+                       description="Serve MODEL (a Hugging Face hub id, a model directory or a "
+                                   ".gguf file; none: the built-in default): start memsvc, the "
+                                   "executor and the gateway as processes on "
                                    "127.0.0.1; restart any that crashes. On SIGTERM or Ctrl-C the "
                                    "gateway drains (--drain-timeout), then the executor and memsvc "
                                    "stop. Every flag of every service works here.")
