@@ -77,6 +77,22 @@ def snapshot(repo_id: str, revision: str | None = None, progress: bool = True) -
     return _checked(repo_id, path)
 
 
+def config_file(repo_id: str, revision: str | None = None) -> str:
+    """The repository's config.json alone (what `pagedserve advise` reads), from the cache or
+    downloaded; ModelLoadError otherwise."""
+    from huggingface_hub import constants, errors, hf_hub_download
+
+    try:
+        return hf_hub_download(repo_id, "config.json", revision=revision)
+    except errors.HfHubHTTPError as e:
+        raise explain(e, repo_id, revision) from e
+    except errors.LocalEntryNotFoundError as e:
+        why = ("HF_HUB_OFFLINE=1 forbids downloading it" if constants.HF_HUB_OFFLINE
+               else f"{constants.ENDPOINT} could not be reached")
+        raise ModelLoadError(f"{repo_id}{_at(revision)}: its config.json is not in the Hugging Face "
+                             f"cache ({constants.HF_HUB_CACHE}) and {why}") from e
+
+
 def files_to_load(repo_id: str, revision: str | None) -> list[str]:
     """The repository's files the executor reads: its safetensors (the index's shards, else
     those at the root), config and tokenizer files. ModelLoadError when it has no safetensors."""

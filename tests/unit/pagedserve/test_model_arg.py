@@ -64,3 +64,15 @@ def test_serve_fails_before_starting_anything_when_the_model_cannot_be_had(cache
     args = build_parser().parse_args(shlex.split("serve --zero-cost org/whatever"))
     pin_model(args)  # a model-free executor loads nothing: nothing to resolve
     assert args.model == "org/whatever"
+
+
+def test_advise_reads_a_hub_ids_config_from_the_cache(cache, capsys):
+    from pagedserve.advise import load_shape
+
+    write_snapshot(cache, "tiny-org/tiny-llama", arch="llama3")
+    shape = load_shape("tiny-org/tiny-llama")
+    assert (shape.name, shape.num_layers, shape.hidden_size) == ("tiny-org/tiny-llama", 2, 64)
+    for model, status in (("opt-13b", 0), ("tiny-org/tiny-llama", 0), ("tiny-org/absent", 2)):
+        args = build_parser().parse_args(["advise", model])
+        assert args.run(args) == status
+    assert "pagedserve advise: tiny-org/absent" in capsys.readouterr().err
