@@ -146,3 +146,12 @@ def test_what_is_not_a_model_is_refused_by_name(tmp_path, cache):
     assert not hub.looks_like_hub_id("a/b/c") and not hub.looks_like_hub_id("m.gguf")
     assert hub.looks_like_hub_id("Qwen/Qwen2.5-0.5B-Instruct") and hub.looks_like_hub_id("gpt2")
     assert os.path.basename(resolve_model(str(tmp_path))) == os.path.basename(str(tmp_path))
+
+
+def test_the_weights_load_shows_a_progress_bar_on_a_terminal_only(cache, capsys):
+    path = write_snapshot(cache, "tiny-org/tiny-qwen")
+    load_model(path, progress=True)
+    err = capsys.readouterr().err
+    assert "loading weights" in err and "3/3" in err  # two layers, then the whole model
+    load_model(path)  # progress=None: a bar only when stderr is a terminal, and here it is not
+    assert "loading weights" not in capsys.readouterr().err
