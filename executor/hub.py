@@ -26,6 +26,7 @@ TOKENIZER_FILES = (
 )
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)(--(?P<name>[^/]+))?/snapshots/[^/]+/?$")
+NETWORK_ERRORS = ("TransportError", "ConnectionError", "Timeout", "TimeoutException")
 log = logging.getLogger("pagedserve.executor")
 
 
@@ -64,7 +65,10 @@ def snapshot(repo_id: str, revision: str | None = None, progress: bool = True) -
         raise explain(e, repo_id, revision) from e
     except ModelLoadError:
         raise
-    except Exception as e:  # the hub unreachable: a connection error, a timeout, a proxy
+    except Exception as e:
+        if not unreachable(e):
+            raise ModelLoadError(f"{repo_id}{_at(revision)}: the download failed "
+                                 f"({type(e).__name__}: {e})") from e
         path = _cached(repo_id, revision)
         if path is None:
             raise ModelLoadError(
@@ -75,6 +79,15 @@ def snapshot(repo_id: str, revision: str | None = None, progress: bool = True) -
         log.warning("%s unreachable (%s): serving the cached snapshot %s (HF_HUB_OFFLINE=1 "
                     "skips the hub)", constants.ENDPOINT, type(e).__name__, path)
     return _checked(repo_id, path)
+
+
+def unreachable(e: Exception) -> bool:
+    """`e` says the hub could not be reached: a connection error or a timeout, of the HTTP
+    client huggingface_hub uses (httpx, requests) or of the standard library."""
+    from huggingface_hub import errors
+
+    return isinstance(e, (ConnectionError, TimeoutError, errors.LocalEntryNotFoundError)) or any(
+        c.__name__ in NETWORK_ERRORS for c in type(e).__mro__)
 
 
 def config_file(repo_id: str, revision: str | None = None) -> str:

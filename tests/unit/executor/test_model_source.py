@@ -91,6 +91,12 @@ def test_no_network_uses_the_cache_and_without_it_says_what_was_tried(cache, mon
     assert "not in the Hugging Face cache" in str(e.value)
     path = write_snapshot(cache, "tiny-org/tiny-qwen")
     assert resolve_model("tiny-org/tiny-qwen") == path
+    monkeypatch.setattr(hub, "files_to_load", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
+    with pytest.raises(ModelLoadError, match="the download failed \\(OSError"):  # not the network's fault
+        resolve_model("tiny-org/tiny-qwen")
+    monkeypatch.setattr(hub, "files_to_load", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
+    with pytest.raises(ModelLoadError, match="the download failed \\(OSError"):  # not the network's fault
+        resolve_model("tiny-org/tiny-qwen")
 
 
 def test_only_the_files_it_loads_are_downloaded(cache, monkeypatch, tmp_path):
