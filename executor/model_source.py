@@ -86,5 +86,5 @@ def served_name(model: str | None, model_dir: str, served_model_name: str | None
     repo = hub.repo_of_snapshot(model_dir)
     if repo is not None:
         return repo
-    base = os.path.basename(os.path.normpath(model))
+    base = os.path.basename(os.path.abspath(os.path.expanduser(model)))
     return base.removesuffix(".gguf")

@@ -161,3 +161,9 @@ def test_the_weights_load_shows_a_progress_bar_on_a_terminal_only(cache, capsys)
     assert "loading weights" in err and "3/3" in err  # two layers, then the whole model
     load_model(path)  # progress=None: a bar only when stderr is a terminal, and here it is not
     assert "loading weights" not in capsys.readouterr().err
+
+
+def test_a_relative_directory_is_served_by_its_own_name(tmp_path, monkeypatch):
+    (tmp_path / "llama-local").mkdir()
+    monkeypatch.chdir(tmp_path / "llama-local")
+    assert served_name(".", ".") == "llama-local"
