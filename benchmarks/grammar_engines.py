@@ -164,13 +164,13 @@ def bench_outlines(tokenizer, vocab_size, repeat, model_dir):
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None, help="model directory (default: the default model)")
+    p.add_argument("--model", default=None, help="a hub id, model directory or .gguf file (default: the default model)")
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args(argv)
-    from executor.default_model import resolve_model
+    from executor.model_source import default_model_dir, resolve_model
     from gateway.tokenizer import load_tokenizer
 
-    model_dir = args.model or resolve_model(None, progress=False)
+    model_dir = resolve_model(args.model) if args.model else default_model_dir(progress=False)
     tokenizer = load_tokenizer(model_dir)
     vocab_size = len(tokenizer)
     for fn in (lambda: bench_xgrammar(tokenizer, vocab_size, args.repeat),

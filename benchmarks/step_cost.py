@@ -147,7 +147,7 @@ class WireExecutor:
 
 def measure(batch: int, input_len: int, output_len: int) -> dict:
     """One batch of `batch` requests to the end; CPU per step per part (ms)."""
-    from executor.default_model import resolve_model
+    from executor.model_source import default_model_dir
     from executor.zero_cost import ZeroCostExecutor
     from gateway.batch_loop import BatchLoop
     from gateway.scheduler import SchedulerConfig
@@ -158,7 +158,7 @@ def measure(batch: int, input_len: int, output_len: int) -> dict:
     from wire.protocol import SamplingParams
 
     parts = _Parts()
-    executor = ZeroCostExecutor(16, 8192, resolve_model(None, progress=False))
+    executor = ZeroCostExecutor(16, 8192, default_model_dir(progress=False))
     kv_tokens = (batch * -(-(input_len + output_len) // 16) + 64) * 16
     manager = MemoryManager(MemoryConfig(num_blocks=kv_tokens // 16, max_model_len=8192))
     manager.register_executor(executor.model_info().kv, device="cpu")

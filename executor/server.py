@@ -52,6 +52,7 @@ import grpc
 from opentelemetry import trace
 
 from executor.config import ExecutorConfig
+from executor.hub import TOKENIZER_FILES
 from executor.metrics import ExecutorMetrics
 from executor.sequence_state import SequenceStates, StateLost
 from executor.step_merger import StepMerger, launch_of
@@ -64,11 +65,6 @@ from wire.protocol import ModelInfo
 from wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 SERVICE_NAME = "pagedserve.v1.Executor"
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt",
-    "vocab.txt", "config.json", "generation_config.json",
-)
 DRAIN_IDLE_S = 2.0  # longer than a gateway's probe interval (1 s): all have seen NOT_SERVING
 log = get_logger("executor")
 
@@ -263,13 +259,13 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
     from wire.device import on_device, resolve_dtype
 
     if config.model_free:
-        from executor.default_model import resolve_model
         from executor.metrics import SimulatedSeconds
+        from executor.model_source import default_model_dir
         from executor.simulated import SimulatedExecutor
         from executor.zero_cost import ZeroCostExecutor
 
         torch_device, memsvc_device = "cpu", "cpu"
-        args = (config.block_size, config.max_model_len or 8192, resolve_model(None, progress=False))
+        args = (config.block_size, config.max_model_len or 8192, default_model_dir(progress=False))
         if config.simulated:
             fixed = config.simulate_step_ms is not None
             executor = SimulatedExecutor(*args, spec=None if fixed else config.simulate,
@@ -286,6 +282,7 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
         log.info("device %s (%s), dtype %s", torch_device, memsvc_device, dtype)
         with on_device(torch_device):
             executor = Executor(config.model, dtype=dtype, block_size=config.block_size,
+                                revision=config.revision, served_model_name=config.served_model_name,
                                 device=torch_device, linear_backend=config.linear_backend,
                                 tensor_parallel_size=config.tensor_parallel_size,
                                 group_timeout=config.tensor_parallel_timeout,

@@ -137,7 +137,7 @@ def layout_of(world: int, group: TensorParallelGroupConfig,
 def run_worker_node(config, layout: GroupLayout) -> int:
     """Run this node's ranks (node > 0) as tp_worker processes until one exits (its status)
     or SIGTERM/SIGINT (0): then stop the others."""
-    from executor.default_model import resolve_model
+    from executor.model_source import resolve_model
     from executor.server import resolve_device
     from executor.tensor_parallel import launch_worker
     from wire.device import resolve_dtype
@@ -145,7 +145,7 @@ def run_worker_node(config, layout: GroupLayout) -> int:
 
     log = get_logger("executor")
     torch_device, _ = resolve_device(config.device)
-    args = dict(model=resolve_model(config.model), dtype=resolve_dtype(config.dtype, torch_device),
+    args = dict(model=resolve_model(config.model, config.revision), dtype=resolve_dtype(config.dtype, torch_device),
                 block_size=config.block_size, device=torch_device,
                 linear_backend=config.linear_backend, world=layout.world,
                 address=f"{layout.host}:{layout.port}", timeout_s=config.tensor_parallel_timeout)

@@ -2,7 +2,8 @@
 
 Queue gauges (`num_requests_running|waiting|swapped`) are read from the scheduler at scrape
 time and count requests (a request with n samples counts once, as running when any of its
-sequences runs). Everything else is updated as requests finish and steps run.
+sequences runs). Everything else is updated as requests finish and steps run. Those vLLM
+also exports are exported under its names too, labelled model_name (gateway.metrics_vllm).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from gateway.metrics_vllm import VllmView
 from wire.metrics import LATENCY_BUCKETS, STEP_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS, new_registry
 
 
@@ -65,8 +67,15 @@ class GatewayMetrics:
         for call in ("reserve", "execute"):
             self.step_retries.labels(call)
         self._scheduler: Callable[[], object] = lambda: None
-        r.register(_QueueCollector(lambda: self._scheduler()))
+        self.model_name = ""
+        queues = _QueueCollector(lambda: self._scheduler())
+        r.register(queues)
+        r.register(VllmView([queues, self.ttft, self.tpot, self.e2e, self.queue_time, self.prompt_tokens,
+                             self.generation_tokens, self.success, self.preemptions],
+                            lambda: self.model_name))
 
-    def watch_scheduler(self, scheduler: Callable[[], object]) -> None:
-        """Read the queue gauges from `scheduler()` (a gateway.scheduler.Scheduler or None)."""
+    def watch_scheduler(self, scheduler: Callable[[], object], model_name: str = "") -> None:
+        """Read the queue gauges from `scheduler()` (a gateway.scheduler.Scheduler or None);
+        the vLLM-named metrics are labelled `model_name` (none are exported before one is given)."""
         self._scheduler = scheduler
+        self.model_name = model_name

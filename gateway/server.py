@@ -128,7 +128,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.info = runner.loop.info
         self.backend = backend
         self.runner = runner
-        self.metrics.watch_scheduler(lambda: runner.loop.scheduler)
+        self.metrics.watch_scheduler(lambda: runner.loop.scheduler, self.info.name)
 
     def build_runner(self, backend: Backend, on_step_error=None, on_step_ok=None) -> StepRunner:
         """A step runner on `backend` (one per replica when there are several)."""
@@ -151,7 +151,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.info = replicas.info
         self.backend = Backend(None, None, replicas.backend.tokenizer)
         self.runner = replicas
-        self.metrics.watch_scheduler(replicas.queues)
+        self.metrics.watch_scheduler(replicas.queues, self.info.name)
 
     async def Generate(self, request, context):
         async for r in self._guarded(context, lambda: generate_prompt(request, self._tokenizer(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass
 
 GIB = 1 << 30
@@ -62,17 +63,33 @@ class ModelShape:
         return 2 * self.num_layers * heads * self.head_size * dtype_bytes
 
 
+def _hub_config(model: str) -> str | None:
+    """A hub id's config.json (executor.hub), None when `model` is not a hub id."""
+    from executor import hub
+    from executor.errors import ModelLoadError
+
+    if not hub.looks_like_hub_id(model):
+        return None
+    try:
+        return hub.config_file(model)
+    except ModelLoadError as e:
+        raise ValueError(str(e)) from e
+
+
 def load_shape(model: str) -> ModelShape:
     if model.lower() in KNOWN_MODELS:
         return ModelShape(model.lower(), *KNOWN_MODELS[model.lower()])
     path = os.path.join(model, "config.json") if os.path.isdir(model) else model
+    name = os.path.basename(os.path.dirname(os.path.abspath(path)))
     if not os.path.exists(path):
+        path, name = _hub_config(model), model
+    if path is None:
         raise ValueError(f"{model!r} is neither a known model ({', '.join(KNOWN_MODELS)}) "
-                         "nor a directory with a config.json")
+                         "nor a directory with a config.json nor a hub id")
     with open(path) as f:
         c = json.load(f)
     return ModelShape(
-        os.path.basename(os.path.dirname(os.path.abspath(path))), c["num_hidden_layers"],
+        name, c["num_hidden_layers"],
         c["hidden_size"], c["num_attention_heads"],
         c.get("num_key_value_heads", c["num_attention_heads"]), c["intermediate_size"],
         c["vocab_size"], c.get("max_position_embeddings", 2048), True)
@@ -138,8 +155,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("advise", help="KV memory, batch ceilings and the binding resource",
                        description="Estimate KV bytes per token, the batch-size ceiling under "
                                    "paged and contiguous allocation, and which resource binds.")
-    p.add_argument("--model", required=True,
-                   help=f"a model directory or one of: {', '.join(KNOWN_MODELS)}")
+    p.add_argument("--model", help=f"a model directory, a hub id (its config.json alone is "
+                                   f"read) or one of: {', '.join(KNOWN_MODELS)}; also positional")
     p.add_argument("--accelerator", default="a100-40gb", choices=sorted(KNOWN_ACCELERATORS))
     p.add_argument("--memory-gib", type=float, default=None, help="override accelerator memory")
     p.add_argument("--weights-bytes", type=float, default=2, help="bytes per weight (fp16: 2)")
@@ -158,7 +175,13 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    shape = load_shape(args.model)
+    try:
+        if args.model is None:
+            raise ValueError("name a model: pagedserve advise MODEL (or --model MODEL)")
+        shape = load_shape(args.model)
+    except ValueError as e:
+        print(f"pagedserve advise: {e}", file=sys.stderr)
+        return 2
     mem, bw, tf = KNOWN_ACCELERATORS[args.accelerator]
     a = advise(shape, memory_gib=args.memory_gib or mem, bandwidth_gbs=bw, tflops=tf,
                weight_bytes_per_param=args.weights_bytes, kv_dtype_bytes=args.kv_bytes,

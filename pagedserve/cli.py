@@ -13,6 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     from pagedserve import advise, generate_cmd, serve_cmd, service_cmds
+    from pagedserve.model_arg import add_model_positionals
 
     serve_cmd.add_parsers(sub)
     service_cmds.add_parsers(sub)
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     from benchmarks import cli as bench_cli
 
     bench_cli.add_parser(sub)
+    add_model_positionals(parser)
     return parser
 
 

@@ -58,6 +58,7 @@ class LLMEngine:
         self.device = resolve_device(ex.device)
         self.dtype = resolve_dtype(ex.dtype, self.device)
         self.executor = Executor(ex.model, dtype=self.dtype, block_size=ex.block_size, device=self.device,
+                                 revision=ex.revision, served_model_name=ex.served_model_name,
                                  linear_backend=ex.linear_backend,
                                  tensor_parallel_size=ex.tensor_parallel_size,
                                  group_timeout=ex.tensor_parallel_timeout)

@@ -1,4 +1,6 @@
-"""`pagedserve serve`: memsvc, executor and gateway as local processes, from one command line.
+"""`pagedserve serve [MODEL]`: memsvc, executor and gateway as local processes, from one
+command line. A hub id MODEL is resolved (downloaded) once, before the children start
+(`pin_model`; executor.model_source).
 
 Its flags are the services' own (memsvc.config, executor.config, gateway.config), grouped
 by service, each declared once; `serve` chooses only the wiring (hosts, ports, peer
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import socket
 import sys
 from dataclasses import dataclass
@@ -54,7 +57,9 @@ SERVICE_GROUPS = [("memsvc", MemsvcConfig), ("executor", ExecutorConfig), ("gate
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("serve", help="serve a model: memsvc, executor and gateway on this host",
-                       description="Start memsvc, the executor and the gateway as processes on "
+                       description="Serve MODEL (a Hugging Face hub id, a model directory or a "
+                                   ".gguf file; none: the built-in default): start memsvc, the "
+                                   "executor and the gateway as processes on "
                                    "127.0.0.1; restart any that crashes. On SIGTERM or Ctrl-C the "
                                    "gateway drains (--drain-timeout), then the executor and memsvc "
                                    "stop. Every flag of every service works here.")
@@ -157,13 +162,30 @@ def list_models(address: str, api_key: str | None, tls: TlsConfig | None = None)
         return stub.ListModels(generation_pb2.ListModelsRequest(), timeout=10, metadata=metadata).models[0].name
 
 
+def pin_model(args) -> None:
+    """Resolve a hub id MODEL here, before any child starts: downloaded once, in the
+    foreground with its progress bars, then every executor (replicas, restarts) loads its
+    snapshot directory under the hub id's name, without the network. A path that does not
+    exist fails here too. Raises ModelLoadError (what was tried, what to do)."""
+    config = from_args(ExecutorConfig, args)
+    if config.model is None or config.model_free or os.path.exists(os.path.expanduser(config.model)):
+        return
+    from executor.model_source import resolve_model, served_name
+
+    path = resolve_model(config.model, config.revision)
+    args.served_model_name = served_name(config.model, path, config.served_model_name)
+    args.model, args.revision = path, None
+
+
 def run_serve(args) -> int:
+    from executor.errors import ModelLoadError
     from pagedserve.supervisor import ServiceFailed, Supervisor
 
     try:
+        pin_model(args)
         specs = service_specs(args)
         gateway = from_args(GatewayConfig, args)
-    except ValueError as e:
+    except (ValueError, ModelLoadError) as e:
         print(f"pagedserve serve: {e}", file=sys.stderr)
         return 2
     sup = Supervisor(specs)

@@ -56,9 +56,9 @@ def pytest_runtest_teardown(item, nextitem):
 @pytest.fixture(scope="session")
 def default_model_dir():
     """The default model's converted directory (converted on first use, then cached)."""
-    from executor.default_model import resolve_model
+    from executor.model_source import default_model_dir
 
-    return resolve_model(None, progress=False)
+    return default_model_dir(progress=False)
 
 
 @pytest.fixture(scope="session")

@@ -127,7 +127,8 @@ class OpenAIApi:
         self.reasoning_parser = reasoning_parser  # gateway.openai.reasoning
         self.api_key = api_key or None
         self.max_body_bytes = max_body_bytes
-        self.metrics = ReplicaMetrics(gateway.service.metrics.registry, metrics_upstreams)
+        self.metrics = ReplicaMetrics(gateway.service.metrics.registry, metrics_upstreams,
+                                      model_name=lambda: gateway.service.metrics.model_name)
         self.created = int(time.time())
 
     def app(self) -> Starlette:

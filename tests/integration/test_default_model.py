@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from executor import gguf_convert
-from executor.default_model import default_gguf_path, resolve_model
+from executor.model_source import default_gguf_path, resolve_model
 from executor.model_loader import load_model
 from executor.model_runner import ModelRunner
 from tests.unit.executor.test_model_logits import PROMPTS, check_against_hf

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from executor.default_model import default_gguf_path
+from executor.model_source import default_gguf_path
 from executor.gguf_convert import GLOBAL_NAMES, LAYER_NAMES
 from tests.support.hf_reference import hf_greedy
 from tests.unit.executor.test_model_gguf import llama_cpp_permute

@@ -53,7 +53,7 @@ class SlowFake(FakeExecutor):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from executor.default_model import resolve_model
+    from executor.model_source import default_model_dir
 
     p = argparse.ArgumentParser(prog="fake executor")
     p.add_argument("--host", default="127.0.0.1")
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             fake = SlowFake(args.block_size, args.max_model_len, args.step_delay, args.fail_token,
                             args.refuse_token)
             fake.info.vocab_size = TOKENIZER_VOCAB
-            fake.info.tokenizer_dir = resolve_model(None, progress=False)
+            fake.info.tokenizer_dir = default_model_dir(progress=False)
             handle, pool_id = register(args.memsvc, fake.info, "cpu", 60.0, tls, token=token)
             fake.attach_pool(map_pool(handle))
             servicer.set_ready(fake, fake.info, read_tokenizer_files(fake.info.tokenizer_dir), pool_id)

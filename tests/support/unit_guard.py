@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from executor.default_model import DEFAULT_GGUF, default_gguf_path
+from executor.model_source import DEFAULT_GGUF, default_gguf_path
 from executor.gguf_convert import cache_root
 
 PROCESS_EVENTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",

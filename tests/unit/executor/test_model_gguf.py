@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from executor import gguf_convert
-from executor.default_model import resolve_model
+from executor.model_source import resolve_model
 from executor.errors import ModelLoadError
 
 
