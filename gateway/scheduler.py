@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from gateway.beam_search import BeamDone, Beams, BeamSearch
 from gateway.pending_tokens import PendingTokens
 from gateway.samples import SampleHolds
-from gateway.sequence import Sequence, SeqStatus
+from gateway.sequence import SeqStatus, Sequence
 from wire.held_seqs import apply_table_change
+from wire.pending_token import PENDING
 from wire.protocol import Plan, PlanEntry, PromptLogprob, ReserveResult, SampleOutput
 from wire.settings import setting
 from wire.step_delta import FedRun, SeqDelta, StepDelta
-from wire.step_feed import FED
 
 
 @dataclass
@@ -216,7 +216,7 @@ class Scheduler:
         """Apply memsvc's answer; return the batch to execute (in the answer's pool) and the
         sequences rejected. `ahead_of`: the batch still running, whose tokens are not applied
         yet (the answer is to a plan made ahead of it): a token that batch samples is
-        computed as FED (wire.step_feed), the executor's own last sample."""
+        computed as PENDING (wire.step_feed), the executor's own last sample."""
         for p in result.preempted:
             seq = self.seqs[p.seq_id]
             for queue in (self.running, self.swapped):
@@ -292,7 +292,7 @@ class Scheduler:
             prompt, out = seq.prompt_token_ids, seq.output_token_ids
             plen = len(prompt)
             if fed:
-                tokens = [FED]  # position plen + len(out): the one token granted
+                tokens = [PENDING]  # position plen + len(out): the one token granted
             elif start >= plen:  # decode: no copy of the whole context
                 tokens = out[start - plen:end - plen]
             else:
@@ -304,7 +304,7 @@ class Scheduler:
     def _fed_run(self, result: ReserveResult, inflight: dict | None) -> StepDelta | None:
         """The steady decode step, kept in columns: memsvc granted a plan made ahead of
         running sequences whose every one is still the one planned, and computes the
-        token the running step samples for it (FED). None: anything else (`on_reserved`
+        token the running step samples for it (PENDING). None: anything else (`on_reserved`
         then takes the grants one by one)."""
         run, planned = result.run, self.planned
         ids = run.seq_ids

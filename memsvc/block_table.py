@@ -18,7 +18,7 @@ class BlockTable:
 
     `block_keys[i]` is the chained prefix-cache key of full block i (kept only with prefix
     caching); `tail_tokens` are the tokens after the last keyed block, waiting for their
-    block to fill, or for the id of a pending token (-1, memsvc.allocator.PENDING) in it. While swapped out, `blocks` is empty and `host_blocks` holds the copies.
+    block to fill, or for the id of a pending token (wire.pending_token.PENDING) in it. While swapped out, `blocks` is empty and `host_blocks` holds the copies.
 
     `written`: how many leading blocks are known to hold their K/V (their keys were
     confirmed, memsvc.unwritten_keys); only those are keyed again after a swap-in.

@@ -3,10 +3,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memsvc.allocator import PENDING, Growth, KVAllocator, NoFreeBlocks
+from memsvc.allocator import Growth, KVAllocator, NoFreeBlocks
 from memsvc.block_table import blocks_for
 from memsvc.preemption_policy import PreemptionPolicy
-from wire.protocol import Grant, Plan, PlanEntry, Preemption, Rejection, ReserveResult, RunGrants
+from wire.pending_token import PENDING
+from wire.protocol import (
+    Grant,
+    Plan,
+    PlanEntry,
+    Preemption,
+    Rejection,
+    ReserveResult,
+    RunGrants,
+)
 
 # pool -> pool, pool -> swap space, swap space -> pool, pool -> host tier, host tier -> pool
 COPY_KINDS = ("cow", "out", "in", "offload", "restore")

@@ -68,7 +68,7 @@ class ExecutorClient(Protocol):
         return for its step: SeqStep.reports), in step order. A step whose `pool_epoch`
         names a pool other than the executor's is refused (ABORTED across processes): its
         reservation is gone. `step.forget` names sequences finished or preempted since
-        the last step: their state is dropped. A token FED is the one the executor
+        the last step: their state is dropped. A token PENDING is the one the executor
         sampled for the sequence last step, and `step.step` orders one caller's steps
         (wire.step_feed). Only an executor with `feeds_itself` (the gRPC client) takes
         StepDelta as it is; the batching loop runs any other (an executor object in

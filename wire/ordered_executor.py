@@ -11,9 +11,10 @@ from __future__ import annotations
 import threading
 
 from wire.held_seqs import HeldSeq, held_from, step_of
+from wire.pending_token import PENDING
 from wire.protocol import SampleOutput, StepBatch
 from wire.step_delta import StepDelta
-from wire.step_feed import FED, LastSampled, StepOrder
+from wire.step_feed import LastSampled, StepOrder
 
 
 class OrderedExecutor:
@@ -56,9 +57,9 @@ class OrderedExecutor:
                 table = list(seq.block_table) if d.table_start else None
                 h = held[d.seq_id] = held_from(seq.sampling, seq.seed, seq.prompt_token_ids,
                                                seq.output_token_ids, d.start_pos, table)
-            tokens = list(d.token_ids)  # filled in place: the gateway's stays FED
+            tokens = list(d.token_ids)  # filled in place: the gateway's stays PENDING
             s = step_of(h, d.seq_id, tokens, d.start_pos, d.sample, d.table_start, d.new_blocks, bs)
-            if tokens[0] == FED and h.tokens is not None:
+            if tokens[0] == PENDING and h.tokens is not None:
                 histories.append((s, h.tokens))
             seqs.append(s)
         return StepBatch(seqs, step.pool_epoch, list(step.forget), step.step), histories

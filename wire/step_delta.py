@@ -2,7 +2,7 @@
 
 The gateway's scheduler makes a `StepDelta` from memsvc's answer (gateway.scheduler
 `on_reserved`): for each sequence, the tokens to compute at `start_pos` (a decode token the
-executor sampled itself is FED, wire.step_feed), whether it samples, and the change to its
+executor sampled itself is PENDING, wire.step_feed), whether it samples, and the change to its
 block table that memsvc granted (`table_start`, `new_blocks`). No full block table or slot
 mapping is built on the gateway's side: whoever runs the model holds each sequence's state
 (wire.held_seqs) and derives them. `seq` is the gateway's own sequence, read only when the
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from wire import convert
+from wire.pending_token import PENDING
 from wire.protocol import SamplingParams
-from wire.step_feed import FED
 from wire.v1 import executor_pb2
 
 STATE_LOST = "executor state lost"  # in FAILED_PRECONDITION details: resend every state
@@ -46,7 +46,7 @@ class SeqSource(Protocol):
 @dataclass(slots=True)
 class SeqDelta:
     seq_id: str
-    token_ids: list[int]  # to compute at start_pos..; [FED]: the executor's own last sample
+    token_ids: list[int]  # to compute at start_pos..; [PENDING]: the executor's own last sample
     start_pos: int
     sample: bool  # False for a prefill chunk that does not reach the end of the prompt
     table_start: int  # the block table from this index on is new_blocks
@@ -56,7 +56,7 @@ class SeqDelta:
 
 @dataclass
 class FedRun:
-    """Sequences that each compute the one token they sampled last step (FED) and sample,
+    """Sequences that each compute the one token they sampled last step (PENDING) and sample,
     in columns: sequence i computes at `start_pos[i]`, and its table from `table_start[i]`
     on is its `num_new_blocks[i]` blocks of `new_blocks` (memsvc's column answer passed
     on as it came). `seqs`: the gateway's sequences, read as SeqDelta.seq is."""
@@ -72,7 +72,7 @@ class FedRun:
         out, at = [], 0
         for seq_id, start, table_start, k, seq in zip(self.seq_ids, self.start_pos, self.table_start,
                                                       self.num_new_blocks, self.seqs):
-            out.append(SeqDelta(seq_id, [FED], start, True, table_start, self.new_blocks[at:at + k], seq))
+            out.append(SeqDelta(seq_id, [PENDING], start, True, table_start, self.new_blocks[at:at + k], seq))
             at += k
         return out
 
@@ -167,7 +167,7 @@ def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: 
         starts.append(d.start_pos)
         tokens = d.token_ids
         ntok.append(len(tokens))
-        own = tokens[0] == FED
+        own = tokens[0] == PENDING
         fed.append(own)
         if own:
             any_fed = True

@@ -161,8 +161,9 @@ def test_prompt_logprobs_send_the_whole_prompt_once_and_every_chunk_sees_it():
 
 
 def test_a_fed_token_is_the_executors_own_last_sample_penalty_history_included():
+    from wire.pending_token import PENDING
     from wire.protocol import SampleOutput
-    from wire.step_feed import FED, FedTokenUnknown
+    from wire.step_feed import FedTokenUnknown
 
     link = Link()
     prompt = [5, 6, 7]
@@ -172,10 +173,10 @@ def test_a_fed_token_is_the_executors_own_last_sample_penalty_history_included()
     link.states.fill(first)
     link.states.record(first, [SampleOutput("p", 42)])
     # step 2 names its token as the executor's own: it does not travel
-    request = wire(encode_delta(StepDelta([delta("p", [FED], 3, 1, [], p)], step=2), link.sent, "s1", ""))
+    request = wire(encode_delta(StepDelta([delta("p", [PENDING], 3, 1, [], p)], step=2), link.sent, "s1", ""))
     assert list(request.fed) == [True] and list(request.token_ids) == [] and request.step == 2
     second = link.states.expand(request)
-    assert second.batch.seqs[0].token_ids == [FED]
+    assert second.batch.seqs[0].token_ids == [PENDING]
     link.states.fill(second)
     s = second.batch.seqs[0]
     assert s.token_ids == [42] and s.output_token_ids == [42] and s.prompt_token_ids == prompt
@@ -184,22 +185,22 @@ def test_a_fed_token_is_the_executors_own_last_sample_penalty_history_included()
     out, _ = link.run(StepDelta([delta("p", [43], 4, 1, [3], p)]))
     same(out, StepBatch([step("p", [43], 4, [2, 3], sampling=PENALTY, prompt=prompt, output=[42, 43])]))
     # a fed token at a position the executor holds no sample for: nothing changes
-    request = encode_delta(StepDelta([delta("p", [FED], 9, 2, [4], p)]), link.sent, "s1", "")
+    request = encode_delta(StepDelta([delta("p", [PENDING], 9, 2, [4], p)]), link.sent, "s1", "")
     bad = link.states.expand(wire(request))
     with pytest.raises(FedTokenUnknown, match="position 9"):
         link.states.fill(bad)
-    assert bad.batch.seqs[0].token_ids == [FED]
+    assert bad.batch.seqs[0].token_ids == [PENDING]
 
 
 def test_a_run_in_columns_goes_as_its_sequences_one_by_one_would():
+    from wire.pending_token import PENDING
     from wire.step_delta import FedRun
-    from wire.step_feed import FED
     srcs = [Src([1, 2, 3], [i, 10 + i]) for i in range(3)]
     prefill = SeqDelta("p", [4, 5], 0, True, 0, [30], Src([4, 5], [30]))
     run = FedRun(["a", "b", "c"], [5, 8, 4], [1, 2, 1], [0, 1, 0], [21], srcs)
     step_ = StepDelta([prefill], pool_epoch="e", step=3, run=run)
     one_by_one = StepDelta(step_.all_seqs(), pool_epoch="e", step=3)
-    assert [d.token_ids for d in one_by_one.seqs] == [[4, 5], [FED], [FED], [FED]]
+    assert [d.token_ids for d in one_by_one.seqs] == [[4, 5], [PENDING], [PENDING], [PENDING]]
     for sent in ({"p", "a", "b", "c"}, {"p", "b"}):  # all held: columns; a state to go: one by one
         assert encode_delta(step_, set(sent), "s1", "") == encode_delta(one_by_one, set(sent), "s1", "")
     assert step_.sampled_ids() == ["p", "a", "b", "c"] and step_.num_tokens() == 5

@@ -11,10 +11,10 @@ from gateway.batch_loop import BatchLoop
 from gateway.scheduler import SchedulerConfig
 from gateway.step_retry import StepRetry
 from memsvc.memory_manager import MemoryConfig, MemoryManager
-from wire.protocol import SamplingParams
 from tests.support.fake_executor import FakeExecutor
 from tests.support.fake_loop import expected, prompts, run_all
 from tests.support.sent_now import SentNowExecutor, SentNowMemory
+from wire.protocol import SamplingParams
 
 
 class LetterTokenizer:
@@ -326,7 +326,7 @@ def test_a_fed_step_whose_token_the_executor_lost_runs_again_with_its_tokens():
     and 6th steps that name them: those fail for want of them and are sent again with
     their tokens; the outputs are unchanged."""
     from wire.ordered_executor import OrderedExecutor
-    from wire.step_feed import FED
+    from wire.pending_token import PENDING
 
     class Forgetful(OrderedExecutor):
         fed_calls = 0
@@ -336,7 +336,7 @@ def test_a_fed_step_whose_token_the_executor_lost_runs_again_with_its_tokens():
             fill = self.feed.fill
 
             def forgetful_fill(batch):  # in the step's turn, just before it runs
-                if any(s.token_ids[0] == FED for s in batch.seqs):
+                if any(s.token_ids[0] == PENDING for s in batch.seqs):
                     self.fed_calls += 1
                     if self.fed_calls in (3, 6):
                         self.feed.last.clear()

@@ -8,9 +8,9 @@ import grpc
 import pytest
 
 from gateway.remote import RemoteExecutorClient
+from wire.pending_token import PENDING
 from wire.protocol import SamplingParams
 from wire.step_delta import SeqDelta, StepDelta
-from wire.step_feed import FED
 from wire.v1 import executor_pb2
 
 
@@ -54,7 +54,7 @@ def test_state_goes_once_then_only_the_change(client):
     a = Seq([1, 2, 3], [5])
     client.execute(StepDelta([SeqDelta("a", [1, 2, 3], 0, True, 0, [5], a)], step=1))
     a.block_table = [5, 6]
-    client.execute(StepDelta([SeqDelta("a", [FED], 3, True, 1, [6], a)], step=2))
+    client.execute(StepDelta([SeqDelta("a", [PENDING], 3, True, 1, [6], a)], step=2))
     first, second = client.stub.requests
     assert len(first.states) == 1 and list(first.new_blocks) == [5]
     assert not second.states and list(second.table_start) == [1] and list(second.new_blocks) == [6]
@@ -64,7 +64,7 @@ def test_state_goes_once_then_only_the_change(client):
 def test_a_later_step_handed_over_first_is_encoded_after_the_earlier_one(client):
     a = Seq([1, 2, 3], [5, 6])
     s1 = StepDelta([SeqDelta("a", [1, 2, 3], 0, True, 0, [5], a)], step=1)
-    s2 = StepDelta([SeqDelta("a", [FED], 3, True, 1, [6], a)], step=2)
+    s2 = StepDelta([SeqDelta("a", [PENDING], 3, True, 1, [6], a)], step=2)
     t = threading.Thread(target=client.execute, args=(s2,))
     t.start()
     time.sleep(0.05)
@@ -120,14 +120,14 @@ def test_a_step_sent_behind_one_whose_state_was_lost_goes_again_with_every_state
     refusals[(3, 0)] = Refused(grpc.StatusCode.INVALID_ARGUMENT,
                                "batch rejected: sequence a: block table change at 2, but it holds 1 blocks")
     a.block_table = [5, 6]
-    later2 = client.execute_later(StepDelta([SeqDelta("a", [FED], 3, True, 1, [6], a)], step=2))
+    later2 = client.execute_later(StepDelta([SeqDelta("a", [PENDING], 3, True, 1, [6], a)], step=2))
     a.block_table = [5, 6, 7]
-    later3 = client.execute_later(StepDelta([SeqDelta("a", [FED], 4, True, 2, [7], a)], step=3))
+    later3 = client.execute_later(StepDelta([SeqDelta("a", [PENDING], 4, True, 2, [7], a)], step=3))
     assert len(later2()) == 1 and len(later3()) == 1
     sent = [(r.step, len(r.states), list(r.table_start)) for r in stub.requests[1:]]
     assert sent == [(2, 0, [1]), (3, 0, [2]), (2, 1, [0]), (3, 1, [0])]
     assert client.num_resyncs == 2
     refusals[(4, 0)] = Refused(grpc.StatusCode.INVALID_ARGUMENT, "batch rejected: bad")
     with pytest.raises(grpc.RpcError):  # nothing was sent again meanwhile: not retried
-        client.execute(StepDelta([SeqDelta("a", [FED], 5, True, 3, [], a)], step=4))
+        client.execute(StepDelta([SeqDelta("a", [PENDING], 5, True, 3, [], a)], step=4))
     assert client.num_resyncs == 2

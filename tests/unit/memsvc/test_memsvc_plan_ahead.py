@@ -3,11 +3,11 @@ from touching blocks the running step uses (no copies, no preemption)."""
 import pytest
 
 from memsvc import PagedAllocator
-from memsvc.allocator import PENDING
 from memsvc.memory_manager import MemoryConfig, MemoryManager
-from wire import convert
-from wire.protocol import KVGeometry, Plan, PlanEntry
 from tests.support.written import ran
+from wire import convert
+from wire.pending_token import PENDING
+from wire.protocol import KVGeometry, Plan, PlanEntry
 
 BS = 4
 
