@@ -60,8 +60,7 @@ class RemoteMemoryClient(MemoryClient):
         self._last_call = time.monotonic()
         answer = self._steps.start("Reserve", self.stub.Reserve, request, memory_pb2.ReserveResponse,
                                    self.timeout)
-        columns = convert.answered_in_columns(plan)
-        return lambda: convert.reserve_result_from_proto(answer(), columns)
+        return lambda: convert.reserve_result_from_proto(answer())
 
     def free(self, seq_ids: list[str]) -> None:
         self._last_call = time.monotonic()

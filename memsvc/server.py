@@ -137,28 +137,18 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
 
     def Reserve(self, request, context):
         session = _session(request, context)
-        columns = self._call(context, convert.running_columns, request)
-        if columns is not None:  # the usual plan made ahead: in columns, no object per sequence
-            seq_ids, counts, _, pending = columns[:4]
-            grants, stamp = self._reserve(context, self.manager.reserve_running, session, *columns)
+        plan = self._call(context, convert.plan_from_proto, request)
+        result = self._reserve(context, self.manager.reserve, plan, session)
 
-            def attributes():
-                return {"pagedserve.deferred": grants is None,
-                        "pagedserve.granted_sequences": 0 if grants is None else len(seq_ids)}
-            response = convert.run_grants_to_proto(seq_ids, counts, pending, grants, stamp)
-            response.pool_epoch = self.manager.pool_epoch
-        else:
-            plan = self._call(context, convert.plan_from_proto, request)
-            result = self._reserve(context, self.manager.reserve, plan, session)
-
-            def attributes():  # a pass over the step: only when the span is kept
-                modes = [p.mode for p in result.preempted]
-                return {"pagedserve.granted_sequences": len(result.grants),
-                        "pagedserve.granted_tokens": sum(g.num_tokens for g in result.grants),
-                        "pagedserve.cached_tokens": sum(g.num_cached_tokens for g in result.grants),
-                        "pagedserve.preemptions.swap": modes.count("swap"),
-                        "pagedserve.preemptions.recompute": modes.count("recompute")}
-            response = convert.reserve_result_to_proto(result)
+        def attributes():  # a pass over the step: only when the span is kept
+            grants, modes = result.grants, [p.mode for p in result.preempted]
+            return {"pagedserve.deferred": result.deferred,
+                    "pagedserve.granted_sequences": len(grants),
+                    "pagedserve.granted_tokens": sum(grants.num_tokens),
+                    "pagedserve.cached_tokens": sum(grants.num_cached),
+                    "pagedserve.preemptions.swap": modes.count("swap"),
+                    "pagedserve.preemptions.recompute": modes.count("recompute")}
+        response = convert.reserve_result_to_proto(result)
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attributes({"pagedserve.session": session, **attributes(),

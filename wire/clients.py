@@ -27,13 +27,14 @@ class MemoryClient(Protocol):
     """memsvc: owns the KV pool and decides which sequence gets which slots."""
 
     def reserve(self, plan: Plan) -> ReserveResult:
-        """Fork `plan.forks` (parent, child) and free `plan.free`, then grant slots to
-        `plan.entries` in order (priority order). A grant carries the change to the
-        sequence's block table since its last grant (`table_start`, `new_blocks`).
+        """Fork `plan.forks` (parent, child) and free `plan.free`, then grant slots to the
+        plan's running sequences (`run_ids`) and its new `entries`, in that order (priority
+        order). The grants come in columns (wire.protocol.Grants), each carrying the change
+        to its sequence's block table since its last grant (`table_start`, `new_blocks`).
 
         Every running entry is granted, preempted (mode "swap" or "recompute") or, when
         memsvc no longer holds it, reported preempted for recompute; a new entry is granted
-        (its cached prompt prefix in `num_cached_tokens`), left `waiting` or `rejected`
+        (its cached prompt prefix in `num_cached`), left `waiting` or `rejected`
         (it can never fit); swapped-out entries brought back are `resumed`. Block copies
         are done before it returns. `pool_epoch` names the pool the grants are in: the
         caller puts it in the StepBatch it executes.

@@ -8,7 +8,7 @@ import pytest
 from wire.ordered_executor import OrderedExecutor
 from wire.pending_token import PENDING
 from wire.protocol import KVGeometry, SampleOutput, SamplingParams, SeqStep, StepBatch
-from wire.step_delta import SeqDelta, StepDelta
+from wire.step_delta import StepDelta
 from wire.step_feed import FedTokenUnknown, LastSampled, StepOrder, lost_feed
 
 
@@ -93,8 +93,8 @@ def test_ordered_executor_runs_steps_in_order_and_feeds_itself():
 
     ex = OrderedExecutor(Echo())
     results = {}
-    d1 = StepDelta([SeqDelta("a", [7], 3, True, 0, [5], Src())], step=1)
-    d2 = StepDelta([SeqDelta("a", [PENDING], 4, True, 1, [9], Src())], step=2)
+    d1 = StepDelta(["a"], [3], [1], [7], [True], [0], [1], [5], [Src()], step=1)
+    d2 = StepDelta(["a"], [4], [1], [PENDING], [True], [1], [1], [9], [Src()], step=2)
     t2 = threading.Thread(target=lambda: results.setdefault(2, ex.execute(d2)))
     t2.start()  # sent second, may start first: waits for step 1
     time.sleep(0.05)
@@ -102,6 +102,6 @@ def test_ordered_executor_runs_steps_in_order_and_feeds_itself():
     t2.join(5)
     assert ran == [(1, [(7, [23])]), (2, [(8, [36])])]  # slots from the held table: 5*4+3, 9*4+0
     assert results[2][0].token_id == 9
-    assert d2.seqs[0].token_ids == [PENDING]  # the caller's step is left as it was
-    ex.execute(StepDelta([], forget=["a"], step=3))
+    assert d2.token_ids == [PENDING]  # the caller's step is left as it was
+    ex.execute(StepDelta(forget=["a"], step=3))
     assert ex.held == {}
