@@ -83,6 +83,9 @@ class WireMemory:
     def free(self, seq_ids):
         self.manager.free(seq_ids, "s")
 
+    def tables(self, seq_ids):
+        return self.manager.tables(seq_ids, "s")
+
     def fork(self, parent_id, child_id):
         self.manager.fork(parent_id, child_id, "s")
 

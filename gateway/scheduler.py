@@ -9,9 +9,9 @@ then forks the others from it (gateway.samples; memsvc Fork: the prompt's blocks
 the partial last one copied on write). Beam search (gateway.beam_search) forks a beam for
 each extra continuation of a parent and frees the beams that are pruned. Forks are queued
 in `forks` and travel in the next plan (`Plan.forks`): memsvc makes them before it frees
-anything. The scheduler keeps each sequence's block table from the grants' changes
-(`Grant.table_start`, `new_blocks`) and passes each change on in the step it makes
-(wire.step_delta): whoever runs the model derives the slots.
+anything. The scheduler holds no block table: memsvc's grants (wire.protocol.Grants) go on
+as the step's columns (wire.step_delta), block-table changes included, and whoever runs
+the model applies them and derives the slots.
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from gateway.beam_search import BeamDone, Beams, BeamSearch
 from gateway.pending_tokens import PendingTokens
 from gateway.samples import SampleHolds
 from gateway.sequence import SeqStatus, Sequence
-from wire.held_seqs import apply_table_change
 from wire.pending_token import PENDING
 from wire.protocol import Plan, PlanEntry, PromptLogprob, ReserveResult, SampleOutput
 from wire.settings import setting
@@ -229,7 +228,6 @@ class Scheduler:
                 if seq in queue:
                     queue.remove(seq)
             seq.num_preemptions += 1
-            seq.block_table = []
             if p.mode != "swap":
                 self.pending.drop(seq.seq_id)
             self.num_preemptions += 1
@@ -278,7 +276,6 @@ class Scheduler:
             step.token_ids, step.sample = [PENDING] * n, [True] * n
         else:
             self._tokens(step, cached, inflight)
-        self._apply_tables(step)
         return step, rejected
 
     @staticmethod
@@ -340,16 +337,6 @@ class Scheduler:
             else:
                 tokens += (prompt + out)[start:end]
             sample.append(end == plen + len(out) + fed)
-
-    @staticmethod
-    def _apply_tables(step: StepDelta) -> None:
-        """Keep each sequence's block table (read to resend its state)."""
-        at = 0
-        for i, k in enumerate(step.num_new_blocks):
-            if k or step.table_start[i] < len(step.seqs[i].block_table):
-                apply_table_change(step.seqs[i].block_table, step.table_start[i], step.new_blocks[at:at + k],
-                                   step.seq_ids[i])
-            at += k
 
     def on_sampled(self, batch: StepDelta, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
         """Apply a step's outputs to the sequences it was made for (a sequence that ended

@@ -338,6 +338,17 @@ class MemoryManager:
             if self.allocator is not None and self.allocator.has_sequence(seq_id):
                 self.allocator.free(seq_id)
 
+    def tables(self, seq_ids: list[str], session_id: str = "") -> list[list[int]]:
+        """Each sequence's whole block table ([] for one memsvc does not hold): what an
+        executor that lost its state is sent again (wire.step_delta.encode_delta)."""
+        alloc = self._planner().allocator
+        out = []
+        for seq_id in seq_ids:
+            if session_id:
+                seq_id = self.sessions.internal(session_id, seq_id)
+            out.append(alloc.block_table(seq_id) if alloc.has_sequence(seq_id) else [])
+        return out
+
     def fork(self, parent_id: str, child_id: str, session_id: str = "") -> None:
         self._planner()
         if session_id:

@@ -8,7 +8,7 @@ Service contract:
   FAILED_PRECONDITION. A tensor-parallel group lists its ranks' devices (`rank_devices`):
   memsvc holds one pool per rank (memsvc.kv_pool.rank_geometry) and answers each rank's
   segment in `rank_shm_names`, each rank mapping only its own (CPU ranks only so far).
-- Reserve/Free/Fork need a `session_id` (one per gateway process): sequence ids are
+- Reserve/Free/Fork/Tables need a `session_id` (one per gateway process): sequence ids are
   scoped to it, and each call renews its lease. A session silent for longer than the lease
   loses its sequences (an empty Reserve is a heartbeat). A running sequence memsvc no
   longer holds comes back in `preempted` with mode "recompute".
@@ -179,6 +179,13 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
             self._registered(context)
             self._call(context, self.manager.fork, request.parent_id, request.child_id, session)
         return memory_pb2.ForkResponse()
+
+    def Tables(self, request, context):
+        session = _session(request, context)
+        with self.lock:
+            self._registered(context)
+            tables = self._call(context, self.manager.tables, list(request.seq_ids), session)
+        return memory_pb2.TablesResponse(num_blocks=[len(t) for t in tables], blocks=[b for t in tables for b in t])
 
     def Stats(self, request, context):
         with self.lock:

@@ -45,6 +45,12 @@ class MemoryClient(Protocol):
         """Release the sequences' blocks now; unknown ids are ignored."""
         ...
 
+    def tables(self, seq_ids: list[str]) -> list[list[int]]:
+        """Each sequence's whole block table ([] where memsvc does not hold it): memsvc
+        holds the tables of record; the gateway asks when an executor must get a state
+        again (wire.step_delta.encode_delta)."""
+        ...
+
     def fork(self, parent_id: str, child_id: str) -> None:
         """`child_id` shares every block of `parent_id` (copy-on-write from here on)."""
         ...

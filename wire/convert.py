@@ -180,6 +180,18 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
     )
 
 
+def tables_from_proto(m: memory_pb2.TablesResponse, n: int) -> list[list[int]]:
+    """`n` block tables; ValueError where the packed arrays do not agree."""
+    if len(m.num_blocks) != n or sum(m.num_blocks) != len(m.blocks):
+        raise ValueError(f"num_blocks ({len(m.num_blocks)} tables, {sum(m.num_blocks)} blocks) does not "
+                         f"match the {n} sequences asked for and the {len(m.blocks)} blocks sent")
+    blocks, out, at = list(m.blocks), [], 0
+    for k in m.num_blocks:
+        out.append(blocks[at:at + k])
+        at += k
+    return out
+
+
 # -- Execute -----------------------------------------------------------------------------
 
 

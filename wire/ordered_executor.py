@@ -18,8 +18,9 @@ from wire.step_feed import LastSampled, StepOrder
 
 
 class OrderedExecutor:
-    def __init__(self, inner):
+    def __init__(self, inner, tables=None):
         self.inner = inner
+        self.tables = tables  # memsvc's MemoryClient.tables, for one that lost its state
         self.block_size = inner.model_info().kv.block_size
         self.feed = LastSampled()
         self.order = StepOrder()
@@ -57,7 +58,12 @@ class OrderedExecutor:
                 seq = step.seqs[i]
                 if seq is None:
                     raise ValueError(f"sequence {seq_id}: unknown, and the step does not carry its state")
-                table = list(seq.block_table) if step.table_start[i] else None
+                table = None
+                if step.table_start[i]:  # it lost the state: the whole table is memsvc's
+                    if self.tables is None:
+                        raise ValueError(f"sequence {seq_id}: unknown, and the step holds only a change to "
+                                         "its table (no `tables` to ask memsvc for the whole one)")
+                    table = self.tables([seq_id])[0]
                 h = held[seq_id] = held_from(seq.sampling, seq.seed, seq.prompt_token_ids,
                                              seq.output_token_ids, step.start_pos[i], table)
             own = tokens[at:at + n]  # filled in place: the gateway's stays PENDING

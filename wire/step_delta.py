@@ -9,7 +9,9 @@ PENDING, wire.pending_token) and whether each samples. A steady decode step is s
 where every token is PENDING. No full block table or slot mapping is built on the gateway's
 side: whoever runs the model holds each sequence's state (wire.held_seqs) and derives them.
 `seqs[i]` is the gateway's own sequence, read only when its constant state must go
-(`encode_delta`, wire.ordered_executor).
+(`encode_delta`, wire.ordered_executor); the gateway holds no block table: memsvc holds
+the tables of record, and a sequence's whole table comes in its first grant (new, resumed,
+forked) or is asked of memsvc when an executor lost its state.
 
 `encode_delta` makes the ExecuteRequest across processes: a sequence the executor does not
 hold (not in the caller's `sent`) goes with its constant state and its whole table. An
@@ -22,7 +24,7 @@ from __future__ import annotations
 import itertools
 import operator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 from wire import convert
 from wire.pending_token import PENDING
@@ -39,7 +41,6 @@ class SeqSource(Protocol):
     seed: int
     prompt_token_ids: list[int]
     output_token_ids: list[int]
-    block_table: list[int]
 
 
 @dataclass
@@ -101,14 +102,26 @@ def _fed(step: StepDelta) -> tuple[list[bool], list[int]]:
     return fed, known
 
 
-def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: str
-                 ) -> executor_pb2.ExecuteRequest:
+def _whole_tables(step: StepDelta, sent: set[str], tables) -> dict[str, list[int]]:
+    """memsvc's whole table of each sequence whose state goes while the step holds only a
+    change to its table."""
+    need = [s for s, t in zip(step.seq_ids, step.table_start) if t and s not in sent]
+    if not need:
+        return {}
+    if tables is None:
+        raise ValueError(f"sequences {need[:3]}: their state must go with their whole block tables, "
+                         "and no `tables` (memsvc's MemoryClient.tables) was given to ask for them")
+    return dict(zip(need, tables(need)))
+
+
+def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: str,
+                 tables: Callable[[list[str]], list[list[int]]] | None = None) -> executor_pb2.ExecuteRequest:
     """The ExecuteRequest for `step` against `sent`, the ids whose state the executor holds
     (as far as the caller knows); adds the ids whose state goes now and drops `forget`'s.
-    A sequence's whole table is read from `seq.block_table` when it goes with its state
-    and the delta does not hold the whole table: that table may be ahead of this step's
-    (a step planned ahead is reserved by then), which is harmless, as a later step's change
-    replaces the blocks from its `table_start` on."""
+    A sequence that goes with its state while the step holds only a change to its table
+    goes with its whole table, asked of memsvc (`tables`: MemoryClient.tables): that table
+    may be ahead of this step's (a step planned ahead is reserved by then), which is
+    harmless, as a later step's change replaces the blocks from its `table_start` on."""
     forget = step.forget
     for seq_id in forget:
         sent.discard(seq_id)
@@ -116,6 +129,7 @@ def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: 
     tstarts, nnew, newb = step.table_start, step.num_new_blocks, step.new_blocks
     states = []
     if not sent.issuperset(ids):  # some states must go, with their whole tables
+        whole = _whole_tables(step, sent, tables)
         tstarts, nnew, newb = [], [], []
         sampling: dict[int, object] = {}
         at = 0
@@ -140,7 +154,7 @@ def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: 
                     seq_id=seq_id, sampling=proto, seed=seq.seed, prompt_len=prompt_len, history=history,
                     prompt=prompt if sp.prompt_logprobs is not None else None))
                 if tstart:
-                    tstart, new = 0, list(seq.block_table)
+                    tstart, new = 0, whole[seq_id]
                 sent.add(seq_id)
             tstarts.append(tstart)
             nnew.append(len(new))

@@ -156,7 +156,6 @@ def test_errors_carry_status_codes(backend):
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     sp = SamplingParams(temperature=0.0)
     src = Sequence("x/0", "x", 0, [10**6], sp, 0, 8, 0.0)
-    src.block_table = [0]
     bad = StepDelta(["x/0"], [0], [1], [10**6], [True], [0], [1], [0], [src])
     [out] = backend.remote.execute(bad)  # left out of the pass, reported alone (executor.seq_screen)
     assert out.seq_id == "x/0" and "token ids must be in" in out.error

@@ -23,7 +23,7 @@ class Src:
     """The gateway's sequence, as the step message reads it."""
 
     prompt_token_ids: list[int]
-    block_table: list[int]
+    block_table: list[int]  # memsvc's table of it (the gateway holds none): see `tables`
     sampling: SamplingParams = field(default_factory=lambda: GREEDY)
     seed: int = 1
     output_token_ids: list[int] = field(default_factory=list)
@@ -55,6 +55,12 @@ def columns(deltas, **kw) -> StepDelta:
     return step
 
 
+def tables(d: StepDelta):
+    """memsvc's MemoryClient.tables over the step's sequences."""
+    by_id = dict(zip(d.seq_ids, d.seqs))
+    return lambda ids: [list(by_id[s].block_table) for s in ids]
+
+
 class Link:
     """The gateway's encoder and an executor's state, over serialized messages."""
 
@@ -64,7 +70,7 @@ class Link:
         self.incarnation = ""
 
     def run(self, d):
-        request = wire(encode_delta(d, self.sent, "s1", self.incarnation))
+        request = wire(encode_delta(d, self.sent, "s1", self.incarnation, tables(d)))
         out = self.states.expand(request).batch
         self.incarnation = self.states.incarnation
         return out, request
@@ -217,7 +223,7 @@ def test_fed_and_known_tokens_go_in_one_set_of_columns():
     request = encode_delta(step_, {"p", "a", "b", "c"}, "s1", "")
     assert list(request.fed) == [False, True, True, True] and list(request.token_ids) == [4, 5]
     assert list(request.new_blocks) == [30, 21] and not request.states
-    request = encode_delta(step_, {"p", "b"}, "s1", "")  # a and c go with their state and whole table
+    request = encode_delta(step_, {"p", "b"}, "s1", "", tables(step_))  # a and c: state and whole table
     assert [s.seq_id for s in request.states] == ["a", "c"] and list(request.table_start) == [0, 0, 2, 0]
     assert list(request.new_blocks) == [30, 0, 10, 21, 2, 12]
     assert step_.sampled_ids() == ["p", "a", "b", "c"] and len(step_.token_ids) == 5

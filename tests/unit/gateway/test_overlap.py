@@ -40,7 +40,8 @@ def make(loop_kind, *, num_blocks=256, mode="recompute", host_blocks=None, prefi
     config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_tokens_step,
                              overlap=loop_kind != "serial", plan_ahead=loop_kind in ("ahead", "later"))
     if loop_kind == "later":
-        return BatchLoop(SentNowMemory(mem), SentNowExecutor(ex), config, tokenizer), mem
+        memory = SentNowMemory(mem)
+        return BatchLoop(memory, SentNowExecutor(ex, memory.tables), config, tokenizer), mem
     return BatchLoop(mem, ex, config, tokenizer), mem
 
 
@@ -205,7 +206,8 @@ def test_an_executor_failure_mid_run_loses_no_token():
         mem = MemoryManager(MemoryConfig(num_blocks=256))
         ex.attach_pool(mem.register_executor(ex.info.kv))
         if kind == "later":
-            retry = StepRetry(SentNowMemory(mem), SentNowExecutor(ex), timeout_s=5.0, interval_s=0.0)
+            memory = SentNowMemory(mem)
+            retry = StepRetry(memory, SentNowExecutor(ex, memory.tables), timeout_s=5.0, interval_s=0.0)
         else:
             retry = StepRetry(mem, ex, timeout_s=5.0, interval_s=0.0)
         loop = BatchLoop(retry.memory, retry.executor,

@@ -14,11 +14,15 @@ from wire.step_delta import StepDelta
 from wire.v1 import executor_pb2
 
 
+MEMSVC: dict = {}  # seq id -> its Seq, whose `block_table` stands for memsvc's table of it
+
+
 class Seq:
     sampling, seed = SamplingParams(temperature=0.0), 1
 
-    def __init__(self, prompt, table):
+    def __init__(self, prompt, table, seq_id="a"):
         self.prompt_token_ids, self.output_token_ids, self.block_table = prompt, [], table
+        MEMSVC[seq_id] = self
 
 
 def one(seq_id, tokens, start, sample, table_start, new_blocks, seq, step):
@@ -52,6 +56,7 @@ class Unavailable(grpc.RpcError):
 def client():
     c = RemoteExecutorClient("127.0.0.1:1")  # never dialled: the stub is replaced
     c.stub = Stub()
+    c.tables = lambda ids: [list(MEMSVC[s].block_table) for s in ids]  # memsvc's, asked on a resend
     yield c
     c.channel.close()
 

@@ -47,12 +47,14 @@ class FakeMem:
         self.tables: dict[str, list[int]] = {}
         self.computed: dict[str, int] = {}
         self.plans: list[Plan] = []
+        self.forked: set[str] = set()  # children whose first grant carries their whole table
 
     def reserve(self, plan: Plan, cached: dict[str, int] | None = None) -> ReserveResult:
         self.plans.append(plan)
         for parent, child in plan.forks:
             self.tables[child] = list(self.tables[parent])
             self.computed[child] = self.computed[parent]
+            self.forked.add(child)
         for seq_id in plan.free:
             self.tables.pop(seq_id, None)
             self.computed.pop(seq_id, None)
@@ -65,13 +67,14 @@ class FakeMem:
             else:
                 start, table = self.computed[e.seq_id], self.tables[e.seq_id]
                 n = len(e.token_ids) + e.pending
-            table_start = len(table)
+            table_start = 0 if e.seq_id in self.forked else len(table)
+            self.forked.discard(e.seq_id)
             need = -(-(start + n) // BS) - len(table)
             new_blocks = list(range(self.next_block, self.next_block + max(need, 0)))
             self.next_block += len(new_blocks)
             table.extend(new_blocks)
             self.computed[e.seq_id] = start + n
-            grants.append(Grant(e.seq_id, start, n, table_start, new_blocks, start if e.new else 0))
+            grants.append(Grant(e.seq_id, start, n, table_start, table[table_start:], start if e.new else 0))
         return answer(grants)
 
 
@@ -128,7 +131,7 @@ def step(sched, mem, tokens=None, **kw):
 def decode(sched, seq_id):
     """A grant of the next token of a running sequence in a block it already has (no table change)."""
     seq = sched.seqs[seq_id]
-    return Grant(seq_id, seq.num_computed, 1, len(seq.block_table))
+    return Grant(seq_id, seq.num_computed, 1, -(-(seq.num_computed + 1) // BS))
 
 
 def ids(entries):
@@ -209,11 +212,11 @@ def test_chunked_prefill_splits_a_long_prompt_across_steps():
         plan, batch, updates = step(sched, mem)
         (s,) = steps(batch)
         chunks.append((s.start_pos, s.token_ids, s.sample))
-        assert s.seq is sched.seqs["a"] and s.new_blocks == s.seq.block_table[s.table_start:]
+        assert s.seq is sched.seqs["a"] and s.new_blocks == mem.tables["a"][s.table_start:]
     assert chunks == [(0, prompt[:10], False), (10, prompt[10:20], False), (20, prompt[20:], True)]
     seq = sched.seqs["a"]
     assert seq.num_computed == 25 and seq.output_token_ids == [50]
-    assert len(seq.block_table) == 7  # ceil(25 / 4)
+    assert len(mem.tables["a"]) == 7  # ceil(25 / 4)
 
 
 def test_without_chunked_prefill_a_prompt_larger_than_the_budget_waits():
@@ -248,11 +251,10 @@ def test_a_granted_new_sequence_runs_from_its_cached_prefix():
     assert rejected == [] and batch.pool_epoch == "e1"
     assert seq.status is SeqStatus.RUNNING and sched.running == [seq] and sched.waiting == []
     assert seq.num_computed == 4 and seq.num_cached_tokens == 4
-    assert seq.block_table == [7, 3, 9]
     (s,) = steps(batch)
     assert (s.seq_id, s.token_ids, s.start_pos, s.sample) == ("a", prompt[4:], 4, True)
     assert (s.table_start, s.new_blocks) == (0, [7, 3, 9]) and s.seq is seq  # the whole table: new
-    assert slots_of(seq.block_table, 4, 10) == [12, 13, 14, 15, 36, 37]  # table[1] = 3, table[2] = 9
+    assert slots_of(s.new_blocks, 4, 10) == [12, 13, 14, 15, 36, 37]  # table[1] = 3, table[2] = 9
     sample(sched, batch, {"a": 61})
     assert seq.num_computed == 10 and seq.output_token_ids == [61]
 
@@ -272,7 +274,7 @@ def test_a_chunk_that_does_not_reach_the_end_of_the_prompt_does_not_sample():
     assert entry.new is False and entry.token_ids == list(range(105, 110))
 
 
-def test_a_grants_table_change_is_applied_to_the_sequences_table():
+def test_a_grants_table_change_goes_on_in_the_step_as_it_came():
     sched = make_sched()
     sched.add(make_seq("a", range(100, 112), max_tokens=10))  # 12 tokens: 3 full blocks
     sched.plan()
@@ -282,19 +284,19 @@ def test_a_grants_table_change_is_applied_to_the_sequences_table():
     # position 12 opens a 4th block
     sched.plan()
     batch, _ = sched.on_reserved(answer([Grant("a", 12, 1, 3, [5])]))
-    assert seq.block_table == [7, 3, 9, 5]
+    assert not hasattr(seq, "block_table")  # the gateway holds no table: memsvc and the executor do
     (s,) = steps(batch)
     assert s.token_ids == [60] and s.start_pos == 12 and (s.table_start, s.new_blocks) == (3, [5])
     sample(sched, batch, {"a": 61})
     # position 13, same block: no change
     sched.plan()
     batch, _ = sched.on_reserved(answer([Grant("a", 13, 1, 4, [])]))
-    assert seq.block_table == [7, 3, 9, 5] and (steps(batch)[0].table_start, steps(batch)[0].new_blocks) == (4, [])
+    assert (steps(batch)[0].table_start, steps(batch)[0].new_blocks) == (4, [])
     sample(sched, batch, {"a": 62})
     # memsvc replaces the tail (a copy on write of block 3 onward)
     sched.plan()
     batch, _ = sched.on_reserved(answer([Grant("a", 14, 1, 3, [11])]))
-    assert seq.block_table == [7, 3, 9, 11] and (steps(batch)[0].table_start, steps(batch)[0].new_blocks) == (3, [11])
+    assert (steps(batch)[0].table_start, steps(batch)[0].new_blocks) == (3, [11])
     assert steps(batch)[0].token_ids == [62]
 
 
@@ -342,14 +344,14 @@ def running_pair():
 def test_preemption_by_recompute_sends_the_sequence_back_to_waiting():
     sched, mem = running_pair()
     seq = sched.seqs["b"]
-    assert seq.block_table and seq.num_computed == 5
+    assert mem.tables["b"] and seq.num_computed == 5
     sched.plan()
     batch, _ = sched.on_reserved(answer(
         [decode(sched, "a")], preempted=[Preemption("b", "recompute")]))
     assert [s.seq_id for s in steps(batch)] == ["a"]
     assert seq.status is SeqStatus.WAITING and sched.waiting == [seq]
     assert seq not in sched.running and seq not in sched.swapped
-    assert seq.num_computed == 0 and seq.block_table == [] and seq.num_preemptions == 1
+    assert seq.num_computed == 0 and seq.num_preemptions == 1
     assert seq.output_token_ids == [50]  # what it drew is kept
     assert "b" not in sched.to_free  # memsvc freed it itself
     sample(sched, batch)
@@ -383,7 +385,6 @@ def test_preemption_by_swap_then_resumption():
     batch, _ = sched.on_reserved(answer(
         [decode(sched, "a"), Grant("b", 5, 1, 0, [200, 201])], resumed=["b"]))
     assert seq.status is SeqStatus.RUNNING and seq in sched.running and sched.swapped == []
-    assert seq.block_table == [200, 201]
     s = steps(batch)[1]
     assert (s.seq_id, s.token_ids, s.start_pos, s.sample) == ("b", [50], 5, True)
     assert (s.table_start, s.new_blocks) == (0, [200, 201])  # swapped in: a whole new table
@@ -491,7 +492,6 @@ def test_samples_are_held_until_the_parent_reaches_the_fork_point():
     assert sched.forks == [("r/0", "r/1"), ("r/0", "r/2")]
     for s in (s1, s2):
         assert s.status is SeqStatus.RUNNING and s.num_computed == 5
-        assert s.block_table == parent.block_table and s.block_table is not parent.block_table
     assert sched.running == [parent, s1, s2]
     assert not sched.can_plan_ahead()  # forks are due
     plan = sched.plan()
@@ -502,6 +502,8 @@ def test_samples_are_held_until_the_parent_reaches_the_fork_point():
         (f"r/{i}", [105], False) for i in range(3)]
     batch, _ = sched.on_reserved(mem.reserve(plan))
     assert [(s.start_pos, s.sample) for s in steps(batch)] == [(5, True)] * 3
+    whole = mem.tables["r/0"]  # a forked sample's first step carries its whole table (memsvc's)
+    assert [(s.table_start, s.new_blocks) for s in steps(batch)[1:]] == [(0, whole)] * 2
     updates = sample(sched, batch, {"r/0": 40, "r/1": 41, "r/2": 42})
     assert [(u.seq.index, u.token_id) for u in updates] == [(0, 40), (1, 41), (2, 42)]
 
@@ -643,7 +645,7 @@ def test_a_grant_made_ahead_for_a_sequence_gone_since_is_freed_not_run():
     batch1, _ = sched.on_reserved(mem.reserve(ahead))
     assert [s.seq_id for s in steps(batch1)] == ["a"]
     new_b = sched.seqs["b"]
-    assert new_b is not old_b and new_b.status is SeqStatus.WAITING and new_b.block_table == []
+    assert new_b is not old_b and new_b.status is SeqStatus.WAITING
     assert new_b in sched.waiting and new_b not in sched.running
     assert sched.to_free == ["b"]  # the old b, once (its grant made ahead is freed with it)
     assert old_b.output_token_ids == [50]
