@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import operator
 from dataclasses import dataclass
 
 from gateway.beam_search import BeamDone, Beams, BeamSearch
@@ -64,6 +65,9 @@ class SeqUpdate:
     finished: bool = False
     prompt_logprobs: list[PromptLogprob] | None = None  # with the first token, when asked
     error: str | None = None  # the sequence failed alone, for this reason: its request ends
+
+
+_status = operator.attrgetter("status")
 
 
 def _insert(queue: list[Sequence], seq: Sequence) -> None:
@@ -263,9 +267,11 @@ class Scheduler:
             self._end_held(r.seq_id, "error", r.reason)
             rejected.append(seq)
         g = result.grants
+        seqs = list(map(all_seqs.get, g.seq_ids))
+        if planned is not None and not all(map(operator.is_, map(planned.get, g.seq_ids), seqs)):
+            seqs = list(map(current, g.seq_ids))
         step = StepDelta(g.seq_ids, g.start_pos, g.num_tokens, [], [], g.table_start, g.num_new_blocks,
-                         g.new_blocks, list(map(current, g.seq_ids)), pool_epoch=result.pool_epoch,
-                         copies=result.block_copies)
+                         g.new_blocks, seqs, pool_epoch=result.pool_epoch, copies=result.block_copies)
         cached = g.num_cached
         if None in step.seqs:  # ended since a plan made ahead: memsvc frees it next
             hits = dict(zip(g.seq_ids, cached))
@@ -284,7 +290,7 @@ class Scheduler:
         (a steady decode step)."""
         ends = [p[0] if p is not None and p[1] else None for p in map(inflight.get, step.seq_ids)]
         return (step.start_pos == ends and step.num_tokens.count(1) == len(ends)
-                and not any(s.status is SeqStatus.WAITING for s in step.seqs))
+                and SeqStatus.WAITING not in map(_status, step.seqs))
 
     def _without_ended(self, step: StepDelta) -> StepDelta:
         """`step` less the sequences that ended since their plan (memsvc frees them next)."""

@@ -72,11 +72,12 @@ class Sessions:
         seqs = self.touch(session_id).seqs
         seqs.difference_update(plan.free)
         seqs.difference_update(lost)
-        for seq_id in plan.seq_ids():
-            if alive(seq_id):
-                seqs.add(seq_id)
+        seqs.difference_update(p.seq_id for p in result.preempted if not alive(p.seq_id))
+        for entry in plan.entries:  # (a running sequence is the session's already)
+            if alive(entry.seq_id):
+                seqs.add(entry.seq_id)
             else:
-                seqs.discard(seq_id)
+                seqs.discard(entry.seq_id)
         grants = result.grants
         grants.seq_ids = [back[s] for s in grants.seq_ids]
         for item in (*result.preempted, *result.rejected):
