@@ -53,7 +53,8 @@ class Sessions:
             key = internal(session_id, entry.seq_id)
             back[key] = entry.seq_id
             entry.seq_id = key
-        keys = [internal(session_id, s) for s in plan.run_ids]
+        prefix = internal(session_id, "")
+        keys = [prefix + s for s in plan.run_ids]
         back.update(zip(keys, plan.run_ids))
         plan.run_ids = keys
         plan.free = [internal(session_id, s) for s in plan.free]
@@ -79,7 +80,7 @@ class Sessions:
             else:
                 seqs.discard(entry.seq_id)
         grants = result.grants
-        grants.seq_ids = [back[s] for s in grants.seq_ids]
+        grants.seq_ids = list(map(back.__getitem__, grants.seq_ids))
         for item in (*result.preempted, *result.rejected):
             item.seq_id = back[item.seq_id]
         result.waiting = [back[s] for s in result.waiting]

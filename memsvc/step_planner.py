@@ -84,6 +84,10 @@ class StepPlanner:
         admitting = True
         grants, copies = out.result.grants, out.copies
         grow, take_copies = alloc.grow_if_fits, alloc.take_copies
+        tier = getattr(alloc, "offload", None) is not None  # only a host tier's copies come unasked
+        granted, starts, granted_n = grants.seq_ids, grants.start_pos, grants.num_tokens
+        table_starts, num_new, new_blocks, cached = (grants.table_start, grants.num_new_blocks,
+                                                     grants.new_blocks, grants.num_cached)
         tokens, at = plan.run_tokens, 0
         for i, seq_id in enumerate(ids):
             n = counts[i]
@@ -92,7 +96,8 @@ class StepPlanner:
             if seq_id in preempted:
                 continue
             grown = grow(seq_id, new_tokens)
-            copies += take_copies()
+            if tier:
+                copies += take_copies()
             if grown is None:  # swapped out, or short of blocks
                 if self._swapped(seq_id):
                     admitting = admitting and self._resume(seq_id, new_tokens, out)
@@ -106,10 +111,16 @@ class StepPlanner:
                     continue
                 grown = grow(seq_id, new_tokens)
                 copies += take_copies()
-            start, cow, table_start, new_blocks = grown
+            start, cow, table_start, blocks = grown
             if cow:
                 copies.extend(("cow", src, dst) for src, dst in cow)
-            grants.add(seq_id, start, n, table_start, new_blocks)
+            granted.append(seq_id)  # (Grants.add, inline: this loop runs for every sequence)
+            starts.append(start)
+            granted_n.append(n)
+            table_starts.append(table_start)
+            num_new.append(len(blocks))
+            new_blocks += blocks
+            cached.append(0)
         for entry in plan.entries:
             if admitting:
                 admitting = self._admit(entry, out)
