@@ -133,8 +133,8 @@ def build_loop(memsvc: str, executor: str, batch: int, input_len: int, kind: str
     from gateway.tokenizer import load_tokenizer
     from wire.heap import freeze_heap
 
-    ex = RemoteExecutorClient(executor, token=token)
     mem = RemoteMemoryClient(memsvc, token=token)
+    ex = RemoteExecutorClient(executor, token=token, tables=mem.tables)
     info = ex.model_info()
     retry = StepRetry(mem, ex)
     telemetry = RequestTelemetry(GatewayMetrics())

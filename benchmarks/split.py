@@ -200,9 +200,10 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict[str, list[dict]]
         port = argv[argv.index("--metrics-port") + 1]
         server_metrics = executor_metrics_of(f"http://127.0.0.1:{port}/metrics")
         token = sup.by_name["memsvc"].spec.env.get(TOKEN_ENV)  # the one serve made for its services
-        remote_ex = RemoteExecutorClient(executor, token=token)
+        remote_mem = RemoteMemoryClient(memsvc, token=token)
+        remote_ex = RemoteExecutorClient(executor, token=token, tables=remote_mem.tables)
         vocab = remote_ex.model_info().vocab_size
-        memory, executor = TimedMemory(RemoteMemoryClient(memsvc, token=token)), TimedExecutor(remote_ex)
+        memory, executor = TimedMemory(remote_mem), TimedExecutor(remote_ex)
         engine = LLMEngine(EngineConfig.from_args(args))
         freeze_heap()  # as the services do once started
         loops = {"in_process": BatchLoop(TimedMemory(engine.memory), TimedExecutor(engine.loop.executor),

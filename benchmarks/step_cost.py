@@ -67,10 +67,6 @@ class WireMemory:
         self._plan_to = t("plan to proto", convert.plan_to_proto)
         self._plan_from = t("plan from proto", convert.plan_from_proto)
         self._reserve = t("memsvc reserve", manager.reserve)
-        self._columns = t("plan from proto", convert.running_columns)
-        self._columns_for = convert.answered_in_columns
-        self._reserve_running = t("memsvc reserve", manager.reserve_running)
-        self._grants_to = t("result to proto", convert.run_grants_to_proto)
         self._result_to = t("result to proto", convert.reserve_result_to_proto)
         self._result_from = t("result from proto", convert.reserve_result_from_proto)
         self._request, self._response = memory_pb2.ReserveRequest, memory_pb2.ReserveResponse
@@ -79,20 +75,16 @@ class WireMemory:
         return call_now(self.reserve, plan)
 
     def reserve(self, plan):
-        """As memsvc's server takes it: a plan made ahead of running entries alone in columns,
-        and as the remote client reads the answer."""
+        """As memsvc's server takes it and the remote client reads the answer."""
         request = self._request.FromString(self._plan_to(plan, "s").SerializeToString())
-        columns = self._columns(request)
-        if columns is not None:
-            grants, stamp = self._reserve_running("s", *columns)
-            response = self._grants_to(columns[0], columns[1], columns[3], grants, stamp)
-        else:
-            response = self._result_to(self._reserve(self._plan_from(request), "s"))
-        return self._result_from(self._response.FromString(response.SerializeToString()),
-                                 self._columns_for(plan))
+        response = self._result_to(self._reserve(self._plan_from(request), "s"))
+        return self._result_from(self._response.FromString(response.SerializeToString()))
 
     def free(self, seq_ids):
         self.manager.free(seq_ids, "s")
+
+    def tables(self, seq_ids):
+        return self.manager.tables(seq_ids, "s")
 
     def fork(self, parent_id, child_id):
         self.manager.fork(parent_id, child_id, "s")

@@ -22,9 +22,10 @@ import uuid
 
 from wire import convert
 from wire.held_seqs import HeldSeq, step_of
+from wire.pending_token import PENDING
 from wire.protocol import StepBatch
 from wire.step_delta import STATE_LOST
-from wire.step_feed import FED, LastSampled, StepOrder
+from wire.step_feed import LastSampled, StepOrder
 
 SESSION_IDLE_S = 600.0
 
@@ -89,7 +90,7 @@ class SequenceStates:
 
     def expand(self, m) -> Expanded:
         """The full StepBatch of an ExecuteRequest; applies its changes to the state. A fed
-        token (wire.step_feed) is FED until `fill`. StateLost: see the module docstring;
+        token (wire.step_feed) is PENDING until `fill`. StateLost: see the module docstring;
         ValueError: a change that does not fit."""
         if m.incarnation and m.incarnation != self.incarnation:
             raise StateLost(f"{STATE_LOST}: this executor process ({self.incarnation[:8]}) is not the "
@@ -121,7 +122,7 @@ class SequenceStates:
             if own:
                 if n != 1:
                     raise ValueError(f"sequence {seq_id}: a fed step computes one token, not {n}")
-                tokens = [FED]
+                tokens = [PENDING]
             else:
                 tokens = token_ids[at:at + n]
                 at += n

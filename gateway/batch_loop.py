@@ -237,7 +237,7 @@ class BatchLoop:
 
     def _executed(self, batch: StepDelta, seconds: float) -> None:
         self.report.ran(batch)
-        self._last_step = (batch.num_tokens(), seconds)
+        self._last_step = (len(batch.token_ids), seconds)
         self.times.steps += 1
         self.num_steps += 1
 
@@ -248,7 +248,7 @@ class BatchLoop:
         clock, times = time.perf_counter, self.times
         t0 = clock()
         plan = self.scheduler.plan()
-        if not plan.entries and not plan.free and not plan.forks and not plan.fills:
+        if plan.empty():
             return None, self._deltas(self._take_unapplied())
         result = self._reserve(plan, t0)
         t2 = clock()

@@ -55,6 +55,7 @@ def connect_remote(memsvc: str, executor: str, tls=None, token: str | None = Non
         info = executor_client.model_info()  # UNAVAILABLE until its pool is mapped
         memory_client = RemoteMemoryClient(memsvc, tls=tls, token=token)
         memory_client.stats()
+        executor_client.tables = memory_client.tables  # to resend an executor its state
         tokenizer = load_tokenizer(tokenizer_dir_from_info(info))
     except BaseException:
         executor_client.close()

@@ -42,7 +42,7 @@ class PlanAhead:
         """Plan the step after `running` and send its Reserve (`prepare` the plan first);
         None: nothing to reserve."""
         plan = self.scheduler.plan(ahead_of=running)
-        if plan is None or not (plan.entries or plan.free or plan.fills):
+        if plan is None or plan.empty():
             if plan is not None:
                 self.scheduler.deferred(plan)
             return None

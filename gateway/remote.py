@@ -60,8 +60,12 @@ class RemoteMemoryClient(MemoryClient):
         self._last_call = time.monotonic()
         answer = self._steps.start("Reserve", self.stub.Reserve, request, memory_pb2.ReserveResponse,
                                    self.timeout)
-        columns = convert.answered_in_columns(plan)
-        return lambda: convert.reserve_result_from_proto(answer(), columns)
+        return lambda: convert.reserve_result_from_proto(answer())
+
+    def tables(self, seq_ids: list[str]) -> list[list[int]]:
+        response = self.stub.Tables(memory_pb2.TablesRequest(session_id=self.session_id, seq_ids=seq_ids),
+                                    timeout=self.timeout, metadata=trace_metadata())
+        return convert.tables_from_proto(response, len(seq_ids))
 
     def free(self, seq_ids: list[str]) -> None:
         self._last_call = time.monotonic()
@@ -99,14 +103,18 @@ class RemoteMemoryClient(MemoryClient):
 class RemoteExecutorClient(ExecutorClient):
     """`model_info()` is fetched once; its tokenizer files land in a temporary directory
     (removed by `close()` or at exit) that the returned ModelInfo names. The executor
-    service runs numbered steps in order and fills fed tokens itself (wire.step_feed)."""
+    service runs numbered steps in order and fills fed tokens itself (wire.step_feed).
+    `tables` (memsvc's: MemoryClient.tables) gives the whole block tables a sequence's state
+    goes with when the executor does not hold it (it restarted, or a step failed)."""
 
     feeds_itself = True
     calls_later = True  # wire.clients
 
     def __init__(self, address: str, *, timeout: float | None = None, info_timeout: float = 60.0,
-                 tls=None, session_id: str | None = None, token: str | None = None):
+                 tls=None, session_id: str | None = None, token: str | None = None,
+                 tables: Callable[[list[str]], list[list[int]]] | None = None):
         self.address = address
+        self.tables = tables
         self.session_id = session_id or f"gateway-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.incarnation = ""  # the executor process that holds our sequences' state
         self._sent: set[str] = set()  # the sequences whose state the executor holds
@@ -166,7 +174,7 @@ class RemoteExecutorClient(ExecutorClient):
         self._encoded.wait_turn(step.step)
         try:
             with self._lock:
-                request = encode_delta(step, self._sent, self.session_id, self.incarnation)
+                request = encode_delta(step, self._sent, self.session_id, self.incarnation, self.tables)
                 resyncs = self.num_resyncs
         finally:
             self._encoded.passed(step.step)

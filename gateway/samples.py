@@ -33,7 +33,6 @@ class SampleHolds:
                 # complete by now, and shared (read only), not copied n times
                 sample.sampling, sample.prompt_logprobs = parent.sampling, parent.prompt_logprobs
             sample.num_computed = parent.num_computed
-            sample.block_table = list(parent.block_table)
             sample.num_cached_tokens = parent.num_cached_tokens
             sample.status = SeqStatus.RUNNING
         return samples

@@ -9,9 +9,9 @@ then forks the others from it (gateway.samples; memsvc Fork: the prompt's blocks
 the partial last one copied on write). Beam search (gateway.beam_search) forks a beam for
 each extra continuation of a parent and frees the beams that are pruned. Forks are queued
 in `forks` and travel in the next plan (`Plan.forks`): memsvc makes them before it frees
-anything. The scheduler keeps each sequence's block table from the grants' changes
-(`Grant.table_start`, `new_blocks`) and passes each change on in the step it makes
-(wire.step_delta): whoever runs the model derives the slots.
+anything. The scheduler holds no block table: memsvc's grants (wire.protocol.Grants) go on
+as the step's columns (wire.step_delta), block-table changes included, and whoever runs
+the model applies them and derives the slots.
 """
 from __future__ import annotations
 
@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from gateway.beam_search import BeamDone, Beams, BeamSearch
 from gateway.pending_tokens import PendingTokens
 from gateway.samples import SampleHolds
-from gateway.sequence import Sequence, SeqStatus
-from wire.held_seqs import apply_table_change
+from gateway.sequence import SeqStatus, Sequence
+from wire.pending_token import PENDING
 from wire.protocol import Plan, PlanEntry, PromptLogprob, ReserveResult, SampleOutput
 from wire.settings import setting
-from wire.step_delta import FedRun, SeqDelta, StepDelta
-from wire.step_feed import FED
+from wire.step_delta import StepDelta
 
 
 @dataclass
@@ -66,6 +65,9 @@ class SeqUpdate:
     finished: bool = False
     prompt_logprobs: list[PromptLogprob] | None = None  # with the first token, when asked
     error: str | None = None  # the sequence failed alone, for this reason: its request ends
+
+
+_status = operator.attrgetter("status")
 
 
 def _insert(queue: list[Sequence], seq: Sequence) -> None:
@@ -154,11 +156,13 @@ class Scheduler:
         inflight = ahead_of.progress() if ahead_of is not None else {}
         fills = self.pending.take_fills(self.seqs)
         budget = self.config.max_num_batched_tokens
-        entries: list[PlanEntry] = []
         max_seqs = self.config.max_num_seqs
+        run_ids: list[str] = []
+        run_counts: list[int] = []
+        run_tokens: list[int] = []
         hold = self.pending.hold
         for seq in self.running + self.swapped:
-            if len(entries) >= max_seqs:
+            if len(run_ids) >= max_seqs:
                 break
             out, prompt = seq.output_token_ids, seq.prompt_token_ids
             plen = len(prompt)
@@ -176,15 +180,19 @@ class Scheduler:
             if n < 1:
                 continue
             known = min(n, num_tokens - computed)  # the rest is the token the step samples
-            tokens = (out[computed - plen : computed - plen + known] if computed >= plen
-                      else (prompt + out)[computed : computed + known])
-            entries.append(PlanEntry(seq.seq_id, tokens, False, seq.max_len, 0, seq.final_len,
-                                     seq.salt, False, known < n))
+            run_ids.append(seq.seq_id)
+            run_counts.append(n)
+            if computed >= plen:
+                run_tokens += out[computed - plen : computed - plen + known]
+            else:
+                run_tokens += (prompt + out)[computed : computed + known]
             if known < n:
+                run_tokens.append(PENDING)
                 hold(seq.seq_id, computed + known)
             budget -= n
+        entries: list[PlanEntry] = []
         for seq in self.waiting:
-            if budget < 1 or len(entries) >= self.config.max_num_seqs:
+            if budget < 1 or len(run_ids) + len(entries) >= max_seqs:
                 break
             if not self.config.enable_chunked_prefill and seq.compute_limit > budget:
                 break
@@ -194,10 +202,11 @@ class Scheduler:
                                      skip_prefix_cache=seq.sampling.prompt_logprobs is not None))
             budget -= min(seq.compute_limit, budget)
         plan = Plan(entries=entries, free=self.to_free, forks=self.forks, ahead=ahead_of is not None,
-                    fills=fills)
+                    fills=fills, run_ids=run_ids, run_counts=run_counts, run_tokens=run_tokens)
         # what the answer to a plan made ahead refers to (a sequence may end, or its id be
         # reused by a new request, before the answer is applied)
-        self.planned = {e.seq_id: self.seqs[e.seq_id] for e in entries} if plan.ahead else None
+        seqs = self.seqs
+        self.planned = {s: seqs[s] for s in plan.seq_ids()} if plan.ahead else None
         self.to_free, self.forks = [], []
         return plan
 
@@ -209,21 +218,20 @@ class Scheduler:
     def deferred(self, plan: Plan) -> None:
         """memsvc did not grant `plan` (made ahead): it holds none of its pending tokens."""
         self.planned = None
-        self.pending.deferred(plan)
+        self.pending.deferred()
 
     def on_reserved(self, result: ReserveResult, ahead_of: StepDelta | None = None
                     ) -> tuple[StepDelta, list[Sequence]]:
         """Apply memsvc's answer; return the batch to execute (in the answer's pool) and the
         sequences rejected. `ahead_of`: the batch still running, whose tokens are not applied
         yet (the answer is to a plan made ahead of it): a token that batch samples is
-        computed as FED (wire.step_feed), the executor's own last sample."""
+        computed as PENDING (wire.step_feed), the executor's own last sample."""
         for p in result.preempted:
             seq = self.seqs[p.seq_id]
             for queue in (self.running, self.swapped):
                 if seq in queue:
                     queue.remove(seq)
             seq.num_preemptions += 1
-            seq.block_table = []
             if p.mode != "swap":
                 self.pending.drop(seq.seq_id)
             self.num_preemptions += 1
@@ -241,10 +249,6 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             _insert(self.running, seq)
         inflight = ahead_of.progress() if ahead_of is not None else None
-        if result.run is not None:
-            batch = self._fed_run(result, inflight)
-            if batch is not None:
-                return batch, []
         planned, self.planned = self.planned, None
         all_seqs = self.seqs
 
@@ -262,68 +266,83 @@ class Scheduler:
             seq.finish("error", r.reason)
             self._end_held(r.seq_id, "error", r.reason)
             rejected.append(seq)
-        steps = []
-        waiting = SeqStatus.WAITING
-        for g in result.all_grants():
-            seq_id = g.seq_id
-            seq = all_seqs.get(seq_id)
-            if seq is None or planned is not None and planned.get(seq_id) is not seq:
-                # finished or aborted since a plan made ahead: memsvc frees it next
+        g = result.grants
+        seqs = list(map(all_seqs.get, g.seq_ids))
+        if planned is not None and not all(map(operator.is_, map(planned.get, g.seq_ids), seqs)):
+            seqs = list(map(current, g.seq_ids))
+        step = StepDelta(g.seq_ids, g.start_pos, g.num_tokens, [], [], g.table_start, g.num_new_blocks,
+                         g.new_blocks, seqs, pool_epoch=result.pool_epoch, copies=result.block_copies)
+        cached = g.num_cached
+        if None in step.seqs:  # ended since a plan made ahead: memsvc frees it next
+            hits = dict(zip(g.seq_ids, cached))
+            step = self._without_ended(step)
+            cached = [hits[s] for s in step.seq_ids]
+        if inflight is not None and self._all_fed(step, inflight):
+            n = len(step.seq_ids)
+            step.token_ids, step.sample = [PENDING] * n, [True] * n
+        else:
+            self._tokens(step, cached, inflight)
+        return step, rejected
+
+    @staticmethod
+    def _all_fed(step: StepDelta, inflight: dict) -> bool:
+        """Every sequence of `step` computes the one token the running step samples for it
+        (a steady decode step)."""
+        ends = [p[0] if p is not None and p[1] else None for p in map(inflight.get, step.seq_ids)]
+        return (step.start_pos == ends and step.num_tokens.count(1) == len(ends)
+                and SeqStatus.WAITING not in map(_status, step.seqs))
+
+    def _without_ended(self, step: StepDelta) -> StepDelta:
+        """`step` less the sequences that ended since their plan (memsvc frees them next)."""
+        keep = StepDelta(pool_epoch=step.pool_epoch, copies=step.copies)
+        at = 0
+        for i, seq in enumerate(step.seqs):
+            k = step.num_new_blocks[i]
+            seq_id = step.seq_ids[i]
+            if seq is None:
                 if seq_id not in self.to_free:
                     self.to_free.append(seq_id)
-                continue
+            else:
+                keep.seq_ids.append(seq_id)
+                keep.start_pos.append(step.start_pos[i])
+                keep.num_tokens.append(step.num_tokens[i])
+                keep.table_start.append(step.table_start[i])
+                keep.num_new_blocks.append(k)
+                keep.new_blocks += step.new_blocks[at:at + k]
+                keep.seqs.append(seq)
+            at += k
+        return keep
+
+    def _tokens(self, step: StepDelta, num_cached: list[int], inflight: dict | None) -> None:
+        """Fill the step's tokens and sample columns, and admit the new sequences it grants."""
+        tokens, sample = step.token_ids, step.sample
+        waiting, running = SeqStatus.WAITING, SeqStatus.RUNNING
+        for i, seq in enumerate(step.seqs):
+            seq_id = seq.seq_id
             admitted = seq.status is waiting  # so not in the running batch (an id may come back)
             if admitted:
+                hit = num_cached[i]
                 self.waiting.remove(seq)
                 _insert(self.running, seq)
-                seq.status = SeqStatus.RUNNING
-                seq.num_computed = g.num_cached_tokens
+                seq.status = running
+                seq.num_computed = hit
                 if seq.num_cached_tokens < 0:
-                    seq.num_cached_tokens = g.num_cached_tokens
-            start = g.start_pos
-            running = inflight.get(seq_id) if inflight is not None and not admitted else None
-            fed = running is not None and running[1]  # its next token: the running step's sample
-            computed = running[0] if running is not None else seq.num_computed
-            assert start == computed, (g, computed)
-            end = start + g.num_tokens
-            table = seq.block_table
-            if g.new_blocks or g.table_start < len(table):
-                apply_table_change(table, g.table_start, g.new_blocks, seq_id)
+                    seq.num_cached_tokens = hit
+            start = step.start_pos[i]
+            inflight_step = inflight.get(seq_id) if inflight is not None and not admitted else None
+            fed = inflight_step is not None and inflight_step[1]  # its next token: the running step's sample
+            computed = inflight_step[0] if inflight_step is not None else seq.num_computed
+            assert start == computed, (seq_id, start, computed)
+            end = start + step.num_tokens[i]
             prompt, out = seq.prompt_token_ids, seq.output_token_ids
             plen = len(prompt)
             if fed:
-                tokens = [FED]  # position plen + len(out): the one token granted
+                tokens.append(PENDING)  # position plen + len(out): the one token granted
             elif start >= plen:  # decode: no copy of the whole context
-                tokens = out[start - plen:end - plen]
+                tokens += out[start - plen:end - plen]
             else:
-                tokens = (prompt + out)[start:end]
-            steps.append(SeqDelta(seq_id, tokens, start, end == plen + len(out) + fed, g.table_start,
-                                  g.new_blocks, seq))
-        return StepDelta(steps, pool_epoch=result.pool_epoch, copies=result.block_copies), rejected
-
-    def _fed_run(self, result: ReserveResult, inflight: dict | None) -> StepDelta | None:
-        """The steady decode step, kept in columns: memsvc granted a plan made ahead of
-        running sequences whose every one is still the one planned, and computes the
-        token the running step samples for it (FED). None: anything else (`on_reserved`
-        then takes the grants one by one)."""
-        run, planned = result.run, self.planned
-        ids = run.seq_ids
-        if planned is None or inflight is None or list(planned) != ids:
-            return None
-        seqs = list(planned.values())
-        if not all(map(operator.is_, map(self.seqs.get, ids), seqs)):
-            return None  # one ended since the plan
-        ends = [p[0] if p is not None and p[1] else None for p in map(inflight.get, ids)]
-        if run.start_pos != ends or run.num_tokens != [1] * len(ids):
-            return None
-        self.planned = None
-        at = 0
-        for i, k in enumerate(run.num_new_blocks):
-            if k:
-                apply_table_change(seqs[i].block_table, run.table_start[i], run.new_blocks[at:at + k], ids[i])
-                at += k
-        return StepDelta([], pool_epoch=result.pool_epoch, copies=result.block_copies,
-                         run=FedRun(ids, run.start_pos, run.table_start, run.num_new_blocks, run.new_blocks, seqs))
+                tokens += (prompt + out)[start:end]
+            sample.append(end == plen + len(out) + fed)
 
     def on_sampled(self, batch: StepDelta, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
         """Apply a step's outputs to the sequences it was made for (a sequence that ended
@@ -331,19 +350,11 @@ class Scheduler:
         by_id = {o.seq_id: o for o in outputs}
         updates: list[SeqUpdate | BeamDone] = []
         sampled = self._sampled
-        for step in batch.seqs:
-            start = step.start_pos
+        for seq_id, seq, start, n in zip(batch.seq_ids, batch.seqs, batch.start_pos, batch.num_tokens):
             try:
-                sampled(step.seq_id, step.seq, start, start + len(step.token_ids), by_id, updates)
+                sampled(seq_id, seq, start, start + n, by_id, updates)
             except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
-                self._fail_alone(self.seqs.get(step.seq_id, step.seq), step.seq, e)
-        run = batch.run
-        if run is not None:
-            for seq_id, seq, start in zip(run.seq_ids, run.seqs, run.start_pos):
-                try:
-                    sampled(seq_id, seq, start, start + 1, by_id, updates)
-                except Exception as e:  # noqa: BLE001
-                    self._fail_alone(self.seqs.get(seq_id, seq), seq, e)
+                self._fail_alone(self.seqs.get(seq_id, seq), seq, e)
         if self._failed_alone:
             updates.extend(self._failed_alone)
             self._failed_alone = []

@@ -34,7 +34,6 @@ class Sequence:
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
     num_preemptions: int = 0
     fork_at: int | None = None  # n > 1: compute only this far, then fork the other samples
-    block_table: list[int] = field(default_factory=list)  # memsvc's, from its grants' changes
     finish_reason: str | None = None
     error: str | None = None
     # prompt logprobs (sampling.prompt_logprobs) of prompt positions 1.. so far; None: not asked
@@ -70,7 +69,7 @@ class Sequence:
         return dataclasses.replace(
             self, seq_id=seq_id, index=index, prompt_token_ids=self.prompt_token_ids,
             output_token_ids=list(self.output_token_ids), status=SeqStatus.RUNNING, num_preemptions=0,
-            fork_at=None, block_table=list(self.block_table),
+            fork_at=None,
         )
 
     @property

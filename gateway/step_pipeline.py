@@ -21,9 +21,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
+from wire.pending_token import PENDING
 from wire.protocol import SampleOutput
 from wire.step_delta import StepDelta
-from wire.step_feed import FED
 
 
 class Later:
@@ -150,17 +150,15 @@ class StepPipeline:
 
     @staticmethod
     def patch(step: InFlight) -> None:
-        """Put the tokens the step before sampled in place of FED (a sequence
+        """Put the tokens the step before sampled in place of PENDING (a sequence
         gone meanwhile gets any token: its output is dropped)."""
         batch = step.batch
-        batch.seqs, batch.run = batch.all_seqs(), None
-        for s in batch.seqs:
-            seq = s.seq
-            if not s.token_ids or s.token_ids[0] != FED or seq is None:
-                continue
-            p, plen = s.start_pos, len(seq.prompt_token_ids)
-            out = seq.output_token_ids
-            s.token_ids = [out[p - plen] if 0 <= p - plen < len(out) else 0]
+        tokens, at = batch.token_ids, 0
+        for seq, p, n in zip(batch.seqs, batch.start_pos, batch.num_tokens):
+            if tokens[at] == PENDING:
+                plen, out = len(seq.prompt_token_ids), seq.output_token_ids
+                tokens[at] = out[p - plen] if 0 <= p - plen < len(out) else 0
+            at += n
 
     def close(self) -> None:
         if self._pool is not None:

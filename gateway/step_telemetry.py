@@ -32,9 +32,8 @@ def _unknown(seq_id: str) -> str | None:
 def blocks_allocated(result: ReserveResult, block_size: int) -> int:
     """Blocks the grants' new tokens start (a new sequence's cached blocks excluded)."""
     n = 0
-    for g in result.all_grants():
-        before = -(-g.start_pos // block_size)
-        n += -(-(g.start_pos + g.num_tokens) // block_size) - before
+    for start, k in zip(result.grants.start_pos, result.grants.num_tokens):
+        n += -(-(start + k) // block_size) - -(-start // block_size)
     return n
 
 
@@ -62,7 +61,7 @@ class ObservedMemory(MemoryClient):
         """The Reserve `send` puts on its way, in its span from now until its answer is read."""
         self.step += 1
         request_of = self.request_of
-        parent, links = self.telemetry.step_context(request_of(e.seq_id) for e in plan.entries)
+        parent, links = self.telemetry.step_context(map(request_of, plan.seq_ids()))
         span = tracer().start_span("pagedserve.v1.MemoryManager/Reserve", context=parent,
                                    kind=SpanKind.CLIENT, links=links)
         answer = _sent_in(span, send)
@@ -72,15 +71,16 @@ class ObservedMemory(MemoryClient):
                 result = answer()
                 modes = [p.mode for p in result.preempted]
                 if span.is_recording():  # the attributes cost a pass over the step: only when kept
-                    grants = result.all_grants()
+                    grants = result.grants
                     span.set_attributes({
-                        "pagedserve.step": self.step, "pagedserve.plan.sequences": len(plan.entries),
-                        "pagedserve.plan.new_sequences": sum(1 for e in plan.entries if e.new),
+                        "pagedserve.step": self.step,
+                        "pagedserve.plan.sequences": len(plan.run_ids) + len(plan.entries),
+                        "pagedserve.plan.new_sequences": len(plan.entries),
                         "pagedserve.plan.freed": len(plan.free),
                         "pagedserve.granted_sequences": len(grants),
-                        "pagedserve.granted_tokens": sum(g.num_tokens for g in grants),
+                        "pagedserve.granted_tokens": sum(grants.num_tokens),
                         "pagedserve.blocks_allocated": blocks_allocated(result, self.block_size),
-                        "pagedserve.cached_tokens": sum(g.num_cached_tokens for g in grants),
+                        "pagedserve.cached_tokens": sum(grants.num_cached),
                         "pagedserve.preemptions": len(modes),
                         "pagedserve.preemptions.swap": modes.count("swap"),
                         "pagedserve.preemptions.recompute": modes.count("recompute"),
@@ -89,8 +89,7 @@ class ObservedMemory(MemoryClient):
                     })
             for mode in modes:
                 self.telemetry.metrics.preemptions.labels(mode).inc()
-            if result.run is None:  # a run's sequences were all scheduled before
-                self.telemetry.scheduled((request_of(g.seq_id) for g in result.grants), time.monotonic())
+            self.telemetry.scheduled(map(request_of, result.grants.seq_ids), time.monotonic())
             return result
         return result
 
@@ -128,17 +127,19 @@ class ObservedExecutor(ExecutorClient):
         """The Execute `send` puts on its way, in its span from now until its answer is read."""
         request_of = self.memory.request_of
         delta = isinstance(batch, StepDelta)  # else a StepBatch: an in-process executor's
-        ids = batch.seq_ids() if delta else [s.seq_id for s in batch.seqs]
+        ids = batch.seq_ids if delta else [s.seq_id for s in batch.seqs]
         parent, links = self.telemetry.step_context(map(request_of, ids))
         start = time.perf_counter()
         span = tracer().start_span("pagedserve.v1.Executor/Execute", context=parent,
                                    kind=SpanKind.CLIENT, links=links)
         if span.is_recording():
-            seqs = batch.all_seqs() if delta else batch.seqs
+            if delta:
+                tokens, sampled = len(batch.token_ids), sum(batch.sample)
+            else:
+                tokens, sampled = sum(len(s.token_ids) for s in batch.seqs), sum(s.sample for s in batch.seqs)
             span.set_attributes({
-                "pagedserve.step": self.memory.step, "pagedserve.batch.sequences": len(seqs),
-                "pagedserve.batch.tokens": sum(len(s.token_ids) for s in seqs),
-                "pagedserve.batch.sampled": sum(1 for s in seqs if s.sample)})
+                "pagedserve.step": self.memory.step, "pagedserve.batch.sequences": len(ids),
+                "pagedserve.batch.tokens": tokens, "pagedserve.batch.sampled": sampled})
         answer = _sent_in(span, send)
 
         def result() -> list[SampleOutput]:

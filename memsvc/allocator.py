@@ -13,9 +13,7 @@ from memsvc.accounting import PoolSnapshot
 from memsvc.admission import Admission
 from memsvc.block_pool import NoFreeBlocks
 
-__all__ = ["PENDING", "POLICIES", "AppendResult", "Growth", "KVAllocator", "NoFreeBlocks"]
-
-PENDING = -1  # in `append`: a token whose id is not known yet (a plan made ahead); `fill` names it
+__all__ = ["POLICIES", "AppendResult", "Growth", "KVAllocator", "NoFreeBlocks"]
 
 POLICIES: tuple[str, ...] = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 

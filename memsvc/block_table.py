@@ -18,7 +18,8 @@ class BlockTable:
 
     `block_keys[i]` is the chained prefix-cache key of full block i (kept only with prefix
     caching); `tail_tokens` are the tokens after the last keyed block, waiting for their
-    block to fill, or for the id of a pending token (-1, memsvc.allocator.PENDING) in it. While swapped out, `blocks` is empty and `host_blocks` holds the copies.
+    block to fill, or for the id of a pending token (wire.pending_token.PENDING) in it.
+    While swapped out, `blocks` is empty and `host_blocks` holds the copies.
 
     `written`: how many leading blocks are known to hold their K/V (their keys were
     confirmed, memsvc.unwritten_keys); only those are keyed again after a swap-in.
@@ -110,7 +111,7 @@ class BlockTable:
             num_tokens=self.num_tokens,
             block_keys=list(self.block_keys),
             tail_tokens=list(self.tail_tokens),
-            synced=self.synced,  # the gateway copies the parent's table for the child
+            synced=0,  # the child's first grant carries its whole table (the gateway holds none)
             released=self.released,
             written=self.written,
         )

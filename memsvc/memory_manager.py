@@ -57,12 +57,26 @@ from memsvc.preemption_policy import PreemptionPolicy
 from memsvc.sessions import Sessions
 from memsvc.step_planner import StepPlanner, check_plan
 from memsvc.step_stamps import StepStamps
-from wire.protocol import KVGeometry, Plan, PoolStats, Preemption, ReserveResult, RunGrants
+from wire.protocol import KVGeometry, Plan, PoolStats, Preemption, ReserveResult
 
 
 HOST_TIER_FIELDS = ("host_tier_blocks", "host_tier_blocks_used", "host_tier_lookups", "host_tier_hits",
                     "host_tier_hit_rate", "host_tier_offloaded", "host_tier_restored",
                     "host_tier_dropped", "host_tier_evicted", "host_tier_tokens_restored")
+
+
+def _without(plan: Plan, gone: set[str]) -> Plan:
+    """`plan` less the running sequences in `gone`."""
+    ids, counts, tokens = [], [], []
+    at = 0
+    for seq_id, n in zip(plan.run_ids, plan.run_counts):
+        if seq_id not in gone:
+            ids.append(seq_id)
+            counts.append(n)
+            tokens += plan.run_tokens[at:at + n]
+        at += n
+    return Plan(plan.entries, plan.free, plan.step_tokens, plan.step_seconds,
+                run_ids=ids, run_counts=counts, run_tokens=tokens)
 
 
 class MemoryManager:
@@ -233,15 +247,13 @@ class MemoryManager:
                         self.sessions.own(session_id, child)
             plan.forks = []
         if session_id:
-            entries = plan.entries
             has = self.allocator.has_sequence
-            lost = [] if plan.ahead else [e for e in entries if not e.new and not has(e.seq_id)]
+            lost = [] if plan.ahead else [s for s in plan.run_ids if not has(s)]
             if lost:  # (a plan made ahead that names them is deferred instead)
-                plan = Plan([e for e in entries if e.new or has(e.seq_id)], plan.free,
-                            plan.step_tokens, plan.step_seconds)
-            held_back = [e.seq_id for e in plan.entries if e.new] if over_share(self, session_id) else []
+                plan = _without(plan, set(lost))
+            held_back = [e.seq_id for e in plan.entries] if plan.entries and over_share(self, session_id) else []
             if held_back:  # this session holds its share of a shared pool: no new sequence now
-                plan.entries = [e for e in plan.entries if not e.new]
+                plan.entries = []
         self.policy.costs.observe_step(plan.step_tokens, plan.step_seconds)
         reservation = planner.reserve(plan)
         self._copy(reservation.copies)
@@ -249,49 +261,13 @@ class MemoryManager:
         result.pool_epoch = self.pool_epoch
         if self.ranks > len(self.pools):
             result.block_copies = held_copies(reservation.copies)
-        result.preempted[:0] = [Preemption(e.seq_id, "recompute") for e in lost]
+        result.preempted[:0] = [Preemption(s, "recompute") for s in lost]
         if session_id:
             result.waiting.extend(held_back)
         self.num_preemptions += len(reservation.result.preempted)
         if session_id:
-            plan.entries.extend(lost)
-            self.sessions.leave(session_id, plan, result, self.allocator.has_sequence, back)
+            self.sessions.leave(session_id, plan, lost, result, self.allocator.has_sequence, back)
         return result
-
-    def reserve_running(self, session_id: str, seq_ids: list[str], counts: list[int],
-                        token_ids: list[int], pending: list[int], free: list[str],
-                        fills: list[tuple[str, int, int]], step_tokens: int = 0,
-                        step_seconds: float = 0.0, written: int = 0, void: bool = False,
-                        failed: list[str] = ()) -> tuple[RunGrants | None, int]:
-        """`reserve` of a plan made ahead by a session whose entries are all running (no new
-        one, no fork), in columns (StepPlanner.reserve_running): the same grants, frees,
-        fills and copies, without an object per sequence, and the Reserve's stamp. None:
-        deferred."""
-        planner = self._planner()
-        stamp = self._begin_act(session_id, written, void, failed)
-        try:
-            grants = self._reserve_running(planner, session_id, seq_ids, counts, token_ids, pending,
-                                           free, fills, step_tokens, step_seconds)
-        except BaseException:
-            self.allocator.drop_unwritten([stamp])
-            raise
-        if grants is not None:
-            grants.stamp = stamp
-        return grants, stamp
-
-    def _reserve_running(self, planner, session_id, seq_ids, counts, token_ids, pending, free, fills,
-                         step_tokens, step_seconds) -> RunGrants | None:
-        self._begin_offload(session_id, True)
-        internal = self.sessions.internal
-        free = [internal(session_id, s) for s in free]
-        self._fill([(internal(session_id, s), pos, t) for s, pos, t in fills])
-        self.policy.costs.observe_step(step_tokens, step_seconds)
-        grants = planner.reserve_running(free, [internal(session_id, s) for s in seq_ids], counts,
-                                         token_ids, pending)
-        if grants is not None:
-            self._copy(grants.copies)  # offloads only: a copy-on-write defers the plan
-        self.sessions.touch(session_id).seqs.difference_update(free)
-        return grants
 
     def _begin_act(self, session_id: str, written: int, void: bool, failed: list[str]) -> int:
         """Settle what the session says of its earlier steps, then stamp this Reserve."""
@@ -361,6 +337,17 @@ class MemoryManager:
                 self.sessions.disown(session_id, seq_id)
             if self.allocator is not None and self.allocator.has_sequence(seq_id):
                 self.allocator.free(seq_id)
+
+    def tables(self, seq_ids: list[str], session_id: str = "") -> list[list[int]]:
+        """Each sequence's whole block table ([] for one memsvc does not hold): what an
+        executor that lost its state is sent again (wire.step_delta.encode_delta)."""
+        alloc = self._planner().allocator
+        out = []
+        for seq_id in seq_ids:
+            if session_id:
+                seq_id = self.sessions.internal(session_id, seq_id)
+            out.append(alloc.block_table(seq_id) if alloc.has_sequence(seq_id) else [])
+        return out
 
     def fork(self, parent_id: str, child_id: str, session_id: str = "") -> None:
         self._planner()

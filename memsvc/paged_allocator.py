@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from memsvc.accounting import PoolSnapshot, paged_snapshot
 from memsvc.admission import Admission, check_request, paged_admission
-from memsvc.allocator import PENDING, AppendResult, Growth, KVAllocator
+from memsvc.allocator import AppendResult, Growth, KVAllocator
 from memsvc.block_pool import Block, BlockPool, IntegrityError, NoFreeBlocks
 from memsvc.block_table import BlockTable, blocks_for
 from memsvc.host_tier import HostEntry, HostTier
@@ -30,6 +30,7 @@ from memsvc.prefix_cache import PrefixCacheStats, block_key, cacheable_blocks
 from memsvc.prefix_offload import PrefixOffload
 from memsvc.swap_space import SwapSpace
 from memsvc.unwritten_keys import UnwrittenKeys
+from wire.pending_token import PENDING
 
 
 class PagedAllocator(KVAllocator):

@@ -8,7 +8,7 @@ Service contract:
   FAILED_PRECONDITION. A tensor-parallel group lists its ranks' devices (`rank_devices`):
   memsvc holds one pool per rank (memsvc.kv_pool.rank_geometry) and answers each rank's
   segment in `rank_shm_names`, each rank mapping only its own (CPU ranks only so far).
-- Reserve/Free/Fork need a `session_id` (one per gateway process): sequence ids are
+- Reserve/Free/Fork/Tables need a `session_id` (one per gateway process): sequence ids are
   scoped to it, and each call renews its lease. A session silent for longer than the lease
   loses its sequences (an empty Reserve is a heartbeat). A running sequence memsvc no
   longer holds comes back in `preempted` with mode "recompute".
@@ -137,28 +137,18 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
 
     def Reserve(self, request, context):
         session = _session(request, context)
-        columns = self._call(context, convert.running_columns, request)
-        if columns is not None:  # the usual plan made ahead: in columns, no object per sequence
-            seq_ids, counts, _, pending = columns[:4]
-            grants, stamp = self._reserve(context, self.manager.reserve_running, session, *columns)
+        plan = self._call(context, convert.plan_from_proto, request)
+        result = self._reserve(context, self.manager.reserve, plan, session)
 
-            def attributes():
-                return {"pagedserve.deferred": grants is None,
-                        "pagedserve.granted_sequences": 0 if grants is None else len(seq_ids)}
-            response = convert.run_grants_to_proto(seq_ids, counts, pending, grants, stamp)
-            response.pool_epoch = self.manager.pool_epoch
-        else:
-            plan = self._call(context, convert.plan_from_proto, request)
-            result = self._reserve(context, self.manager.reserve, plan, session)
-
-            def attributes():  # a pass over the step: only when the span is kept
-                modes = [p.mode for p in result.preempted]
-                return {"pagedserve.granted_sequences": len(result.grants),
-                        "pagedserve.granted_tokens": sum(g.num_tokens for g in result.grants),
-                        "pagedserve.cached_tokens": sum(g.num_cached_tokens for g in result.grants),
-                        "pagedserve.preemptions.swap": modes.count("swap"),
-                        "pagedserve.preemptions.recompute": modes.count("recompute")}
-            response = convert.reserve_result_to_proto(result)
+        def attributes():  # a pass over the step: only when the span is kept
+            grants, modes = result.grants, [p.mode for p in result.preempted]
+            return {"pagedserve.deferred": result.deferred,
+                    "pagedserve.granted_sequences": len(grants),
+                    "pagedserve.granted_tokens": sum(grants.num_tokens),
+                    "pagedserve.cached_tokens": sum(grants.num_cached),
+                    "pagedserve.preemptions.swap": modes.count("swap"),
+                    "pagedserve.preemptions.recompute": modes.count("recompute")}
+        response = convert.reserve_result_to_proto(result)
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attributes({"pagedserve.session": session, **attributes(),
@@ -189,6 +179,13 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
             self._registered(context)
             self._call(context, self.manager.fork, request.parent_id, request.child_id, session)
         return memory_pb2.ForkResponse()
+
+    def Tables(self, request, context):
+        session = _session(request, context)
+        with self.lock:
+            self._registered(context)
+            tables = self._call(context, self.manager.tables, list(request.seq_ids), session)
+        return memory_pb2.TablesResponse(num_blocks=[len(t) for t in tables], blocks=[b for t in tables for b in t])
 
     def Stats(self, request, context):
         with self.lock:

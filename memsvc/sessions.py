@@ -47,31 +47,41 @@ class Sessions:
     def enter(self, session_id: str, plan: Plan) -> dict[str, str]:
         """Rewrite the plan's sequence ids in place into the session's namespace; return the
         way back for `leave`: internal key -> the session's sequence id."""
+        internal = self.internal
         back = {}
         for entry in plan.entries:
-            key = self.internal(session_id, entry.seq_id)
+            key = internal(session_id, entry.seq_id)
             back[key] = entry.seq_id
             entry.seq_id = key
-        plan.free = [self.internal(session_id, s) for s in plan.free]
-        plan.forks = [(self.internal(session_id, p), self.internal(session_id, c)) for p, c in plan.forks]
-        plan.fills = [(self.internal(session_id, s), pos, t) for s, pos, t in plan.fills]
+        prefix = internal(session_id, "")
+        keys = [prefix + s for s in plan.run_ids]
+        back.update(zip(keys, plan.run_ids))
+        plan.run_ids = keys
+        plan.free = [internal(session_id, s) for s in plan.free]
+        plan.forks = [(internal(session_id, p), internal(session_id, c)) for p, c in plan.forks]
+        plan.fills = [(internal(session_id, s), pos, t) for s, pos, t in plan.fills]
         return back
 
-    def leave(self, session_id: str, plan: Plan, result: ReserveResult, alive,
+    def leave(self, session_id: str, plan: Plan, lost: list[str], result: ReserveResult, alive,
               back: dict[str, str]) -> None:
-        """Record what the session owns after a reserve and map the result's ids back
-        through `back` (what `enter` returned for this plan).
+        """Record what the session owns after a reserve (`lost`: running sequences memsvc no
+        longer held) and map the result's ids back through `back` (what `enter` returned
+        for this plan).
 
         `alive(internal_id)` says whether memsvc still holds the sequence.
         """
-        session = self.touch(session_id)
-        session.seqs.difference_update(plan.free)
-        for entry in plan.entries:
+        seqs = self.touch(session_id).seqs
+        seqs.difference_update(plan.free)
+        seqs.difference_update(lost)
+        seqs.difference_update(p.seq_id for p in result.preempted if not alive(p.seq_id))
+        for entry in plan.entries:  # (a running sequence is the session's already)
             if alive(entry.seq_id):
-                session.seqs.add(entry.seq_id)
+                seqs.add(entry.seq_id)
             else:
-                session.seqs.discard(entry.seq_id)
-        for item in (*result.grants, *result.preempted, *result.rejected):
+                seqs.discard(entry.seq_id)
+        grants = result.grants
+        grants.seq_ids = list(map(back.__getitem__, grants.seq_ids))
+        for item in (*result.preempted, *result.rejected):
             item.seq_id = back[item.seq_id]
         result.waiting = [back[s] for s in result.waiting]
         result.resumed = [back[s] for s in result.resumed]

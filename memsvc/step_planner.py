@@ -3,21 +3,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memsvc.allocator import PENDING, Growth, KVAllocator, NoFreeBlocks
+from memsvc.allocator import KVAllocator, NoFreeBlocks
 from memsvc.block_table import blocks_for
 from memsvc.preemption_policy import PreemptionPolicy
-from wire.protocol import Grant, Plan, PlanEntry, Preemption, Rejection, ReserveResult, RunGrants
+from wire.pending_token import PENDING
+from wire.protocol import Plan, PlanEntry, Preemption, Rejection, ReserveResult
 
 # pool -> pool, pool -> swap space, swap space -> pool, pool -> host tier, host tier -> pool
 COPY_KINDS = ("cow", "out", "in", "offload", "restore")
 
 
 def check_plan(plan: Plan) -> None:
-    """ValueError for what a plan made ahead may not do (fork) and pending tokens elsewhere."""
+    """ValueError for what a plan made ahead may not do (fork), PENDING tokens elsewhere, and
+    running columns that do not agree."""
     if plan.ahead and plan.forks:
         raise ValueError("a plan made ahead cannot fork: send its forks once the step is done")
-    if any(e.pending and (e.new or not plan.ahead) for e in plan.entries):
-        raise ValueError("only running entries of a plan made ahead may have a pending token")
+    if len(plan.run_counts) != len(plan.run_ids) or sum(plan.run_counts) != len(plan.run_tokens):
+        raise ValueError("run_ids, run_counts and run_tokens do not agree")
+    if (not plan.ahead and PENDING in plan.run_tokens) or any(PENDING in e.token_ids for e in plan.entries):
+        raise ValueError("only running sequences of a plan made ahead may have a pending token "
+                         "(wire.pending_token.PENDING)")
 
 
 @dataclass
@@ -70,39 +75,57 @@ class StepPlanner:
         for parent, child in plan.forks:
             alloc.fork(parent, child)
         self.free(plan.free)
-        out = Reservation(ReserveResult(grants=[]))
-        if plan.ahead and not self._fits_ahead(plan.entries):
+        out = Reservation(ReserveResult())
+        ids, counts = plan.run_ids, plan.run_counts
+        if plan.ahead and not self._fits_as_is(zip(ids, counts)):
             out.result.deferred = True
             return out
         preempted: set[str] = set()
         admitting = True
-        entries = plan.entries
-        for i, entry in enumerate(entries):
-            if entry.seq_id in preempted:
+        grants, copies = out.result.grants, out.copies
+        grow, take_copies = alloc.grow_if_fits, alloc.take_copies
+        tier = getattr(alloc, "offload", None) is not None  # only a host tier's copies come unasked
+        granted, starts, granted_n = grants.seq_ids, grants.start_pos, grants.num_tokens
+        table_starts, num_new, new_blocks, cached = (grants.table_start, grants.num_new_blocks,
+                                                     grants.new_blocks, grants.num_cached)
+        tokens, at = plan.run_tokens, 0
+        for i, seq_id in enumerate(ids):
+            n = counts[i]
+            new_tokens = tokens[at:at + n]
+            at += n
+            if seq_id in preempted:
                 continue
-            if entry.new:
-                if admitting and not self._admit(entry, out):
-                    admitting = False
-                elif not admitting:
-                    out.result.waiting.append(entry.seq_id)
-                continue
-            tokens = entry.token_ids + [PENDING] * entry.pending
-            grown = alloc.grow_if_fits(entry.seq_id, tokens)
-            out.copies.extend(alloc.take_copies())
+            grown = grow(seq_id, new_tokens)
+            if tier:
+                copies += take_copies()
             if grown is None:  # swapped out, or short of blocks
-                if self._swapped(entry.seq_id):
-                    admitting = admitting and self._resume(entry, out)
+                if self._swapped(seq_id):
+                    admitting = admitting and self._resume(seq_id, new_tokens, out)
                     continue
-                while not alloc.can_append(entry.seq_id, len(tokens)):
-                    victim = self._pick_victim(entries, i, preempted)
+                while not alloc.can_append(seq_id, n):
+                    victim = self._pick_victim(ids, i, preempted)
                     self._preempt(victim, out, preempted)
-                    if victim == entry.seq_id:
+                    if victim == seq_id:
                         break
-                if entry.seq_id in preempted:
+                if seq_id in preempted:
                     continue
-                grown = alloc.grow_if_fits(entry.seq_id, tokens)
-                out.copies.extend(alloc.take_copies())
-            self._add_grant(entry, len(tokens), grown, 0, out)
+                grown = grow(seq_id, new_tokens)
+                copies += take_copies()
+            start, cow, table_start, blocks = grown
+            if cow:
+                copies.extend(("cow", src, dst) for src, dst in cow)
+            granted.append(seq_id)  # (Grants.add, inline: this loop runs for every sequence)
+            starts.append(start)
+            granted_n.append(n)
+            table_starts.append(table_start)
+            num_new.append(len(blocks))
+            new_blocks += blocks
+            cached.append(0)
+        for entry in plan.entries:
+            if admitting:
+                admitting = self._admit(entry, out)
+            else:
+                out.result.waiting.append(entry.seq_id)
         return out
 
     def free(self, seq_ids: list[str]) -> None:
@@ -111,38 +134,6 @@ class StepPlanner:
         for seq_id in seq_ids:
             if alloc.has_sequence(seq_id):
                 alloc.free(seq_id)
-
-    def reserve_running(self, free: list[str], seq_ids: list[str], counts: list[int],
-                        token_ids: list[int], pending: list[int]) -> RunGrants | None:
-        """What `reserve` grants a plan made ahead whose entries are all running, in columns:
-        `free` first, then sequence i computes `counts[i]` tokens of `token_ids` and, where
-        `pending[i]`, one more. None: deferred (nothing changed but the frees)."""
-        alloc = self.allocator
-        self.free(free)
-        if not self._fits_as_is((s, n + p) for s, n, p in zip(seq_ids, counts, pending)):
-            return None
-        out, grow, at = RunGrants(), alloc.grow_if_fits, 0
-        starts, table_starts, num_new, new_blocks = out.start_pos, out.table_start, out.num_new_blocks, out.new_blocks
-        for seq_id, n, p in zip(seq_ids, counts, pending):
-            tokens = token_ids[at:at + n]
-            at += n
-            if p:
-                tokens.append(PENDING)
-            start, _, table_start, blocks = grow(seq_id, tokens)  # fits, without a copy: checked
-            starts.append(start)
-            table_starts.append(table_start)
-            num_new.append(len(blocks))
-            new_blocks.extend(blocks)
-        out.copies = alloc.take_copies()
-        return out
-
-    def _fits_ahead(self, entries: list[PlanEntry]) -> bool:
-        """Every running entry of a plan made ahead fits as it is (`_fits_as_is`); new
-        entries only after them."""
-        k = next((i for i, e in enumerate(entries) if e.new), len(entries))
-        if not all(e.new for e in entries[k:]):
-            return False
-        return self._fits_as_is((e.seq_id, len(e.token_ids) + e.pending) for e in entries[:k])
 
     def _fits_as_is(self, growths) -> bool:
         """Each (seq_id, new tokens) grows with no copy: held, not swapped out, no
@@ -194,42 +185,38 @@ class StepPlanner:
             alloc.free(entry.seq_id)
             out.result.waiting.append(entry.seq_id)
             return False
-        self._grant(entry, cached, chunk, cached, out)
+        self._grant(entry.seq_id, cached, chunk, cached, out)
         return True
 
-    def _resume(self, entry: PlanEntry, out: Reservation) -> bool:
+    def _resume(self, seq_id: str, tokens: list[int], out: Reservation) -> bool:
         """Swap a sequence back in and grant its tokens; False (nothing changed) if no room."""
         alloc = self.allocator
-        start = alloc.num_tokens(entry.seq_id)
-        if not self._room(blocks_for(start + len(entry.token_ids), alloc.block_size)):
+        start = alloc.num_tokens(seq_id)
+        if not self._room(blocks_for(start + len(tokens), alloc.block_size)):
             return False
-        pairs = alloc.swap_in(entry.seq_id)
+        pairs = alloc.swap_in(seq_id)
         out.copies.extend(alloc.take_copies())  # offloads of blocks the swap-in evicted first
         out.copies.extend(("in", src, dst) for src, dst in pairs)
         self.counts.swapped_in += 1
-        out.result.resumed.append(entry.seq_id)
-        self._grant(entry, start, entry.token_ids, 0, out)
+        out.result.resumed.append(seq_id)
+        self._grant(seq_id, start, tokens, 0, out)
         return True
 
-    def _grant(self, entry: PlanEntry, start: int, tokens: list[int], cached: int, out: Reservation) -> None:
-        copies = self.allocator.grow(entry.seq_id, tokens)
-        out.copies.extend(self.allocator.take_copies())
-        self._add_grant(entry, len(tokens), (start, copies, *self.allocator.table_changes(entry.seq_id)),
-                        cached, out)
+    def _grant(self, seq_id: str, start: int, tokens: list[int], cached: int, out: Reservation) -> None:
+        alloc = self.allocator
+        cow = alloc.grow(seq_id, tokens)
+        out.copies.extend(alloc.take_copies())
+        if cow:
+            out.copies.extend(("cow", src, dst) for src, dst in cow)
+        out.result.grants.add(seq_id, start, len(tokens), *alloc.table_changes(seq_id), cached)
 
-    @staticmethod
-    def _add_grant(entry: PlanEntry, num_tokens: int, grown: Growth, cached: int, out: Reservation) -> None:
-        """Record a growth of `num_tokens` as a Grant, and its copies."""
-        start, copies, table_start, new_blocks = grown
-        if copies:
-            out.copies.extend(("cow", src, dst) for src, dst in copies)
-        out.result.grants.append(Grant(entry.seq_id, start, num_tokens, table_start, new_blocks, cached))
-
-    def _pick_victim(self, entries: list[PlanEntry], current: int, preempted: set[str]) -> str:
-        for entry in reversed(entries[current + 1 :]):
-            if not entry.new and entry.seq_id not in preempted and not self._swapped(entry.seq_id):
-                return entry.seq_id
-        return entries[current].seq_id
+    def _pick_victim(self, ids: list[str], current: int, preempted: set[str]) -> str:
+        """The running sequence latest in the plan after `current`, not preempted nor
+        swapped out; else the one at `current`."""
+        for seq_id in reversed(ids[current + 1:]):
+            if seq_id not in preempted and not self._swapped(seq_id):
+                return seq_id
+        return ids[current]
 
     def _preempt(self, seq_id: str, out: Reservation, preempted: set[str]) -> None:
         alloc = self.allocator

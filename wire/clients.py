@@ -27,13 +27,14 @@ class MemoryClient(Protocol):
     """memsvc: owns the KV pool and decides which sequence gets which slots."""
 
     def reserve(self, plan: Plan) -> ReserveResult:
-        """Fork `plan.forks` (parent, child) and free `plan.free`, then grant slots to
-        `plan.entries` in order (priority order). A grant carries the change to the
-        sequence's block table since its last grant (`table_start`, `new_blocks`).
+        """Fork `plan.forks` (parent, child) and free `plan.free`, then grant slots to the
+        plan's running sequences (`run_ids`) and its new `entries`, in that order (priority
+        order). The grants come in columns (wire.protocol.Grants), each carrying the change
+        to its sequence's block table since its last grant (`table_start`, `new_blocks`).
 
         Every running entry is granted, preempted (mode "swap" or "recompute") or, when
         memsvc no longer holds it, reported preempted for recompute; a new entry is granted
-        (its cached prompt prefix in `num_cached_tokens`), left `waiting` or `rejected`
+        (its cached prompt prefix in `num_cached`), left `waiting` or `rejected`
         (it can never fit); swapped-out entries brought back are `resumed`. Block copies
         are done before it returns. `pool_epoch` names the pool the grants are in: the
         caller puts it in the StepBatch it executes.
@@ -42,6 +43,12 @@ class MemoryClient(Protocol):
 
     def free(self, seq_ids: list[str]) -> None:
         """Release the sequences' blocks now; unknown ids are ignored."""
+        ...
+
+    def tables(self, seq_ids: list[str]) -> list[list[int]]:
+        """Each sequence's whole block table ([] where memsvc does not hold it): memsvc
+        holds the tables of record; the gateway asks when an executor must get a state
+        again (wire.step_delta.encode_delta)."""
         ...
 
     def fork(self, parent_id: str, child_id: str) -> None:
@@ -68,7 +75,7 @@ class ExecutorClient(Protocol):
         return for its step: SeqStep.reports), in step order. A step whose `pool_epoch`
         names a pool other than the executor's is refused (ABORTED across processes): its
         reservation is gone. `step.forget` names sequences finished or preempted since
-        the last step: their state is dropped. A token FED is the one the executor
+        the last step: their state is dropped. A token PENDING is the one the executor
         sampled for the sequence last step, and `step.step` orders one caller's steps
         (wire.step_feed). Only an executor with `feeds_itself` (the gRPC client) takes
         StepDelta as it is; the batching loop runs any other (an executor object in

@@ -12,7 +12,7 @@ the default for max_tokens and n; unset optional fields mean their defaults).
 from __future__ import annotations
 
 from wire.protocol import (
-    Grant,
+    Grants,
     KVGeometry,
     ModelInfo,
     Plan,
@@ -22,7 +22,6 @@ from wire.protocol import (
     PromptLogprob,
     Rejection,
     ReserveResult,
-    RunGrants,
     SampleOutput,
     SamplingParams,
     SeqStep,
@@ -115,95 +114,46 @@ def model_info_from_proto(m: executor_pb2.ModelInfoResponse, tokenizer_dir: str 
 
 
 def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest:
-    entries = plan.entries
-    k = next((i for i, e in enumerate(entries) if e.new), len(entries))  # the leading running ones
-    running = entries[:k]
-    PE = memory_pb2.PlanEntry
-    rest = [PE(seq_id=e.seq_id, token_ids=e.token_ids, new=e.new, max_len=e.max_len,
-               max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt,
-               skip_prefix_cache=e.skip_prefix_cache, pending=e.pending)
-            for e in entries[k:]]
+    fills = plan.fills
     return memory_pb2.ReserveRequest(
-        session_id=session_id, entries=rest, free=plan.free,
-        step_tokens=plan.step_tokens, step_seconds=plan.step_seconds,
+        session_id=session_id, free=plan.free, step_tokens=plan.step_tokens, step_seconds=plan.step_seconds,
         fork_parents=[p for p, _ in plan.forks], fork_children=[c for _, c in plan.forks],
-        ahead=plan.ahead, fill_seq_ids=[f[0] for f in plan.fills],
-        fill_positions=[f[1] for f in plan.fills], fill_token_ids=[f[2] for f in plan.fills],
-        run_seq_ids=[e.seq_id for e in running], run_num_tokens=[len(e.token_ids) for e in running],
-        run_token_ids=[t for e in running for t in e.token_ids],
-        run_pending=[e.pending for e in running] if any(e.pending for e in running) else [],
+        ahead=plan.ahead, fill_seq_ids=[f[0] for f in fills], fill_positions=[f[1] for f in fills],
+        fill_token_ids=[f[2] for f in fills],
+        run_seq_ids=plan.run_ids, run_num_tokens=plan.run_counts, run_token_ids=plan.run_tokens,
+        entries=[memory_pb2.PlanEntry(seq_id=e.seq_id, token_ids=e.token_ids, max_len=e.max_len,
+                                      max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt,
+                                      skip_prefix_cache=e.skip_prefix_cache) for e in plan.entries],
         written=plan.written, void=plan.void, failed=plan.failed,
     )
 
 
 def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
     """ValueError where the packed arrays do not agree in length."""
-    ids, counts, flat, pending = m.run_seq_ids, m.run_num_tokens, list(m.run_token_ids), list(m.run_pending)
-    if len(counts) != len(ids) or sum(counts) != len(flat) or pending and len(pending) != len(ids):
-        raise ValueError("run_seq_ids, run_num_tokens, run_pending and run_token_ids do not agree")
+    ids, counts, tokens = list(m.run_seq_ids), list(m.run_num_tokens), list(m.run_token_ids)
+    if len(counts) != len(ids) or sum(counts) != len(tokens):
+        raise ValueError("run_seq_ids, run_num_tokens and run_token_ids do not agree")
     if not len(m.fill_seq_ids) == len(m.fill_positions) == len(m.fill_token_ids):
         raise ValueError("fill_seq_ids, fill_positions and fill_token_ids must have the same length")
     if len(m.fork_parents) != len(m.fork_children):
         raise ValueError("fork_parents and fork_children must have the same length")
-    entries, at = [], 0
-    for i, (seq_id, n) in enumerate(zip(ids, counts)):
-        entries.append(PlanEntry(seq_id, flat[at:at + n], False, 0, pending=bool(pending) and pending[i]))
-        at += n
-    entries += [PlanEntry(seq_id=e.seq_id, token_ids=list(e.token_ids), new=e.new, max_len=e.max_len,
-                          max_new_tokens=e.max_new_tokens,
-                          final_len=e.final_len if e.HasField("final_len") else None,
-                          salt=e.salt if e.HasField("salt") else None,
-                          skip_prefix_cache=e.skip_prefix_cache, pending=e.pending)
-                for e in m.entries]
+    entries = [PlanEntry(e.seq_id, list(e.token_ids), True, e.max_len, e.max_new_tokens,
+                         e.final_len if e.HasField("final_len") else None,
+                         e.salt if e.HasField("salt") else None, e.skip_prefix_cache)
+               for e in m.entries]
     return Plan(entries=entries, free=list(m.free), step_tokens=m.step_tokens,
                 step_seconds=m.step_seconds, forks=list(zip(m.fork_parents, m.fork_children)),
                 ahead=m.ahead, fills=list(zip(m.fill_seq_ids, m.fill_positions, m.fill_token_ids)),
-                written=m.written, void=m.void, failed=list(m.failed))
-
-
-def answered_in_columns(plan: Plan) -> bool:
-    """memsvc answers `plan` in columns (`running_columns`): the gateway may read the answer
-    so (`reserve_result_from_proto(..., columns=True)`)."""
-    return plan.ahead and not plan.forks and not any(e.new for e in plan.entries)
-
-
-def running_columns(m: memory_pb2.ReserveRequest) -> tuple | None:
-    """A plan made ahead whose entries are all running (no new one, no fork), as columns:
-    (seq_ids, counts, token_ids, pending, free, fills, step_tokens, step_seconds, written,
-    void, failed); None for any other plan. ValueError where the packed arrays do not agree in length."""
-    if not m.ahead or m.entries or m.fork_parents or m.fork_children:
-        return None
-    ids, counts, flat = list(m.run_seq_ids), list(m.run_num_tokens), list(m.run_token_ids)
-    pending = list(m.run_pending) or [0] * len(ids)
-    if len(counts) != len(ids) or sum(counts) != len(flat) or len(pending) != len(ids):
-        raise ValueError("run_seq_ids, run_num_tokens, run_pending and run_token_ids do not agree")
-    if not len(m.fill_seq_ids) == len(m.fill_positions) == len(m.fill_token_ids):
-        raise ValueError("fill_seq_ids, fill_positions and fill_token_ids must have the same length")
-    fills = list(zip(m.fill_seq_ids, m.fill_positions, m.fill_token_ids))
-    return (ids, counts, flat, pending, list(m.free), fills, m.step_tokens, m.step_seconds, m.written,
-            m.void, list(m.failed))
-
-
-def run_grants_to_proto(seq_ids: list[str], counts: list[int], pending: list[int],
-                        grants: RunGrants | None, stamp: int = 0) -> memory_pb2.ReserveResponse:
-    """The ReserveResponse to `running_columns`' plan: every entry granted (None: deferred)."""
-    if grants is None:
-        return memory_pb2.ReserveResponse(deferred=True, stamp=stamp)
-    return memory_pb2.ReserveResponse(
-        grant_seq_ids=seq_ids, grant_start_pos=grants.start_pos,
-        grant_num_tokens=[n + p for n, p in zip(counts, pending)], grant_table_start=grants.table_start,
-        grant_num_new_blocks=grants.num_new_blocks, grant_new_blocks=grants.new_blocks,
-        grant_num_cached=[0] * len(seq_ids), stamp=grants.stamp)  # no copy-on-write: such a plan is deferred
+                written=m.written, void=m.void, failed=list(m.failed),
+                run_ids=ids, run_counts=counts, run_tokens=tokens)
 
 
 def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
-    grants = r.grants
+    g = r.grants
     return memory_pb2.ReserveResponse(
-        grant_seq_ids=[g.seq_id for g in grants], grant_start_pos=[g.start_pos for g in grants],
-        grant_num_tokens=[g.num_tokens for g in grants], grant_table_start=[g.table_start for g in grants],
-        grant_num_new_blocks=[len(g.new_blocks) for g in grants],
-        grant_new_blocks=[b for g in grants for b in g.new_blocks],
-        grant_num_cached=[g.num_cached_tokens for g in grants],
+        grant_seq_ids=g.seq_ids, grant_start_pos=g.start_pos, grant_num_tokens=g.num_tokens,
+        grant_table_start=g.table_start, grant_num_new_blocks=g.num_new_blocks,
+        grant_new_blocks=g.new_blocks, grant_num_cached=g.num_cached,
         preempted=[memory_pb2.Preemption(seq_id=p.seq_id, mode=p.mode) for p in r.preempted],
         rejected=[memory_pb2.Rejection(seq_id=x.seq_id, reason=x.reason) for x in r.rejected],
         waiting=r.waiting, resumed=r.resumed, pool_epoch=r.pool_epoch, deferred=r.deferred,
@@ -212,31 +162,14 @@ def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
     )
 
 
-def reserve_result_from_proto(m: memory_pb2.ReserveResponse, columns: bool = False) -> ReserveResult:
-    """`columns`: the answer to a plan made ahead of running entries alone (memsvc answers
-    such a plan in full or defers it), kept in columns (`ReserveResult.run`)."""
+def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
+    """ValueError where the packed arrays do not agree in length."""
     if len(m.copy_src) != len(m.copy_dst):
         raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
-    copies = list(zip(m.copy_src, m.copy_dst))
-    if columns and not m.deferred:
-        ids = list(m.grant_seq_ids)
-        run = RunGrants(list(m.grant_start_pos), list(m.grant_table_start), list(m.grant_num_new_blocks),
-                        list(m.grant_new_blocks), seq_ids=ids, num_tokens=list(m.grant_num_tokens),
-                        stamp=m.stamp)
-        if (not (m.preempted or m.rejected or m.waiting or m.resumed) and len(ids) == len(run.start_pos)
-                == len(run.table_start) == len(run.num_new_blocks) == len(run.num_tokens)
-                and sum(run.num_new_blocks) == len(run.new_blocks)):
-            return ReserveResult(grants=[], pool_epoch=m.pool_epoch, run=run, block_copies=copies,
-                                 stamp=m.stamp)
-    blocks, counts = list(m.grant_new_blocks), m.grant_num_new_blocks
-    grants, at = [], 0
-    for seq_id, start, n, table_start, k, cached in zip(
-            m.grant_seq_ids, m.grant_start_pos, m.grant_num_tokens, m.grant_table_start, counts,
-            m.grant_num_cached):
-        grants.append(Grant(seq_id, start, n, table_start, blocks[at:at + k], cached))
-        at += k
-    if len(grants) != len(m.grant_seq_ids) or at != len(blocks):
-        raise ValueError("the packed grant arrays do not agree")
+    grants = Grants(list(m.grant_seq_ids), list(m.grant_start_pos), list(m.grant_num_tokens),
+                    list(m.grant_table_start), list(m.grant_num_new_blocks), list(m.grant_new_blocks),
+                    list(m.grant_num_cached))
+    grants.check()
     return ReserveResult(
         grants=grants,
         preempted=[Preemption(p.seq_id, p.mode) for p in m.preempted],
@@ -245,9 +178,21 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse, columns: bool = Fal
         resumed=list(m.resumed),
         pool_epoch=m.pool_epoch,
         deferred=m.deferred,
-        block_copies=copies,
+        block_copies=list(zip(m.copy_src, m.copy_dst)),
         stamp=m.stamp,
     )
+
+
+def tables_from_proto(m: memory_pb2.TablesResponse, n: int) -> list[list[int]]:
+    """`n` block tables; ValueError where the packed arrays do not agree."""
+    if len(m.num_blocks) != n or sum(m.num_blocks) != len(m.blocks):
+        raise ValueError(f"num_blocks ({len(m.num_blocks)} tables, {sum(m.num_blocks)} blocks) does not "
+                         f"match the {n} sequences asked for and the {len(m.blocks)} blocks sent")
+    blocks, out, at = list(m.blocks), [], 0
+    for k in m.num_blocks:
+        out.append(blocks[at:at + k])
+        at += k
+    return out
 
 
 # -- Execute -----------------------------------------------------------------------------

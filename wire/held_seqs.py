@@ -59,7 +59,7 @@ def slots_of(table: list[int], start: int, n: int, block_size: int, seq_id: str 
 def step_of(held: HeldSeq, seq_id: str, tokens: list[int], start: int, sample: bool,
             table_start: int, new_blocks: list[int], block_size: int) -> SeqStep:
     """Apply one step's change to `held` and return the step to run. `tokens` may be
-    [FED] (wire.step_feed): the caller fills it just before the step runs, and its place
+    [PENDING] (wire.step_feed): the caller fills it just before the step runs, and its place
     in `held.tokens` (the history, when kept) too."""
     table = held.table
     if new_blocks or table_start != len(table):

@@ -11,14 +11,16 @@ from __future__ import annotations
 import threading
 
 from wire.held_seqs import HeldSeq, held_from, step_of
+from wire.pending_token import PENDING
 from wire.protocol import SampleOutput, StepBatch
 from wire.step_delta import StepDelta
-from wire.step_feed import FED, LastSampled, StepOrder
+from wire.step_feed import LastSampled, StepOrder
 
 
 class OrderedExecutor:
-    def __init__(self, inner):
+    def __init__(self, inner, tables=None):
         self.inner = inner
+        self.tables = tables  # memsvc's MemoryClient.tables, for one that lost its state
         self.block_size = inner.model_info().kv.block_size
         self.feed = LastSampled()
         self.order = StepOrder()
@@ -47,18 +49,29 @@ class OrderedExecutor:
         for seq_id in step.forget:
             held.pop(seq_id, None)
         seqs, histories = [], []
-        for d in step.all_seqs():
-            h = held.get(d.seq_id)
+        tokens, blocks = step.token_ids, step.new_blocks
+        at = bat = 0
+        for i, seq_id in enumerate(step.seq_ids):
+            n, k = step.num_tokens[i], step.num_new_blocks[i]
+            h = held.get(seq_id)
             if h is None:  # new to it: the state from the gateway's sequence
-                seq = d.seq
+                seq = step.seqs[i]
                 if seq is None:
-                    raise ValueError(f"sequence {d.seq_id}: unknown, and the step does not carry its state")
-                table = list(seq.block_table) if d.table_start else None
-                h = held[d.seq_id] = held_from(seq.sampling, seq.seed, seq.prompt_token_ids,
-                                               seq.output_token_ids, d.start_pos, table)
-            tokens = list(d.token_ids)  # filled in place: the gateway's stays FED
-            s = step_of(h, d.seq_id, tokens, d.start_pos, d.sample, d.table_start, d.new_blocks, bs)
-            if tokens[0] == FED and h.tokens is not None:
+                    raise ValueError(f"sequence {seq_id}: unknown, and the step does not carry its state")
+                table = None
+                if step.table_start[i]:  # it lost the state: the whole table is memsvc's
+                    if self.tables is None:
+                        raise ValueError(f"sequence {seq_id}: unknown, and the step holds only a change to "
+                                         "its table (no `tables` to ask memsvc for the whole one)")
+                    table = self.tables([seq_id])[0]
+                h = held[seq_id] = held_from(seq.sampling, seq.seed, seq.prompt_token_ids,
+                                             seq.output_token_ids, step.start_pos[i], table)
+            own = tokens[at:at + n]  # filled in place: the gateway's stays PENDING
+            s = step_of(h, seq_id, own, step.start_pos[i], step.sample[i], step.table_start[i],
+                        blocks[bat:bat + k], bs)
+            if own[0] == PENDING and h.tokens is not None:
                 histories.append((s, h.tokens))
             seqs.append(s)
+            at += n
+            bat += k
         return StepBatch(seqs, step.pool_epoch, list(step.forget), step.step), histories

@@ -9,7 +9,7 @@ what they may call. `PeerRoles` is the grpc server interceptor that says the sec
   or, when the certificate has none, its subject common name when that is a role name.
   Roles: gateway, executor, memsvc.
 - Each service lists which roles may call which of its methods (memsvc: RegisterExecutor
-  only from an executor, Reserve/Free/Fork/Stats/WatchBlocks only from gateways; the
+  only from an executor, Reserve/Free/Fork/Tables/Stats/WatchBlocks only from gateways; the
   executor: Execute and ModelInfo only from gateways). Any other caller is refused with
   PERMISSION_DENIED, one without a certificate (plaintext, or TLS without a client
   certificate) with UNAUTHENTICATED. Health and reflection are open to any peer the
@@ -31,6 +31,7 @@ MEMSVC_POLICY = {
     "/pagedserve.v1.MemoryManager/Reserve": {"gateway"},
     "/pagedserve.v1.MemoryManager/Free": {"gateway"},
     "/pagedserve.v1.MemoryManager/Fork": {"gateway"},
+    "/pagedserve.v1.MemoryManager/Tables": {"gateway"},
     "/pagedserve.v1.MemoryManager/Stats": {"gateway"},
     "/pagedserve.v1.MemoryManager/WatchBlocks": {"gateway"},
 }

@@ -1,7 +1,7 @@
 """The executor feeds itself: a step may name a decode token as "the one you sampled last".
 
 The gateway sends step N + 1 while step N runs (docs/ARCHITECTURE.md, "The step path"):
-a sequence whose next input is the token step N samples goes with `token_ids == [FED]`.
+a sequence whose next input is the token step N samples goes with `token_ids == [PENDING]`.
 Whoever runs the steps keeps each sequence's last sample (`LastSampled.record`) and puts
 it in place just before the step runs (`fill`); a fed token it does not hold (the step
 before failed, the executor restarted) raises FedTokenUnknown and nothing runs, so the
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import threading
 
+from wire.pending_token import PENDING
 from wire.protocol import SampleOutput, StepBatch
 
-FED = -1  # in SeqStep.token_ids: the token the executor sampled for this sequence last step
 FED_UNKNOWN = "fed token unknown"  # in FAILED_PRECONDITION details: send the step's tokens
 ORDER_WAIT_S = 1.0  # how long a step waits for an earlier-numbered one that has not come
 
@@ -44,9 +44,9 @@ class LastSampled:
 
     def fill(self, batch: StepBatch) -> list[int]:
         """Put each fed token in place (token_ids, and output_token_ids when it ends with
-        FED); the indices of the fed sequences. FedTokenUnknown before any change."""
+        PENDING); the indices of the fed sequences. FedTokenUnknown before any change."""
         last = self.last
-        fed = [i for i, s in enumerate(batch.seqs) if s.token_ids and s.token_ids[0] == FED]
+        fed = [i for i, s in enumerate(batch.seqs) if s.token_ids and s.token_ids[0] == PENDING]
         if self.left_out:
             for i in [i for i in fed if batch.seqs[i].seq_id in self.left_out]:
                 s = batch.seqs[i]
@@ -64,7 +64,7 @@ class LastSampled:
             token = last[s.seq_id][1]
             s.token_ids[0] = token
             out = s.output_token_ids
-            if out and out[-1] == FED:
+            if out and out[-1] == PENDING:
                 out[-1] = token
         return fed
 

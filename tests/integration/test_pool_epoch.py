@@ -1,6 +1,7 @@
 """The pool epoch over gRPC, in one process: memsvc names its pool in RegisterExecutor and
 every Reserve answer, the gateway's batch carries it, and the executor refuses a batch
 reserved in another pool (ABORTED) and runs one that names none."""
+import dataclasses
 from concurrent import futures
 
 import grpc
@@ -14,7 +15,6 @@ from memsvc.memory_manager import MemoryConfig, MemoryManager
 from memsvc.server import MemoryService
 from tests.support.fake_executor import FakeExecutor
 from wire.protocol import SamplingParams
-from wire.step_delta import StepDelta
 from wire.v1 import executor_pb2_grpc, memory_pb2_grpc
 
 
@@ -59,6 +59,6 @@ def test_the_epoch_travels_from_reserve_to_execute(services):
     assert len(executor.execute(batch)) == 1
 
     with pytest.raises(grpc.RpcError) as refused:
-        executor.execute(StepDelta(batch.seqs, pool_epoch="another-pool"))
+        executor.execute(dataclasses.replace(batch, pool_epoch="another-pool"))
     assert refused.value.code() == grpc.StatusCode.ABORTED
-    assert len(executor.execute(StepDelta(batch.seqs))) == 1  # no epoch: not checked
+    assert len(executor.execute(dataclasses.replace(batch, pool_epoch=""))) == 1  # no epoch: not checked

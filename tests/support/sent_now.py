@@ -1,7 +1,7 @@
 """In-process clients that `calls_later` (wire.clients) as the remote ones do: the call is
 made when it is sent, and its answer (or its error) comes when it is asked for. Memory
-goes through the Reserve message's round trip (benchmarks.step_cost.WireMemory), so a
-plan made ahead of running sequences comes back in columns, as over the wire."""
+goes through the Reserve message's round trip (benchmarks.step_cost.WireMemory), as over
+the wire."""
 from benchmarks.step_cost import WireMemory
 from wire.clients import call_now
 from wire.ordered_executor import OrderedExecutor
@@ -20,9 +20,9 @@ class SentNowExecutor:
     calls_later = True
     feeds_itself = True
 
-    def __init__(self, inner):
-        self.inner = inner
-        self.ordered = OrderedExecutor(inner)
+    def __init__(self, inner, tables=None):
+        self.inner, self.tables = inner, tables  # memsvc's, for the state it sends again
+        self.ordered = OrderedExecutor(inner, tables)
 
     def model_info(self):
         return self.inner.model_info()
@@ -31,7 +31,7 @@ class SentNowExecutor:
         try:
             return self.ordered.execute(step)
         except Exception:
-            self.ordered = OrderedExecutor(self.inner)
+            self.ordered = OrderedExecutor(self.inner, self.tables)
             self.ordered.order = StepOrder(joined=True)
             raise
 

@@ -17,7 +17,7 @@ from gateway.tokenizer import load_tokenizer
 from wire import convert
 from gateway.sequence import Sequence
 from wire.protocol import Plan, PlanEntry, SamplingParams
-from wire.step_delta import SeqDelta, StepDelta
+from wire.step_delta import StepDelta
 from wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support.backend_procs import ServiceProcess, free_port
 from tests.support.health import NOT_SERVING, SERVING
@@ -156,8 +156,7 @@ def test_errors_carry_status_codes(backend):
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     sp = SamplingParams(temperature=0.0)
     src = Sequence("x/0", "x", 0, [10**6], sp, 0, 8, 0.0)
-    src.block_table = [0]
-    bad = StepDelta([SeqDelta("x/0", [10**6], 0, True, 0, [0], src)])
+    bad = StepDelta(["x/0"], [0], [1], [10**6], [True], [0], [1], [0], [src])
     [out] = backend.remote.execute(bad)  # left out of the pass, reported alone (executor.seq_screen)
     assert out.seq_id == "x/0" and "token ids must be in" in out.error
 

@@ -54,6 +54,11 @@ class MemoryManagerStub:
                 request_serializer=wire_dot_v1_dot_memory__pb2.ForkRequest.SerializeToString,
                 response_deserializer=wire_dot_v1_dot_memory__pb2.ForkResponse.FromString,
                 _registered_method=True)
+        self.Tables = channel.unary_unary(
+                '/pagedserve.v1.MemoryManager/Tables',
+                request_serializer=wire_dot_v1_dot_memory__pb2.TablesRequest.SerializeToString,
+                response_deserializer=wire_dot_v1_dot_memory__pb2.TablesResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/pagedserve.v1.MemoryManager/Stats',
                 request_serializer=wire_dot_v1_dot_memory__pb2.StatsRequest.SerializeToString,
@@ -89,6 +94,13 @@ class MemoryManagerServicer:
 
     def Fork(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Tables(self, request, context):
+        """the running sequences' whole block tables: to resend an executor that lost its state
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -129,6 +141,11 @@ def add_MemoryManagerServicer_to_server(servicer, server):
                     servicer.Fork,
                     request_deserializer=wire_dot_v1_dot_memory__pb2.ForkRequest.FromString,
                     response_serializer=wire_dot_v1_dot_memory__pb2.ForkResponse.SerializeToString,
+            ),
+            'Tables': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tables,
+                    request_deserializer=wire_dot_v1_dot_memory__pb2.TablesRequest.FromString,
+                    response_serializer=wire_dot_v1_dot_memory__pb2.TablesResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -249,6 +266,33 @@ class MemoryManager:
             '/pagedserve.v1.MemoryManager/Fork',
             wire_dot_v1_dot_memory__pb2.ForkRequest.SerializeToString,
             wire_dot_v1_dot_memory__pb2.ForkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tables(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagedserve.v1.MemoryManager/Tables',
+            wire_dot_v1_dot_memory__pb2.TablesRequest.SerializeToString,
+            wire_dot_v1_dot_memory__pb2.TablesResponse.FromString,
             options,
             channel_credentials,
             insecure,

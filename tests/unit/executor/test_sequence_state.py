@@ -6,7 +6,7 @@ import pytest
 
 from executor.sequence_state import SequenceStates, StateLost
 from wire.protocol import SamplingParams, SeqStep, StepBatch
-from wire.step_delta import STATE_LOST, SeqDelta, StepDelta, encode_delta
+from wire.step_delta import STATE_LOST, StepDelta, encode_delta
 from wire.v1 import executor_pb2
 
 BS = 4
@@ -23,7 +23,7 @@ class Src:
     """The gateway's sequence, as the step message reads it."""
 
     prompt_token_ids: list[int]
-    block_table: list[int]
+    block_table: list[int]  # memsvc's table of it (the gateway holds none): see `tables`
     sampling: SamplingParams = field(default_factory=lambda: GREEDY)
     seed: int = 1
     output_token_ids: list[int] = field(default_factory=list)
@@ -36,7 +36,29 @@ def step(seq_id, tokens, start, table, sample=True, sampling=GREEDY, seed=1, pro
 
 
 def delta(seq_id, tokens, start, table_start, new_blocks, src, sample=True):
-    return SeqDelta(seq_id, list(tokens), start, sample, table_start, list(new_blocks), src)
+    return seq_id, list(tokens), start, sample, table_start, list(new_blocks), src
+
+
+def columns(deltas, **kw) -> StepDelta:
+    """A step of `deltas` (one sequence each), in the message's columns."""
+    step = StepDelta(**kw)
+    for seq_id, tokens, start, sample, table_start, new_blocks, src in deltas:
+        step.seq_ids.append(seq_id)
+        step.start_pos.append(start)
+        step.num_tokens.append(len(tokens))
+        step.token_ids.extend(tokens)
+        step.sample.append(sample)
+        step.table_start.append(table_start)
+        step.num_new_blocks.append(len(new_blocks))
+        step.new_blocks.extend(new_blocks)
+        step.seqs.append(src)
+    return step
+
+
+def tables(d: StepDelta):
+    """memsvc's MemoryClient.tables over the step's sequences."""
+    by_id = dict(zip(d.seq_ids, d.seqs))
+    return lambda ids: [list(by_id[s].block_table) for s in ids]
 
 
 class Link:
@@ -48,7 +70,7 @@ class Link:
         self.incarnation = ""
 
     def run(self, d):
-        request = wire(encode_delta(d, self.sent, "s1", self.incarnation))
+        request = wire(encode_delta(d, self.sent, "s1", self.incarnation, tables(d)))
         out = self.states.expand(request).batch
         self.incarnation = self.states.incarnation
         return out, request
@@ -62,16 +84,16 @@ def test_state_once_then_changes_only():
     link = Link()
     prompt = [5, 6, 7, 8, 9, 10]
     a, b = Src(prompt, [3, 8]), Src([1, 2, 3, 4, 5], [4])
-    out, req = link.run(StepDelta([delta("a", prompt, 0, 0, [3, 8], a),
+    out, req = link.run(columns([delta("a", prompt, 0, 0, [3, 8], a),
                                    delta("b", [1, 2, 3], 0, 0, [4], b, sample=False)], pool_epoch="e"))
     same(out, StepBatch([step("a", prompt, 0, [3, 8]), step("b", [1, 2, 3], 0, [4], sample=False)]))
     assert out.pool_epoch == "e" and len(req.states) == 2 and list(req.new_blocks) == [3, 8, 4]
     # a decodes within its block; b finishes its prompt into a new block
-    out, req = link.run(StepDelta([delta("a", [11], 6, 2, [], a), delta("b", [4, 5], 3, 1, [9], b)]))
+    out, req = link.run(columns([delta("a", [11], 6, 2, [], a), delta("b", [4, 5], 3, 1, [9], b)]))
     same(out, StepBatch([step("a", [11], 6, [3, 8]), step("b", [4, 5], 3, [4, 9])]))
     assert not req.states and list(req.table_start) == [2, 1] and list(req.new_blocks) == [9]
     # copy-on-write replaced a's last block: from index 1 on, no state
-    out, req = link.run(StepDelta([delta("a", [12], 7, 1, [7], a)]))
+    out, req = link.run(columns([delta("a", [12], 7, 1, [7], a)]))
     same(out, StepBatch([step("a", [12], 7, [3, 7])]))
     assert not req.states and list(req.table_start) == [1] and list(req.new_blocks) == [7]
 
@@ -79,9 +101,9 @@ def test_state_once_then_changes_only():
 def test_forget_then_full_state_again():
     link = Link()
     a = Src([1, 2, 3], [1])
-    link.run(StepDelta([delta("a", [1, 2], 0, 0, [1], a)]))
+    link.run(columns([delta("a", [1, 2], 0, 0, [1], a)]))
     a.block_table = [6]  # preempted, recomputed
-    out, req = link.run(StepDelta([delta("a", [1, 2, 3], 0, 0, [6], a)], forget=["a"]))
+    out, req = link.run(columns([delta("a", [1, 2, 3], 0, 0, [6], a)], forget=["a"]))
     same(out, StepBatch([step("a", [1, 2, 3], 0, [6])]))
     assert len(req.states) == 1
     assert out.forget == ["a"]  # the model runner hears it too (grammar matchers)
@@ -91,29 +113,29 @@ def test_penalties_history_follows_the_steps():
     link = Link()
     prompt = [5, 6, 7, 8, 9]
     p = Src(prompt, [2, 3], sampling=PENALTY)
-    out, req = link.run(StepDelta([delta("p", prompt[4:], 4, 0, [2, 3], p)]))  # 4 cached
+    out, req = link.run(columns([delta("p", prompt[4:], 4, 0, [2, 3], p)]))  # 4 cached
     assert list(req.states[0].history) == prompt[:4]
     same(out, StepBatch([step("p", prompt[4:], 4, [2, 3], sampling=PENALTY, prompt=prompt)]))
     p.output_token_ids.append(42)
-    out, _ = link.run(StepDelta([delta("p", [42], 5, 2, [], p)]))
+    out, _ = link.run(columns([delta("p", [42], 5, 2, [], p)]))
     same(out, StepBatch([step("p", [42], 5, [2, 3], sampling=PENALTY, prompt=prompt, output=[42])]))
     p.output_token_ids.append(43)
-    out, _ = link.run(StepDelta([delta("p", [43], 6, 2, [], p)]))
+    out, _ = link.run(columns([delta("p", [43], 6, 2, [], p)]))
     same(out, StepBatch([step("p", [43], 6, [2, 3], sampling=PENALTY, prompt=prompt, output=[42, 43])]))
 
 
 def test_a_restarted_executor_says_state_lost_and_gets_the_whole_table_again():
     link = Link()
     a = Src([1, 2, 3], [1])
-    link.run(StepDelta([delta("a", [1, 2], 0, 0, [1], a)]))
+    link.run(columns([delta("a", [1, 2], 0, 0, [1], a)]))
     link.states = SequenceStates(BS)  # a new process
     with pytest.raises(StateLost, match=STATE_LOST):
-        link.run(StepDelta([delta("a", [3], 2, 1, [], a)]))
+        link.run(columns([delta("a", [3], 2, 1, [], a)]))
     link.incarnation = ""  # same process, sequence unknown
     with pytest.raises(StateLost, match=STATE_LOST):
-        link.run(StepDelta([delta("a", [3], 2, 1, [], a)]))
+        link.run(columns([delta("a", [3], 2, 1, [], a)]))
     link.sent.clear()
-    out, req = link.run(StepDelta([delta("a", [3], 2, 1, [], a)]))
+    out, req = link.run(columns([delta("a", [3], 2, 1, [], a)]))
     same(out, StepBatch([step("a", [3], 2, [1])]))
     assert len(req.states) == 1 and list(req.table_start) == [0] and list(req.new_blocks) == [1]
 
@@ -121,8 +143,8 @@ def test_a_restarted_executor_says_state_lost_and_gets_the_whole_table_again():
 def test_a_request_lost_on_the_way_can_run_again():
     link = Link()
     a = Src([1, 2, 3, 4, 5], [1, 2])
-    link.run(StepDelta([delta("a", [1, 2], 0, 0, [1], a)]))
-    d = StepDelta([delta("a", [3, 4, 5], 2, 1, [2], a)])
+    link.run(columns([delta("a", [1, 2], 0, 0, [1], a)]))
+    d = columns([delta("a", [3, 4, 5], 2, 1, [2], a)])
     request = encode_delta(d, link.sent, "s1", link.incarnation)  # lost on the way
     expected = StepBatch([step("a", [3, 4, 5], 2, [1, 2])])
     same(link.run(d)[0], expected)
@@ -133,8 +155,8 @@ def test_sessions_are_separate_and_bad_changes_refused():
     states = SequenceStates(BS)
     a = Link(states)
     x = Src([1, 2], [1])
-    a.run(StepDelta([delta("x", [1], 0, 0, [1], x)]))
-    request = encode_delta(StepDelta([delta("x", [2], 1, 1, [], x)]), {"x"}, "s2", "")
+    a.run(columns([delta("x", [1], 0, 0, [1], x)]))
+    request = encode_delta(columns([delta("x", [2], 1, 1, [], x)]), {"x"}, "s2", "")
     with pytest.raises(StateLost):
         states.expand(wire(request))
     bad = executor_pb2.ExecuteRequest(session_id="s1", seq_ids=["x"], start_pos=[1], num_tokens=[1],
@@ -149,60 +171,62 @@ def test_prompt_logprobs_send_the_whole_prompt_once_and_every_chunk_sees_it():
     sp = SamplingParams(temperature=0.0, prompt_logprobs=2)
     prompt = [5, 6, 7, 8, 9, 10, 11]
     a, b = Src(prompt, [3, 8], sampling=sp), Src([1, 2], [4])
-    out, req = link.run(StepDelta([delta("a", prompt[:3], 0, 0, [3], a, sample=False),
+    out, req = link.run(columns([delta("a", prompt[:3], 0, 0, [3], a, sample=False),
                                    delta("b", [1, 2], 0, 0, [4], b)]))
     same(out, StepBatch([step("a", prompt[:3], 0, [3], sample=False, sampling=sp, prompt=prompt),
                          step("b", [1, 2], 0, [4])]))
     assert list(req.states[0].prompt) == prompt and not req.states[1].prompt
     assert list(out.seqs[0].prompt_logprob_positions()) == [0, 1, 2]
-    out, req = link.run(StepDelta([delta("a", prompt[3:], 3, 1, [8], a)]))
+    out, req = link.run(columns([delta("a", prompt[3:], 3, 1, [8], a)]))
     same(out, StepBatch([step("a", prompt[3:], 3, [3, 8], sampling=sp, prompt=prompt)]))
     assert not req.states and list(out.seqs[0].prompt_logprob_positions()) == [3, 4, 5]
 
 
 def test_a_fed_token_is_the_executors_own_last_sample_penalty_history_included():
+    from wire.pending_token import PENDING
     from wire.protocol import SampleOutput
-    from wire.step_feed import FED, FedTokenUnknown
+    from wire.step_feed import FedTokenUnknown
 
     link = Link()
     prompt = [5, 6, 7]
     p = Src(prompt, [2, 3, 4], sampling=PENALTY)
-    first = link.states.expand(wire(encode_delta(StepDelta([delta("p", prompt, 0, 0, [2], p)]),
+    first = link.states.expand(wire(encode_delta(columns([delta("p", prompt, 0, 0, [2], p)]),
                                                  link.sent, "s1", "")))
     link.states.fill(first)
     link.states.record(first, [SampleOutput("p", 42)])
     # step 2 names its token as the executor's own: it does not travel
-    request = wire(encode_delta(StepDelta([delta("p", [FED], 3, 1, [], p)], step=2), link.sent, "s1", ""))
+    request = wire(encode_delta(columns([delta("p", [PENDING], 3, 1, [], p)], step=2), link.sent, "s1", ""))
     assert list(request.fed) == [True] and list(request.token_ids) == [] and request.step == 2
     second = link.states.expand(request)
-    assert second.batch.seqs[0].token_ids == [FED]
+    assert second.batch.seqs[0].token_ids == [PENDING]
     link.states.fill(second)
     s = second.batch.seqs[0]
     assert s.token_ids == [42] and s.output_token_ids == [42] and s.prompt_token_ids == prompt
     link.states.record(second, [SampleOutput("p", 43)])
     # the history holds the filled token: a later step with its tokens sees it
-    out, _ = link.run(StepDelta([delta("p", [43], 4, 1, [3], p)]))
+    out, _ = link.run(columns([delta("p", [43], 4, 1, [3], p)]))
     same(out, StepBatch([step("p", [43], 4, [2, 3], sampling=PENALTY, prompt=prompt, output=[42, 43])]))
     # a fed token at a position the executor holds no sample for: nothing changes
-    request = encode_delta(StepDelta([delta("p", [FED], 9, 2, [4], p)]), link.sent, "s1", "")
+    request = encode_delta(columns([delta("p", [PENDING], 9, 2, [4], p)]), link.sent, "s1", "")
     bad = link.states.expand(wire(request))
     with pytest.raises(FedTokenUnknown, match="position 9"):
         link.states.fill(bad)
-    assert bad.batch.seqs[0].token_ids == [FED]
+    assert bad.batch.seqs[0].token_ids == [PENDING]
 
 
-def test_a_run_in_columns_goes_as_its_sequences_one_by_one_would():
-    from wire.step_delta import FedRun
-    from wire.step_feed import FED
-    srcs = [Src([1, 2, 3], [i, 10 + i]) for i in range(3)]
-    prefill = SeqDelta("p", [4, 5], 0, True, 0, [30], Src([4, 5], [30]))
-    run = FedRun(["a", "b", "c"], [5, 8, 4], [1, 2, 1], [0, 1, 0], [21], srcs)
-    step_ = StepDelta([prefill], pool_epoch="e", step=3, run=run)
-    one_by_one = StepDelta(step_.all_seqs(), pool_epoch="e", step=3)
-    assert [d.token_ids for d in one_by_one.seqs] == [[4, 5], [FED], [FED], [FED]]
-    for sent in ({"p", "a", "b", "c"}, {"p", "b"}):  # all held: columns; a state to go: one by one
-        assert encode_delta(step_, set(sent), "s1", "") == encode_delta(one_by_one, set(sent), "s1", "")
-    assert step_.sampled_ids() == ["p", "a", "b", "c"] and step_.num_tokens() == 5
+def test_fed_and_known_tokens_go_in_one_set_of_columns():
+    from wire.pending_token import PENDING
+    srcs = [Src([4, 5], [30])] + [Src([1, 2, 3], [i, 10 + i]) for i in range(3)]
+    step_ = columns([delta("p", [4, 5], 0, 0, [30], srcs[0]), delta("a", [PENDING], 5, 1, [], srcs[1]),
+                     delta("b", [PENDING], 8, 2, [21], srcs[2]), delta("c", [PENDING], 4, 1, [], srcs[3])],
+                    pool_epoch="e", step=3)
+    request = encode_delta(step_, {"p", "a", "b", "c"}, "s1", "")
+    assert list(request.fed) == [False, True, True, True] and list(request.token_ids) == [4, 5]
+    assert list(request.new_blocks) == [30, 21] and not request.states
+    request = encode_delta(step_, {"p", "b"}, "s1", "", tables(step_))  # a and c: state and whole table
+    assert [s.seq_id for s in request.states] == ["a", "c"] and list(request.table_start) == [0, 0, 2, 0]
+    assert list(request.new_blocks) == [30, 0, 10, 21, 2, 12]
+    assert step_.sampled_ids() == ["p", "a", "b", "c"] and len(step_.token_ids) == 5
     assert step_.progress() == {"p": (2, True), "a": (6, True), "b": (9, True), "c": (5, True)}
 
 
@@ -211,11 +235,11 @@ def test_block_copies_go_with_their_step():
     reach the executor's StepBatch in order; mismatched columns are refused."""
     link = Link()
     a = Src([5, 6, 7, 8, 9, 10], [3, 8])
-    out, req = link.run(StepDelta([delta("a", [5, 6, 7, 8, 9, 10], 0, 0, [3, 8], a)], copies=[(8, 7), (2, 5)]))
+    out, req = link.run(columns([delta("a", [5, 6, 7, 8, 9, 10], 0, 0, [3, 8], a)], copies=[(8, 7), (2, 5)]))
     assert out.copies == [(8, 7), (2, 5)] and list(req.copy_src) == [8, 2]
-    out, _ = link.run(StepDelta([delta("a", [11], 6, 2, [], a)]))
+    out, _ = link.run(columns([delta("a", [11], 6, 2, [], a)]))
     assert out.copies == []
-    bad = encode_delta(StepDelta([delta("a", [12], 7, 2, [], a)], copies=[(8, 7)]), link.sent, "s1",
+    bad = encode_delta(columns([delta("a", [12], 7, 2, [], a)], copies=[(8, 7)]), link.sent, "s1",
                        link.incarnation)
     bad.copy_dst.append(1)
     with pytest.raises(ValueError, match="copy_src has 1 blocks, copy_dst 2"):

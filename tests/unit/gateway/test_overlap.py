@@ -11,10 +11,10 @@ from gateway.batch_loop import BatchLoop
 from gateway.scheduler import SchedulerConfig
 from gateway.step_retry import StepRetry
 from memsvc.memory_manager import MemoryConfig, MemoryManager
-from wire.protocol import SamplingParams
 from tests.support.fake_executor import FakeExecutor
 from tests.support.fake_loop import expected, prompts, run_all
 from tests.support.sent_now import SentNowExecutor, SentNowMemory
+from wire.protocol import SamplingParams
 
 
 class LetterTokenizer:
@@ -40,7 +40,8 @@ def make(loop_kind, *, num_blocks=256, mode="recompute", host_blocks=None, prefi
     config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_tokens_step,
                              overlap=loop_kind != "serial", plan_ahead=loop_kind in ("ahead", "later"))
     if loop_kind == "later":
-        return BatchLoop(SentNowMemory(mem), SentNowExecutor(ex), config, tokenizer), mem
+        memory = SentNowMemory(mem)
+        return BatchLoop(memory, SentNowExecutor(ex, memory.tables), config, tokenizer), mem
     return BatchLoop(mem, ex, config, tokenizer), mem
 
 
@@ -67,14 +68,14 @@ def assert_clean(mem):
 
 
 def _count_fed_runs(scheduler) -> list[int]:
-    """How many of the scheduler's steps were made in columns."""
-    count, made = [0], scheduler._fed_run
+    """How many of the scheduler's steps were steady decode steps (every token PENDING)."""
+    count, made = [0], scheduler._all_fed
 
     def counted(*args):
-        batch = made(*args)
-        count[0] += batch is not None
-        return batch
-    scheduler._fed_run = counted
+        fed = made(*args)
+        count[0] += fed
+        return fed
+    scheduler._all_fed = counted
     return count
 
 
@@ -88,7 +89,7 @@ def both(workload, computed=None, granted_ahead=True, **kw):
         workload(loop)
         results.append(run(loop))
         if kind == "later" and granted_ahead:
-            assert runs[0] > 0  # steady steps went in columns (wire.step_delta.FedRun)
+            assert runs[0] > 0  # steady steps went with every token PENDING
         assert_clean(mem)
         assert loop.num_steps > 0
         if kind in ("ahead", "later") and granted_ahead:
@@ -205,7 +206,8 @@ def test_an_executor_failure_mid_run_loses_no_token():
         mem = MemoryManager(MemoryConfig(num_blocks=256))
         ex.attach_pool(mem.register_executor(ex.info.kv))
         if kind == "later":
-            retry = StepRetry(SentNowMemory(mem), SentNowExecutor(ex), timeout_s=5.0, interval_s=0.0)
+            memory = SentNowMemory(mem)
+            retry = StepRetry(memory, SentNowExecutor(ex, memory.tables), timeout_s=5.0, interval_s=0.0)
         else:
             retry = StepRetry(mem, ex, timeout_s=5.0, interval_s=0.0)
         loop = BatchLoop(retry.memory, retry.executor,
@@ -326,7 +328,7 @@ def test_a_fed_step_whose_token_the_executor_lost_runs_again_with_its_tokens():
     and 6th steps that name them: those fail for want of them and are sent again with
     their tokens; the outputs are unchanged."""
     from wire.ordered_executor import OrderedExecutor
-    from wire.step_feed import FED
+    from wire.pending_token import PENDING
 
     class Forgetful(OrderedExecutor):
         fed_calls = 0
@@ -336,7 +338,7 @@ def test_a_fed_step_whose_token_the_executor_lost_runs_again_with_its_tokens():
             fill = self.feed.fill
 
             def forgetful_fill(batch):  # in the step's turn, just before it runs
-                if any(s.token_ids[0] == FED for s in batch.seqs):
+                if any(s.token_ids[0] == PENDING for s in batch.seqs):
                     self.fed_calls += 1
                     if self.fed_calls in (3, 6):
                         self.feed.last.clear()

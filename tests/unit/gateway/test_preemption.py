@@ -120,7 +120,7 @@ def test_swapped_sequences_resume_before_new_admissions():
     r = mem.reserve(Plan([PlanEntry("c", [6] * 8, False, 24), PlanEntry("b", [4], False, 24)]))
     assert [(p.seq_id, p.mode) for p in r.preempted] == [("b", "swap")]
     r = mem.reserve(Plan([PlanEntry("b", [4], False, 24), PlanEntry("d", [1], True, 24)]))
-    assert r.resumed == [] and r.waiting == ["d"] and r.grants == []
+    assert r.resumed == [] and r.waiting == ["d"] and not r.grants
     mem.check_integrity()
 
 

@@ -8,17 +8,27 @@ import grpc
 import pytest
 
 from gateway.remote import RemoteExecutorClient
+from wire.pending_token import PENDING
 from wire.protocol import SamplingParams
-from wire.step_delta import SeqDelta, StepDelta
-from wire.step_feed import FED
+from wire.step_delta import StepDelta
 from wire.v1 import executor_pb2
+
+
+MEMSVC: dict = {}  # seq id -> its Seq, whose `block_table` stands for memsvc's table of it
 
 
 class Seq:
     sampling, seed = SamplingParams(temperature=0.0), 1
 
-    def __init__(self, prompt, table):
+    def __init__(self, prompt, table, seq_id="a"):
         self.prompt_token_ids, self.output_token_ids, self.block_table = prompt, [], table
+        MEMSVC[seq_id] = self
+
+
+def one(seq_id, tokens, start, sample, table_start, new_blocks, seq, step):
+    """A step of one sequence."""
+    return StepDelta([seq_id], [start], [len(tokens)], list(tokens), [sample], [table_start], [len(new_blocks)],
+                     list(new_blocks), [seq], step=step)
 
 
 class Stub:
@@ -46,15 +56,16 @@ class Unavailable(grpc.RpcError):
 def client():
     c = RemoteExecutorClient("127.0.0.1:1")  # never dialled: the stub is replaced
     c.stub = Stub()
+    c.tables = lambda ids: [list(MEMSVC[s].block_table) for s in ids]  # memsvc's, asked on a resend
     yield c
     c.channel.close()
 
 
 def test_state_goes_once_then_only_the_change(client):
     a = Seq([1, 2, 3], [5])
-    client.execute(StepDelta([SeqDelta("a", [1, 2, 3], 0, True, 0, [5], a)], step=1))
+    client.execute(one("a", [1, 2, 3], 0, True, 0, [5], a, step=1))
     a.block_table = [5, 6]
-    client.execute(StepDelta([SeqDelta("a", [FED], 3, True, 1, [6], a)], step=2))
+    client.execute(one("a", [PENDING], 3, True, 1, [6], a, step=2))
     first, second = client.stub.requests
     assert len(first.states) == 1 and list(first.new_blocks) == [5]
     assert not second.states and list(second.table_start) == [1] and list(second.new_blocks) == [6]
@@ -63,8 +74,8 @@ def test_state_goes_once_then_only_the_change(client):
 
 def test_a_later_step_handed_over_first_is_encoded_after_the_earlier_one(client):
     a = Seq([1, 2, 3], [5, 6])
-    s1 = StepDelta([SeqDelta("a", [1, 2, 3], 0, True, 0, [5], a)], step=1)
-    s2 = StepDelta([SeqDelta("a", [FED], 3, True, 1, [6], a)], step=2)
+    s1 = one("a", [1, 2, 3], 0, True, 0, [5], a, step=1)
+    s2 = one("a", [PENDING], 3, True, 1, [6], a, step=2)
     t = threading.Thread(target=client.execute, args=(s2,))
     t.start()
     time.sleep(0.05)
@@ -78,10 +89,10 @@ def test_a_later_step_handed_over_first_is_encoded_after_the_earlier_one(client)
 
 def test_after_a_failure_every_state_and_whole_table_goes_again(client):
     a = Seq([1, 2, 3], [5])
-    client.execute(StepDelta([SeqDelta("a", [1, 2, 3], 0, True, 0, [5], a)], step=1))
+    client.execute(one("a", [1, 2, 3], 0, True, 0, [5], a, step=1))
     client.stub.fail = True
     a.block_table = [5, 6]
-    step = StepDelta([SeqDelta("a", [4], 3, True, 1, [6], a)], step=2)
+    step = one("a", [4], 3, True, 1, [6], a, step=2)
     with pytest.raises(grpc.RpcError):
         client.execute(step)
     client.execute(step)
@@ -105,7 +116,7 @@ def test_a_step_sent_behind_one_whose_state_was_lost_goes_again_with_every_state
     encoded meanwhile as a change only, is refused on a table change it never had: both go
     again with every state; a refusal with no resync in between is the caller's."""
     a = Seq([1, 2, 3], [5])
-    client.execute(StepDelta([SeqDelta("a", [1, 2, 3], 0, True, 0, [5], a)], step=1))
+    client.execute(one("a", [1, 2, 3], 0, True, 0, [5], a, step=1))
     stub, refusals = client.stub, {}
     answer = stub.Execute
 
@@ -120,14 +131,14 @@ def test_a_step_sent_behind_one_whose_state_was_lost_goes_again_with_every_state
     refusals[(3, 0)] = Refused(grpc.StatusCode.INVALID_ARGUMENT,
                                "batch rejected: sequence a: block table change at 2, but it holds 1 blocks")
     a.block_table = [5, 6]
-    later2 = client.execute_later(StepDelta([SeqDelta("a", [FED], 3, True, 1, [6], a)], step=2))
+    later2 = client.execute_later(one("a", [PENDING], 3, True, 1, [6], a, step=2))
     a.block_table = [5, 6, 7]
-    later3 = client.execute_later(StepDelta([SeqDelta("a", [FED], 4, True, 2, [7], a)], step=3))
+    later3 = client.execute_later(one("a", [PENDING], 4, True, 2, [7], a, step=3))
     assert len(later2()) == 1 and len(later3()) == 1
     sent = [(r.step, len(r.states), list(r.table_start)) for r in stub.requests[1:]]
     assert sent == [(2, 0, [1]), (3, 0, [2]), (2, 1, [0]), (3, 1, [0])]
     assert client.num_resyncs == 2
     refusals[(4, 0)] = Refused(grpc.StatusCode.INVALID_ARGUMENT, "batch rejected: bad")
     with pytest.raises(grpc.RpcError):  # nothing was sent again meanwhile: not retried
-        client.execute(StepDelta([SeqDelta("a", [FED], 5, True, 3, [], a)], step=4))
+        client.execute(one("a", [PENDING], 5, True, 3, [], a, step=4))
     assert client.num_resyncs == 2

@@ -28,7 +28,7 @@ class Memory:
         if self.failures:
             raise Err(self.failures.pop(0))
         self.plans.append(plan)
-        return ReserveResult(grants=[], pool_epoch="epoch-1")
+        return ReserveResult(pool_epoch="epoch-1")
 
 
 class Executor:

@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from memsvc.allocator import PENDING, KVAllocator
+from memsvc.allocator import KVAllocator
 from memsvc.paged_allocator import PagedAllocator
+from wire.pending_token import PENDING
 
 
 def state(alloc: PagedAllocator):

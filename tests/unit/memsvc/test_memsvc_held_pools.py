@@ -55,12 +55,12 @@ def test_without_held_ranks_no_copy_goes_back():
     assert result.block_copies == []
 
 
-def test_a_plan_in_columns_that_would_copy_is_deferred_then_copies_in_full():
+def test_a_plan_made_ahead_that_would_copy_is_deferred_then_copies_in_full():
     m = manager()
     m.register_executor(GEOMETRY, ranks=2, holds_pool=HOLDS)
     m.reserve(Plan([PlanEntry("a", list(range(6)), True, 32)]), "s")
     m.fork("a", "b", "s")
-    assert m.reserve_running("s", ["a", "b"], [1, 1], [6, 6], [0, 0], [], [])[0] is None
+    assert m.reserve(Plan(run_ids=["a", "b"], run_counts=[1, 1], run_tokens=[6, 6], ahead=True), "s").deferred
     result = m.reserve(Plan([PlanEntry("a", [6], False, 32), PlanEntry("b", [6], False, 32)]), "s")
     assert len(result.block_copies) == 1
 

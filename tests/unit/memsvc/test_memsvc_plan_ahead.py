@@ -3,11 +3,11 @@ from touching blocks the running step uses (no copies, no preemption)."""
 import pytest
 
 from memsvc import PagedAllocator
-from memsvc.allocator import PENDING
 from memsvc.memory_manager import MemoryConfig, MemoryManager
-from wire import convert
-from wire.protocol import KVGeometry, Plan, PlanEntry
 from tests.support.written import ran
+from wire import convert
+from wire.pending_token import PENDING
+from wire.protocol import KVGeometry, Plan, PlanEntry
 
 BS = 4
 
@@ -23,7 +23,7 @@ def new(seq_id, prompt, max_len=64):
 
 
 def decode(seq_id, tokens=(), pending=False, max_len=64):
-    return PlanEntry(seq_id, list(tokens), False, max_len, pending=pending)
+    return PlanEntry(seq_id, list(tokens) + [PENDING] * pending, False, max_len)
 
 
 def test_a_block_completed_by_a_pending_token_is_keyed_once_it_is_filled():
@@ -96,7 +96,7 @@ def test_an_unknown_or_swapped_sequence_defers_and_bad_plans_are_refused():
     with pytest.raises(ValueError, match="pending token"):
         mem.reserve(Plan([decode("s", pending=True)]))
     with pytest.raises(ValueError, match="pending token"):
-        mem.reserve(Plan([PlanEntry("n", [1], True, 8, pending=True)], ahead=True))
+        mem.reserve(Plan([PlanEntry("n", [1, PENDING], True, 8)], ahead=True))
     mem.allocator.swap_out("s")
     assert mem.reserve(Plan([decode("s", pending=True)], ahead=True)).deferred
 
@@ -104,7 +104,7 @@ def test_an_unknown_or_swapped_sequence_defers_and_bad_plans_are_refused():
 def test_ahead_fields_cross_the_wire():
     plan = Plan([decode("s", [7], pending=True)], free=["x"], ahead=True, fills=[("s", 3, 9)])
     back = convert.plan_from_proto(convert.plan_to_proto(plan, "g"))
-    assert back.ahead and back.fills == [("s", 3, 9)] and back.entries[0].pending
+    assert back.ahead and back.fills == [("s", 3, 9)] and back.run_tokens == [7, PENDING]
     mem = manager()
     mem.reserve(Plan([new("s", [1, 2, 3])]))
     r = mem.reserve(Plan([decode("s", pending=True)], ahead=True))

@@ -97,7 +97,7 @@ def test_memsvc_admits_no_new_sequence_for_a_session_over_its_share():
     for i in (1, 2, 3):  # holding 5, 10, 15 < 16: admitted
         assert [g.seq_id for g in mem.reserve(Plan([new(str(i), 100 * i + 300)]), session_id="hog").grants] == [str(i)]
     held = mem.reserve(Plan([new("4", 900)]), session_id="hog")  # 20 >= 16: waits
-    assert held.grants == [] and held.waiting == ["4"]
+    assert not held.grants and held.waiting == ["4"]
     later = mem.reserve(Plan([new("1", 1000)]), session_id="other")  # the other one still starts
     assert [g.seq_id for g in later.grants] == ["1"]
     mem.check_integrity()

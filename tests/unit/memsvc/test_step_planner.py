@@ -7,17 +7,19 @@ import pytest
 from memsvc.paged_allocator import PagedAllocator
 from memsvc.preemption_policy import PreemptionPolicy
 from memsvc.step_planner import StepPlanner, check_plan
+from wire.pending_token import PENDING
 from wire.protocol import Plan, PlanEntry
 
 BS = 4
 
 
-def new(seq_id, n, max_len=16, **kw):
-    return PlanEntry(seq_id, list(range(100 * len(seq_id), 100 * len(seq_id) + n)), True, max_len, **kw)
+def new(seq_id, n, max_len=16, pending=False, **kw):
+    tokens = list(range(100 * len(seq_id), 100 * len(seq_id) + n)) + [PENDING] * pending
+    return PlanEntry(seq_id, tokens, True, max_len, **kw)
 
 
-def run(seq_id, n=1, **kw):
-    return PlanEntry(seq_id, [7] * n, False, 64, **kw)
+def run(seq_id, n=1, pending=False):
+    return PlanEntry(seq_id, [7] * n + [PENDING] * pending, False, 64)
 
 
 def planner(num_blocks, mode="recompute", host=0, watermark=0):

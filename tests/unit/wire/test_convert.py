@@ -10,9 +10,10 @@ import pytest
 from memsvc.memory_manager import MemoryConfig, MemoryManager
 from wire import convert
 from wire.protocol import (
-    Grant, KVGeometry, ModelInfo, Plan, PlanEntry, PoolStats, Preemption, PromptLogprob, Rejection,
+    Grant, Grants, KVGeometry, ModelInfo, Plan, PlanEntry, PoolStats, Preemption, PromptLogprob, Rejection,
     ReserveResult, SampleOutput, SamplingParams, SeqStep, StepBatch,
 )
+from wire.pending_token import PENDING
 from wire.v1 import executor_pb2, generation_pb2, memory_pb2
 from tests.support.written import Steps
 
@@ -72,17 +73,18 @@ def test_plan():
     assert convert.plan_from_proto(msg) == plan
 
 
-def test_a_plans_leading_running_entries_travel_packed():
-    """Running entries carry only id, tokens and pending across the wire (memsvc reads max_len,
-    final_len and salt of new sequences only)."""
+def test_a_plans_running_sequences_travel_in_columns():
+    """Running sequences carry only id and tokens, PENDING among them, across the wire
+    (memsvc reads max_len, final_len and salt of new sequences only)."""
     plan = Plan([
-        PlanEntry("r/0", [1], False, 0), PlanEntry("r/1", [], False, 0, pending=True),
+        PlanEntry("r/0", [1], False, 0), PlanEntry("r/1", [PENDING], False, 0),
         PlanEntry("r/2", [3, 4, 5], False, 0), PlanEntry("n/0", [6, 7], True, 30, max_new_tokens=2),
-        PlanEntry("late/0", [8], False, 20),  # (not produced by the gateway; order is kept)
+        PlanEntry("late/0", [8], False, 20),  # (not produced by the gateway: it goes with the running)
     ], ahead=True, fills=[("r/0", 4, 11)])
     msg = wire(convert.plan_to_proto(plan))
-    assert list(msg.run_seq_ids) == ["r/0", "r/1", "r/2"] and list(msg.run_token_ids) == [1, 3, 4, 5]
-    assert [e.seq_id for e in msg.entries] == ["n/0", "late/0"]
+    assert list(msg.run_seq_ids) == ["r/0", "r/1", "r/2", "late/0"]
+    assert list(msg.run_token_ids) == [1, PENDING, 3, 4, 5, 8] and list(msg.run_num_tokens) == [1, 1, 3, 1]
+    assert [e.seq_id for e in msg.entries] == ["n/0"]
     assert convert.plan_from_proto(msg) == plan
     msg.run_num_tokens[0] = 2
     with pytest.raises(ValueError, match="do not agree"):
@@ -91,13 +93,13 @@ def test_a_plans_leading_running_entries_travel_packed():
 
 def test_reserve_result():
     r = ReserveResult(
-        grants=[Grant("a/0", 16, 3, 1, [7], 16), Grant("b/0", 0, 1, 0, [0]), Grant("c/1", 5, 1)],
+        grants=Grants(["a/0", "b/0", "c/1"], [16, 0, 5], [3, 1, 1], [1, 0, 0], [1, 1, 0], [7, 0], [16, 0, 0]),
         preempted=[Preemption("c/0", "recompute"), Preemption("d/0", "swap")],
         rejected=[Rejection("e/0", "too long")], waiting=["f/0", "g/0"], resumed=["h/0"],
         pool_epoch="0123abcd",
     )
     assert convert.reserve_result_from_proto(wire(convert.reserve_result_to_proto(r))) == r
-    assert convert.reserve_result_from_proto(memory_pb2.ReserveResponse()) == ReserveResult([])
+    assert convert.reserve_result_from_proto(memory_pb2.ReserveResponse()) == ReserveResult()
 
 
 def test_sample_outputs():
@@ -181,7 +183,9 @@ def test_prompt_logprob_positions_of_each_chunk():
 # -- every field of every message, generated -------------------------------------------------
 
 VALUES = {"guided_kind": "json_schema", "mode": "swap", "dtype": "bfloat16"}  # fields with a vocabulary
-FIXED = {("SampleOutput", "token_id"): -1}  # sampled=False: a prompt-only output has no token
+FIXED = {("SampleOutput", "token_id"): -1,  # sampled=False: a prompt-only output has no token
+         ("PlanEntry", "new"): True,  # (a running one moves into the plan's columns)
+         ("Plan", "run_counts"): [1, 1], ("Grants", "num_new_blocks"): [1, 1]}  # the columns agree
 
 
 def off_default(hint, default, name):
@@ -211,7 +215,7 @@ def off_default(hint, default, name):
 
 
 # fields that are a reading of others on the wire, not fields of their own
-NOT_ON_THE_WIRE = {("ReserveResult", "run")}  # the grants in columns (reserve_result_from_proto)
+NOT_ON_THE_WIRE: set[tuple[str, str]] = set()
 
 
 def generated(cls):
@@ -247,16 +251,12 @@ def test_every_field_of_a_message_round_trips(name):
     assert trip(msg) == msg
 
 
-def test_a_column_answer_reads_as_a_run_and_as_the_same_grants():
-    from wire.protocol import Grant, RunGrants
-    grants = RunGrants([9, 16, 4], [2, 1, 1], [0, 2, 1], [7, 8, 3], seq_ids=["a", "b", "c"])
-    m = wire(convert.run_grants_to_proto(["a", "b", "c"], [0, 0, 0], [1, 1, 1], grants))
-    m.pool_epoch = "e"
-    run = convert.reserve_result_from_proto(m, columns=True)
-    plain = convert.reserve_result_from_proto(m)
-    assert run.grants == [] and run.run.seq_ids == ["a", "b", "c"] and run.run.num_tokens == [1, 1, 1]
-    assert run.all_grants() == plain.grants == [Grant("a", 9, 1, 2, []), Grant("b", 16, 1, 1, [7, 8]),
-                                                Grant("c", 4, 1, 1, [3])]
-    assert run.pool_epoch == plain.pool_epoch == "e"
-    m.preempted.add(seq_id="a", mode="swap")  # anything but grants: read one by one
-    assert convert.reserve_result_from_proto(m, columns=True).run is None
+def test_the_grant_columns_go_as_they_are_and_must_agree():
+    g = Grants(["a", "b", "c"], [9, 16, 4], [1, 1, 1], [2, 1, 1], [0, 2, 1], [7, 8, 3], [0, 0, 0])
+    m = wire(convert.reserve_result_to_proto(ReserveResult(g, pool_epoch="e")))
+    back = convert.reserve_result_from_proto(m)
+    assert back.grants == g and back.pool_epoch == "e"
+    assert list(back.grants)[1] == Grant("b", 16, 1, 1, [7, 8], 0)
+    m.grant_new_blocks.append(4)
+    with pytest.raises(ValueError, match="do not agree"):
+        convert.reserve_result_from_proto(m)

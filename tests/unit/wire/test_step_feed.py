@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from wire.protocol import SampleOutput, SamplingParams, SeqStep, StepBatch
 from wire.ordered_executor import OrderedExecutor
-from wire.protocol import KVGeometry
-from wire.step_delta import SeqDelta, StepDelta
-from wire.step_feed import FED, FedTokenUnknown, LastSampled, StepOrder, lost_feed
+from wire.pending_token import PENDING
+from wire.protocol import KVGeometry, SampleOutput, SamplingParams, SeqStep, StepBatch
+from wire.step_delta import StepDelta
+from wire.step_feed import FedTokenUnknown, LastSampled, StepOrder, lost_feed
 
 
 def seq(seq_id, tokens, start, sample=True, output=()):
@@ -21,18 +21,18 @@ def test_fill_puts_the_last_sample_in_place_and_refuses_an_unknown_one_whole():
     feed = LastSampled()
     first = StepBatch([seq("a", [1, 2], 0), seq("b", [3], 0, sample=False), seq("c", [4], 0)])
     feed.record(first, [SampleOutput("a", 10), SampleOutput("c", 30)])
-    ok = StepBatch([seq("a", [FED], 2, output=[FED]), seq("b", [5], 1), seq("c", [FED], 1)])
+    ok = StepBatch([seq("a", [PENDING], 2, output=[PENDING]), seq("b", [5], 1), seq("c", [PENDING], 1)])
     assert feed.fill(ok) == [0, 2]
     assert ok.seqs[0].token_ids == [10] and ok.seqs[0].output_token_ids == [10]
     assert ok.seqs[2].token_ids == [30]
     # "a" sampled at position 2 only; "b" never sampled: the whole batch is refused unchanged
-    bad = StepBatch([seq("a", [FED], 2), seq("b", [FED], 2)])
+    bad = StepBatch([seq("a", [PENDING], 2), seq("b", [PENDING], 2)])
     with pytest.raises(FedTokenUnknown):
         feed.fill(bad)
-    assert bad.seqs[0].token_ids == [FED]
+    assert bad.seqs[0].token_ids == [PENDING]
     feed.record(StepBatch([], forget=["a"]), [])
     with pytest.raises(FedTokenUnknown):
-        feed.fill(StepBatch([seq("a", [FED], 2)]))
+        feed.fill(StepBatch([seq("a", [PENDING], 2)]))
 
 
 def test_lost_feed_tells_a_missing_fed_token_from_other_failures():
@@ -93,8 +93,8 @@ def test_ordered_executor_runs_steps_in_order_and_feeds_itself():
 
     ex = OrderedExecutor(Echo())
     results = {}
-    d1 = StepDelta([SeqDelta("a", [7], 3, True, 0, [5], Src())], step=1)
-    d2 = StepDelta([SeqDelta("a", [FED], 4, True, 1, [9], Src())], step=2)
+    d1 = StepDelta(["a"], [3], [1], [7], [True], [0], [1], [5], [Src()], step=1)
+    d2 = StepDelta(["a"], [4], [1], [PENDING], [True], [1], [1], [9], [Src()], step=2)
     t2 = threading.Thread(target=lambda: results.setdefault(2, ex.execute(d2)))
     t2.start()  # sent second, may start first: waits for step 1
     time.sleep(0.05)
@@ -102,6 +102,6 @@ def test_ordered_executor_runs_steps_in_order_and_feeds_itself():
     t2.join(5)
     assert ran == [(1, [(7, [23])]), (2, [(8, [36])])]  # slots from the held table: 5*4+3, 9*4+0
     assert results[2][0].token_id == 9
-    assert d2.seqs[0].token_ids == [FED]  # the caller's step is left as it was
-    ex.execute(StepDelta([], forget=["a"], step=3))
+    assert d2.token_ids == [PENDING]  # the caller's step is left as it was
+    ex.execute(StepDelta(forget=["a"], step=3))
     assert ex.held == {}
