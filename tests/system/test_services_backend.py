@@ -158,7 +158,7 @@ def test_errors_carry_status_codes(backend):
     src = Sequence("x/0", "x", 0, [10**6], sp, 0, 8, 0.0)
     src.block_table = [0]
     bad = StepDelta([SeqDelta("x/0", [10**6], 0, True, 0, [0], src)])
-    [out] = backend.remote.execute(bad)  # left out of the pass, reported alone (executor.seq_screen)
+    [out] = backend.remote.step(bad).result()  # left out of the pass, reported alone (executor.seq_screen)
     assert out.seq_id == "x/0" and "token ids must be in" in out.error
 
 
