@@ -18,34 +18,17 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 from gateway.beam_search import BeamDone
 from gateway.in_process import step_clients
 from gateway.overlap import InFlight, Overlap
 from gateway.requests import Requests
 from gateway.scheduler import Scheduler, SchedulerConfig, SeqUpdate
+from gateway.step_times import StepTimes
 from gateway.write_report import WriteReport
 from wire.clients import ExecutorClient, MemoryClient
 from wire.protocol import Delta, Plan, ReserveResult, SampleOutput, SamplingParams
 from wire.step_delta import StepDelta
-
-
-@dataclass
-class StepTimes:
-    """Wall seconds the loop spent per phase, summed over `steps` (perf_counter, cheap
-    enough to stay on): scheduling (plan, applying memsvc's answer), Reserve (forks
-    included: the wire and memsvc), Execute (the wire and the executor) and outputs (applying the
-    tokens, detokenizing, stop rules, deltas)."""
-
-    steps: int = 0
-    schedule: float = 0.0
-    reserve: float = 0.0
-    execute: float = 0.0
-    output: float = 0.0
-
-    def clear(self) -> None:
-        self.steps, self.schedule, self.reserve, self.execute, self.output = 0, 0.0, 0.0, 0.0, 0.0
 
 
 class BatchLoop:
