@@ -15,7 +15,6 @@ UNAVAILABLE (see memsvc.server, executor.server).
 """
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -77,45 +76,63 @@ class ExecutorClient(ABC):
 
 
 class Sent(Future):
-    """A call already sent whose answer `read()` gives on the thread that first asks for it
-    (`result` or `exception`), as a Future's; not done before it is asked."""
+    """A call already sent, whose answer `read()` gives on the thread that first asks for it
+    (`result`, `exception`; done callbacks run then): not done before it is asked. Lighter
+    than a Future another thread completes (no condition variable), so one thread, the
+    caller's, reads it."""
 
-    def __init__(self, read: Callable[[], object]):
-        super().__init__()
+    def __init__(self, read: Callable[[], object]):  # no Future.__init__: its lock is not needed
         self._read: Callable[[], object] | None = read
-        self._reading = threading.Lock()
+        self._done = False
+        self._value = self._error = None
+        self._callbacks: list = []
 
     def _settle(self) -> None:
-        with self._reading:
-            read, self._read = self._read, None
+        read, self._read = self._read, None
         if read is None:
             return
         try:
-            self.set_result(read())
+            self._value = read()
         except BaseException as e:  # noqa: BLE001 - kept for whoever asks, as a Future keeps it
-            self.set_exception(e)
+            self._error = e
+        self._done = True
+        for fn in self._callbacks:
+            fn(self)
 
     def result(self, timeout: float | None = None):
         self._settle()
-        return super().result(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._value
 
     def exception(self, timeout: float | None = None):
         self._settle()
-        return super().exception(timeout)
+        return self._error
 
+    def done(self) -> bool:
+        return self._done
 
-def answered(value) -> Future:
-    """A Future already done with `value`."""
-    future: Future = Future()
-    future.set_result(value)
-    return future
+    def add_done_callback(self, fn) -> None:
+        if self._done:
+            fn(self)
+        else:
+            self._callbacks.append(fn)
+
+    def running(self) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<Sent {'done' if self._done else 'not read yet'}>"
 
 
 def call_now(fn: Callable, *args) -> Future:
     """`fn(*args)` made now, on this thread: a Future done with its answer or its error."""
-    future: Future = Future()
-    try:
-        future.set_result(fn(*args))
-    except Exception as e:  # noqa: BLE001 - raised when the answer is asked for
-        future.set_exception(e)
+    future = Sent(lambda: fn(*args))
+    future.exception()
     return future
