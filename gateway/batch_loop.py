@@ -235,7 +235,11 @@ class BatchLoop:
         """Put `batch` on its way to the executor, with what it is to forget."""
         t0 = time.perf_counter()
         batch.forget, self._forget = self._forget, []
-        step = self.overlap.send(self.executor, batch, fed)
+        try:
+            step = self.overlap.send(self.executor, batch, fed)
+        except BaseException:  # not sent
+            self._failed(batch)
+            raise
         self.times.execute += time.perf_counter() - t0
         return step
 
