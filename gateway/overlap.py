@@ -50,8 +50,8 @@ class Overlap:
 
     def send(self, executor: ExecutorClient, batch: StepDelta, fed: bool) -> InFlight:
         batch.step = next(self.numbers)
-        step = InFlight(batch, None, fed, time.perf_counter())  # type: ignore[arg-type]
-        step.future = executor.step(batch)
+        sent = time.perf_counter()
+        step = InFlight(batch, executor.step(batch), fed, sent)
         step.future.add_done_callback(lambda _: setattr(step, "ended", time.perf_counter()))
         self.inflight.append(step)
         return step
