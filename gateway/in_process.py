@@ -24,7 +24,7 @@ from wire.step_delta import StepDelta
 from wire.step_feed import FED, FED_UNKNOWN, FedTokenUnknown
 
 
-def submit_on_wire(pool: ThreadPoolExecutor, fn, *args) -> Future:
+def submit_started(pool: ThreadPoolExecutor, fn, *args) -> Future:
     """`pool.submit(fn, *args)`, returning once the helper has started it. The helper then
     has the GIL until its call blocks; else it waits for this thread's work, up to the 5 ms
     switch interval."""
@@ -47,7 +47,7 @@ class _Helpers:
     def submit(self, fn, *args) -> Future:
         if self.pool is None:
             self.pool = ThreadPoolExecutor(self.n, thread_name_prefix=self.name)
-        return submit_on_wire(self.pool, fn, *args)
+        return submit_started(self.pool, fn, *args)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -83,7 +83,7 @@ class InProcessExecutor(ExecutorClient):
         self.ordered = OrderedExecutor(inner)
         self.background = background
         self._helpers = _Helpers(2, "pagedserve-execute")
-        self._sent: dict[int, Future] = {}  # step number -> its last try, for the step after it
+        self._tries: dict[int, Future] = {}  # step number -> its last try, for the step after it
 
     def model_info(self) -> ModelInfo:
         return self.ordered.model_info()
@@ -91,12 +91,12 @@ class InProcessExecutor(ExecutorClient):
     def step(self, step: StepDelta) -> Future[list[SampleOutput]]:
         if not self.background:
             return call_now(self.ordered.execute, step)
-        before = self._sent.get(step.step - 1)
+        before = self._tries.get(step.step - 1)
         if before is not None and before.done() and not _fed(step):
             before = None
         future = self._helpers.submit(self._after, before, step)
-        self._sent = {n: f for n, f in self._sent.items() if n >= step.step - 1}
-        self._sent[step.step] = future
+        self._tries = {n: f for n, f in self._tries.items() if n >= step.step - 1}
+        self._tries[step.step] = future
         return future
 
     def _after(self, before: Future | None, step: StepDelta) -> list[SampleOutput]:
