@@ -162,7 +162,7 @@ def profile_batch(engine, batch: int, input_len: int, steps: int, warmup: int, s
     for _ in range(warmup):
         loop.step()
     # unprofiled timing
-    engine.loop.executor._executor.execute = timed
+    engine.executor.execute = timed
     t0 = time.perf_counter()
     plain_tokens = sum(len(d.token_ids) for _ in range(steps) for d in loop.step())
     plain_step = (time.perf_counter() - t0) / steps
@@ -176,7 +176,7 @@ def profile_batch(engine, batch: int, input_len: int, steps: int, warmup: int, s
             wall = time.perf_counter() - t0
     finally:
         _unpatch(saved)
-        engine.loop.executor._executor.execute = execute
+        engine.executor.execute = execute
     if plain_tokens != batch * steps or profiled_tokens != batch * steps:
         raise RuntimeError(f"a timed phase decoded {plain_tokens} and {profiled_tokens} tokens, "
                            f"not {batch} x {steps}: its steps were not all full decode steps")

@@ -106,14 +106,14 @@ def beam_saving(engine, requests, width: int, corpus: list[int]) -> float:
     from wire.protocol import SamplingParams
 
     memory = _Measured(engine.memory, engine.memory.allocator)
-    engine.loop.memory = memory
+    engine.loop.memory.inner = memory  # gateway.in_process.InProcessMemory
     rng = random.Random(width)
     for r in requests:
         engine.add_request(window(corpus, rng, r.prompt_len),
                            SamplingParams(max_tokens=r.output_len, beam_width=width, ignore_eos=True))
     for _ in engine.stream():
         pass
-    engine.loop.memory = engine.memory
+    engine.loop.memory.inner = engine.memory
     return memory.saved()
 
 

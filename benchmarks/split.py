@@ -25,10 +25,12 @@ import statistics
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import Future
 
-from wire.clients import ExecutorClient, MemoryClient
-from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, SamplingParams, StepBatch
 from benchmarks.workloads import random_prompt_ids
+from wire.clients import ExecutorClient, MemoryClient, Sent
+from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, SamplingParams
+from wire.step_delta import StepDelta
 
 
 def add_parser(sub) -> None:
@@ -48,15 +50,11 @@ def add_parser(sub) -> None:
 
 
 class _Timed:
-    """Wraps a client; every call's wall time is added up by method name."""
+    """Wraps a client (wire.clients); every call's wall time is added up by method name."""
 
     def __init__(self, inner):
         self.inner = inner
         self.seconds: dict[str, float] = defaultdict(float)
-
-    @property
-    def calls_later(self) -> bool:
-        return getattr(self.inner, "calls_later", False)
 
     def _timed(self, name: str, fn, *args):
         t = time.perf_counter()
@@ -65,18 +63,15 @@ class _Timed:
         finally:
             self.seconds[name] += time.perf_counter() - t
 
-    def _timed_later(self, name: str, fn, *args):
-        """A call sent now (wire.clients): its sending and the wait for its answer are timed."""
+    def _timed_step(self, name: str, fn, *args) -> Future:
+        """A step call: its sending and the wait for its answer are timed."""
         answer = self._timed(name, fn, *args)
-        return lambda: self._timed(name, answer)
+        return Sent(lambda: self._timed(name, answer.result))
 
 
 class TimedMemory(_Timed, MemoryClient):
-    def reserve(self, plan: Plan) -> ReserveResult:
-        return self._timed("reserve", self.inner.reserve, plan)
-
-    def reserve_later(self, plan: Plan):
-        return self._timed_later("reserve", self.inner.reserve_later, plan)
+    def reserve(self, plan: Plan) -> Future[ReserveResult]:
+        return self._timed_step("reserve", self.inner.reserve, plan)
 
     def free(self, seq_ids: list[str]) -> None:
         self._timed("free", self.inner.free, seq_ids)
@@ -89,18 +84,11 @@ class TimedMemory(_Timed, MemoryClient):
 
 
 class TimedExecutor(_Timed, ExecutorClient):
-    @property
-    def feeds_itself(self) -> bool:
-        return getattr(self.inner, "feeds_itself", False)
-
     def model_info(self) -> ModelInfo:
         return self._timed("model_info", self.inner.model_info)
 
-    def execute(self, batch: StepBatch) -> list[SampleOutput]:
-        return self._timed("execute", self.inner.execute, batch)
-
-    def execute_later(self, batch):
-        return self._timed_later("execute", self.inner.execute_later, batch)
+    def step(self, step: StepDelta) -> Future[list[SampleOutput]]:
+        return self._timed_step("execute", self.inner.step, step)
 
 
 def drive(loop, prompts: list[list[int]], sampling: SamplingParams, executor_metrics=None) -> dict:
@@ -206,7 +194,7 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict[str, list[dict]]
         memory, executor = TimedMemory(remote_mem), TimedExecutor(remote_ex)
         engine = LLMEngine(EngineConfig.from_args(args))
         freeze_heap()  # as the services do once started
-        loops = {"in_process": BatchLoop(TimedMemory(engine.memory), TimedExecutor(engine.loop.executor),
+        loops = {"in_process": BatchLoop(TimedMemory(engine.loop.memory), TimedExecutor(engine.loop.executor),
                                          engine.loop.scheduler.config, engine.tokenizer)}
         for kind in KINDS[2:]:
             loops[kind] = BatchLoop(memory, executor, SchedulerConfig(

@@ -3,9 +3,8 @@ one process.
 
 The gateway's loop (plan ahead, as served), memsvc's MemoryManager and the executor's
 per-sequence state run in this process over a zero-cost executor, and every message makes
-its wire round trip (to protobuf, serialized, parsed, back). The loop calls them as it calls
-the remote clients (`calls_later`: a call is made when sent and its answer read when asked
-for), so what is measured is the Python of the step path without gRPC's calls or the hops
+its wire round trip (to protobuf, serialized, parsed, back). They are clients as the remote
+ones are (wire.clients: a call is made when sent, its Future answered), so what is measured is the Python of the step path without gRPC's calls or the hops
 between threads and processes: `bench control-plane` measures those. Each part's thread CPU time per step (ms) is printed
 beside the process's CPU and wall time per step. See docs/ARCHITECTURE.md, "The step path".
 """
@@ -17,7 +16,7 @@ import sys
 import time
 from collections import Counter
 
-from wire.clients import call_now
+from wire.clients import ExecutorClient, MemoryClient, call_now
 
 
 def add_parser(sub) -> None:
@@ -51,11 +50,9 @@ class _Parts:
         return call
 
 
-class WireMemory:
-    """MemoryManager behind the Reserve message's round trip, called as the remote client
-    is (`calls_later`): the call runs when sent, its answer comes when asked for."""
-
-    calls_later = True
+class WireMemory(MemoryClient):
+    """MemoryManager behind the Reserve message's round trip, a client as the remote one is:
+    the call runs when sent."""
 
     def __init__(self, manager, parts: _Parts | None = None):
         parts = parts or _Parts(timed=False)
@@ -71,10 +68,10 @@ class WireMemory:
         self._result_from = t("result from proto", convert.reserve_result_from_proto)
         self._request, self._response = memory_pb2.ReserveRequest, memory_pb2.ReserveResponse
 
-    def reserve_later(self, plan):
-        return call_now(self.reserve, plan)
-
     def reserve(self, plan):
+        return call_now(self.reserve_now, plan)
+
+    def reserve_now(self, plan):
         """As memsvc's server takes it and the remote client reads the answer."""
         request = self._request.FromString(self._plan_to(plan, "s").SerializeToString())
         response = self._result_to(self._reserve(self._plan_from(request), "s"))
@@ -89,14 +86,14 @@ class WireMemory:
     def fork(self, parent_id, child_id):
         self.manager.fork(parent_id, child_id, "s")
 
+    def stats(self):
+        return self.manager.stats()
 
-class WireExecutor:
+
+class WireExecutor(ExecutorClient):
     """An executor behind the Execute message's round trip, run as the executor service
-    runs it (per-sequence state, steps in order, fed tokens), called as the remote client
-    is (`calls_later`)."""
-
-    feeds_itself = True
-    calls_later = True
+    runs it (per-sequence state, steps in order, fed tokens), a client as the remote one
+    is: the step runs when sent."""
 
     def __init__(self, executor, parts: _Parts | None = None):
         parts = parts or _Parts(timed=False)
@@ -119,7 +116,7 @@ class WireExecutor:
     def model_info(self):
         return self.executor.model_info()
 
-    def execute_later(self, step):
+    def step(self, step):
         return call_now(self.execute, step)
 
     def execute(self, step):

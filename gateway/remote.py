@@ -19,12 +19,13 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
+from concurrent.futures import Future
 
 import grpc
 
 from wire import convert
-from wire.clients import ExecutorClient, MemoryClient
+from wire.clients import ExecutorClient, MemoryClient, Sent
 from wire.grpc_service import open_channel
 from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
 from wire.step_channel import StepChannelSlot
@@ -50,17 +51,12 @@ class RemoteMemoryClient(MemoryClient):
         if heartbeat_s > 0:
             threading.Thread(target=self._heartbeat, name="memsvc-heartbeat", daemon=True).start()
 
-    calls_later = True  # wire.clients
-
-    def reserve(self, plan: Plan) -> ReserveResult:
-        return self.reserve_later(plan)()
-
-    def reserve_later(self, plan: Plan) -> Callable[[], ReserveResult]:
+    def reserve(self, plan: Plan) -> Future[ReserveResult]:
         request = convert.plan_to_proto(plan, self.session_id)
         self._last_call = time.monotonic()
         answer = self._steps.start("Reserve", self.stub.Reserve, request, memory_pb2.ReserveResponse,
                                    self.timeout)
-        return lambda: convert.reserve_result_from_proto(answer())
+        return Sent(lambda: convert.reserve_result_from_proto(answer()))
 
     def tables(self, seq_ids: list[str]) -> list[list[int]]:
         response = self.stub.Tables(memory_pb2.TablesRequest(session_id=self.session_id, seq_ids=seq_ids),
@@ -107,9 +103,6 @@ class RemoteExecutorClient(ExecutorClient):
     `tables` (memsvc's: MemoryClient.tables) gives the whole block tables a sequence's state
     goes with when the executor does not hold it (it restarted, or a step failed)."""
 
-    feeds_itself = True
-    calls_later = True  # wire.clients
-
     def __init__(self, address: str, *, timeout: float | None = None, info_timeout: float = 60.0,
                  tls=None, session_id: str | None = None, token: str | None = None,
                  tables: Callable[[list[str]], list[list[int]]] | None = None):
@@ -118,7 +111,7 @@ class RemoteExecutorClient(ExecutorClient):
         self.session_id = session_id or f"gateway-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.incarnation = ""  # the executor process that holds our sequences' state
         self._sent: set[str] = set()  # the sequences whose state the executor holds
-        self._lock = threading.Lock()  # two steps may be in flight (gateway.step_pipeline)
+        self._lock = threading.Lock()  # two steps may be in flight (gateway.overlap)
         self._encoded = StepOrder()  # steps are encoded in their order: `sent` says
         # what the executor holds once the steps before have run
         self.num_resyncs = 0
@@ -139,10 +132,7 @@ class RemoteExecutorClient(ExecutorClient):
             self._tokenizer_dir = self._info.tokenizer_dir
         return self._info
 
-    def execute(self, step: StepDelta) -> list[SampleOutput]:
-        return self.execute_later(step)()
-
-    def execute_later(self, step: StepDelta) -> Callable[[], list[SampleOutput]]:
+    def step(self, step: StepDelta) -> Future[list[SampleOutput]]:
         """Sends each sequence's state once, then only its changes (wire.step_delta); an
         executor that lost that state (it restarted) gets all of it. So does a step encoded
         before the step ahead of it was sent again that way, if it was refused (state
@@ -165,7 +155,7 @@ class RemoteExecutorClient(ExecutorClient):
                 self.incarnation = ""
                 self.num_resyncs += 1
             return self._send(step)[0]()
-        return result
+        return Sent(result)
 
     def _send(self, step: StepDelta) -> tuple[Callable[[], list[SampleOutput]], int]:
         """The step's answer, to read later, and `num_resyncs` as the step was encoded."""

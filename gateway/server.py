@@ -47,6 +47,7 @@ from gateway.api_key import ApiKeyInterceptor
 from gateway.api_request import (ApiError, chat_prompt, check_model, check_request_field,
                                  check_text_size, generate_prompt, sampling_from_proto)
 from gateway.batch_loop import BatchLoop
+from gateway.in_process import step_clients
 from gateway.metrics import GatewayMetrics
 from gateway.parse_pool import ParsePool
 from gateway.request_limits import utf8_size
@@ -77,8 +78,8 @@ class Backend:
     `check` raises unless both services can do their job (default: ask each for its state).
     """
 
-    memory: Any  # wire.clients.MemoryClient
-    executor: Any  # wire.clients.ExecutorClient
+    memory: Any  # a wire.clients.MemoryClient, or an object gateway.in_process wraps
+    executor: Any  # a wire.clients.ExecutorClient, or an object gateway.in_process wraps
     tokenizer: Any = None
     check: Callable[[], None] | None = None
 
@@ -137,8 +138,9 @@ class GenerationService(pb_grpc.GenerationServicer):
             if on_step_error is not None:
                 on_step_error(error)
 
-        retry = StepRetry(backend.memory, backend.executor, self.step_retry_s, on_retry=on_retry)
-        block_size = backend.executor.model_info().kv.block_size
+        clients = step_clients(backend.memory, backend.executor, self.scheduler_config.overlap)
+        retry = StepRetry(*clients, self.step_retry_s, on_retry=on_retry)
+        block_size = retry.executor.model_info().kv.block_size
         memory = ObservedMemory(retry.memory, self.telemetry, block_size)
         executor = ObservedExecutor(retry.executor, self.telemetry, memory)
         loop = BatchLoop(memory, executor, self.scheduler_config, backend.tokenizer)

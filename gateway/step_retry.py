@@ -1,4 +1,5 @@
-"""A step that survives a restart of the executor or of memsvc.
+"""A step that survives a restart of the executor or of memsvc: one wrapper of each client's
+step call (wire.clients), the retry read with the answer, on the thread that asks for it.
 
 Contract: Execute UNAVAILABLE runs the same batch again (memsvc is not asked again);
 Reserve UNAVAILABLE sends the same plan again; Execute ABORTED (another pool) raises
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
+from concurrent.futures import Future
 
 import grpc
 
-from wire.clients import ExecutorClient, MemoryClient
+from wire.clients import ExecutorClient, MemoryClient, Sent
 from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
 from wire.step_delta import StepDelta
 
@@ -31,69 +33,25 @@ def _code(error: BaseException):
 
 
 class StepRetry:
-    """`memory` and `executor` are the retrying faces of the clients given."""
+    """`memory` and `executor` are the retrying faces of the clients given; they share the
+    policy and `dirty`, an Execute that never succeeded."""
 
     def __init__(self, memory: MemoryClient, executor: ExecutorClient, timeout_s: float = 60.0,
                  interval_s: float = 0.2, on_retry: Callable[[str, BaseException], None] | None = None):
-        self.inner_memory = memory
-        self.inner_executor = executor
         self.timeout_s = timeout_s
         self.interval_s = interval_s
         self.on_retry = on_retry
-        self.dirty: StepDelta | None = None  # an Execute that never succeeded
-        self.memory = _Memory(self)
-        self.executor = _Executor(self)
+        self.dirty: StepDelta | None = None
+        self.memory = RetriedMemory(memory, self)
+        self.executor = RetriedExecutor(executor, self)
 
-    def reserve(self, plan: Plan) -> ReserveResult:
-        self._run_dirty()
-        return self._retry("reserve", lambda: self.inner_memory.reserve(plan))
-
-    def reserve_later(self, plan: Plan) -> Callable[[], ReserveResult]:
-        self._run_dirty()
-        again = _first_then(self.inner_memory.reserve_later(plan), lambda: self.inner_memory.reserve(plan))
-        return lambda: self._retry("reserve", again)
-
-    def execute(self, batch: StepDelta) -> list[SampleOutput]:
-        return self._execute(batch, lambda: self.inner_executor.execute(batch))
-
-    def execute_later(self, batch: StepDelta) -> Callable[[], list[SampleOutput]]:
-        again = _first_then(self.inner_executor.execute_later(batch),
-                            lambda: self.inner_executor.execute(batch))
-        return lambda: self._execute(batch, again)
-
-    def _run_dirty(self) -> None:
-        if self.dirty is not None:
-            batch = self.dirty
-            try:
-                self._retry("execute", lambda: self._once(lambda: self.inner_executor.execute(batch)))
-            except PoolChanged:
-                pass
-            self.dirty = None
-
-    def _execute(self, batch: StepDelta, call: Callable[[], list[SampleOutput]]) -> list[SampleOutput]:
-        try:
-            return self._retry("execute", lambda: self._once(call))
-        except PoolChanged:
-            raise
-        except grpc.RpcError as e:
-            if _code(e) in RETRYABLE:
-                self.dirty = batch
-            raise
-
-    @staticmethod
-    def _once(call: Callable[[], list[SampleOutput]]) -> list[SampleOutput]:
-        try:
-            return call()
-        except grpc.RpcError as e:
-            if _code(e) == grpc.StatusCode.ABORTED:
-                raise PoolChanged(e.details()) from None
-            raise
-
-    def _retry(self, call: str, fn):
-        deadline = None
+    def retried(self, call: str, first: Future, again: Callable[[], Future]):
+        """The answer of `first`, a call already sent; while it is UNAVAILABLE, of `again()`,
+        every `interval_s` up to `timeout_s`."""
+        deadline, future = None, first
         while True:
             try:
-                return fn()
+                return future.result()
             except grpc.RpcError as e:
                 if _code(e) not in RETRYABLE:
                     raise
@@ -107,53 +65,72 @@ class StepRetry:
                 if self.on_retry is not None:
                     self.on_retry(call, e)
                 time.sleep(self.interval_s)
+            future = again()
 
 
-def _first_then(first: Callable, again: Callable) -> Callable:
-    """A call whose first try is `first` (a call already sent) and every later one `again`."""
-    tries = [first]
+class RetriedMemory(MemoryClient):
+    """Reserve retried, after the dirty batch ran; the rest passed through."""
 
-    def call():
-        return tries.pop()() if tries else again()
-    return call
+    def __init__(self, inner: MemoryClient, retry: StepRetry):
+        self.inner = inner
+        self.retry = retry
 
-
-class _Memory(MemoryClient):
-    """The MemoryClient face of StepRetry (reserve retried; the rest passed through)."""
-
-    def __init__(self, retry: StepRetry):
-        self._retry = retry
-        self.calls_later = getattr(retry.inner_memory, "calls_later", False)
-
-    def reserve(self, plan: Plan) -> ReserveResult:
-        return self._retry.reserve(plan)
-
-    def reserve_later(self, plan: Plan) -> Callable[[], ReserveResult]:
-        return self._retry.reserve_later(plan)
+    def reserve(self, plan: Plan) -> Future[ReserveResult]:
+        self.retry.executor.run_dirty()
+        first = self.inner.reserve(plan)
+        return Sent(lambda: self.retry.retried("reserve", first, lambda: self.inner.reserve(plan)))
 
     def free(self, seq_ids: list[str]) -> None:
-        self._retry.inner_memory.free(seq_ids)
+        self.inner.free(seq_ids)
 
+    def tables(self, seq_ids: list[str]) -> list[list[int]]:
+        return self.inner.tables(seq_ids)
     def fork(self, parent_id: str, child_id: str) -> None:
-        self._retry.inner_memory.fork(parent_id, child_id)
+        self.inner.fork(parent_id, child_id)
 
     def stats(self) -> PoolStats:
-        return self._retry.inner_memory.stats()
+        return self.inner.stats()
 
 
-class _Executor(ExecutorClient):
-    """The ExecutorClient face of StepRetry (execute retried; model_info passed through)."""
+class RetriedExecutor(ExecutorClient):
+    """Execute retried; ABORTED raised as PoolChanged; a batch that stayed UNAVAILABLE is
+    `dirty` until `run_dirty` runs it."""
 
-    def __init__(self, retry: StepRetry):
-        self._retry = retry
-        self.feeds_itself = getattr(retry.inner_executor, "feeds_itself", False)
-        self.calls_later = getattr(retry.inner_executor, "calls_later", False)
+    def __init__(self, inner: ExecutorClient, retry: StepRetry):
+        self.inner = inner
+        self.retry = retry
 
     def model_info(self) -> ModelInfo:
-        return self._retry.inner_executor.model_info()
+        return self.inner.model_info()
 
-    def execute(self, batch: StepDelta) -> list[SampleOutput]:
-        return self._retry.execute(batch)
+    def step(self, step: StepDelta) -> Future[list[SampleOutput]]:
+        first = self.inner.step(step)
+        return Sent(lambda: self._answer(step, first))
 
-    def execute_later(self, batch: StepDelta) -> Callable[[], list[SampleOutput]]:
-        return self._retry.execute_later(batch)
+    def _answer(self, step: StepDelta, first: Future) -> list[SampleOutput]:
+        try:
+            return self._retried(step, first)
+        except PoolChanged:
+            raise
+        except grpc.RpcError as e:
+            if _code(e) in RETRYABLE:
+                self.retry.dirty = step
+            raise
+
+    def _retried(self, step: StepDelta, first: Future) -> list[SampleOutput]:
+        try:
+            return self.retry.retried("execute", first, lambda: self.inner.step(step))
+        except grpc.RpcError as e:
+            if _code(e) == grpc.StatusCode.ABORTED:
+                raise PoolChanged(e.details()) from None
+            raise
+
+    def run_dirty(self) -> None:
+        """Run the batch whose Execute never succeeded (a changed pool: it is void)."""
+        step = self.retry.dirty
+        if step is not None:
+            try:
+                self._retried(step, self.inner.step(step))
+            except PoolChanged:
+                pass
+            self.retry.dirty = None

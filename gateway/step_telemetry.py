@@ -13,14 +13,15 @@ never read from the sequence id.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
+from concurrent.futures import Future
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from gateway.request_telemetry import RequestTelemetry
-from wire.clients import ExecutorClient, MemoryClient, call_now, failing
-from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, StepBatch
+from wire.clients import ExecutorClient, MemoryClient, Sent
+from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
 from wire.step_delta import StepDelta
 from wire.tracing import tracer
 
@@ -48,27 +49,19 @@ class ObservedMemory(MemoryClient):
         self.block_size = block_size
         self.request_of = request_of
         self.step = 0
-        self.calls_later = getattr(inner, "calls_later", False)
 
-    def reserve(self, plan: Plan) -> ReserveResult:
-        return self._observed(plan, lambda: call_now(self.inner.reserve, plan))()
-
-    def reserve_later(self, plan: Plan) -> Callable[[], ReserveResult]:
-        return self._observed(plan, lambda: self.inner.reserve_later(plan))
-
-    def _observed(self, plan: Plan, send: Callable[[], Callable[[], ReserveResult]]
-                  ) -> Callable[[], ReserveResult]:
-        """The Reserve `send` puts on its way, in its span from now until its answer is read."""
+    def reserve(self, plan: Plan) -> Future[ReserveResult]:
+        """The Reserve, in its span from now until its answer is read."""
         self.step += 1
         request_of = self.request_of
         parent, links = self.telemetry.step_context(map(request_of, plan.seq_ids()))
         span = tracer().start_span("pagedserve.v1.MemoryManager/Reserve", context=parent,
                                    kind=SpanKind.CLIENT, links=links)
-        answer = _sent_in(span, send)
+        answer = _sent_in(span, lambda: self.inner.reserve(plan))
 
         def result() -> ReserveResult:
             with trace.use_span(span, end_on_exit=True):
-                result = answer()
+                result = answer.result()
                 modes = [p.mode for p in result.preempted]
                 if span.is_recording():  # the attributes cost a pass over the step: only when kept
                     grants = result.grants
@@ -91,10 +84,13 @@ class ObservedMemory(MemoryClient):
                 self.telemetry.metrics.preemptions.labels(mode).inc()
             self.telemetry.scheduled(map(request_of, result.grants.seq_ids), time.monotonic())
             return result
-        return result
+        return Sent(result)
 
     def free(self, seq_ids: list[str]) -> None:
         self.inner.free(seq_ids)
+
+    def tables(self, seq_ids: list[str]) -> list[list[int]]:
+        return self.inner.tables(seq_ids)
 
     def fork(self, parent_id: str, child_id: str) -> None:
         self.inner.fork(parent_id, child_id)
@@ -110,47 +106,33 @@ class ObservedExecutor(ExecutorClient):
         self.inner = inner
         self.telemetry = telemetry
         self.memory = memory
-        self.feeds_itself = getattr(inner, "feeds_itself", False)
-        self.calls_later = getattr(inner, "calls_later", False)
 
     def model_info(self) -> ModelInfo:
         return self.inner.model_info()
 
-    def execute(self, batch: StepDelta | StepBatch) -> list[SampleOutput]:
-        return self._observed(batch, lambda: call_now(self.inner.execute, batch))()
-
-    def execute_later(self, batch: StepDelta) -> Callable[[], list[SampleOutput]]:
-        return self._observed(batch, lambda: self.inner.execute_later(batch))
-
-    def _observed(self, batch: StepDelta | StepBatch, send: Callable[[], Callable[[], list[SampleOutput]]]
-                  ) -> Callable[[], list[SampleOutput]]:
-        """The Execute `send` puts on its way, in its span from now until its answer is read."""
+    def step(self, batch: StepDelta) -> Future[list[SampleOutput]]:
+        """The Execute, in its span from now until its answer is read."""
         request_of = self.memory.request_of
-        delta = isinstance(batch, StepDelta)  # else a StepBatch: an in-process executor's
-        ids = batch.seq_ids if delta else [s.seq_id for s in batch.seqs]
+        ids = batch.seq_ids
         parent, links = self.telemetry.step_context(map(request_of, ids))
         start = time.perf_counter()
         span = tracer().start_span("pagedserve.v1.Executor/Execute", context=parent,
                                    kind=SpanKind.CLIENT, links=links)
         if span.is_recording():
-            if delta:
-                tokens, sampled = len(batch.token_ids), sum(batch.sample)
-            else:
-                tokens, sampled = sum(len(s.token_ids) for s in batch.seqs), sum(s.sample for s in batch.seqs)
             span.set_attributes({
                 "pagedserve.step": self.memory.step, "pagedserve.batch.sequences": len(ids),
-                "pagedserve.batch.tokens": tokens, "pagedserve.batch.sampled": sampled})
-        answer = _sent_in(span, send)
+                "pagedserve.batch.tokens": len(batch.token_ids), "pagedserve.batch.sampled": sum(batch.sample)})
+        answer = _sent_in(span, lambda: self.inner.step(batch))
 
         def result() -> list[SampleOutput]:
             with trace.use_span(span, end_on_exit=True):
-                outputs = answer()
+                outputs = answer.result()
             self.telemetry.metrics.step_time.observe(time.perf_counter() - start)
             return outputs
-        return result
+        return Sent(result)
 
 
-def _sent_in(span, send: Callable[[], Callable]) -> Callable:
+def _sent_in(span, send: Callable[[], Future]) -> Future:
     """`send()` with `span` as the current span (the call carries it); a failure to send
     is raised when the answer is asked for, inside the span, which records it."""
     try:
@@ -158,4 +140,6 @@ def _sent_in(span, send: Callable[[], Callable]) -> Callable:
                             set_status_on_exception=False):
             return send()
     except Exception as e:  # noqa: BLE001 - raised again by the answer
-        return failing(e)
+        failed: Future = Future()
+        failed.set_exception(e)
+        return failed

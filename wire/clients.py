@@ -1,32 +1,33 @@
-"""The two interfaces through which the gateway sees memsvc and the executor: the contract
-between the services.
+"""The two interfaces through which the gateway's batching loop sees memsvc and the executor:
+the contract between the services.
 
-In process they are implemented by direct calls (memsvc.memory_manager.MemoryManager,
-executor.Executor); across processes by the gRPC clients (gateway.remote). Wrappers
-(retrying, telemetry, timing) implement them too, method by method. The batching loop
-only ever talks to these.
+Each is one object whose step call (`MemoryClient.reserve`, `ExecutorClient.step`) is sent
+when made and returns a concurrent Future of its answer, so the loop can keep a call in
+flight while it works (docs/ARCHITECTURE.md, "The step path"). Across processes they are
+the gRPC clients (gateway.remote), whose Futures are `Sent`: read on the thread that asks,
+with no helper thread; in process, gateway.in_process. Retrying and telemetry are at most
+two wrappers of the step call (gateway.step_retry, gateway.step_telemetry).
 
-A client with `calls_later` (the gRPC ones, and the wrappers around them) also has
-`reserve_later` / `execute_later`: the call is sent now and the function returned waits
-for its answer on the thread that calls it (raising the call's error), so the batching
-loop keeps a call in flight without a helper thread (gateway.step_pipeline).
-
-Errors: in process, a bad argument is a ValueError (or KeyError, IndexError) and a pool
-that does not exist yet a RuntimeError; across processes they are grpc.RpcError with
-INVALID_ARGUMENT, FAILED_PRECONDITION or UNAVAILABLE (see memsvc.server, executor.server).
+Errors come out of the Future's `result()`: in process, a bad argument is a ValueError
+(or KeyError, IndexError) and a pool that does not exist yet a RuntimeError; across
+processes they are grpc.RpcError with INVALID_ARGUMENT, FAILED_PRECONDITION or
+UNAVAILABLE (see memsvc.server, executor.server).
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import Future
 
 from wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
 from wire.step_delta import StepDelta
 
 
-class MemoryClient(Protocol):
+class MemoryClient(ABC):
     """memsvc: owns the KV pool and decides which sequence gets which slots."""
 
-    def reserve(self, plan: Plan) -> ReserveResult:
+    @abstractmethod
+    def reserve(self, plan: Plan) -> Future[ReserveResult]:
         """Fork `plan.forks` (parent, child) and free `plan.free`, then grant slots to the
         plan's running sequences (`run_ids`) and its new `entries`, in that order (priority
         order). The grants come in columns (wire.protocol.Grants), each carrying the change
@@ -36,65 +37,109 @@ class MemoryClient(Protocol):
         memsvc no longer holds it, reported preempted for recompute; a new entry is granted
         (its cached prompt prefix in `num_cached`), left `waiting` or `rejected`
         (it can never fit); swapped-out entries brought back are `resumed`. Block copies
-        are done before it returns. `pool_epoch` names the pool the grants are in: the
-        caller puts it in the StepBatch it executes.
+        are done before it answers. `pool_epoch` names the pool the grants are in: the
+        caller puts it in the step it executes.
         """
-        ...
 
+    @abstractmethod
     def free(self, seq_ids: list[str]) -> None:
         """Release the sequences' blocks now; unknown ids are ignored."""
-        ...
 
     def tables(self, seq_ids: list[str]) -> list[list[int]]:
         """Each sequence's whole block table ([] where memsvc does not hold it): memsvc
         holds the tables of record; the gateway asks when an executor must get a state
-        again (wire.step_delta.encode_delta)."""
-        ...
+        again (wire.step_delta.encode_delta). Not a step call: answered at once."""
+        raise NotImplementedError(f"{type(self).__name__} does not answer tables")
 
+    @abstractmethod
     def fork(self, parent_id: str, child_id: str) -> None:
         """`child_id` shares every block of `parent_id` (copy-on-write from here on)."""
-        ...
 
+    @abstractmethod
     def stats(self) -> PoolStats:
         """The pool's accounting and memsvc's counters."""
-        ...
 
 
-class ExecutorClient(Protocol):
+class ExecutorClient(ABC):
     """The executor: runs the model over the pool memsvc shares with it."""
 
+    @abstractmethod
     def model_info(self) -> ModelInfo:
         """The model: name, maximum length, vocabulary, EOS ids, chat template, KV geometry,
         and where its tokenizer is. Constant for the executor's life."""
-        ...
 
-    def execute(self, step: StepDelta) -> list[SampleOutput]:
+    @abstractmethod
+    def step(self, step: StepDelta) -> Future[list[SampleOutput]]:
         """Run one step (wire.step_delta: per sequence the tokens to compute and the change
-        to its block table): write each sequence's K/V into its slots and return one
+        to its block table): write each sequence's K/V into its slots and answer one
         SampleOutput per sequence that reports (it samples, or has prompt logprobs to
-        return for its step: SeqStep.reports), in step order. A step whose `pool_epoch`
-        names a pool other than the executor's is refused (ABORTED across processes): its
-        reservation is gone. `step.forget` names sequences finished or preempted since
-        the last step: their state is dropped. A token PENDING is the one the executor
-        sampled for the sequence last step, and `step.step` orders one caller's steps
-        (wire.step_feed). Only an executor with `feeds_itself` (the gRPC client) takes
-        StepDelta as it is; the batching loop runs any other (an executor object in
-        process, which runs a full StepBatch) through wire.ordered_executor."""
-        ...
+        return for its step: SeqStep.reports), in step order. Steps run in the order of
+        `step.step` (wire.step_feed.StepOrder), whatever order they come in; a token PENDING
+        (wire.pending_token) is the one the executor sampled for the sequence last step
+        (FedTokenUnknown, or FAILED_PRECONDITION across processes, when it does not hold
+        it). A step whose `pool_epoch` names a pool other than the executor's is refused
+        (ABORTED across processes): its reservation is gone. `step.forget` names sequences
+        finished or preempted since the last step: their state is dropped."""
 
 
-def failing(error: BaseException) -> Callable:
-    """An answer that is `error`, raised when asked for."""
-    def fail():
-        raise error
-    return fail
+class Sent(Future):
+    """A call already sent, whose answer `read()` gives on the thread that first asks for it
+    (`result`, `exception`; done callbacks run then): not done before it is asked. Lighter
+    than a Future another thread completes (no condition variable), so one thread, the
+    caller's, reads it."""
+
+    def __init__(self, read: Callable[[], object]):  # no Future.__init__: its lock is not needed
+        self._read: Callable[[], object] | None = read
+        self._done = False
+        self._value = self._error = None
+        self._callbacks: list = []
+
+    def _settle(self) -> None:
+        read, self._read = self._read, None
+        if read is None:
+            return
+        try:
+            self._value = read()
+        except BaseException as e:  # noqa: BLE001 - kept for whoever asks, as a Future keeps it
+            self._error = e
+        self._done = True
+        for fn in self._callbacks:
+            fn(self)
+
+    def result(self, timeout: float | None = None):
+        self._settle()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def exception(self, timeout: float | None = None):
+        self._settle()
+        return self._error
+
+    def done(self) -> bool:
+        return self._done
+
+    def add_done_callback(self, fn) -> None:
+        if self._done:
+            fn(self)
+        else:
+            self._callbacks.append(fn)
+
+    def running(self) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<Sent {'done' if self._done else 'not read yet'}>"
 
 
-def call_now(fn: Callable, arg) -> Callable:
-    """`fn(arg)` made now, as a call sent: its answer, or its error raised, when asked for
-    (an in-process client's `reserve_later` / `execute_later`)."""
-    try:
-        answer = fn(arg)
-    except Exception as e:  # noqa: BLE001 - raised when the answer is asked for
-        return failing(e)
-    return lambda: answer
+def call_now(fn: Callable, *args) -> Future:
+    """`fn(*args)` made now, on this thread: a Future done with its answer or its error."""
+    future = Sent(lambda: fn(*args))
+    future.exception()
+    return future

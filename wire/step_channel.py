@@ -46,7 +46,6 @@ from typing import Callable
 
 import grpc
 
-from wire.clients import failing
 from wire.grpc_service import MAX_MESSAGE_BYTES
 from wire.internal_auth import REFUSED, matches
 from wire.settings import setting
@@ -354,6 +353,13 @@ def offer_step_channel(config, credentials, handlers: dict, inline: tuple[str, .
     return StepChannelServer(config.host, handlers, inline=inline, token=token)
 
 
+def _raising(error: BaseException) -> Callable[[], object]:
+    """An answer that is `error`, raised when asked for."""
+    def answer():
+        raise error
+    return answer
+
+
 def host_of(address: str) -> str | None:
     """The host of a gRPC `host:port` address (None for other targets: unix:, dns:///)."""
     if "/" in address or address.startswith("unix:"):
@@ -411,7 +417,7 @@ class StepChannelSlot:
             send = getattr(grpc_call, "future", None)
             pending = (send or grpc_call)(request, timeout=timeout, metadata=metadata)
         except grpc.RpcError as e:
-            return failing(e)
+            return _raising(e)
 
         def answer():
             response = pending.result() if send is not None else pending

@@ -52,13 +52,13 @@ def test_the_epoch_travels_from_reserve_to_execute(services):
     scheduler = Scheduler(SchedulerConfig(), [999])
     sampling = SamplingParams(max_tokens=4, temperature=0.0)
     scheduler.add(Sequence("r/0", "r", 0, [1, 2, 3, 4, 5], sampling, 0, 16, 0.0))
-    result = memory.reserve(scheduler.plan())
+    result = memory.reserve(scheduler.plan()).result()
     assert result.pool_epoch == epoch
     batch, _ = scheduler.on_reserved(result)
     assert batch.pool_epoch == epoch
-    assert len(executor.execute(batch)) == 1
+    assert len(executor.step(batch).result()) == 1
 
     with pytest.raises(grpc.RpcError) as refused:
-        executor.execute(dataclasses.replace(batch, pool_epoch="another-pool"))
+        executor.step(dataclasses.replace(batch, pool_epoch="another-pool")).result()
     assert refused.value.code() == grpc.StatusCode.ABORTED
-    assert len(executor.execute(dataclasses.replace(batch, pool_epoch=""))) == 1  # no epoch: not checked
+    assert len(executor.step(dataclasses.replace(batch, pool_epoch="")).result()) == 1  # no epoch: not checked

@@ -115,7 +115,7 @@ def test_a_lapsed_session_gets_its_sequences_freed(backend):
     silent = RemoteMemoryClient(backend.mem_addr, session_id="silent", heartbeat_s=0, token=TOKEN)
     try:
         before = backend.memory.stats()
-        result = silent.reserve(Plan([PlanEntry("a/0", list(range(1, 40)), True, 64)]))
+        result = silent.reserve(Plan([PlanEntry("a/0", list(range(1, 40)), True, 64)])).result()
         assert [g.seq_id for g in result.grants] == ["a/0"]
         held = backend.memory.stats()
         assert held.snapshot["blocks_referenced"] > before.snapshot["blocks_referenced"]
@@ -126,7 +126,7 @@ def test_a_lapsed_session_gets_its_sequences_freed(backend):
         after = backend.memory.stats()
         assert after.num_sequences == before.num_sequences
         assert after.snapshot["blocks_referenced"] == before.snapshot["blocks_referenced"]
-        again = silent.reserve(Plan([PlanEntry("a/0", [5], False, 64)]))
+        again = silent.reserve(Plan([PlanEntry("a/0", [5], False, 64)])).result()
         assert [(p.seq_id, p.mode) for p in again.preempted] == [("a/0", "recompute")]
     finally:
         silent.close()
@@ -157,7 +157,7 @@ def test_errors_carry_status_codes(backend):
     sp = SamplingParams(temperature=0.0)
     src = Sequence("x/0", "x", 0, [10**6], sp, 0, 8, 0.0)
     bad = StepDelta(["x/0"], [0], [1], [10**6], [True], [0], [1], [0], [src])
-    [out] = backend.remote.execute(bad)  # left out of the pass, reported alone (executor.seq_screen)
+    [out] = backend.remote.step(bad).result()  # left out of the pass, reported alone (executor.seq_screen)
     assert out.seq_id == "x/0" and "token ids must be in" in out.error
 
 

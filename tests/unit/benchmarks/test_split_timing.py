@@ -1,31 +1,25 @@
-"""bench split's timing wrappers: a client that calls later (wire.clients) stays one through
-them, and both the sending and the wait for the answer count as the call's time."""
+"""bench split's timing wrappers: both the sending of a step call (wire.clients) and the wait
+for its answer count as the call's time."""
 import time
 
-from benchmarks.split import TimedExecutor, TimedMemory
+from benchmarks.split import TimedMemory
+from wire.clients import MemoryClient, Sent
 
 
-class Later:
-    calls_later = True
-
-    def reserve_later(self, plan):
-        time.sleep(0.01)  # sending
-        return lambda: (time.sleep(0.02), "answer")[1]
-
-
-class Plain:
+class Slow(MemoryClient):
     def reserve(self, plan):
-        return "answer"
+        time.sleep(0.01)  # sending
+        return Sent(lambda: (time.sleep(0.02), "answer")[1])
+
+    free = fork = stats = None
 
 
-def test_a_client_that_calls_later_stays_one_and_its_call_is_timed_whole():
-    memory = TimedMemory(Later())
-    assert memory.calls_later and not TimedExecutor(Plain()).calls_later
-    answer = memory.reserve_later("plan")
+def test_a_step_call_is_timed_whole():
+    memory = TimedMemory(Slow())
+    answer = memory.reserve("plan")
     sent = memory.seconds["reserve"]
     assert sent >= 0.01  # sleeps give lower bounds only: nothing here depends on speed
-    assert answer() == "answer" and memory.seconds["reserve"] >= sent + 0.02
-    assert not TimedMemory(Plain()).calls_later and TimedMemory(Plain()).reserve("p") == "answer"
+    assert answer.result() == "answer" and memory.seconds["reserve"] >= sent + 0.02
 
 
 def test_the_split_services_get_no_http_api_and_the_executor_a_metrics_port():

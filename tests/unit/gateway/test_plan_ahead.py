@@ -139,7 +139,7 @@ def test_the_last_steps_deltas_are_made_while_memsvc_answers_a_plan_made_ahead()
         loop.add_request(str(i), p, greedy(10))
     out = run_all(loop)
     loop.close()
-    assert loop.memory.waited > 5
+    assert loop.memory.inner.waited > 5  # gateway.in_process.InProcessMemory
     assert [out[(str(i), 0)] for i in range(3)] == [expected(p, 10, 7) for p in ps]
     assert_clean(mem)
 

@@ -63,9 +63,9 @@ def client():
 
 def test_state_goes_once_then_only_the_change(client):
     a = Seq([1, 2, 3], [5])
-    client.execute(one("a", [1, 2, 3], 0, True, 0, [5], a, step=1))
+    client.step(one("a", [1, 2, 3], 0, True, 0, [5], a, step=1)).result()
     a.block_table = [5, 6]
-    client.execute(one("a", [PENDING], 3, True, 1, [6], a, step=2))
+    client.step(one("a", [PENDING], 3, True, 1, [6], a, step=2)).result()
     first, second = client.stub.requests
     assert len(first.states) == 1 and list(first.new_blocks) == [5]
     assert not second.states and list(second.table_start) == [1] and list(second.new_blocks) == [6]
@@ -76,11 +76,11 @@ def test_a_later_step_handed_over_first_is_encoded_after_the_earlier_one(client)
     a = Seq([1, 2, 3], [5, 6])
     s1 = one("a", [1, 2, 3], 0, True, 0, [5], a, step=1)
     s2 = one("a", [PENDING], 3, True, 1, [6], a, step=2)
-    t = threading.Thread(target=client.execute, args=(s2,))
+    t = threading.Thread(target=lambda: client.step(s2).result())
     t.start()
     time.sleep(0.05)
     assert client.stub.requests == []  # step 2 waits for step 1's encoding
-    client.execute(s1)
+    client.step(s1).result()
     t.join(5)
     first, second = client.stub.requests
     assert (first.step, len(first.states)) == (1, 1)
@@ -89,13 +89,13 @@ def test_a_later_step_handed_over_first_is_encoded_after_the_earlier_one(client)
 
 def test_after_a_failure_every_state_and_whole_table_goes_again(client):
     a = Seq([1, 2, 3], [5])
-    client.execute(one("a", [1, 2, 3], 0, True, 0, [5], a, step=1))
+    client.step(one("a", [1, 2, 3], 0, True, 0, [5], a, step=1)).result()
     client.stub.fail = True
     a.block_table = [5, 6]
     step = one("a", [4], 3, True, 1, [6], a, step=2)
     with pytest.raises(grpc.RpcError):
-        client.execute(step)
-    client.execute(step)
+        client.step(step).result()
+    client.step(step).result()
     again = client.stub.requests[-1]
     assert len(again.states) == 1 and list(again.table_start) == [0] and list(again.new_blocks) == [5, 6]
 
@@ -116,7 +116,7 @@ def test_a_step_sent_behind_one_whose_state_was_lost_goes_again_with_every_state
     encoded meanwhile as a change only, is refused on a table change it never had: both go
     again with every state; a refusal with no resync in between is the caller's."""
     a = Seq([1, 2, 3], [5])
-    client.execute(one("a", [1, 2, 3], 0, True, 0, [5], a, step=1))
+    client.step(one("a", [1, 2, 3], 0, True, 0, [5], a, step=1)).result()
     stub, refusals = client.stub, {}
     answer = stub.Execute
 
@@ -131,14 +131,14 @@ def test_a_step_sent_behind_one_whose_state_was_lost_goes_again_with_every_state
     refusals[(3, 0)] = Refused(grpc.StatusCode.INVALID_ARGUMENT,
                                "batch rejected: sequence a: block table change at 2, but it holds 1 blocks")
     a.block_table = [5, 6]
-    later2 = client.execute_later(one("a", [PENDING], 3, True, 1, [6], a, step=2))
+    later2 = client.step(one("a", [PENDING], 3, True, 1, [6], a, step=2))
     a.block_table = [5, 6, 7]
-    later3 = client.execute_later(one("a", [PENDING], 4, True, 2, [7], a, step=3))
-    assert len(later2()) == 1 and len(later3()) == 1
+    later3 = client.step(one("a", [PENDING], 4, True, 2, [7], a, step=3))
+    assert len(later2.result()) == 1 and len(later3.result()) == 1
     sent = [(r.step, len(r.states), list(r.table_start)) for r in stub.requests[1:]]
     assert sent == [(2, 0, [1]), (3, 0, [2]), (2, 1, [0]), (3, 1, [0])]
     assert client.num_resyncs == 2
     refusals[(4, 0)] = Refused(grpc.StatusCode.INVALID_ARGUMENT, "batch rejected: bad")
     with pytest.raises(grpc.RpcError):  # nothing was sent again meanwhile: not retried
-        client.execute(one("a", [PENDING], 5, True, 3, [], a, step=4))
+        client.step(one("a", [PENDING], 5, True, 3, [], a, step=4)).result()
     assert client.num_resyncs == 2

@@ -1,10 +1,12 @@
 """gateway.step_retry without processes: which failures re-run the same batch, which re-plan
-the step, and that an Execute that never succeeded runs before the next Reserve."""
+the step, and that an Execute that never succeeded runs before the next Reserve. The fake
+clients make each call when it is sent (wire.clients.call_now); a failure is retried when
+the answer is read."""
 import grpc
 import pytest
 
 from gateway.step_retry import PoolChanged, StepRetry
-from wire.clients import call_now
+from wire.clients import ExecutorClient, MemoryClient, call_now
 from wire.protocol import Plan, ReserveResult, SampleOutput, StepBatch
 
 
@@ -19,24 +21,34 @@ class Err(grpc.RpcError):
         return self._code.name
 
 
-class Memory:
+class Memory(MemoryClient):
     def __init__(self, failures=()):
         self.failures = list(failures)
         self.plans = []
 
     def reserve(self, plan):
+        return call_now(self._reserve, plan)
+
+    def _reserve(self, plan):
         if self.failures:
             raise Err(self.failures.pop(0))
         self.plans.append(plan)
         return ReserveResult(pool_epoch="epoch-1")
 
+    free = fork = stats = None
 
-class Executor:
+
+class Executor(ExecutorClient):
     def __init__(self, failures=()):
         self.failures = list(failures)
         self.calls = []
 
-    def execute(self, batch):
+    model_info = None
+
+    def step(self, batch):
+        return call_now(self._execute, batch)
+
+    def _execute(self, batch):
         self.calls.append((batch, batch.pool_epoch))
         if self.failures:
             raise Err(self.failures.pop(0))
@@ -55,18 +67,18 @@ def make(memory, executor, timeout=5.0):
 def test_an_unavailable_executor_gets_the_same_batch_again_without_a_new_reserve():
     memory, executor = Memory(), Executor([U, U])
     retry, retries = make(memory, executor)
-    retry.memory.reserve(Plan([]))
+    retry.memory.reserve(Plan([])).result()
     batch = StepBatch([], pool_epoch="epoch-1")
-    assert retry.executor.execute(batch) == [SampleOutput("a/0", 7)]
+    assert retry.executor.step(batch).result() == [SampleOutput("a/0", 7)]
     assert [c for c in executor.calls] == [(batch, "epoch-1")] * 3
     assert len(memory.plans) == 1 and retries == ["execute", "execute"]
 
 
 def test_a_changed_pool_means_plan_the_step_again():
     retry, _ = make(Memory(), Executor([U, A]))
-    retry.memory.reserve(Plan([]))
+    retry.memory.reserve(Plan([])).result()
     with pytest.raises(PoolChanged):
-        retry.executor.execute(StepBatch([]))
+        retry.executor.step(StepBatch([])).result()
     assert retry.dirty is None
 
 
@@ -74,82 +86,56 @@ def test_an_unavailable_memsvc_gets_the_same_plan_again():
     memory = Memory([U, U, U])
     retry, retries = make(memory, Executor())
     plan = Plan([])
-    retry.memory.reserve(plan)
+    retry.memory.reserve(plan).result()
     assert memory.plans == [plan] and retries == ["reserve"] * 3
 
 
 def test_other_errors_are_not_retried():
     retry, retries = make(Memory([grpc.StatusCode.INVALID_ARGUMENT]), Executor())
     with pytest.raises(grpc.RpcError):
-        retry.memory.reserve(Plan([]))
+        retry.memory.reserve(Plan([])).result()
     assert retries == []
 
 
 def test_a_batch_that_never_ran_runs_before_the_next_reserve():
     memory, executor = Memory(), Executor([U] * 1000)
     retry, _ = make(memory, executor, timeout=0.01)
-    retry.memory.reserve(Plan([]))
+    retry.memory.reserve(Plan([])).result()
     batch = StepBatch([], pool_epoch="epoch-1")
     with pytest.raises(grpc.RpcError):
-        retry.executor.execute(batch)
+        retry.executor.step(batch).result()
     assert retry.dirty is batch
     executor.failures = []  # the executor is back
     calls = len(executor.calls)
-    retry.memory.reserve(Plan([]))
+    retry.memory.reserve(Plan([])).result()
     assert executor.calls[calls] == (batch, "epoch-1") and retry.dirty is None
     assert len(memory.plans) == 2
 
 
-class _Later:
-    """A client as the remote ones are: a call sent now, its answer (or error) read later."""
-
-    calls_later = True
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def reserve(self, plan):
-        return self.inner.reserve(plan)
-
-    def reserve_later(self, plan):
-        return call_now(self.inner.reserve, plan)
-
-    def execute(self, batch):
-        return self.inner.execute(batch)
-
-    def execute_later(self, batch):
-        return call_now(self.inner.execute, batch)
-
-
-def later(memory, executor):
-    return _Later(memory), _Later(executor)
-
-
 def test_a_reserve_sent_ahead_is_retried_when_its_answer_is_a_failure():
     memory = Memory([U, U])
-    retry, retries = make(*later(memory, Executor()))
-    assert retry.memory.calls_later
+    retry, retries = make(memory, Executor())
     plan = Plan([])
-    answer = retry.memory.reserve_later(plan)
+    answer = retry.memory.reserve(plan)
     assert retries == [] and memory.plans == []  # the failure waits for the answer to be read
-    assert answer().pool_epoch == "epoch-1"
+    assert answer.result().pool_epoch == "epoch-1"
     assert memory.plans == [plan] and retries == ["reserve"] * 2
 
 
 def test_an_execute_sent_ahead_retries_changes_pool_or_goes_dirty_as_a_call_does():
     memory, executor = Memory(), Executor([U])
-    retry, retries = make(*later(memory, executor))
+    retry, retries = make(memory, executor)
     batch = StepBatch([], pool_epoch="epoch-1")
-    assert retry.executor.execute_later(batch)() == [SampleOutput("a/0", 7)]
+    assert retry.executor.step(batch).result() == [SampleOutput("a/0", 7)]
     assert len(executor.calls) == 2 and retries == ["execute"]
     executor.failures = [A]
     with pytest.raises(PoolChanged):
-        retry.executor.execute_later(batch)()
+        retry.executor.step(batch).result()
     retry.timeout_s, executor.failures = 0.0, [U] * 5
-    answer = retry.executor.execute_later(batch)
+    answer = retry.executor.step(batch)
     with pytest.raises(grpc.RpcError):
-        answer()
+        answer.result()
     assert retry.dirty is batch
     executor.failures = []
-    retry.memory.reserve_later(Plan([]))()
+    retry.memory.reserve(Plan([])).result()
     assert retry.dirty is None and executor.calls[-1] == (batch, "epoch-1")
