@@ -32,6 +32,17 @@ def _code(error: BaseException):
     return error.code() if isinstance(error, grpc.RpcError) and hasattr(error, "code") else None
 
 
+def _call(send: Callable[[], Future]) -> Future:
+    """`send()`, with an error raised while sending (an RPC made to encode the call: the
+    executor's client asks memsvc for tables) as the answer, so that it is retried alike."""
+    try:
+        return send()
+    except grpc.RpcError as e:
+        failed: Future = Future()
+        failed.set_exception(e)
+        return failed
+
+
 class StepRetry:
     """`memory` and `executor` are the retrying faces of the clients given; they share the
     policy and `dirty`, an Execute that never succeeded."""
@@ -65,7 +76,7 @@ class StepRetry:
                 if self.on_retry is not None:
                     self.on_retry(call, e)
                 time.sleep(self.interval_s)
-            future = again()
+            future = _call(again)
 
 
 class RetriedMemory(MemoryClient):
@@ -77,7 +88,7 @@ class RetriedMemory(MemoryClient):
 
     def reserve(self, plan: Plan) -> Future[ReserveResult]:
         self.retry.executor.run_dirty()
-        first = self.inner.reserve(plan)
+        first = _call(lambda: self.inner.reserve(plan))
         return Sent(lambda: self.retry.retried("reserve", first, lambda: self.inner.reserve(plan)))
 
     def free(self, seq_ids: list[str]) -> None:
@@ -85,6 +96,7 @@ class RetriedMemory(MemoryClient):
 
     def tables(self, seq_ids: list[str]) -> list[list[int]]:
         return self.inner.tables(seq_ids)
+
     def fork(self, parent_id: str, child_id: str) -> None:
         self.inner.fork(parent_id, child_id)
 
@@ -104,7 +116,7 @@ class RetriedExecutor(ExecutorClient):
         return self.inner.model_info()
 
     def step(self, step: StepDelta) -> Future[list[SampleOutput]]:
-        first = self.inner.step(step)
+        first = _call(lambda: self.inner.step(step))
         return Sent(lambda: self._answer(step, first))
 
     def _answer(self, step: StepDelta, first: Future) -> list[SampleOutput]:
@@ -130,7 +142,7 @@ class RetriedExecutor(ExecutorClient):
         step = self.retry.dirty
         if step is not None:
             try:
-                self._retried(step, self.inner.step(step))
+                self._retried(step, _call(lambda: self.inner.step(step)))
             except PoolChanged:
                 pass
             self.retry.dirty = None

@@ -139,3 +139,27 @@ def test_an_execute_sent_ahead_retries_changes_pool_or_goes_dirty_as_a_call_does
     executor.failures = []
     retry.memory.reserve(Plan([])).result()
     assert retry.dirty is None and executor.calls[-1] == (batch, "epoch-1")
+
+
+class SendsFailing(Executor):
+    """An executor client whose call fails while it is being sent (the remote client asks
+    memsvc for whole tables when it must send a state again, and memsvc is restarting)."""
+
+    def __init__(self, failures=()):
+        super().__init__()
+        self.send_failures = list(failures)
+
+    def step(self, batch):
+        if self.send_failures:
+            raise Err(self.send_failures.pop(0))
+        return super().step(batch)
+
+
+def test_an_error_while_sending_is_retried_as_an_unavailable_answer():
+    executor = SendsFailing([U, U])
+    retry = StepRetry(Memory(), executor, timeout_s=5, interval_s=0)
+    batch = StepBatch([], pool_epoch="epoch-1")
+    assert retry.executor.step(batch).result() == [SampleOutput("a/0", 7)]
+    assert len(executor.calls) == 1 and executor.send_failures == []
+    with pytest.raises(PoolChanged):  # as an ABORTED answer is
+        StepRetry(Memory(), SendsFailing([A]), timeout_s=5, interval_s=0).executor.step(batch).result()
