@@ -50,11 +50,9 @@ class Executor:
         self.device = torch.device(device)
         self.model_dir = resolve_model(model, revision)
         self.plan = self.leader = None
-        native_only = tensor_parallel_size > 1 or linear_backend not in ("auto", "mkl")
-        if native_only and ModelConfig.from_dir(self.model_dir, model_impl).impl == "transformers":
-            raise ValueError("--tensor-parallel-size > 1 and --linear-backend other than auto and mkl "
-                             "apply to native models only; the Transformers backend runs on one "
-                             "process through torch (use --model-impl native, or leave them)")
+        if tensor_parallel_size > 1 and ModelConfig.from_dir(self.model_dir, model_impl).impl == "transformers":
+            raise ValueError("--tensor-parallel-size > 1 splits native models only: the Transformers "
+                             "backend runs in one process (use --model-impl native, or leave it)")
         if tensor_parallel_size > 1:
             self._join(tensor_parallel_size, rank, group_timeout, on_group_lost,
                        dict(model=self.model_dir, dtype=dtype, block_size=block_size, device=device,

@@ -30,15 +30,15 @@ def load_model(model_dir: str, dtype: str | torch.dtype = "float32",
     something is missing, corrupt or the wrong shape. With `plan`, the model is one
     tensor-parallel rank's shard (executor.sharding; model.config is the shard's); the
     config returned is the whole model's. `progress`: a bar over the layers as they load
-    (None: on a terminal only). `impl`: --model-impl (ModelConfig.from_dir); a
-    transformers model is executor.models.transformers_backend's, and on_built is not called."""
+    (None: on a terminal only). `impl`: --model-impl (ModelConfig.from_dir); a transformers
+    model is executor.models.transformers_backend's (on_built: called with the model)."""
     config = ModelConfig.from_dir(model_dir, impl)
     if config.impl == "transformers":
         from executor.models.transformers_backend import TransformersModel
 
         if plan is not None:
             raise ModelLoadError("--tensor-parallel-size > 1 splits native models only: use --model-impl native")
-        return TransformersModel.load(model_dir, config, parse_dtype(dtype)), config
+        return TransformersModel.load(model_dir, config, parse_dtype(dtype), on_built), config
     weights = load_weights(model_dir, config, parse_dtype(dtype))
     bar = tqdm(total=config.num_layers + 1, desc="loading weights",
                unit="part", disable=None if progress is None else not progress)

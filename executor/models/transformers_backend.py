@@ -19,6 +19,7 @@ is a ModelLoadError naming what differs.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +30,7 @@ from transformers import AttentionInterface
 import kernels
 from executor.attention_metadata import AttentionMetadata
 from executor.errors import ModelLoadError
+from executor.linear import Linear
 from executor.model_config import ModelConfig
 
 NAME = "pagedserve"
@@ -89,6 +91,17 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
 AttentionInterface.register(NAME, paged_attention_forward)
 
 
+def use_routed_linears(hf: nn.Module) -> None:
+    """Put an executor.linear.Linear in place of each nn.Linear of `hf`, over the same weight
+    and bias: the linear backends apply here as in the native models. The weights are passed
+    as the model's Parameters, so none is dropped (Transformers' code may read them): a
+    layer routed to oneDNN holds its dense and its packed weight."""
+    for parent in list(hf.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, Linear(child.weight, child.bias))
+
+
 class TransformersModel(nn.Module):
     """A Hugging Face causal LM (`hf`, loaded with attn_implementation "pagedserve") served over
     the pool; `config` is its ModelConfig (impl "transformers")."""
@@ -110,7 +123,10 @@ class TransformersModel(nn.Module):
         self.cuda_graph_safe = "dynamic" not in rope_type and rope_type != "longrope"
 
     @classmethod
-    def load(cls, model_dir: str, config: ModelConfig, dtype: torch.dtype) -> TransformersModel:
+    def load(cls, model_dir: str, config: ModelConfig, dtype: torch.dtype,
+             on_built: Callable[[nn.Module], None] | None = None) -> TransformersModel:
+        """Load and probe; on_built (executor.linear_backend.Planner.place) routes the model's
+        linear layers, each now an executor.linear.Linear over the same weight."""
         model_cls = getattr(transformers, config.architecture, None)
         if model_cls is None:
             raise ModelLoadError(f"{model_dir}: transformers {transformers.__version__} has no class "
@@ -121,7 +137,10 @@ class TransformersModel(nn.Module):
                                  "is false), so its attention cannot run on the paged pool; no "
                                  "Transformers backend for it")
         hf = model_cls.from_pretrained(model_dir, dtype=dtype, attn_implementation=NAME).eval()
+        use_routed_linears(hf)
         model = cls(hf, config)
+        if on_built is not None:
+            on_built(model)
         model.probe(model_dir)
         return model
 
@@ -151,7 +170,7 @@ class TransformersModel(nn.Module):
         """One sequence through the pool and through the model's eager attention (see the module
         docstring); records the layers' windows in the config; ModelLoadError on a difference."""
         c = self.config
-        device = self.head.weight.device
+        device = self.hf.get_input_embeddings().weight.device
         ids = (torch.arange(tokens, device=device) * 7919 + 3) % c.vocab_size
         pos = torch.arange(tokens, device=device)
         blocks = -(-tokens // block_size)
