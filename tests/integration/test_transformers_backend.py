@@ -104,17 +104,24 @@ def test_greedy_equal_under_preemption(arch, tmp_path):
         assert_clean(engine.memory)
 
 
-def test_native_family_both_ways(tmp_path):
-    hf = make_tiny_model(tmp_path, "qwen3")  # q/k norms, GQA, head_dim other than hidden/heads
+@pytest.mark.parametrize("family", [
+    "qwen3",  # q/k norms, GQA, head_dim other than hidden / heads
+    "gemma2",  # sliding windows on every other layer (shorter than the prompts), both soft-caps, tied head
+])
+def test_native_family_both_ways(tmp_path, family):
+    hf = make_tiny_model(tmp_path, family, tie=family == "gemma2")
     save_tiny_tokenizer(tmp_path)
     expected = hf_greedy_past_eos(hf, prompts(), NEW_TOKENS)
-    got, kv = {}, {}
+    got, kv, windows = {}, {}, {}
     for impl in ("native", "transformers"):
         engine = LLMEngine(model=str(tmp_path), model_impl=impl, block_size=4, kv_tokens=1024)
-        assert engine.executor.config.impl == impl
+        c = engine.executor.config
+        assert c.impl == impl
         got[impl], kv[impl] = tokens(engine.generate(prompts(), GREEDY)), engine.info.kv
+        windows[impl] = [c.layer_window(n) for n in range(c.num_layers)]
     assert got["native"] == got["transformers"] == expected
     assert kv["native"] == kv["transformers"]
+    assert windows["native"] == windows["transformers"] == ([8, None] if family == "gemma2" else [None, None])
 
 
 def test_generate_flag(tmp_path, capsys):
