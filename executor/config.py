@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from executor.model_config import MODEL_IMPLS
 from executor.simulated import SPEC_HELP, parse_spec
 from executor.tp_group import TensorParallelGroupConfig
 from wire.health_port import health_port_setting
@@ -47,6 +48,11 @@ class ExecutorConfig:
                                   "BENCHMARKS.md; int4: a Q4_1 GGUF's own 4-bit weights (the "
                                   "default model's), bfloat16 activations, CPU float32, not "
                                   "exact: opt-in, likewise measured)", choices=LINEAR_BACKENDS)
+    model_impl: str = setting("auto", "which code computes the model: native (executor/models, the "
+                              "architectures listed there), transformers (Transformers' own "
+                              "modeling code with attention on the paged pool: any decoder-only "
+                              "causal LM it implements) or auto (native where the architecture "
+                              "has it, else transformers)", choices=MODEL_IMPLS)
     max_model_len: int | None = setting(None, "cap on prompt + output tokens (off: the model's "
                                         "maximum)")
     tensor_parallel_size: int = setting(1, "split the model over this many processes joined by "

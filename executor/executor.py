@@ -23,7 +23,8 @@ class Executor:
     default model; a hub id at `revision`, a Hugging Face directory or a .gguf file:
     executor.model_source), served as `served_model_name` (off: model_source.served_name), its
     linear layers multiplying by `linear_backend` (executor.linear_backend: "auto" times the
-    candidates on this machine; linear_plan holds the choice per weight shape).
+    candidates on this machine; linear_plan holds the choice per weight shape). model_impl:
+    --model-impl (executor.model_config.MODEL_IMPLS); a tensor-parallel group is native.
 
     model_info() says what the gateway and memsvc need; attach_pool(pool) hands over the KV
     pool (shape KVGeometry.pool_shape(num_blocks), this dtype, on this device), again after
@@ -40,7 +41,7 @@ class Executor:
                  device: str = "cpu", linear_backend: str = "auto", tensor_parallel_size: int = 1,
                  group_timeout: float = tensor_parallel.DEFAULT_TIMEOUT_S, on_group_lost=None,
                  rank: tuple[int, str] | None = None, group=None, revision: str | None = None,
-                 served_model_name: str | None = None):
+                 served_model_name: str | None = None, model_impl: str = "auto"):
         parse_dtype(dtype)
         if torch.device(device).type == "cpu":
             use_owned_cores()
@@ -49,12 +50,16 @@ class Executor:
         self.device = torch.device(device)
         self.model_dir = resolve_model(model, revision)
         self.plan = self.leader = None
+        if tensor_parallel_size > 1 and ModelConfig.from_dir(self.model_dir, model_impl).impl == "transformers":
+            raise ValueError("--tensor-parallel-size > 1 splits native models only: the Transformers "
+                             "backend runs in one process (use --model-impl native, or leave it)")
         if tensor_parallel_size > 1:
             self._join(tensor_parallel_size, rank, group_timeout, on_group_lost,
                        dict(model=self.model_dir, dtype=dtype, block_size=block_size, device=device,
                             linear_backend=linear_backend), group)
         planner = linear_backends.Planner(linear_backend, self.device, parse_dtype(dtype))
-        self.model, self.config = load_model(self.model_dir, dtype, on_built=planner.place, plan=self.plan)
+        self.model, self.config = load_model(self.model_dir, dtype, on_built=planner.place, plan=self.plan,
+                                             impl=model_impl)
         if self.plan is not None:
             tensor_parallel.shard_model(self.model, self.plan)
         self.model.to(self.device)

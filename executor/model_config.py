@@ -23,6 +23,8 @@ SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 ROPE_TYPES = ("default", "llama3", "linear", "longrope")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
+IMPLS = ("native", "transformers")
+MODEL_IMPLS = ("auto", *IMPLS)  # --model-impl; auto: native where the architecture has a family
 
 
 @dataclass
@@ -73,8 +75,15 @@ class ModelConfig:
     local_rope_scaling: RopeScaling | None = None
     num_experts: int = 0  # Mixtral: experts per layer, top-k routed
     num_experts_per_tok: int = 0
+    # "native": a decoder class of executor/models computes it (family); "transformers":
+    # Transformers' own modeling code (executor/transformers_config.py, models/transformers_backend.py)
+    impl: str = "native"
 
     def __post_init__(self) -> None:
+        if self.impl not in IMPLS:
+            raise ValueError(f"impl {self.impl!r} is not one of " + ", ".join(IMPLS))
+        if self.impl == "transformers":
+            return
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"unsupported architecture {self.architecture!r}; supported: "
@@ -109,7 +118,7 @@ class ModelConfig:
 
     @property
     def family(self) -> str:
-        return FAMILIES[self.architecture]
+        return "transformers" if self.impl == "transformers" else FAMILIES[self.architecture]
 
     @property
     def q_size(self) -> int:
@@ -152,7 +161,8 @@ class ModelConfig:
         archs = cfg.get("architectures") or []
         arch = archs[0] if archs else f"<none> (model_type={cfg.get('model_type')!r})"
         if arch not in FAMILIES:
-            raise ValueError(f"unsupported architecture {arch!r}; supported: " + ", ".join(SUPPORTED_ARCHITECTURES))
+            raise ValueError(f"unsupported architecture {arch!r}; supported: " + ", ".join(SUPPORTED_ARCHITECTURES)
+                             + " (other causal LMs: --model-impl transformers or auto)")
         family = FAMILIES[arch]
         heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
@@ -222,8 +232,9 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_dir(cls, model_dir: str) -> "ModelConfig":
-        """Read `model_dir/config.json`, and the eos ids of generation_config.json if present.
+    def from_dir(cls, model_dir: str, impl: str = "native") -> "ModelConfig":
+        """Read `model_dir/config.json`, and the eos ids of generation_config.json if present,
+        for `impl` (MODEL_IMPLS; auto: native if FAMILIES has the architecture, else transformers).
 
         Raises ModelLoadError naming the file for a missing, unreadable or unsupported config.
         """
@@ -235,8 +246,17 @@ class ModelConfig:
             raise ModelLoadError(f"{path}: not found; a model directory needs a config.json") from None
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"{path}: not a readable JSON config ({e})") from e
+        if impl not in MODEL_IMPLS:
+            raise ModelLoadError(f"--model-impl {impl!r}: choose one of " + ", ".join(MODEL_IMPLS))
+        if impl == "auto":
+            impl = "native" if (cfg.get("architectures") or [None])[0] in FAMILIES else "transformers"
         try:
-            config = cls.from_dict(cfg)
+            if impl == "transformers":
+                from executor.transformers_config import transformers_config
+
+                config = transformers_config(cfg, model_dir)
+            else:
+                config = cls.from_dict(cfg)
         except KeyError as e:
             raise ModelLoadError(f"{path}: missing required field {e.args[0]!r}") from e
         except ValueError as e:

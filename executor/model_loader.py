@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from executor.errors import ModelLoadError
 from executor.model_config import ModelConfig
 from executor.models.gemma import GemmaForCausalLM
 from executor.models.llama import LlamaForCausalLM
@@ -21,7 +22,7 @@ MODEL_CLASSES = {"llama": LlamaForCausalLM, "gemma2": GemmaForCausalLM, "gemma3"
 
 def load_model(model_dir: str, dtype: str | torch.dtype = "float32",
                on_built: Callable[[nn.Module], None] | None = None,
-               plan: ShardPlan | None = None, progress: bool | None = None,
+               plan: ShardPlan | None = None, progress: bool | None = None, impl: str = "native",
                ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Read config.json and the safetensors of `model_dir`, building the model one layer at a
     time (on_built: called with each decoder layer once built, then with the model; see
@@ -29,8 +30,15 @@ def load_model(model_dir: str, dtype: str | torch.dtype = "float32",
     something is missing, corrupt or the wrong shape. With `plan`, the model is one
     tensor-parallel rank's shard (executor.sharding; model.config is the shard's); the
     config returned is the whole model's. `progress`: a bar over the layers as they load
-    (None: on a terminal only)."""
-    config = ModelConfig.from_dir(model_dir)
+    (None: on a terminal only). `impl`: --model-impl (ModelConfig.from_dir); a transformers
+    model is executor.models.transformers_backend's (on_built: called with the model)."""
+    config = ModelConfig.from_dir(model_dir, impl)
+    if config.impl == "transformers":
+        from executor.models.transformers_backend import TransformersModel
+
+        if plan is not None:
+            raise ModelLoadError("--tensor-parallel-size > 1 splits native models only: use --model-impl native")
+        return TransformersModel.load(model_dir, config, parse_dtype(dtype), on_built), config
     weights = load_weights(model_dir, config, parse_dtype(dtype))
     bar = tqdm(total=config.num_layers + 1, desc="loading weights",
                unit="part", disable=None if progress is None else not progress)

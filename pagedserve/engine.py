@@ -59,7 +59,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(ex.dtype, self.device)
         self.executor = Executor(ex.model, dtype=self.dtype, block_size=ex.block_size, device=self.device,
                                  revision=ex.revision, served_model_name=ex.served_model_name,
-                                 linear_backend=ex.linear_backend,
+                                 linear_backend=ex.linear_backend, model_impl=ex.model_impl,
                                  tensor_parallel_size=ex.tensor_parallel_size,
                                  group_timeout=ex.tensor_parallel_timeout)
         info = self.executor.model_info()

@@ -71,8 +71,13 @@ def test_pagedserve_generate_unsupported_architecture(tmp_path, capsys):
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["architectures"] = ["FalconForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert main(["generate", "--model", str(tmp_path), "--prompt", "w5", "--max-tokens", "2",
-                 "--device", "cpu"]) == 2
+    argv = ["generate", "--model", str(tmp_path), "--prompt", "w5", "--max-tokens", "2", "--device", "cpu"]
+    assert main([*argv, "--model-impl", "native"]) == 2
     msg = capsys.readouterr().err
     assert msg.startswith("pagedserve generate: ") and "unsupported architecture" in msg
     assert "FalconForCausalLM" in msg and "Gemma2ForCausalLM" in msg and "config.json" in msg
+    # auto: no native file, so the Transformers backend, which refuses a config of another model type
+    assert main(argv) == 2
+    msg = capsys.readouterr().err
+    assert msg.startswith("pagedserve generate: ") and "config.json" in msg
+    assert "'FalconForCausalLM', but model_type 'qwen2' is transformers' Qwen2ForCausalLM" in msg
