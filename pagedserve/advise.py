@@ -4,7 +4,7 @@ KV bytes per token = 2 (K and V) x layers x KV heads x head size x bytes per ele
 The KV budget is the accelerator's memory x utilization, less the weights. A tensor-parallel
 group of N accelerators (--tensor-parallel-size) has N times the memory, bandwidth and
 compute, and its KV bytes count every rank's heads: with fewer KV heads than ranks each rank
-holds a replica of one (executor/sharding.py), so N heads are stored, not the model's. The batch
+holds a replica of one (pagedserve/executor/sharding.py), so N heads are stored, not the model's. The batch
 ceiling is the budget over the tokens each request holds: its mean length when paged
 (one partial block of waste), the maximum length when a contiguous region is reserved.
 """
@@ -64,9 +64,9 @@ class ModelShape:
 
 
 def _hub_config(model: str) -> str | None:
-    """A hub id's config.json (executor.hub), None when `model` is not a hub id."""
-    from executor import hub
-    from executor.errors import ModelLoadError
+    """A hub id's config.json (pagedserve.executor.hub), None when `model` is not a hub id."""
+    from pagedserve.executor import hub
+    from pagedserve.executor.errors import ModelLoadError
 
     if not hub.looks_like_hub_id(model):
         return None

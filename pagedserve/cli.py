@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate_cmd.add_parser(sub)
     advise.add_parser(sub)
 
-    from benchmarks import cli as bench_cli
+    from pagedserve.benchmarks import cli as bench_cli
 
     bench_cli.add_parser(sub)
     add_model_positionals(parser)

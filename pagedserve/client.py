@@ -10,10 +10,10 @@ from typing import Iterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from wire.protocol import Delta, SamplingParams
-from wire.convert import prompt_logprobs_from_proto, sampling_to_proto
-from wire.v1 import generation_pb2 as pb
-from wire.v1 import generation_pb2_grpc as pb_grpc
+from pagedserve.wire.protocol import Delta, SamplingParams
+from pagedserve.wire.convert import prompt_logprobs_from_proto, sampling_to_proto
+from pagedserve.wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2_grpc as pb_grpc
 
 
 def to_delta(r: pb.GenerateResponse) -> Delta:

@@ -10,13 +10,13 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from executor import Executor
-from gateway.batch_loop import BatchLoop
-from gateway.tokenizer import load_tokenizer
-from memsvc.memory_manager import MemoryManager
 from pagedserve.engine_config import EngineConfig
-from wire.device import on_device, resolve_device, resolve_dtype
-from wire.protocol import Delta, PromptLogprob, SamplingParams
+from pagedserve.executor import Executor
+from pagedserve.gateway.batch_loop import BatchLoop
+from pagedserve.gateway.tokenizer import load_tokenizer
+from pagedserve.memsvc.memory_manager import MemoryManager
+from pagedserve.pool_share.device import on_device, resolve_device, resolve_dtype
+from pagedserve.wire.protocol import Delta, PromptLogprob, SamplingParams
 
 
 @dataclass

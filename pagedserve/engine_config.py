@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from executor.config import ExecutorConfig
-from gateway.scheduler import SchedulerConfig
-from memsvc.config import MemoryConfig
-from wire.settings import add_flags, from_args, to_argv
+from pagedserve.executor.config import ExecutorConfig
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.memsvc.config import MemoryConfig
+from pagedserve.wire.settings import add_flags, from_args, to_argv
 
 ENGINE_SETTINGS = {
     ExecutorConfig: ("model", "model_impl", "revision", "served_model_name", "device", "dtype", "block_size",

@@ -6,7 +6,7 @@ import json
 import sys
 
 from pagedserve.engine_config import EngineConfig, add_engine_flags
-from wire.protocol import SamplingParams
+from pagedserve.wire.protocol import SamplingParams
 
 
 def add_parser(sub) -> None:
@@ -54,10 +54,10 @@ def run(args) -> int:
         return 2
     if args.server:
         return _run_remote(args, sampling)
-    from gateway.requests import RequestError
+    from pagedserve.gateway.requests import RequestError
     from pagedserve.engine import LLMEngine
 
-    from executor.errors import ModelLoadError
+    from pagedserve.executor.errors import ModelLoadError
 
     try:
         engine = LLMEngine(EngineConfig.from_args(args))

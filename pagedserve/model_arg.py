@@ -1,6 +1,6 @@
 """MODEL as a positional argument, as in `vllm serve MODEL`: every command that has a
 `--model` flag (serve, generate, executor, the bench commands) also takes it positionally.
-Both set the one setting (executor.config.ExecutorConfig.model); given both, the later on
+Both set the one setting (pagedserve.executor.config.ExecutorConfig.model); given both, the later on
 the command line wins, as with any flag given twice."""
 from __future__ import annotations
 

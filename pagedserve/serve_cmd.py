@@ -1,11 +1,11 @@
 """`pagedserve serve [MODEL]`: memsvc, executor and gateway as local processes, from one
 command line. A hub id MODEL is resolved (downloaded) once, before the children start
-(`pin_model`; executor.model_source).
+(`pin_model`; pagedserve.executor.model_source).
 
-Its flags are the services' own (memsvc.config, executor.config, gateway.config), grouped
+Its flags are the services' own (pagedserve.memsvc.config, pagedserve.executor.config, pagedserve.gateway.config), grouped
 by service, each declared once; `serve` chooses only the wiring (hosts, ports, peer
 addresses) and, unless given one (or `--insecure-internal`), a fresh internal token per
-launch (wire.internal_auth) that every child gets. A child gets its whole config as flags
+launch (pagedserve.rpc.internal_auth) that every child gets. A child gets its whole config as flags
 (`to_argv`), secrets (the token, the API key) by environment.
 
 On SIGTERM or Ctrl-C the gateways drain first (`--drain-timeout`: NOT_SERVING, nothing new
@@ -22,13 +22,13 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from executor.config import ExecutorConfig
-from gateway.config import GATEWAY_PORT, STOP_AFTER_DRAIN_S, GatewayConfig
-from memsvc.config import MemsvcConfig
-from wire.internal_auth import new_token
-from wire.settings import add_flags, from_args, secret_env, setting, to_argv
-from wire.tls import TlsConfig
-from wire.tracing import TracingConfig
+from pagedserve.executor.config import ExecutorConfig
+from pagedserve.gateway.config import GATEWAY_PORT, STOP_AFTER_DRAIN_S, GatewayConfig
+from pagedserve.memsvc.config import MemsvcConfig
+from pagedserve.rpc.internal_auth import new_token
+from pagedserve.rpc.tls import TlsConfig
+from pagedserve.rpc.tracing import TracingConfig
+from pagedserve.wire.settings import add_flags, from_args, secret_env, setting, to_argv
 
 GENERATION = "pagedserve.v1.Generation"
 
@@ -153,8 +153,8 @@ def _client_tls(tls: TlsConfig) -> TlsConfig | None:
 
 def list_models(address: str, api_key: str | None, tls: TlsConfig | None = None) -> str:
     """The name of the model the gateway serves (with the API key when one is set)."""
-    from wire.grpc_service import open_channel
-    from wire.v1 import generation_pb2, generation_pb2_grpc
+    from pagedserve.rpc.grpc_service import open_channel
+    from pagedserve.wire.v1 import generation_pb2, generation_pb2_grpc
 
     metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
     with open_channel(address, tls) as channel:
@@ -170,7 +170,7 @@ def pin_model(args) -> None:
     config = from_args(ExecutorConfig, args)
     if config.model is None or config.model_free or os.path.exists(os.path.expanduser(config.model)):
         return
-    from executor.model_source import resolve_model, served_name
+    from pagedserve.executor.model_source import resolve_model, served_name
 
     path = resolve_model(config.model, config.revision)
     args.served_model_name = served_name(config.model, path, config.served_model_name)
@@ -178,7 +178,7 @@ def pin_model(args) -> None:
 
 
 def run_serve(args) -> int:
-    from executor.errors import ModelLoadError
+    from pagedserve.executor.errors import ModelLoadError
     from pagedserve.supervisor import ServiceFailed, Supervisor
 
     try:

@@ -1,6 +1,6 @@
 """`pagedserve memsvc`, `pagedserve executor`, `pagedserve gateway`: one service per process.
 
-Each command's flags come from its service's config dataclass (wire.settings): every flag
+Each command's flags come from its service's config dataclass (pagedserve.wire.settings): every flag
 falls back to a PAGEDSERVE_* environment variable named in its help, so a deployment can
 configure a service without a command line. The service module is imported when the
 command runs, so building the parser stays light.
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import sys
 
-from executor.config import ExecutorConfig
-from gateway.config import GatewayConfig
-from memsvc.config import MemsvcConfig
-from wire.settings import add_flags, from_args
+from pagedserve.executor.config import ExecutorConfig
+from pagedserve.gateway.config import GatewayConfig
+from pagedserve.memsvc.config import MemsvcConfig
+from pagedserve.wire.settings import add_flags, from_args
 
 SERVICES = {
     "memsvc": (MemsvcConfig, "run the KV memory service (owns the pool, grants slots)",
@@ -42,11 +42,11 @@ def _run(name: str, args) -> int:
         print(f"pagedserve {name}: {e}", file=sys.stderr)
         return 2
     if name == "memsvc":
-        from memsvc.server import serve
+        from pagedserve.memsvc.server import serve
     elif name == "executor":
-        from executor.server import serve
+        from pagedserve.executor.server import serve
     else:
-        from gateway.main import run as serve
+        from pagedserve.gateway.main import run as serve
     return serve(config)
 
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from wire.grpc_service import open_channel
-from wire.tls import TlsConfig
+from pagedserve.rpc.grpc_service import open_channel
+from pagedserve.rpc.tls import TlsConfig
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Regenerate the gRPC stubs in wire/v1/ from proto/wire/v1/*.proto.
+"""Regenerate the gRPC stubs in pagedserve/wire/v1/ from proto/pagedserve/wire/v1/*.proto.
 
 Run from anywhere: `python proto/generate.py` (or pass an output root, for the staleness
 test). The stubs are committed; tests/unit/wire/test_proto_stubs.py fails when they are stale.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
-PACKAGE = Path("wire") / "v1"
+PACKAGE = Path("pagedserve", "wire") / "v1"
 
 
 def proto_files() -> list[str]:
@@ -18,7 +18,7 @@ def proto_files() -> list[str]:
 
 
 def generate(out_root: Path = ROOT) -> list[Path]:
-    """Write wire/v1/*_pb2.py and *_pb2_grpc.py under out_root; return their paths."""
+    """Write pagedserve/wire/v1/*_pb2.py and *_pb2_grpc.py under out_root; return their paths."""
     import grpc_tools
     from grpc_tools import protoc
 

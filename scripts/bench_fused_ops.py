@@ -1,4 +1,4 @@
-"""Time the fused CPU ops (kernels/fused_cpu.py) alone against the torch code they replace,
+"""Time the fused CPU ops (pagedserve/kernels/fused_cpu.py) alone against the torch code they replace,
 with the shapes of a decode step of the default model (SmolLM2-135M: hidden 576, 9 heads and
 3 KV heads of 64, 30 layers), at T=1 and T=64 tokens.
 
@@ -22,19 +22,19 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels import fused_cpu, rotary_store_cpu  # noqa: E402
-from kernels.paged_cpu import store_kv_cpu  # noqa: E402
+from pagedserve.kernels import fused_cpu, rotary_store_cpu  # noqa: E402
+from pagedserve.kernels.paged_cpu import store_kv_cpu  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS, EPS = 576, 9, 3, 64, 30, 1e-5
 INTERMEDIATE = 1536
 
 
-def torch_rms_norm(x, w):  # executor/models/llama.py rms_norm, float32
+def torch_rms_norm(x, w):  # pagedserve/executor/models/llama.py rms_norm, float32
     scale = x.pow(2).mean(-1, keepdim=True).add_(EPS).rsqrt_()
     return (x * scale).mul_(w)
 
 
-def torch_rotary(x, cos, sin):  # executor/models/llama.py apply_rotary
+def torch_rotary(x, cos, sin):  # pagedserve/executor/models/llama.py apply_rotary
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
@@ -54,7 +54,7 @@ def cases(t: int):
     slots = torch.arange(t, dtype=torch.int64) * 16  # one token a block, as a decode batch
     v = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM:].view(t, KV_HEADS, HEAD_DIM)
 
-    def rotary_then_store():  # executor/models/llama.py before: the fused rotary, then store_kv
+    def rotary_then_store():  # pagedserve/executor/models/llama.py before: the fused rotary, then store_kv
         fused_cpu.rotary_(qk, cos, sin)
         store_kv_cpu(qk[:, HEADS:], v, k_cache, v_cache, slots)
 
@@ -63,7 +63,7 @@ def cases(t: int):
         # the torch side adds out of place (the layer's x is its caller's); the fused one in place
         "add_rms_norm": (lambda: torch_rms_norm(x + a, w), lambda: fused_cpu.add_rms_norm_(a, x, w, EPS)),
         "rotary": (lambda: torch_rotary(qk, cos, sin), lambda: fused_cpu.rotary_(qk, cos, sin)),
-        # executor/models/llama.py DecoderLayer.mlp's torch path
+        # pagedserve/executor/models/llama.py DecoderLayer.mlp's torch path
         "silu_and_mul": (lambda: torch.nn.functional.silu(gate).mul_(up), lambda: fused_cpu.silu_and_mul(gate_up)),
         # against the C++ rotary and store_kv's index_copy_ it replaces
         "rotary_store": (rotary_then_store, lambda: rotary_store_cpu.rotary_store_kv_(
@@ -89,7 +89,7 @@ def decode_steps(batches, rounds: int, per_round: int = 4) -> list[dict]:
     import random
 
     from pagedserve.engine import LLMEngine
-    from wire.protocol import SamplingParams
+    from pagedserve.wire.protocol import SamplingParams
 
     engine, results = LLMEngine(), []
     steps = 2 * rounds * per_round + 2

@@ -1,5 +1,5 @@
 """Prefill attention on the CPU: the C++ kernel that reads the pool in place
-(kernels/paged_prefill_cpu.py) against the reference path it replaced (a gather and an SDPA
+(pagedserve/kernels/paged_prefill_cpu.py) against the reference path it replaced (a gather and an SDPA
 call per sequence, kernels/paged_attention_ref._prefill), alternated in one process, medians.
 The default model's attention shape (9 query heads, 3 kv heads of 64), block size 16, one layer.
 
@@ -18,9 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 
-from benchmarks.cpu_info import cpu_info, describe
-from kernels import paged_prefill_cpu
-from kernels.paged_attention_ref import _prefill
+from pagedserve.benchmarks.cpu_info import cpu_info, describe
+from pagedserve.kernels import paged_prefill_cpu
+from pagedserve.kernels.paged_attention_ref import _prefill
 from tests.unit.kernels.test_kernels_attention import make_batch
 
 CASES = {"8 x 128": [(128, 128)] * 8, "4 x 100 after 200 cached": [(300, 100)] * 4, "1 x 512": [(512, 512)],

@@ -101,7 +101,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="fewer shapes and requests (a smoke run)")
     p.add_argument("--dry-run", action="store_true", help="check arguments, write the skeleton, run nothing")
     p.add_argument("--aot-compile", action="store_true", help="without CUDA: compile the Triton kernels for "
-                   "sm_90 ahead of time (kernels.triton_aot; ~30 s; the rehearsal does)")
+                   "sm_90 ahead of time (pagedserve.kernels.triton_aot; ~30 s; the rehearsal does)")
     p.add_argument("--budget", action="append", default=[], metavar="PART=SECONDS",
                    help="time budget of a part (default: " + ", ".join(f"{k}={v}" for k, v in DEFAULT_BUDGETS.items())
                    + "; with --quick " + ", ".join(f"{k}={v}" for k, v in QUICK_BUDGETS.items()) + ")")

@@ -2,7 +2,7 @@
 
 make_paged builds a random paged pool (blocks shuffled, optionally poisoned with NaN past each
 sequence) and the kernel's arguments; dense_reference is causal attention over the same data in
-float32, independent of kernels/; compare_attention runs a kernel against it and judges it by
+float32, independent of pagedserve/kernels/; compare_attention runs a kernel against it and judges it by
 REL_TOL; timed is seconds per call from CUDA events. torch is passed in, never imported here.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ def make_paged(torch, num_seqs, context, q_len, num_heads, num_kv, head, block, 
 
 def dense_reference(torch, a, scale, window=None, softcap=None):
     """Causal attention of make_paged's arguments in float32, one sequence at a time, reading
-    only each sequence's own tokens (independent of kernels/); window: position p sees
+    only each sequence's own tokens (independent of pagedserve/kernels/); window: position p sees
     p - window + 1 .. p; softcap: scores s -> softcap * tanh(s / softcap)."""
     k_cache, v_cache, q = a["k_cache"], a["v_cache"], a["q"]
     block, num_kv = k_cache.shape[1], k_cache.shape[2]

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 def part_bench(args, part: Part):
     import torch
 
-    from kernels.paged_attention_triton import paged_attention_triton
+    from pagedserve.kernels.paged_attention_triton import paged_attention_triton
 
     device = args.device
     copy_gbs = copy_gb_per_s(torch, device)

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
 
 def check_swap(torch, device) -> bool:
-    """Blocks through host memory and back (memsvc.host_pool), each way waited for before the
+    """Blocks through host memory and back (pagedserve.memsvc.host_pool), each way waited for before the
     next reads it (swap_copy only queues the copy)."""
-    from memsvc.host_pool import finish_copies, swap_copy
+    from pagedserve.memsvc.host_pool import finish_copies, swap_copy
 
     pool = torch.randn((32, 2, 2, 16, 4, 64), device=device)
     host = torch.empty((16, 2, 2, 16, 4, 64), pin_memory=torch.device(device).type == "cuda")
@@ -101,7 +101,7 @@ def compiled_variants(kernel) -> int | None:
 def check_recompiles(torch, device) -> dict:
     """Batches of other sizes and table widths at one shape compile nothing new (the per-step
     integers are do_not_specialize)."""
-    from kernels import paged_attention_triton as pat
+    from pagedserve.kernels import paged_attention_triton as pat
 
     heads, kv, head = ATTENTION_SHAPES["llama-3-8b"]
     batches = [(64, 2048), (1, 300), (16, 1000), (17, 2047), (48, 129)]
@@ -120,10 +120,10 @@ def check_recompiles(torch, device) -> dict:
 
 def check_store_copy(torch, device) -> list[dict]:
     """store_kv and copy_blocks against their references, bit for bit, in each dtype."""
-    from kernels.copy_blocks_ref import copy_blocks_ref
-    from kernels.copy_blocks_triton import copy_blocks_triton
-    from kernels.store_kv_ref import store_kv_ref
-    from kernels.store_kv_triton import store_kv_triton
+    from pagedserve.kernels.copy_blocks_ref import copy_blocks_ref
+    from pagedserve.kernels.copy_blocks_triton import copy_blocks_triton
+    from pagedserve.kernels.store_kv_ref import store_kv_ref
+    from pagedserve.kernels.store_kv_triton import store_kv_triton
 
     cases = []
     for name in ("bfloat16", "float16", "float32"):
@@ -148,7 +148,7 @@ def check_store_copy(torch, device) -> list[dict]:
 def part_kernels(args, part: Part):
     import torch
 
-    from kernels.paged_attention_triton import paged_attention_triton
+    from pagedserve.kernels.paged_attention_triton import paged_attention_triton
 
     device = args.device
     cases = part.put("cases", check_store_copy(torch, device))  # exact and cheap: first
@@ -183,7 +183,7 @@ def kernels_without_cuda(args, part: Part):
     import torch
 
     imports = {}
-    for name in ("kernels.paged_attention_triton", "kernels.store_kv_triton", "kernels.copy_blocks_triton"):
+    for name in ("pagedserve.kernels.paged_attention_triton", "pagedserve.kernels.store_kv_triton", "pagedserve.kernels.copy_blocks_triton"):
         try:
             importlib.import_module(name)
             imports[name] = "ok"
@@ -194,7 +194,7 @@ def kernels_without_cuda(args, part: Part):
     part.put("cases_planned", len(kernel_cases(args.quick)))
     broken = importlib.util.find_spec("triton") is not None and any(v != "ok" for v in imports.values())
     if args.aot_compile and importlib.util.find_spec("triton") and not broken:
-        from kernels.triton_aot import compile_all
+        from pagedserve.kernels.triton_aot import compile_all
 
         t0 = time.monotonic()
         try:

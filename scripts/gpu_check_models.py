@@ -74,7 +74,7 @@ class Services:
     closed by a fresh internal token that this process also reads memsvc's stats with."""
 
     def __init__(self, model_dir, device, dtype, extra_memsvc=(), log_dir=None):
-        from wire.internal_auth import new_token
+        from pagedserve.rpc.internal_auth import new_token
 
         self.token = new_token()
         self.ports = {n: free_port() for n in ("memsvc", "executor", "gateway")}
@@ -86,7 +86,7 @@ class Services:
 
     def _start(self, name, argv):
         log = open(self.log_dir / f"{name}.log", "ab")
-        from wire.internal_auth import ENV
+        from pagedserve.rpc.internal_auth import ENV
 
         env = {**child_env(), ENV: self.token}
         self.procs[name] = subprocess.Popen([sys.executable, "-m", "pagedserve.cli", *argv], cwd=ROOT, env=env,
@@ -131,9 +131,9 @@ class Services:
 
     def memsvc_stats(self):
         """memsvc's PoolStats (preemption counts in .preemption)."""
-        from wire import convert
-        from wire.grpc_service import open_channel
-        from wire.v1 import memory_pb2, memory_pb2_grpc
+        from pagedserve.rpc.grpc_service import open_channel
+        from pagedserve.wire import convert
+        from pagedserve.wire.v1 import memory_pb2, memory_pb2_grpc
 
         with open_channel(f"127.0.0.1:{self.ports['memsvc']}", token=self.token) as channel:
             reply = memory_pb2_grpc.MemoryManagerStub(channel).Stats(memory_pb2.StatsRequest(), timeout=10)

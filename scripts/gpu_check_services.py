@@ -23,7 +23,7 @@ def part_services(args, part: Part, work: Path):
 
     import torch
 
-    from wire.protocol import SamplingParams
+    from pagedserve.wire.protocol import SamplingParams
 
     def over(step):
         if not part.over():

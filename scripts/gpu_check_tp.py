@@ -91,7 +91,7 @@ def run_nccl(work: Path, timeout: float, env: dict) -> dict:
 def run_pagedserve(model_dir: Path) -> dict:
     """Greedy tokens with 2 ranks on cuda against 1 rank; a refusal is recorded as such."""
     from pagedserve.engine import LLMEngine
-    from wire.protocol import SamplingParams
+    from pagedserve.wire.protocol import SamplingParams
 
     prompts = [[5, 6, 7, 8, 9, 10, 11], [40, 41, 42, 5, 6]]
     sampling = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)

@@ -39,7 +39,7 @@ SPLIT_SHAPES = [(1, 32768, 32, 8, 128, 16), (4, 8192, 32, 8, 128, 16), (8, 8192,
                 (16, 4096, 32, 8, 128, 16), (32, 8192, 32, 8, 128, 16), (64, 2048, 32, 8, 128, 16),
                 (32, 2048, 32, 8, 64, 16), (128, 2048, 32, 8, 128, 16),
                 (256, 2048, 32, 8, 128, 16)]
-RULES = [(2, 2), (4, 4), (4, 8)]  # (SPLIT_BELOW, FILL_WAVES) of kernels.paged_attention_triton
+RULES = [(2, 2), (4, 4), (4, 8)]  # (SPLIT_BELOW, FILL_WAVES) of pagedserve.kernels.paged_attention_triton
 SPLIT_COUNTS = [1, 2, 4, 8, 16, 32]
 
 
@@ -51,7 +51,7 @@ def name(variant) -> str:
 def measure(torch, shape, variant, copy_gbs, check=False, splits=None, a=None, graphs=False):
     from gpu_check_attention import dense_reference, graph_timed, make_paged, timed
 
-    from kernels.paged_attention_triton import paged_attention_triton
+    from pagedserve.kernels.paged_attention_triton import paged_attention_triton
 
     seqs, context, heads, kv, head, block = shape
     if a is None:
@@ -77,7 +77,7 @@ def split_rows(torch, copy_gbs, start, args, report) -> None:
     from gpu_check import write
     from gpu_check_attention import dense_decode, graph_timed, make_paged
 
-    import kernels.paged_attention_triton as pat
+    import pagedserve.kernels.paged_attention_triton as pat
 
     rows = report.setdefault("splits", [])
     for shape in SPLIT_SHAPES:

@@ -120,7 +120,7 @@ def problems() -> list[str]:
             continue
         version = getattr(found, "__version__", "?")
         if below_floor(dist, version, lows):
-            out.append(f"{dist} {version} imported from {getattr(found, '__file__', '?')}: the stubs in wire/v1 need "
+            out.append(f"{dist} {version} imported from {getattr(found, '__file__', '?')}: the stubs in pagedserve/wire/v1 need "
                        f">= {lows[dist]} (scripts/gpu_wheels/ has it: is it installed, and first on sys.path?)")
     return out
 

@@ -56,7 +56,7 @@ def pytest_runtest_teardown(item, nextitem):
 @pytest.fixture(scope="session")
 def default_model_dir():
     """The default model's converted directory (converted on first use, then cached)."""
-    from executor.model_source import default_model_dir
+    from pagedserve.executor.model_source import default_model_dir
 
     return default_model_dir(progress=False)
 

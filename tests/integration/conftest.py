@@ -7,7 +7,7 @@ from tests.support.openai_server import Server
 
 @pytest.fixture(scope="module")
 def tokenizer(default_model_dir):
-    from gateway.tokenizer import load_tokenizer
+    from pagedserve.gateway.tokenizer import load_tokenizer
 
     return load_tokenizer(default_model_dir)
 

@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from gateway.beam_search import BeamSearch, num_candidates
-from memsvc.memory_manager import MemoryConfig, MemoryManager
-from wire.protocol import SampleOutput, SamplingParams
+from pagedserve.gateway.beam_search import BeamSearch, num_candidates
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.wire.protocol import SampleOutput, SamplingParams
 from tests.support.fake_executor import EOS, FakeExecutor
 from tests.support.fake_loop import expected, run_all
 
@@ -92,8 +92,8 @@ def reference_beams(prompt: list[int], sp: SamplingParams) -> list[list[int]]:
     ("recompute", 24, None, True),
 ])
 def test_beams_fork_and_free_blocks_through_memsvc(mode, num_blocks, host_blocks, releases, overlap):
-    from gateway.batch_loop import BatchLoop
-    from gateway.scheduler import SchedulerConfig
+    from pagedserve.gateway.batch_loop import BatchLoop
+    from pagedserve.gateway.scheduler import SchedulerConfig
 
     ex = BeamFakeExecutor(4)
     mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, preemption_mode=mode, num_host_blocks=host_blocks))

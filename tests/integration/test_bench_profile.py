@@ -1,7 +1,7 @@
 """`pagedserve bench profile` on a tiny model: both timed phases are full decode steps of
 every sequence (it once ran out of tokens halfway, so the profiled steps were mostly empty
 and the breakdown read several times too fast)."""
-from benchmarks.profile import CATEGORIES, profile_batch
+from pagedserve.benchmarks.profile import CATEGORIES, profile_batch
 from pagedserve.engine import LLMEngine
 from pagedserve.engine_config import EngineConfig
 from tests.support.tiny_models import make_tiny_model, save_tiny_tokenizer

@@ -6,12 +6,12 @@ import os
 import pytest
 import torch
 
-from executor import gguf_convert
-from executor.model_source import default_gguf_path, resolve_model
-from executor.model_loader import load_model
-from executor.model_runner import ModelRunner
+from pagedserve.executor import gguf_convert
+from pagedserve.executor.model_source import default_gguf_path, resolve_model
+from pagedserve.executor.model_loader import load_model
+from pagedserve.executor.model_runner import ModelRunner
 from tests.unit.executor.test_model_logits import PROMPTS, check_against_hf
-from wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
 
 
 @pytest.fixture(scope="module")

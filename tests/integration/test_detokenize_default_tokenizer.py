@@ -1,12 +1,12 @@
 """The fast detokenizers give, token by token, what the default model's tokenizer decodes."""
-from gateway.detokenizer import IncrementalDetokenizer
+from pagedserve.gateway.detokenizer import IncrementalDetokenizer
 
 
 def test_fast_decode_gives_the_text_of_tokenizer_decode(default_model_dir):
     import random
 
-    from gateway.detokenizer import fast_decode
-    from gateway.tokenizer import load_tokenizer
+    from pagedserve.gateway.detokenizer import fast_decode
+    from pagedserve.gateway.tokenizer import load_tokenizer
 
     tok = load_tokenizer(default_model_dir)
     decode = fast_decode(tok)
@@ -29,8 +29,8 @@ def test_byte_detokenizer_gives_what_the_tokenizer_gives(default_model_dir):
     the vocabulary) and random prompt contexts, token by token the same text."""
     import random
 
-    from gateway.byte_detokenizer import ByteDetokenizer, byte_table
-    from gateway.tokenizer import load_tokenizer
+    from pagedserve.gateway.byte_detokenizer import ByteDetokenizer, byte_table
+    from pagedserve.gateway.tokenizer import load_tokenizer
 
     tok = load_tokenizer(default_model_dir)
     table = byte_table(tok)

@@ -5,8 +5,8 @@ generated token by token only where they differ (tests/support/hf_reference.py).
 import pytest
 
 from pagedserve.engine import LLMEngine
+from pagedserve.wire.protocol import SamplingParams
 from tests.support.hf_reference import hf_greedy
-from wire.protocol import SamplingParams
 
 PROMPTS = [
     "The capital of France is",

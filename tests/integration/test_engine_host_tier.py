@@ -4,9 +4,9 @@ multi-turn chats on a pool too small for every history give identical outputs wi
 no block afterwards (issue 27)."""
 from pagedserve.engine import LLMEngine
 from pagedserve.engine_config import EngineConfig
-from executor.config import ExecutorConfig
-from memsvc.config import MemoryConfig
-from wire.protocol import SamplingParams
+from pagedserve.executor.config import ExecutorConfig
+from pagedserve.memsvc.config import MemoryConfig
+from pagedserve.wire.protocol import SamplingParams
 
 SYSTEM = "You are a helpful assistant who answers briefly and precisely. " * 2
 TOPICS = ["the history of sailing ships and the trade winds across the Atlantic",

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from tests.support.tiny_models import make_tiny_model
-from executor import Executor
-from wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.executor import Executor
+from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
 
 BLOCK = 16
 

@@ -22,8 +22,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from executor.model_source import default_gguf_path
-from executor.gguf_convert import GLOBAL_NAMES, LAYER_NAMES
+from pagedserve.executor.model_source import default_gguf_path
+from pagedserve.executor.gguf_convert import GLOBAL_NAMES, LAYER_NAMES
 from tests.support.hf_reference import hf_greedy
 from tests.unit.executor.test_model_gguf import llama_cpp_permute
 
@@ -120,7 +120,7 @@ def test_greedy_matches_transformers_gguf_loader(default_model_dir, parsed_once)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pagedserve.engine import LLMEngine
-    from wire.protocol import SamplingParams
+    from pagedserve.wire.protocol import SamplingParams
 
     path = default_gguf_path()
     with parsed_once():

@@ -1,12 +1,12 @@
 """The gateway's grammar check with the default model's tokenizer bound
-(gateway.grammar_compile): a grammar is compiled at admission as the executor will compile
+(pagedserve.gateway.grammar_compile): a grammar is compiled at admission as the executor will compile
 it, so one that parses at once but takes long to compile is refused within the budget
-(gateway.grammar_budget), before it reaches a step."""
+(pagedserve.gateway.grammar_budget), before it reaches a step."""
 import json
 
 import pytest
 
-from gateway import grammar_compile, structured
+from pagedserve.gateway import grammar_compile, structured
 from tests.support.grammar_budget import budget  # noqa: F401 (the fixture)
 
 RULES = 3000  # parses in milliseconds; its token masks take a good half second on one core
@@ -16,7 +16,7 @@ SLOW_TO_COMPILE = "root ::= " + " | ".join(f"r{i}" for i in range(RULES)) + "\n"
 
 @pytest.fixture
 def bound(default_model_dir):
-    from gateway.tokenizer import load_tokenizer
+    from pagedserve.gateway.tokenizer import load_tokenizer
 
     tok = load_tokenizer(default_model_dir)
     grammar_compile.bind(tok, 49152, [tok.eos_token_id])
@@ -27,7 +27,7 @@ def bound(default_model_dir):
 def test_a_grammar_slow_to_compile_is_refused_only_once_compiled_with_the_tokenizer(budget, default_model_dir):
     budget(grammar_compile_timeout=0.3)
     assert structured.prepare("grammar", SLOW_TO_COMPILE) == SLOW_TO_COMPILE  # parsed only
-    from gateway.tokenizer import load_tokenizer
+    from pagedserve.gateway.tokenizer import load_tokenizer
 
     tok = load_tokenizer(default_model_dir)
     grammar_compile.bind(tok, 49152, [tok.eos_token_id])

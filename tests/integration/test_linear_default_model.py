@@ -1,10 +1,10 @@
 """The opt-in int4 and int8 weights on the default model, against float32 through the
-engine (executor/linear_int4.py, executor/linear_int8.py; BENCHMARKS.md has the figures)."""
+engine (pagedserve/executor/linear_int4.py, pagedserve/executor/linear_int8.py; BENCHMARKS.md has the figures)."""
 import pytest
 import torch
 
-from benchmarks.int8_accuracy import PROMPTS, compare
-from executor import linear_backend, linear_int4
+from pagedserve.benchmarks.int8_accuracy import PROMPTS, compare
+from pagedserve.executor import linear_backend, linear_int4
 
 INT4 = linear_int4.unavailable(torch.device("cpu"), torch.float32) is None
 INT8 = linear_backend.int8_unavailable(torch.device("cpu"), torch.float32) is None
@@ -19,7 +19,7 @@ def engine(model_dir, backend):
 @pytest.fixture(scope="module")
 def float32(default_model_dir):
     """The float32 reference engine both tests compare with (as `python -m
-    benchmarks.int8_accuracy` compares each candidate with one reference)."""
+    pagedserve.benchmarks.int8_accuracy` compares each candidate with one reference)."""
     return engine(default_model_dir, "mkl")
 
 

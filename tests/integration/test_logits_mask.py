@@ -1,4 +1,4 @@
-"""executor.logits_mask: xgrammar masks over random logits keep any sampler inside the grammar
+"""pagedserve.executor.logits_mask: xgrammar masks over random logits keep any sampler inside the grammar
 (JSON schema, regex, choice, EBNF); the state is replayed from the output tokens, so a
 recomputed or forked sequence continues where its tokens say."""
 import json
@@ -7,8 +7,8 @@ import jsonschema
 import pytest
 import torch
 
-from executor.logits_mask import GuidedDecoding
-from wire.protocol import SamplingParams, SeqStep
+from pagedserve.executor.logits_mask import GuidedDecoding
+from pagedserve.wire.protocol import SamplingParams, SeqStep
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer"}},
@@ -17,7 +17,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 @pytest.fixture(scope="module")
 def guided(default_model_dir):
-    from gateway.tokenizer import load_tokenizer
+    from pagedserve.gateway.tokenizer import load_tokenizer
 
     tok = load_tokenizer(default_model_dir)
     return GuidedDecoding(default_model_dir, 49152, [tok.eos_token_id], tokenizer=tok), tok
@@ -120,7 +120,7 @@ def test_an_open_output_closes_within_max_tokens(guided, seed, schema):
 
 
 def test_the_closing_window_covers_the_open_levels():
-    from executor.logits_mask import CLOSE_MARGIN, CLOSE_WITHIN, close_window
+    from pagedserve.executor.logits_mask import CLOSE_MARGIN, CLOSE_WITHIN, close_window
 
     assert close_window(16) == 4 and close_window(1000) == CLOSE_WITHIN
     assert close_window(300, depth=100) == 100 + CLOSE_MARGIN  # deep output: one token per level at least
@@ -144,7 +144,7 @@ class Gate:
 
 
 def test_grammars_compile_from_first_sight_and_hold_only_their_own_masks(default_model_dir):
-    from gateway.tokenizer import load_tokenizer
+    from pagedserve.gateway.tokenizer import load_tokenizer
 
     tok = load_tokenizer(default_model_dir)
     g = GuidedDecoding(default_model_dir, 49152, [tok.eos_token_id], tokenizer=tok)
@@ -170,7 +170,7 @@ def test_grammars_compile_from_first_sight_and_hold_only_their_own_masks(default
 
 
 def test_compiled_grammars_are_kept_within_their_byte_budget(default_model_dir):
-    from gateway.tokenizer import load_tokenizer
+    from pagedserve.gateway.tokenizer import load_tokenizer
 
     tok = load_tokenizer(default_model_dir)
     g = GuidedDecoding(default_model_dir, 49152, [tok.eos_token_id], tokenizer=tok)

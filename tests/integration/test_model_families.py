@@ -8,8 +8,8 @@ import torch
 
 from pagedserve.cli import main
 from pagedserve.engine import LLMEngine
+from pagedserve.wire.protocol import SamplingParams
 from tests.support.tiny_models import make_tiny_model, save_tiny_tokenizer
-from wire.protocol import SamplingParams
 
 FAMILIES = ["mistral_swa", "qwen2_swa", "gemma2", "gemma3", "phi3", "mixtral"]
 NEW_TOKENS = 30

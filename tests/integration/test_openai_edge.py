@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.openai_server import Server
 from tests.support.gateway_harness import collect
-from wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2 as pb
 
 
 ASK = [{"role": "user", "content": "Hi"}]

@@ -6,8 +6,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics_proxy import ReplicaMetrics, merge
-from gateway.openai.server import start_openai
+from pagedserve.gateway.metrics_proxy import ReplicaMetrics, merge
+from pagedserve.gateway.openai.server import start_openai
 from tests.support.openai_server import Server
 
 
@@ -108,7 +108,7 @@ def test_echo_prepends_the_prompt_streaming_or_not(server):
 
 
 def test_cache_salt_isolates_the_prefix_cache_on_both_apis(server):
-    from wire.v1 import generation_pb2 as pb
+    from pagedserve.wire.v1 import generation_pb2 as pb
 
     prompt = "A paged KV cache keeps each sequence in fixed-size blocks of tokens " * 3
 
@@ -163,7 +163,7 @@ def test_priority_orders_the_waiting_queue(tokenizer):
 
 def test_https_with_the_grpc_tls_flags(server, tmp_path):
     from tests.support.certs import make_cert_dir
-    from wire.tls import TlsConfig
+    from pagedserve.rpc.tls import TlsConfig
 
     import ssl
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2 as pb
 from tests.support.fake_executor import FakeExecutor
 from tests.support.gateway_harness import collect
 from tests.support.openai_server import BLOCK, Server
@@ -187,9 +187,9 @@ def test_other_errors_unknown_model_json_and_the_client_exceptions(server):
 def test_beam_search_fields_pass_through_or_are_named():
     from dataclasses import fields
 
-    from gateway.openai.errors import OpenAIError
-    from gateway.openai.request import parse_completion
-    from wire.protocol import SamplingParams
+    from pagedserve.gateway.openai.errors import OpenAIError
+    from pagedserve.gateway.openai.request import parse_completion
+    from pagedserve.wire.protocol import SamplingParams
 
     info = FakeExecutor(BLOCK).info
     body = {"prompt": [1, 2], "beam_width": 3, "length_penalty": 0.5, "early_stopping": True, "n": 2}
@@ -258,7 +258,7 @@ def test_disconnects_free_the_sequences(tokenizer):
 
 
 def test_a_full_queue_is_429(tokenizer):
-    from gateway import step_runner
+    from pagedserve.gateway import step_runner
 
     if not hasattr(step_runner, "QueueFull"):
         pytest.skip("this StepRunner has no queue bound")

@@ -5,7 +5,7 @@ import json
 import socket
 import time
 
-from gateway.openai.server import start_openai
+from pagedserve.gateway.openai.server import start_openai
 from tests.support.openai_server import Server
 
 

@@ -7,15 +7,15 @@ from concurrent import futures
 import grpc
 import pytest
 
-from executor.server import ExecutorService, register
-from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
-from gateway.scheduler import Scheduler, SchedulerConfig
-from gateway.sequence import Sequence
-from memsvc.memory_manager import MemoryConfig, MemoryManager
-from memsvc.server import MemoryService
+from pagedserve.executor.server import ExecutorService, register
+from pagedserve.gateway.remote import RemoteExecutorClient, RemoteMemoryClient
+from pagedserve.gateway.scheduler import Scheduler, SchedulerConfig
+from pagedserve.gateway.sequence import Sequence
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.memsvc.server import MemoryService
+from pagedserve.wire.protocol import SamplingParams
+from pagedserve.wire.v1 import executor_pb2_grpc, memory_pb2_grpc
 from tests.support.fake_executor import FakeExecutor
-from wire.protocol import SamplingParams
-from wire.v1 import executor_pb2_grpc, memory_pb2_grpc
 
 
 @pytest.fixture

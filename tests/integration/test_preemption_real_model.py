@@ -1,6 +1,6 @@
 """Preemption by swap, recompute or either leaves the default model's greedy outputs as
 they are with room for everything, and the pool clean."""
-from wire.protocol import SamplingParams
+from pagedserve.wire.protocol import SamplingParams
 from tests.unit.gateway.test_preemption import assert_clean
 
 

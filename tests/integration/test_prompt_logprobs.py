@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pagedserve.engine import LLMEngine
+from pagedserve.wire.protocol import SamplingParams
 from tests.support.tiny_models import make_tiny_model, save_tiny_tokenizer
-from wire.protocol import SamplingParams
 
 ATOL = 1e-4
 
@@ -80,12 +80,12 @@ def test_chunked_prefill(tiny):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A gateway (gRPC and OpenAI HTTP) over a tiny Llama in process."""
-    from executor import Executor
-    from gateway.openai.server import start_openai
-    from gateway.scheduler import SchedulerConfig
-    from gateway.server import Backend
-    from gateway.tokenizer import load_tokenizer
-    from memsvc.memory_manager import MemoryConfig, MemoryManager
+    from pagedserve.executor import Executor
+    from pagedserve.gateway.openai.server import start_openai
+    from pagedserve.gateway.scheduler import SchedulerConfig
+    from pagedserve.gateway.server import Backend
+    from pagedserve.gateway.tokenizer import load_tokenizer
+    from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
     from tests.support.gateway_harness import GatewayThread
 
     path = tmp_path_factory.mktemp("served")
@@ -173,8 +173,8 @@ def test_streaming_sends_prompt_logprobs_with_the_first_chunk(served):
 
 
 def test_grpc_generate_returns_prompt_logprobs(served):
+    from pagedserve.wire.v1 import generation_pb2 as pb
     from tests.support.gateway_harness import greedy as pb_greedy
-    from wire.v1 import generation_pb2 as pb
 
     g, _, hf = served
     prompt = random_prompt(10, 9)
@@ -199,14 +199,14 @@ def test_across_the_wire_with_chunks_and_a_cached_prompt(tmp_path):
 
     import grpc
 
-    from executor import Executor
-    from executor.server import ExecutorService, register
-    from gateway.batch_loop import BatchLoop
-    from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
-    from gateway.scheduler import SchedulerConfig
-    from memsvc.memory_manager import MemoryConfig, MemoryManager
-    from memsvc.server import MemoryService
-    from wire.v1 import executor_pb2_grpc, memory_pb2_grpc
+    from pagedserve.executor import Executor
+    from pagedserve.executor.server import ExecutorService, register
+    from pagedserve.gateway.batch_loop import BatchLoop
+    from pagedserve.gateway.remote import RemoteExecutorClient, RemoteMemoryClient
+    from pagedserve.gateway.scheduler import SchedulerConfig
+    from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+    from pagedserve.memsvc.server import MemoryService
+    from pagedserve.wire.v1 import executor_pb2_grpc, memory_pb2_grpc
 
     hf = make_tiny_model(tmp_path, "qwen3")
     ex = Executor(str(tmp_path), block_size=4)

@@ -6,10 +6,10 @@ import httpx
 import openai
 import pytest
 
-from gateway.openai.server import start_openai
-from gateway.scheduler import SchedulerConfig
-from gateway.server import Backend
-from memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.gateway.openai.server import start_openai
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.server import Backend
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from tests.support.gateway_harness import GatewayThread
 
 ASK = [{"role": "user", "content": "Say hi."}]
@@ -17,8 +17,8 @@ ASK = [{"role": "user", "content": "Say hi."}]
 
 @pytest.fixture(scope="module")
 def served(default_model_dir):
-    from executor.executor import Executor
-    from gateway.tokenizer import load_tokenizer
+    from pagedserve.executor.executor import Executor
+    from pagedserve.gateway.tokenizer import load_tokenizer
 
     executor = Executor(None)
     tokenizer = load_tokenizer(default_model_dir)
@@ -75,14 +75,14 @@ TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
 @pytest.fixture(scope="module")
 def templated(default_model_dir, tmp_path_factory):
     """The HTTP and gRPC APIs with --chat-template's file in place of the model's template."""
-    from gateway import chat_template
-    from gateway.tokenizer import load_tokenizer
+    from pagedserve.gateway import chat_template
+    from pagedserve.gateway.tokenizer import load_tokenizer
     from tests.support.openai_server import Server
 
     path = tmp_path_factory.mktemp("template") / "shout.jinja"
     path.write_text(TEMPLATE)
     tokenizer = load_tokenizer(default_model_dir)
-    tokenizer.chat_template = chat_template.load(str(path))  # as gateway.main does with the flag
+    tokenizer.chat_template = chat_template.load(str(path))  # as pagedserve.gateway.main does with the flag
     s = Server(tokenizer)
     s.g.wait_ready()
     yield s
@@ -92,7 +92,7 @@ def templated(default_model_dir, tmp_path_factory):
 def test_chat_template_kwargs_reach_the_template_on_both_apis(templated):
     from google.protobuf.struct_pb2 import Struct
 
-    from wire.v1 import generation_pb2 as pb
+    from pagedserve.wire.v1 import generation_pb2 as pb
 
     def prompt_tokens(**extra):
         r = templated.post("/v1/chat/completions", {"messages": ASK, "max_tokens": 1, **extra})
@@ -119,8 +119,8 @@ THOUGHT = "<think>\nThe user wants Paris.\n</think>\n\nParis."
 @pytest.fixture(scope="module")
 def thinking(tokenizer):
     """The HTTP API with --reasoning-parser qwen3 over an executor that writes THOUGHT."""
+    from pagedserve.wire.protocol import SampleOutput
     from tests.support.openai_server import Server
-    from wire.protocol import SampleOutput
 
     s = Server(tokenizer, reasoning_parser="qwen3")
     script, written = tokenizer.encode(THOUGHT, add_special_tokens=False), {}
@@ -176,7 +176,7 @@ def test_over_http_each_field_not_acted_on_is_a_400_naming_it(server):
 def test_the_grpc_api_takes_min_tokens_and_logit_bias_and_refuses_ids_past_the_vocabulary(server):
     import grpc
 
-    from wire.v1 import generation_pb2 as pb
+    from pagedserve.wire.v1 import generation_pb2 as pb
 
     out = list(server.g.stub.Generate(pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(
         max_tokens=3, min_tokens=2, logit_bias={5: 1.5})), timeout=30))

@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from benchmarks import step_cost
+from pagedserve.benchmarks import step_cost
 
 
 @pytest.fixture(autouse=True)
 def no_freeze(monkeypatch):  # the services freeze their heap once started; a test process must not
-    import wire.heap
+    import pagedserve.rpc.heap
 
-    monkeypatch.setattr(wire.heap, "freeze_heap", lambda: 0)
+    monkeypatch.setattr(pagedserve.rpc.heap, "freeze_heap", lambda: 0)
 
 
 def test_every_part_is_counted_and_nothing_is_left(tmp_path, capsys):

@@ -2,7 +2,7 @@
 unmodified `openai` client gets schema-valid JSON (jsonschema), regex / choice / EBNF
 matches, and parsed tool calls (required, named, parallel), streaming and not; n > 1 and
 a preempted-and-recomputed sequence keep their grammar (the pool is small: 48 blocks). The
-model runner applies the executor's masks (executor.logits_mask)."""
+model runner applies the executor's masks (pagedserve.executor.logits_mask)."""
 import json
 import re
 
@@ -12,12 +12,12 @@ import jsonschema
 import openai
 import pytest
 
-from gateway.openai.server import start_openai
-from gateway.scheduler import SchedulerConfig
-from gateway.server import Backend
-from memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.gateway.openai.server import start_openai
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.server import Backend
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.wire.v1 import generation_pb2 as pb
 from tests.support.gateway_harness import GatewayThread
-from wire.v1 import generation_pb2 as pb
 
 SCHEMA = {"type": "object",
           "properties": {"city": {"type": "string", "maxLength": 20},
@@ -38,8 +38,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def served(default_model_dir):
-    from executor.executor import Executor
-    from gateway.tokenizer import load_tokenizer
+    from pagedserve.executor.executor import Executor
+    from pagedserve.gateway.tokenizer import load_tokenizer
 
     executor = Executor(None)
     tokenizer = load_tokenizer(default_model_dir)

@@ -11,15 +11,15 @@ import time
 import pytest
 import torch
 
-from executor import Executor
-from executor.sharding import ShardPlan
-from executor.tensor_parallel import GroupDown
-from memsvc.config import MemoryConfig
-from memsvc.memory_manager import MemoryManager
+from pagedserve.executor import Executor
+from pagedserve.executor.sharding import ShardPlan
+from pagedserve.executor.tensor_parallel import GroupDown
+from pagedserve.memsvc.config import MemoryConfig
+from pagedserve.memsvc.memory_manager import MemoryManager
 from pagedserve.cli import main
 from pagedserve.engine import LLMEngine
 from tests.support.tiny_models import hf_greedy_past_eos, make_tiny_model, paged_batches, save_tiny_tokenizer
-from wire.protocol import SamplingParams
+from pagedserve.wire.protocol import SamplingParams
 
 NEW_TOKENS = 24
 LOGIT_TOLERANCE = 1e-4
@@ -115,7 +115,7 @@ def test_a_model_that_cannot_be_split_names_the_numbers(tmp_path, overrides, mes
 
 
 def test_shard_plan_kv_heads():
-    from executor.model_config import ModelConfig
+    from pagedserve.executor.model_config import ModelConfig
 
     def config(heads, kv):
         return ModelConfig("LlamaForCausalLM", vocab_size=301, hidden_size=64, num_layers=1,

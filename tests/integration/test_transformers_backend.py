@@ -8,17 +8,17 @@ import json
 import pytest
 import torch
 
-from executor.errors import ModelLoadError
-from executor.models import transformers_backend
 from pagedserve.cli import main
 from pagedserve.engine import LLMEngine
+from pagedserve.executor.errors import ModelLoadError
+from pagedserve.executor.models import transformers_backend
+from pagedserve.wire.protocol import SamplingParams
 from tests.support.tiny_models import (
     hf_greedy_past_eos,
     make_tiny_model,
     save_tiny_tokenizer,
 )
 from tests.unit.gateway.test_preemption import assert_clean
-from wire.protocol import SamplingParams
 
 TINY = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
         "vocab_size": 300, "max_position_embeddings": 256, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}

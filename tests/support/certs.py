@@ -1,4 +1,4 @@
-"""Certificates for tests: a CA and leaves signed by it, with the role URI wire.peer_auth reads
+"""Certificates for tests: a CA and leaves signed by it, with the role URI pagedserve.rpc.peer_auth reads
 (`spiffe://pagedserve/<role>`), made with `cryptography`."""
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from wire.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
+from pagedserve.wire.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
 
 VOCAB = 1000
 EOS = 999

@@ -1,7 +1,7 @@
 """The model-free executor (tests.support.fake_executor) as a real executor process, for tests that
 need many fast steps: `python -m tests.support.fake_executor_server --port P --memsvc ADDR`.
 
-It is executor.server with the model swapped out: it registers with memsvc, maps the
+It is pagedserve.executor.server with the model swapped out: it registers with memsvc, maps the
 shared pool, checks the pool epoch on Execute, serves health, metrics and traces, and with
 `--internal-token` (or its environment variable) calls and is called with that token. Its
 ModelInfo names the default model's tokenizer (so the gateway takes text and chat) and
@@ -10,7 +10,7 @@ back from the pool, so a wrong slot, block table or re-mapped pool changes them.
 `--fail-token T`: a step computing token T fails before it writes anything (as a step
 would that the executor cannot run at all); `--refuse-token U`: a sequence computing U is
 left out of its step, as the real executor's screen leaves out a sequence it cannot run
-(executor.seq_screen).
+(pagedserve.executor.seq_screen).
 """
 from __future__ import annotations
 
@@ -19,16 +19,16 @@ import sys
 import threading
 import time
 
-from executor.config import ExecutorConfig
-from executor.seq_screen import run_screened
-from executor.server import SERVICE_NAME, ExecutorService, map_pool, read_tokenizer_files, register
-from wire import internal_auth
-from wire.grpc_service import Service, stop_on_signals, wait
-from wire.metrics import serve_metrics
-from wire.settings import add_flags, from_args
-from wire.tls import TlsConfig
-from wire.tracing import setup_tracing, shutdown_tracing
-from wire.v1 import executor_pb2_grpc
+from pagedserve.executor.config import ExecutorConfig
+from pagedserve.executor.seq_screen import run_screened
+from pagedserve.executor.server import SERVICE_NAME, ExecutorService, map_pool, read_tokenizer_files, register
+from pagedserve.rpc import internal_auth
+from pagedserve.rpc.grpc_service import Service, stop_on_signals, wait
+from pagedserve.rpc.metrics import serve_metrics
+from pagedserve.wire.settings import add_flags, from_args
+from pagedserve.rpc.tls import TlsConfig
+from pagedserve.rpc.tracing import setup_tracing, shutdown_tracing
+from pagedserve.wire.v1 import executor_pb2_grpc
 from tests.support.fake_executor import FakeExecutor
 
 TOKENIZER_VOCAB = 49152
@@ -53,7 +53,7 @@ class SlowFake(FakeExecutor):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from executor.model_source import default_model_dir
+    from pagedserve.executor.model_source import default_model_dir
 
     p = argparse.ArgumentParser(prog="fake executor")
     p.add_argument("--host", default="127.0.0.1")

@@ -2,10 +2,10 @@
 it to the end and to compute the tokens the fake executor must produce."""
 import random
 
-from gateway.batch_loop import BatchLoop
-from gateway.scheduler import SchedulerConfig
-from memsvc.memory_manager import MemoryConfig, MemoryManager
-from wire.protocol import SamplingParams
+from pagedserve.gateway.batch_loop import BatchLoop
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.wire.protocol import SamplingParams
 from tests.support.fake_executor import FakeExecutor, reference_next
 
 

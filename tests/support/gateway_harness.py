@@ -9,9 +9,9 @@ import threading
 import grpc
 import uvloop
 
-from gateway.server import Backend, Gateway
-from wire.v1 import generation_pb2 as pb
-from wire.v1 import generation_pb2_grpc as pb_grpc
+from pagedserve.gateway.server import Backend, Gateway
+from pagedserve.wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2_grpc as pb_grpc
 
 
 class GatewayThread:

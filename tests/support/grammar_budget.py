@@ -1,9 +1,9 @@
 """The `budget` fixture: set the gateway's grammar budget for one test (flags as fields of
-gateway.grammar_budget.GrammarBudget), restored to the defaults after it."""
+pagedserve.gateway.grammar_budget.GrammarBudget), restored to the defaults after it."""
 import pytest
 
-from gateway import grammar_budget
-from gateway.grammar_budget import GrammarBudget
+from pagedserve.gateway import grammar_budget
+from pagedserve.gateway.grammar_budget import GrammarBudget
 
 
 @pytest.fixture

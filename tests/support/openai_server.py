@@ -6,10 +6,10 @@ import time
 import httpx
 import openai
 
-from gateway.openai.server import start_openai
-from gateway.scheduler import SchedulerConfig
-from gateway.server import Backend
-from memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.gateway.openai.server import start_openai
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.server import Backend
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from tests.support.fake_executor import SlowExecutor
 from tests.support.gateway_harness import GatewayThread, Serialized
 
@@ -21,7 +21,7 @@ class Server:
 
     def __init__(self, tokenizer, num_blocks=256, delay=0.0, api_key=None, gate=None, max_num_seqs=32,
                  **options):
-        """`options` go to the OpenAI API (gateway.openai.app.OpenAIApi: reasoning_parser ...)."""
+        """`options` go to the OpenAI API (pagedserve.gateway.openai.app.OpenAIApi: reasoning_parser ...)."""
         self.executor = SlowExecutor(BLOCK, 2048, delay=delay)
         self.executor.info.vocab_size = len(tokenizer)  # outputs stay below 999, never EOS
         self.memory = Serialized(MemoryManager(MemoryConfig(num_blocks=num_blocks, max_model_len=2048)))

@@ -14,8 +14,8 @@ import urllib.request
 import grpc
 
 from pagedserve.serve_cmd import free_port
-from wire.grpc_service import open_channel
-from wire.v1 import generation_pb2_grpc, memory_pb2, memory_pb2_grpc
+from pagedserve.rpc.grpc_service import open_channel
+from pagedserve.wire.v1 import generation_pb2_grpc, memory_pb2, memory_pb2_grpc
 from tests.support import ROOT
 from tests.support.health import SERVING, wait_for_health
 from tests.support.serve_procs import TOKEN, TOKEN_ENV

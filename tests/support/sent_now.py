@@ -1,11 +1,11 @@
-"""In-process clients (wire.clients) that answer as the remote ones do, with no helper thread:
+"""In-process clients (pagedserve.wire.clients) that answer as the remote ones do, with no helper thread:
 the call is made when it is sent, and its answer (or its error) comes from its Future.
-Memory goes through the Reserve message's round trip (benchmarks.step_cost.WireMemory), as
+Memory goes through the Reserve message's round trip (pagedserve.benchmarks.step_cost.WireMemory), as
 over the wire."""
-from benchmarks.step_cost import WireMemory
-from wire.clients import ExecutorClient, call_now
-from wire.ordered_executor import OrderedExecutor
-from wire.step_feed import StepOrder
+from pagedserve.benchmarks.step_cost import WireMemory
+from pagedserve.wire.clients import ExecutorClient, call_now
+from pagedserve.wire.ordered_executor import OrderedExecutor
+from pagedserve.wire.step_feed import StepOrder
 
 
 class SentNowMemory(WireMemory):

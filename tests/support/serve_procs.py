@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 from pagedserve.serve_cmd import free_port
 from tests.support import ROOT
-from wire.internal_auth import ENV as TOKEN_ENV
-from wire.internal_auth import new_token
+from pagedserve.rpc.internal_auth import ENV as TOKEN_ENV
+from pagedserve.rpc.internal_auth import new_token
 
 CLI = [sys.executable, "-m", "pagedserve.cli"]
 TOKEN = new_token()  # the internal token of the services these tests start
@@ -116,8 +116,8 @@ def serving_grpc(*args: str):
     process in `pids` or ever a child of serve that is still alive is killed."""
     import grpc
 
-    from wire.grpc_service import open_channel
-    from wire.v1 import generation_pb2_grpc, memory_pb2_grpc
+    from pagedserve.rpc.grpc_service import open_channel
+    from pagedserve.wire.v1 import generation_pb2_grpc, memory_pb2_grpc
 
     port, mem_port, ex_port = free_port(), free_port(), free_port()
     env = dict(os.environ, PAGEDSERVE_HTTP_PORT="0", PYTHONPATH=ROOT, **{TOKEN_ENV: TOKEN})

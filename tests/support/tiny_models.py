@@ -81,7 +81,7 @@ def paged_batches(chunks, block_size: int, num_blocks: int, seed: int = 0):
     handed out from a shuffled free list, so no sequence's blocks are contiguous.
     Yields StepBatch objects with every sequence sampling greedily.
     """
-    from wire.protocol import SamplingParams, SeqStep, StepBatch
+    from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
 
     free = list(range(num_blocks))
     random.Random(seed).shuffle(free)

@@ -20,19 +20,19 @@ import time
 import grpc
 import torch
 
-from memsvc.config import MemoryConfig
-from memsvc.memory_manager import MemoryManager
-from memsvc.server import SERVICE_NAME, MemoryService
+from pagedserve.memsvc.config import MemoryConfig
+from pagedserve.memsvc.memory_manager import MemoryManager
+from pagedserve.memsvc.server import SERVICE_NAME, MemoryService
+from pagedserve.rpc import internal_auth
+from pagedserve.rpc.grpc_service import Service
 from pagedserve.serve_cmd import GENERATION, free_port
 from pagedserve.supervisor import ServiceSpec, Supervisor
+from pagedserve.wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2_grpc, memory_pb2_grpc
 from tests.support import ROOT
 from tests.support.gateway_harness import collect, greedy
 from tests.support.serve_procs import TOKEN, TOKEN_ENV, alive, children, cmdline
 from tests.support.tiny_models import make_tiny_model, save_tiny_tokenizer
-from wire import internal_auth
-from wire.grpc_service import Service
-from wire.v1 import generation_pb2 as pb
-from wire.v1 import generation_pb2_grpc, memory_pb2_grpc
 
 CLI = [sys.executable, "-m", "pagedserve.cli"]
 BLOCK = 4
@@ -115,7 +115,7 @@ class TPServices:
     def workers(self) -> list[int]:
         """The tp_worker processes of the running executor group."""
         proc = self.executor
-        found = [p for p in descendants(proc.pid) if any("executor.tp_worker" in a for a in cmdline(p))]
+        found = [p for p in descendants(proc.pid) if any("pagedserve.executor.tp_worker" in a for a in cmdline(p))]
         self.pids.update(found)
         return found
 
@@ -162,7 +162,7 @@ class TPServices:
     def node_ranks(self, i: int) -> list[int]:
         """The tp_worker processes worker node i runs."""
         found = [p for p in descendants(self.nodes[i].pid)
-                 if any("executor.tp_worker" in a for a in cmdline(p))]
+                 if any("pagedserve.executor.tp_worker" in a for a in cmdline(p))]
         self.pids.update(found)
         return found
 

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from executor.model_source import DEFAULT_GGUF, default_gguf_path
-from executor.gguf_convert import cache_root
+from pagedserve.executor.model_source import DEFAULT_GGUF, default_gguf_path
+from pagedserve.executor.gguf_convert import cache_root
 
 PROCESS_EVENTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
                   "os.system", "os.exec"}
@@ -61,7 +61,7 @@ class UnitGuard:
         if self.installed:
             return
         self.installed = True
-        from kernels import fused_cpu, paged_cpu, paged_prefill_cpu, rotary_store_cpu
+        from pagedserve.kernels import fused_cpu, paged_cpu, paged_prefill_cpu, rotary_store_cpu
 
         fused_cpu.available(), paged_cpu.native_available(), paged_prefill_cpu.native_available()
         rotary_store_cpu.available()

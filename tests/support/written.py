@@ -1,5 +1,5 @@
 """The steps reserved so far ran: what tests that drive memsvc's allocator by hand say
-before they expect a prefix-cache hit (memsvc.unwritten_keys: a keyed block is a hit only
+before they expect a prefix-cache hit (pagedserve.memsvc.unwritten_keys: a keyed block is a hit only
 once its step is confirmed)."""
 from __future__ import annotations
 

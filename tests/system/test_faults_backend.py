@@ -10,8 +10,8 @@ import time
 import grpc
 import pytest
 
-from wire.v1 import generation_pb2 as pb
-from wire.v1 import memory_pb2
+from pagedserve.wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import memory_pb2
 from tests.support.gateway_harness import greedy
 from tests.support.reliability_procs import scrape
 from tests.support.serve_procs import children, cmdline, free_port, serving_grpc

@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2 as pb
 from tests.support import ROOT
 from tests.support.gateway_harness import collect, greedy
 from tests.support.health import NOT_SERVING, wait_for_health
@@ -19,7 +19,7 @@ from tests.support.reliability_procs import scrape, serving_stack
 LEASE = 4.0
 CLIENT = """
 import sys, time, grpc
-from wire.v1 import generation_pb2 as pb, generation_pb2_grpc as pb_grpc
+from pagedserve.wire.v1 import generation_pb2 as pb, generation_pb2_grpc as pb_grpc
 stub = pb_grpc.GenerationStub(grpc.insecure_channel(sys.argv[1]))
 streams = [stub.Generate(pb.GenerateRequest(prompt=f"Count slowly, {i}:", sampling=pb.SamplingParams(
     max_tokens=1500, temperature=0, ignore_eos=True))) for i in range(8)]

@@ -1,4 +1,4 @@
-"""A bounded, seeded run of the fuzzer (benchmarks.fuzz_harness, `pagedserve bench fuzz`)
+"""A bounded, seeded run of the fuzzer (pagedserve.benchmarks.fuzz_harness, `pagedserve bench fuzz`)
 against a real `pagedserve serve` on the default model: FUZZ_REQUESTS (default 300) hostile
 requests over the OpenAI HTTP API and gRPC, with greedy reference requests beside them and
 /health polled all along (RELIABILITY.md, "Fuzzing the running services"). FUZZ_SEED picks
@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from benchmarks.fuzz_harness import FuzzConfig, run
+from pagedserve.benchmarks.fuzz_harness import FuzzConfig, run
 from tests.support.serve_procs import serving_http
 
 REQUESTS = int(os.environ.get("FUZZ_REQUESTS", "300"))

@@ -96,7 +96,7 @@ REHEARSE_KERNEL = """
 import importlib.util, sys, torch
 spec = importlib.util.spec_from_file_location("gc", sys.argv[1]); gc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gc)
-from kernels.paged_attention_triton import paged_attention_triton
+from pagedserve.kernels.paged_attention_triton import paged_attention_triton
 for q_len, splits in ((1, None), (1, 2), (5, None)):
     a = gc.make_paged(torch, 3, 40, q_len, 4, 2, 16, 16, torch.float32, "cpu", mixed=True, pad=2, poison=True)
     r = gc.compare_attention(torch, paged_attention_triton, a, 0.25, splits)
@@ -143,7 +143,7 @@ INTERPRETED = """
 import importlib.util, sys, torch
 spec = importlib.util.spec_from_file_location("gc", sys.argv[1]); gc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gc)
-from kernels.paged_attention_triton import paged_attention_triton
+from pagedserve.kernels.paged_attention_triton import paged_attention_triton
 for window, softcap, splits in ((None, None, None), (6, None, None), (None, 2.0, 2)):
     a = gc.make_paged(torch, 4, 40, 5, 4, 2, 16, 8, torch.float32, "cpu", mixed=True, pad=2, poison=True,
                       mixed_launch=True, far=2048)
@@ -176,8 +176,8 @@ class Hide(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Hide())
 from pagedserve.cli import build_parser
 build_parser().parse_args(["gateway", "--http-port", "0"])
-for name in ("memsvc.server", "executor.server", "gateway.main", "gateway.server", "benchmarks.serve",
-             "benchmarks.split", "pagedserve.client", "kernels"):
+for name in ("pagedserve.memsvc.server", "pagedserve.executor.server", "pagedserve.gateway.main", "pagedserve.gateway.server", "pagedserve.benchmarks.serve",
+             "pagedserve.benchmarks.split", "pagedserve.client", "pagedserve.kernels"):
     importlib.import_module(name)
 spec = importlib.util.spec_from_file_location("gpu_check", "scripts/gpu_check.py")
 gc = importlib.util.module_from_spec(spec); spec.loader.exec_module(gc)
@@ -189,7 +189,7 @@ torch.set_num_threads(1)
 model = gpu_check_models.build_model(Path(tempfile.mkdtemp()) / "m", hidden=64, layers=1, heads=4, kv_heads=2,
                                      inter=96, vocab=300)
 from pagedserve.engine import LLMEngine
-from wire.protocol import SamplingParams
+from pagedserve.wire.protocol import SamplingParams
 out = LLMEngine(model=str(model), kv_tokens=256).generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0))
 assert len(out[0].completions[0].token_ids) == 2
 leaked = sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in HIDE))

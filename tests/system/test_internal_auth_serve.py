@@ -14,14 +14,19 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from pagedserve.rpc import internal_auth, step_channel
+from pagedserve.rpc.grpc_service import open_channel
+from pagedserve.wire.v1 import (
+    executor_pb2,
+    executor_pb2_grpc,
+    memory_pb2,
+    memory_pb2_grpc,
+)
+from pagedserve.wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2_grpc as pb_grpc
 from tests.support import ROOT
 from tests.support.gateway_harness import collect, greedy
 from tests.support.serve_procs import children, cmdline, free_port, stop_serve
-from wire import internal_auth, step_channel
-from wire.grpc_service import open_channel
-from wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
-from wire.v1 import generation_pb2 as pb
-from wire.v1 import generation_pb2_grpc as pb_grpc
 
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 

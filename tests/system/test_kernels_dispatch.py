@@ -6,7 +6,8 @@ import sys
 from tests.support import ROOT
 
 SCRIPT = """
-import sys, torch, kernels
+import sys, torch
+from pagedserve import kernels
 pool = torch.randn(4, 2, 2, 8, 1, 4)
 k, v = pool[:, 0, 0], pool[:, 0, 1]
 kernels.store_kv(torch.randn(3, 1, 4), torch.randn(3, 1, 4), k, v, torch.tensor([9, -1, 10]))

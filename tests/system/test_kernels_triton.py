@@ -40,8 +40,8 @@ def test_triton_kernels_compile_for_sm90(tmp_path):
 
 def check_paged_attention():
     import torch
-    from kernels.paged_attention_ref import paged_attention_ref
-    from kernels.paged_attention_triton import paged_attention_triton
+    from pagedserve.kernels.paged_attention_ref import paged_attention_ref
+    from pagedserve.kernels.paged_attention_triton import paged_attention_triton
     from tests.unit.kernels.test_kernels_attention import make_batch
 
     # (seq_len, q_len): decodes, whole prompts, prefill chunks over a prefix, an empty entry
@@ -78,8 +78,8 @@ def check_paged_attention_split_decode():
     """Decode-only batches of few long sequences, as the split-context path sees them: every
     split count from 1 to more than the context has tiles, GQA 4, float32 and float16."""
     import torch
-    from kernels.paged_attention_ref import paged_attention_ref
-    from kernels.paged_attention_triton import paged_attention_triton
+    from pagedserve.kernels.paged_attention_ref import paged_attention_ref
+    from pagedserve.kernels.paged_attention_triton import paged_attention_triton
     from tests.unit.kernels.test_kernels_attention import make_batch
 
     specs = [(150, 1), (7, 1), (96, 1)]
@@ -95,8 +95,8 @@ def check_paged_attention_window():
     """Sliding window and soft-capping against the reference, with the blocks wholly before
     every window poisoned with NaN (never read); mixed prefill and decode, and split decode."""
     import torch
-    from kernels.paged_attention_ref import paged_attention_ref
-    from kernels.paged_attention_triton import paged_attention_triton
+    from pagedserve.kernels.paged_attention_ref import paged_attention_ref
+    from pagedserve.kernels.paged_attention_triton import paged_attention_triton
     from tests.unit.kernels.test_kernels_attention import make_batch, poison_outside_window
 
     specs = [(19, 1), (4, 1), (23, 23), (30, 7), (9, 0), (40, 1)]
@@ -113,8 +113,8 @@ def check_paged_attention_window():
 
 def check_store_kv():
     import torch
-    from kernels.store_kv_ref import store_kv_ref
-    from kernels.store_kv_triton import store_kv_triton
+    from pagedserve.kernels.store_kv_ref import store_kv_ref
+    from pagedserve.kernels.store_kv_triton import store_kv_triton
 
     for dtype in (torch.float32, torch.bfloat16):
         gen = torch.Generator().manual_seed(3)
@@ -130,8 +130,8 @@ def check_store_kv():
 
 def check_copy_blocks():
     import torch
-    from kernels.copy_blocks_ref import copy_blocks_ref
-    from kernels.copy_blocks_triton import copy_blocks_triton
+    from pagedserve.kernels.copy_blocks_ref import copy_blocks_ref
+    from pagedserve.kernels.copy_blocks_triton import copy_blocks_triton
 
     gen = torch.Generator().manual_seed(4)
     pool = torch.randn(8, 2, 2, 4, 3, 5, generator=gen)
@@ -146,7 +146,7 @@ def check_copy_blocks():
 
 
 def check_compile():
-    from kernels.triton_aot import compile_all
+    from pagedserve.kernels.triton_aot import compile_all
 
     assert compile_all(90) == 3 * 7 + 2
 

@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2 as pb
 from tests.support.gateway_harness import collect, greedy
 from tests.support.reliability_procs import scrape, serving_stack
 
@@ -75,7 +75,7 @@ def test_no_metrics_listener_unless_asked():
     import argparse
 
     from pagedserve.service_cmds import SERVICES
-    from wire.settings import add_flags
+    from pagedserve.wire.settings import add_flags
 
     for cls, _, _ in SERVICES.values():
         p = argparse.ArgumentParser()

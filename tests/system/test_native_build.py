@@ -1,4 +1,4 @@
-"""kernels/native_build.py's target flags: -march=native unless PAGEDSERVE_NATIVE_MARCH says
+"""pagedserve/kernels/native_build.py's target flags: -march=native unless PAGEDSERVE_NATIVE_MARCH says
 otherwise, a target the compiler refuses falls back to its default one, the cache keys the
 target, and an AVX2 (haswell) build holds no AVX-512 instruction."""
 import platform
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from kernels import native_build
+from pagedserve.kernels import native_build
 
 SOURCE = r"""
 extern "C" float dot(const float* a, const float* b, long n) {

@@ -8,7 +8,7 @@ import threading
 import grpc
 import pytest
 
-from wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2 as pb
 from tests.support.fake_loop import expected
 from tests.support.reliability_procs import serving_stack
 

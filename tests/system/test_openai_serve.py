@@ -9,12 +9,12 @@ import grpc
 import openai
 import pytest
 
-from wire.v1 import generation_pb2 as pb
-from wire.v1 import generation_pb2_grpc as pb_grpc
-from wire.v1 import memory_pb2, memory_pb2_grpc
+from pagedserve.wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2_grpc as pb_grpc
+from pagedserve.wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support.gateway_harness import collect, greedy
 from tests.support.serve_procs import TOKEN, serving_http
-from wire.grpc_service import open_channel
+from pagedserve.rpc.grpc_service import open_channel
 
 KEY = "test-key"
 MODEL = "SmolLM2-135M-Instruct"

@@ -1,5 +1,5 @@
 """Closed by default: with mutual TLS, real memsvc and executor processes accept each method
-only from callers whose certificate names the right role (wire.peer_auth); RegisterExecutor
+only from callers whose certificate names the right role (pagedserve.rpc.peer_auth); RegisterExecutor
 and Execute from anyone else are refused. The executor is checked before its model loads
 (the role check comes before everything else), so no step runs."""
 import os
@@ -11,10 +11,15 @@ import grpc
 import pytest
 
 from pagedserve.serve_cmd import free_port
+from pagedserve.wire.v1 import (
+    executor_pb2,
+    executor_pb2_grpc,
+    memory_pb2,
+    memory_pb2_grpc,
+)
 from tests.support import ROOT
 from tests.support.certs import make_cert_dir, tls_args
 from tests.support.health import NOT_SERVING, SERVING, wait_for_health
-from wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 REFUSED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
 

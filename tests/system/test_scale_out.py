@@ -16,15 +16,15 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from wire.protocol import SamplingParams
-from wire.v1 import generation_pb2 as pb
-from wire.v1 import generation_pb2_grpc as pb_grpc
-from wire.v1 import memory_pb2, memory_pb2_grpc
+from pagedserve.wire.protocol import SamplingParams
+from pagedserve.wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2_grpc as pb_grpc
+from pagedserve.wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support import ROOT
 from tests.support.gateway_harness import collect, greedy
 from tests.support.health import SERVING, wait_for_health
 from tests.support.serve_procs import TOKEN, TOKEN_ENV, free_port
-from wire.grpc_service import open_channel
+from pagedserve.rpc.grpc_service import open_channel
 
 GENERATION = "pagedserve.v1.Generation"
 KV_TOKENS = 4096

@@ -8,7 +8,7 @@ import time
 import grpc
 
 from pagedserve.client import GenerationClient
-from wire.protocol import SamplingParams
+from pagedserve.wire.protocol import SamplingParams
 from tests.support.serve_procs import TOKEN, alive, children, cmdline, free_port, segments, start, stop
 
 
@@ -73,8 +73,8 @@ def test_serve_takes_every_memsvc_flag_and_swaps_under_a_tiny_pool():
     """The command the restructuring issue quoted, refused before: `serve` copied flags by hand."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from wire.grpc_service import open_channel
-    from wire.v1 import memory_pb2, memory_pb2_grpc
+    from pagedserve.rpc.grpc_service import open_channel
+    from pagedserve.wire.v1 import memory_pb2, memory_pb2_grpc
 
     port, mem_port = free_port(), free_port()
     proc = start("serve", "--preemption-mode", "swap", "--swap-space", "1", "--kv-tokens", "160",

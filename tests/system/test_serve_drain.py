@@ -11,11 +11,11 @@ import time
 import grpc
 import httpx
 
+from pagedserve.wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2_grpc as pb_grpc
 from tests.support.gateway_harness import greedy
 from tests.support.health import NOT_SERVING, wait_for_health
 from tests.support.serve_procs import alive, children, segments, serving_http
-from wire.v1 import generation_pb2 as pb
-from wire.v1 import generation_pb2_grpc as pb_grpc
 
 PROMPT = "Once upon a time"
 

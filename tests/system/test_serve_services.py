@@ -9,14 +9,14 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from wire.protocol import SamplingParams
-from wire.v1 import generation_pb2 as pb
-from wire.v1 import generation_pb2_grpc as pb_grpc
-from wire.v1 import memory_pb2, memory_pb2_grpc
+from pagedserve.wire.protocol import SamplingParams
+from pagedserve.wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2_grpc as pb_grpc
+from pagedserve.wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support.gateway_harness import collect, greedy
 from tests.support.health import NOT_SERVING, SERVING, wait_for_health
 from tests.support.serve_procs import TOKEN, free_port, start, stop
-from wire.grpc_service import open_channel
+from pagedserve.rpc.grpc_service import open_channel
 KV_TOKENS = 4096
 MAX_SEQS = 16
 PROMPTS = ["The capital of France is", "Write a haiku about rain.", "1, 2, 3, 4,",

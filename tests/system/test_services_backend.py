@@ -10,19 +10,19 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from gateway.batch_loop import BatchLoop
-from gateway.remote import RemoteExecutorClient, RemoteMemoryClient
-from gateway.scheduler import SchedulerConfig
-from gateway.tokenizer import load_tokenizer
-from wire import convert
-from gateway.sequence import Sequence
-from wire.protocol import Plan, PlanEntry, SamplingParams
-from wire.step_delta import StepDelta
-from wire.v1 import memory_pb2, memory_pb2_grpc
+from pagedserve.gateway.batch_loop import BatchLoop
+from pagedserve.gateway.remote import RemoteExecutorClient, RemoteMemoryClient
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.tokenizer import load_tokenizer
+from pagedserve.wire import convert
+from pagedserve.gateway.sequence import Sequence
+from pagedserve.wire.protocol import Plan, PlanEntry, SamplingParams
+from pagedserve.wire.step_delta import StepDelta
+from pagedserve.wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support.backend_procs import ServiceProcess, free_port
 from tests.support.health import NOT_SERVING, SERVING
 from tests.support.serve_procs import TOKEN
-from wire.grpc_service import open_channel
+from pagedserve.rpc.grpc_service import open_channel
 
 KV_TOKENS = 1024
 LEASE = 3.0
@@ -157,7 +157,7 @@ def test_errors_carry_status_codes(backend):
     sp = SamplingParams(temperature=0.0)
     src = Sequence("x/0", "x", 0, [10**6], sp, 0, 8, 0.0)
     bad = StepDelta(["x/0"], [0], [1], [10**6], [True], [0], [1], [0], [src])
-    [out] = backend.remote.step(bad).result()  # left out of the pass, reported alone (executor.seq_screen)
+    [out] = backend.remote.step(bad).result()  # left out of the pass, reported alone (pagedserve.executor.seq_screen)
     assert out.seq_id == "x/0" and "token ids must be in" in out.error
 
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from benchmarks.soak import CLEAR, SoakConfig, soak
+from pagedserve.benchmarks.soak import CLEAR, SoakConfig, soak
 from tests.support.reliability_procs import scrape, serving_stack
 
 REQUESTS = int(os.environ.get("SOAK_REQUESTS", "2000"))

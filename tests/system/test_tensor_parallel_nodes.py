@@ -2,7 +2,7 @@
 rank 0 with `--tensor-parallel-nodes 2`, and a second `pagedserve executor` runs only rank
 1, placed by LeaderWorkerSet's environment (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE,
 LWS_WORKER_INDEX) as in a worker pod, joining rank 0's rendezvous on a fixed port. Rank 1,
-on another node, holds its own KV pool (memsvc.held_pools): memsvc keeps none for it,
+on another node, holds its own KV pool (pagedserve.memsvc.held_pools): memsvc keeps none for it,
 preempts by recompute and sends the step's copy-on-write copies with it. Each test checks
 the tokens against transformers' greedy ones:
 - prefix caching, copy-on-write (n = 3) and recompute on a pool too small for the batch;
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from memsvc.config import MemoryConfig
+from pagedserve.memsvc.config import MemoryConfig
 from pagedserve.serve_cmd import free_port
 from tests.support.gateway_harness import greedy
 from tests.support.tp_services import BLOCK, NEW_TOKENS, PROMPTS, TPServices, run_all, tiny_llama

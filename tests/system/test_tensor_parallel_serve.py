@@ -14,7 +14,7 @@ import pytest
 from pagedserve.client import GenerationClient
 from tests.support.serve_procs import alive, children, cmdline, free_port, segments, start, stop
 from tests.support.tiny_models import hf_greedy_past_eos, make_tiny_model, save_tiny_tokenizer
-from wire.protocol import SamplingParams
+from pagedserve.wire.protocol import SamplingParams
 
 NEW_TOKENS = 16
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40, 41, 42, 5, 6]]
@@ -43,7 +43,7 @@ def descendants(pid: int) -> list[int]:
 
 
 def workers(pid: int) -> list[int]:
-    return [p for p in descendants(pid) if any("executor.tp_worker" in a for a in cmdline(p))]
+    return [p for p in descendants(pid) if any("pagedserve.executor.tp_worker" in a for a in cmdline(p))]
 
 
 def test_serve_two_ranks_greedy_and_a_killed_rank(tiny):

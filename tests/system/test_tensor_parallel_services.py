@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from memsvc.config import MemoryConfig
+from pagedserve.memsvc.config import MemoryConfig
 from tests.support.gateway_harness import greedy
 from tests.support.tp_services import BLOCK, NEW_TOKENS, PROMPTS, TPServices, run_all, tiny_llama
 

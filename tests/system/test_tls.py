@@ -14,9 +14,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from wire.v1 import generation_pb2 as pb
-from wire.v1 import generation_pb2_grpc as pb_grpc
-from wire.v1 import memory_pb2, memory_pb2_grpc
+from pagedserve.wire.v1 import generation_pb2 as pb
+from pagedserve.wire.v1 import generation_pb2_grpc as pb_grpc
+from pagedserve.wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support.gateway_harness import collect, greedy
 from tests.support.health import SERVING, health
 from tests.support.reliability_procs import serving_stack
@@ -132,7 +132,7 @@ def test_internal_services_want_a_client_certificate_from_their_ca(stack, certs)
             return memory_pb2_grpc.MemoryManagerStub(channel).Stats(memory_pb2.StatsRequest(), timeout=5)
 
     assert stats(client_credentials(certs, "gateway")).num_blocks == 64
-    # Signed by the CA but not a gateway (its CN names no role): refused (wire.peer_auth).
+    # Signed by the CA but not a gateway (its CN names no role): refused (pagedserve.rpc.peer_auth).
     with pytest.raises(grpc.RpcError) as e:
         stats(client_credentials(certs, "client"))
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -167,7 +167,7 @@ def test_services_listen_on_loopback_by_default(stack):
     import argparse
 
     from pagedserve.service_cmds import SERVICES
-    from wire.settings import add_flags
+    from pagedserve.wire.settings import add_flags
 
     for cls, _, _ in SERVICES.values():
         p = argparse.ArgumentParser()

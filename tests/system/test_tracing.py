@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from wire import tracing
-from wire.step_feed import FED_UNKNOWN
-from wire.v1 import generation_pb2 as pb
+from pagedserve.rpc import tracing
+from pagedserve.wire.step_feed import FED_UNKNOWN
+from pagedserve.wire.v1 import generation_pb2 as pb
 from tests.support.gateway_harness import collect, greedy
 from tests.support.reliability_procs import serving_stack
 

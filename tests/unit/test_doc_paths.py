@@ -3,8 +3,8 @@ document pointing at nothing.
 
 What counts as a path (docs/ARCHITECTURE.md is the document of record; the others too):
 - a markdown link's target, relative to the document;
-- anything written from a top-level folder of the repository (`tests/...`, `gateway/...`,
-  `../wire/...`), in prose, code spans and code blocks alike: it must exist exactly;
+- anything written from a top-level folder of the repository (`tests/...`, `pagedserve/gateway/...`,
+  `../pagedserve/wire/...`), in prose, code spans and code blocks alike: it must exist exactly;
 - a code span such as `models/llama.py` or `integration/` (from a folder's name, or to a
   file's): some path ends with it;
 - a file name such as `gemma.py`: some file has that name.
@@ -169,7 +169,7 @@ def test_a_planted_path_is_found(tree):
 
 
 def test_existing_paths_pass(tree):
-    text = ("[server](../gateway/server.py), `wire/protocol.py`, `models/llama.py`, "
+    text = ("[server](../pagedserve/gateway/server.py), `pagedserve/wire/protocol.py`, `models/llama.py`, "
             "gemma.py, `tests/support/`\n")
     assert missing_paths("docs/X.md", text, tree) == []
 

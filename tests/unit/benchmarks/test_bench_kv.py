@@ -1,6 +1,6 @@
 """The memory simulation reproduces the shape of the PagedAttention profile on ShareGPT-like lengths."""
-from benchmarks.kv import simulate
-from benchmarks.workloads import sample_lengths
+from pagedserve.benchmarks.kv import simulate
+from pagedserve.benchmarks.workloads import sample_lengths
 
 
 def test_paged_holds_token_state_and_contiguous_wastes_most():

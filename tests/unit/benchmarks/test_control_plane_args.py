@@ -3,7 +3,7 @@ import argparse
 
 import pytest
 
-from benchmarks import control_plane
+from pagedserve.benchmarks import control_plane
 
 
 def parse(*argv):

@@ -1,5 +1,5 @@
-"""benchmarks.cpu_info reads the CPU's model name and ISA flags from a cpuinfo file."""
-from benchmarks.cpu_info import cpu_info, describe
+"""pagedserve.benchmarks.cpu_info reads the CPU's model name and ISA flags from a cpuinfo file."""
+from pagedserve.benchmarks.cpu_info import cpu_info, describe
 
 
 def test_model_name_and_isa_flags(tmp_path):
@@ -18,7 +18,7 @@ def test_missing_file_says_unknown(tmp_path):
 
 
 def test_last_level_cache_is_the_highest_level(tmp_path):
-    from wire.cpu_info import last_level_cache_bytes
+    from pagedserve.wire.cpu_info import last_level_cache_bytes
 
     for index, level, size in [("index0", 1, "48K"), ("index2", 2, "1024K"), ("index3", 3, "32768K")]:
         (tmp_path / index).mkdir()

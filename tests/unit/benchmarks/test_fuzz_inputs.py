@@ -6,10 +6,10 @@ import json
 import pytest
 from google.protobuf.message import DecodeError
 
-from benchmarks.fuzz_http import Target
-from benchmarks.fuzz_inputs import WEIGHTS, make_probe
-from benchmarks.fuzz_prefixes import Prefixes
-from wire.v1 import generation_pb2 as pb
+from pagedserve.benchmarks.fuzz_http import Target
+from pagedserve.benchmarks.fuzz_inputs import WEIGHTS, make_probe
+from pagedserve.benchmarks.fuzz_prefixes import Prefixes
+from pagedserve.wire.v1 import generation_pb2 as pb
 
 TARGET = Target("m", 8192)
 PREFIXES = Prefixes(7)

@@ -1,11 +1,11 @@
 """`bench fuzz`'s bookkeeping, without a server: outcomes and references into a report, the
 invariants a report breaks, memsvc's gauges read from a /metrics scrape, and a server
 error inside a 200 event stream told apart from a client's error."""
-from benchmarks.fuzz_probe import Outcome, Probe
-from benchmarks.fuzz_reference import Reference
-from benchmarks.fuzz_report import Recorder, violations
-from benchmarks.fuzz_send import _event_error
-from benchmarks.fuzz_watch import health_summary, memsvc_gauges
+from pagedserve.benchmarks.fuzz_probe import Outcome, Probe
+from pagedserve.benchmarks.fuzz_reference import Reference
+from pagedserve.benchmarks.fuzz_report import Recorder, violations
+from pagedserve.benchmarks.fuzz_send import _event_error
+from pagedserve.benchmarks.fuzz_watch import health_summary, memsvc_gauges
 
 HEALTHY = {"polls": 3, "statuses": {"200": 3}, "p50_ms": 2.0, "p99_ms": 250.0, "max_ms": 250.0, "over_100ms": 1}
 SETTLED = {"blocks_referenced": 0, "num_sequences": 0}

@@ -34,7 +34,7 @@ def test_sharegpt_like_lengths():
 
 def test_make_paged_matches_the_kernel_contract():
     attention = load_part("gpu_check_attention")
-    from kernels.paged_attention_ref import paged_attention_ref
+    from pagedserve.kernels.paged_attention_ref import paged_attention_ref
 
     a = attention.make_paged(torch, 3, 40, 2, 8, 2, 16, 16, torch.float32, "cpu")
     assert a["block_tables"].shape == (3, 3) and a["q"].shape == (6, 8, 16)
@@ -77,7 +77,7 @@ def test_service_processes_keep_the_pythonpath_set(monkeypatch, tmp_path):
 
 
 def test_swap_in_waits_for_the_swap_out(monkeypatch):
-    import memsvc.host_pool as host_pool
+    import pagedserve.memsvc.host_pool as host_pool
 
     kernels_part = load_part("gpu_check_kernels")
     calls = []
@@ -152,7 +152,7 @@ def test_attention_comparison_is_strict(q_len):
     """Mixed lengths, padded tables, NaN past each sequence and in the output before the call:
     the reference passes clean data, a kernel that skips rows or reads past a length fails."""
     attention = load_part("gpu_check_attention")
-    from kernels.paged_attention_ref import paged_attention_ref
+    from pagedserve.kernels.paged_attention_ref import paged_attention_ref
 
     args = (torch, 4, 37, q_len, 8, 2, 16, 8, torch.float32, "cpu")
     clean = attention.make_paged(*args, mixed=True, pad=2)

@@ -1,8 +1,8 @@
-"""benchmarks.proc_cpu reads this process's own CPU time from /proc."""
+"""pagedserve.benchmarks.proc_cpu reads this process's own CPU time from /proc."""
 import os
 import time
 
-from benchmarks.proc_cpu import cpu_seconds
+from pagedserve.benchmarks.proc_cpu import cpu_seconds
 
 
 def test_own_cpu_is_non_negative_and_grows_with_work():

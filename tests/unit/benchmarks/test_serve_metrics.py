@@ -1,5 +1,5 @@
-from benchmarks.serve_metrics import RequestTiming, summarize
-from benchmarks.workloads import load_trace, poisson_arrivals, sample_lengths
+from pagedserve.benchmarks.serve_metrics import RequestTiming, summarize
+from pagedserve.benchmarks.workloads import load_trace, poisson_arrivals, sample_lengths
 
 
 def test_summary_of_hand_made_timings():

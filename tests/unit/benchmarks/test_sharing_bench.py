@@ -1,6 +1,6 @@
 """`bench sharing`'s measurement of what forks save, on a few model-free requests."""
-from benchmarks.sharing import parallel_sampling_saving
-from benchmarks.workloads import BenchRequest
+from pagedserve.benchmarks.sharing import parallel_sampling_saving
+from pagedserve.benchmarks.workloads import BenchRequest
 
 
 def test_parallel_sampling_saving_follows_the_prompt_share():

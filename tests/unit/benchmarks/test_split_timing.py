@@ -1,9 +1,9 @@
-"""bench split's timing wrappers: both the sending of a step call (wire.clients) and the wait
+"""bench split's timing wrappers: both the sending of a step call (pagedserve.wire.clients) and the wait
 for its answer count as the call's time."""
 import time
 
-from benchmarks.split import TimedMemory
-from wire.clients import MemoryClient, Sent
+from pagedserve.benchmarks.split import TimedMemory
+from pagedserve.wire.clients import MemoryClient, Sent
 
 
 class Slow(MemoryClient):
@@ -25,7 +25,7 @@ def test_a_step_call_is_timed_whole():
 def test_the_split_services_get_no_http_api_and_the_executor_a_metrics_port():
     """bench split reads the executor's Execute time from its metrics port; the HTTP API
     (whose packages the GPU machine's image lacks) stays off."""
-    from benchmarks.split import serve_namespace, with_executor_metrics
+    from pagedserve.benchmarks.split import serve_namespace, with_executor_metrics
     from pagedserve.cli import build_parser
     from pagedserve.serve_cmd import service_specs
 

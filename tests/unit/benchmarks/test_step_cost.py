@@ -1,5 +1,5 @@
 """`bench step-cost` refuses bad batch sizes (its runs: tests/integration/test_step_cost_runs.py)."""
-from benchmarks import step_cost
+from pagedserve.benchmarks import step_cost
 
 
 def test_bad_batch_sizes_are_refused(capsys):

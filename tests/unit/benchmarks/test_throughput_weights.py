@@ -3,9 +3,9 @@ on the linear backend, and the bytes a one-token step reads follow the form each
 import pytest
 import torch
 
-from benchmarks.throughput import model_weights
-from executor import linear_backend
-from executor.model_loader import load_model
+from pagedserve.benchmarks.throughput import model_weights
+from pagedserve.executor import linear_backend
+from pagedserve.executor.model_loader import load_model
 from tests.support.tiny_models import make_tiny_model
 
 ONEDNN = linear_backend.onednn_unavailable(torch.device("cpu"), torch.float32) is None

@@ -190,7 +190,7 @@ def workload(objects, kind, name):
 
 def test_containers_pass_flags_and_ports_that_pagedserve_accepts(rendered):
     _, objects = rendered
-    sources = "\n".join(p.read_text() for d in ("pagedserve", "gateway", "memsvc", "executor")
+    sources = "\n".join(p.read_text() for d in ("pagedserve", "pagedserve/gateway", "pagedserve/memsvc", "pagedserve/executor")
                         for p in (ROOT / d).rglob("*.py"))
     for c in pagedserve_containers(objects):
         args = parse_container(c)
@@ -231,7 +231,7 @@ def test_every_gateway_discovers_every_executor_through_the_headless_service(ren
     assert gateway.discover == service["metadata"]["name"]
     assert gateway.replica in ([], None)
     assert "pagedserve-executor-" not in " ".join(by_name["gateway"]["args"])
-    from gateway.discovery import parse_ports
+    from pagedserve.gateway.discovery import parse_ports
 
     memsvc, executor = parse_container(by_name["memsvc"]), parse_container(by_name["executor"])
     assert parse_ports(gateway.discover_ports) == (memsvc.port, executor.port)

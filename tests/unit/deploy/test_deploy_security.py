@@ -2,7 +2,7 @@
 (the loader of test_deploy_manifests): every internal port is behind a NetworkPolicy that
 admits only its callers; every internal service requires mutual TLS with peer roles, from
 certificates whose roles (deploy/cert-manager) match what each container may call, and so
-starts closed (wire.internal_auth) without a shared token; the API
+starts closed (pagedserve.rpc.internal_auth) without a shared token; the API
 key comes from a Secret; the executor scales on its own metrics (which pagedserve exports
 and the Prometheus adapter's rules name) and drains before its pod goes; a gateway pod's
 grace period covers its preStop and its drain."""
@@ -83,7 +83,7 @@ def tls_secret(objects, container: dict) -> str:
 
 
 def test_every_internal_service_requires_mutual_tls_with_peer_roles(objects):
-    from wire.peer_auth import EXECUTOR_POLICY, MEMSVC_POLICY
+    from pagedserve.rpc.peer_auth import EXECUTOR_POLICY, MEMSVC_POLICY
 
     by_name = {c["name"]: c for c in pagedserve_containers(objects)}
     args = {name: parse_container(c) for name, c in by_name.items()}
@@ -116,9 +116,9 @@ def test_every_internal_service_requires_mutual_tls_with_peer_roles(objects):
 
 def test_memsvc_and_the_executor_start_closed_by_mutual_tls(objects):
     """A memsvc or executor with neither internal token nor mutual TLS refuses to start
-    (wire.internal_auth): here mutual TLS closes them, never --insecure-internal."""
+    (pagedserve.rpc.internal_auth): here mutual TLS closes them, never --insecure-internal."""
     from pagedserve.service_cmds import config_from
-    from wire.internal_auth import require_closed
+    from pagedserve.rpc.internal_auth import require_closed
 
     for c in pagedserve_containers(objects):
         if c["name"] != "gateway":
@@ -145,13 +145,13 @@ def test_executors_scale_on_their_own_metrics(objects):
     served = {r["name"]["as"]: r["seriesQuery"].split("{")[0] for kind in ("custom", "external")
               for r in adapter[kind]}
     assert names == set(served) == {"pagedserve_kv_cache_usage", "pagedserve_requests_waiting"}
-    sources = "\n".join(p.read_text() for d in ("memsvc", "gateway") for p in (REPO / d).rglob("*.py"))
+    sources = "\n".join(p.read_text() for d in ("pagedserve/memsvc", "pagedserve/gateway") for p in (REPO / d).rglob("*.py"))
     for series in served.values():  # exported by pagedserve (names in code, or f-strings)
         assert f'"{series}"' in sources or series.startswith("pagedserve:num_requests_"), series
 
 
 def test_an_executor_scaled_down_drains_before_its_pod_goes(objects):
-    from executor.server import DRAIN_IDLE_S
+    from pagedserve.executor.server import DRAIN_IDLE_S
 
     sts = workload(objects, "StatefulSet", "pagedserve-executor")["spec"]["template"]["spec"]
     by_name = {c["name"]: c for c in sts["containers"]}
@@ -165,7 +165,7 @@ def test_an_executor_scaled_down_drains_before_its_pod_goes(objects):
 
 
 def test_a_gateway_pod_drains_its_streams_within_its_grace_period(objects):
-    from gateway.config import STOP_AFTER_DRAIN_S
+    from pagedserve.gateway.config import STOP_AFTER_DRAIN_S
 
     pod = workload(objects, "Deployment", "pagedserve-gateway")["spec"]["template"]["spec"]
     [container] = [c for c in pod["containers"] if c["name"] == "gateway"]

@@ -13,15 +13,15 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from executor.config import ExecutorConfig
-from executor.tp_group import layout_of
+from pagedserve.executor.config import ExecutorConfig
+from pagedserve.executor.tp_group import layout_of
 from tests.unit.deploy.test_deploy_manifests import (DEPLOY, K8S_VERSIONS, KUBE, ROOT, UID, help_text,
                                                      kustomize, parse_container, workload)
-from wire.settings import from_args
+from pagedserve.wire.settings import from_args
 
 OVERLAYS = ["gpu-tensor-parallel", "gpu-multinode"]
 LWS_SCHEMA = DEPLOY / "schemas" / "leaderworkerset.x-k8s.io_v1.json"
-SOURCES = "\n".join(p.read_text() for d in ("pagedserve", "gateway", "memsvc", "executor")
+SOURCES = "\n".join(p.read_text() for d in ("pagedserve", "pagedserve/gateway", "pagedserve/memsvc", "pagedserve/executor")
                     for p in (ROOT / d).rglob("*.py"))
 
 

@@ -4,9 +4,9 @@ import contextlib
 
 import torch
 
-from executor.attention_metadata import AttentionMetadata
-from executor.cuda_graphs import DecodeGraphs, bucket_for, buckets
-from wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.executor.attention_metadata import AttentionMetadata
+from pagedserve.executor.cuda_graphs import DecodeGraphs, bucket_for, buckets
+from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
 
 
 def test_buckets():

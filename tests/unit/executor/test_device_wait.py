@@ -3,10 +3,10 @@ and swaps the step's blocks from another process as soon as the step is answered
 import pytest
 import torch
 
-import executor.model_runner as model_runner
-from executor.device_wait import wait_for_device
-from executor.model_loader import load_model
-from executor.model_runner import ModelRunner
+import pagedserve.executor.model_runner as model_runner
+from pagedserve.executor.device_wait import wait_for_device
+from pagedserve.executor.model_loader import load_model
+from pagedserve.executor.model_runner import ModelRunner
 from tests.support.tiny_models import make_tiny_model, paged_batches
 
 

@@ -3,13 +3,13 @@ with the CUDA queries mocked; --dtype auto follows the device."""
 import pytest
 import torch
 
-from executor.config import ExecutorConfig
-from executor.server import resolve_device
+from pagedserve.executor.config import ExecutorConfig
+from pagedserve.executor.server import resolve_device
 
 
 @pytest.fixture
 def two_gpus(monkeypatch):
-    import wire.cuda_ipc as ipc
+    import pagedserve.pool_share.cuda_ipc as ipc
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -39,7 +39,7 @@ def test_gpu_names_go_to_memsvc_as_uuids(two_gpus):
 
 
 def test_steps_run_with_the_executors_gpu_current(monkeypatch):
-    from executor.server import _launch_of
+    from pagedserve.executor.server import _launch_of
 
     chosen = []
 

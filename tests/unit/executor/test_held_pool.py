@@ -1,5 +1,5 @@
 """A tensor-parallel rank that holds its own KV pool (issue 29, a rank on another node:
-executor.tp_pools, memsvc.held_pools): given the name "" it allocates a zeroed pool of the
+pagedserve.executor.tp_pools, pagedserve.memsvc.held_pools): given the name "" it allocates a zeroed pool of the
 group's shape itself, and its runner applies each step's block copies before the forward
 pass; a runner over memsvc's pool leaves them to memsvc. A copy outside the pool is
 refused before anything changes."""
@@ -8,12 +8,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from executor.model_loader import load_model
-from executor.model_runner import ModelRunner
-from executor.tp_group import GroupLayout
-from executor.tp_pools import own_pool
+from pagedserve.executor.model_loader import load_model
+from pagedserve.executor.model_runner import ModelRunner
+from pagedserve.executor.tp_group import GroupLayout
+from pagedserve.executor.tp_pools import own_pool
+from pagedserve.wire.protocol import StepBatch
 from tests.support.tiny_models import make_tiny_model, paged_batches
-from wire.protocol import StepBatch
 
 SHAPE = [8, 2, 2, 4, 2, 8]
 

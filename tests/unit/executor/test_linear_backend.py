@@ -1,4 +1,4 @@
-"""The linear layers' backend (executor.linear, executor.linear_backend): each forced backend
+"""The linear layers' backend (pagedserve.executor.linear, pagedserve.executor.linear_backend): each forced backend
 and "auto" give transformers' logits and greedy tokens on tiny models; a failing oneDNN falls
 back to F.linear with a log line; auto's timings are kept per machine and reused. Timings on
 this shared machine count as idle here (the rules for busy ones: test_linear_plan.py)."""
@@ -7,14 +7,14 @@ import logging
 import pytest
 import torch
 
-from executor import linear_auto, linear_backend, linear_timing
-from executor.config import LINEAR_BACKENDS
-from executor.linear import Linear
-from executor.model_loader import load_model
-from executor.model_runner import ModelRunner
+from pagedserve.executor import linear_auto, linear_backend, linear_timing
+from pagedserve.executor.config import LINEAR_BACKENDS
+from pagedserve.executor.linear import Linear
+from pagedserve.executor.model_loader import load_model
+from pagedserve.executor.model_runner import ModelRunner
 from pagedserve.engine import LLMEngine
 from tests.support.tiny_models import make_tiny_model, paged_batches, save_tiny_tokenizer
-from wire.protocol import SamplingParams
+from pagedserve.wire.protocol import SamplingParams
 
 TOL = 1e-3  # test_model_logits' tolerance
 ONEDNN = linear_backend.onednn_unavailable(torch.device("cpu"), torch.float32) is None
@@ -23,7 +23,7 @@ needs_onednn = pytest.mark.skipif(not ONEDNN, reason="no oneDNN in this torch bu
 
 @pytest.fixture(autouse=True)
 def own_plan_cache(tmp_path_factory, monkeypatch):
-    """Timings kept in a folder of this test's own (executor.linear_plan_cache)."""
+    """Timings kept in a folder of this test's own (pagedserve.executor.linear_plan_cache)."""
     monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path_factory.mktemp("plan-cache")))
 
 
@@ -126,7 +126,7 @@ def test_failing_onednn_call_falls_back_to_f_linear(monkeypatch, log_records):
 
     def broken(*args):
         raise RuntimeError("oneDNN broke")
-    monkeypatch.setattr("executor.linear.onednn_linear", broken)
+    monkeypatch.setattr("pagedserve.executor.linear.onednn_linear", broken)
     assert torch.allclose(layer(x), expected)
     assert layer.routes == [(None, "mkl")] and layer.packed is None
     assert any("oneDNN call on (6, 8) failed" in r.getMessage() and "F.linear" in r.getMessage()
@@ -140,7 +140,7 @@ def test_failing_onednn_prepack_leaves_every_layer_on_f_linear(tmp_path, monkeyp
 
     def broken(weight):
         raise RuntimeError("no oneDNN here")
-    monkeypatch.setattr("executor.linear.onednn_pack", broken)
+    monkeypatch.setattr("pagedserve.executor.linear.onednn_pack", broken)
     for backend in ("onednn", "auto"):
         log_records.clear()
         plan = linear_backend.configure(model, backend)
@@ -206,7 +206,7 @@ def test_timings_are_kept_per_machine_and_reused(tmp_path, monkeypatch, log_reco
 
 @needs_onednn
 def test_an_unreadable_plan_file_is_timed_again_and_rewritten(tmp_path, monkeypatch, log_records):
-    from executor import linear_plan_cache
+    from pagedserve.executor import linear_plan_cache
 
     monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path))
     with open(linear_plan_cache.path(), "w") as f:

@@ -1,9 +1,9 @@
-"""executor.linear_idle: the share of this process's CPUs other work took, from /proc/stat
+"""pagedserve.executor.linear_idle: the share of this process's CPUs other work took, from /proc/stat
 (fake readings and a fake clock here), and when a timing counts as idle."""
 import os
 from types import SimpleNamespace
 
-from executor import linear_idle
+from pagedserve.executor import linear_idle
 
 STAT = """cpu  900 9 90 5000 5 0 9 9 0 0
 cpu0 100 1 10 2000 2 0 1 1 0 0

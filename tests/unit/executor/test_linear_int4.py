@@ -1,4 +1,4 @@
-"""The opt-in int4 weights (executor/linear_int4.py, --linear-backend int4): Q4_1 read back
+"""The opt-in int4 weights (pagedserve/executor/linear_int4.py, --linear-backend int4): Q4_1 read back
 exactly from its float32 image, the matmul against the dequantized float reference, the
 refusals (not Q4_1, no kernel, not float32), a tiny Q4_1 model (the default model on it:
 tests/integration/test_linear_default_model.py)."""
@@ -6,10 +6,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks.int8_accuracy import prefill_logits
-from executor import linear_backend, linear_int4
-from executor.linear import Linear
-from executor.model_loader import load_model
+from pagedserve.benchmarks.int8_accuracy import prefill_logits
+from pagedserve.executor import linear_backend, linear_int4
+from pagedserve.executor.linear import Linear
+from pagedserve.executor.model_loader import load_model
 from tests.support.tiny_models import make_tiny_model
 from tests.unit.executor.test_linear_backend import log_records  # noqa: F401 (fixture)
 

@@ -1,4 +1,4 @@
-"""The opt-in int8 weights (executor/linear_int8.py, --linear-backend int8): the quantization
+"""The opt-in int8 weights (pagedserve/executor/linear_int8.py, --linear-backend int8): the quantization
 and the kernel's contract, the fallback for shapes it cannot take, the layers it serves
 holding no dense weight (its distance from float32 on the default model:
 tests/integration/test_linear_default_model.py)."""
@@ -7,10 +7,10 @@ import logging
 import pytest
 import torch
 
-from benchmarks.int8_accuracy import prefill_logits
-from executor import linear_backend, linear_int8
-from executor.linear import Linear
-from executor.model_loader import load_model
+from pagedserve.benchmarks.int8_accuracy import prefill_logits
+from pagedserve.executor import linear_backend, linear_int8
+from pagedserve.executor.linear import Linear
+from pagedserve.executor.model_loader import load_model
 from tests.support.tiny_models import make_tiny_model
 from tests.unit.executor.test_linear_backend import log_records  # noqa: F401 (fixture)
 

@@ -1,14 +1,14 @@
-"""Linear layers routed while the model loads (executor.linear_backend.Planner through
+"""Linear layers routed while the model loads (pagedserve.executor.linear_backend.Planner through
 load_model's on_built): a layer on oneDNN at every M holds no dense weight from the moment
 the next layer is read, a shared weight (a tied embedding) is kept, outputs still match
 transformers; the checkpoint's file is not kept mapped."""
 import pytest
 import torch
 
-from executor import linear_backend
-from executor.linear import Linear
-from executor.model_loader import load_model
-from executor.models.llama import DecoderLayer
+from pagedserve.executor import linear_backend
+from pagedserve.executor.linear import Linear
+from pagedserve.executor.model_loader import load_model
+from pagedserve.executor.models.llama import DecoderLayer
 from tests.support.tiny_models import make_tiny_model
 from tests.unit.executor.test_linear_backend import TOL, needs_onednn, worst_logit_difference
 
@@ -57,7 +57,7 @@ def test_a_later_failed_prepack_puts_the_rest_of_its_shape_on_f_linear(tmp_path,
     def on_built(module):
         planner.place(module)
         if isinstance(module, DecoderLayer):  # after the first layer,
-            monkeypatch.setattr("executor.linear.onednn_pack", broken)  # every prepack fails
+            monkeypatch.setattr("pagedserve.executor.linear.onednn_pack", broken)  # every prepack fails
 
     model, _ = load_model(str(tmp_path), on_built=on_built)
     plan = planner.finish()

@@ -1,4 +1,4 @@
-"""`--linear-backend auto` on a shared machine (executor.linear_auto), with injected timings:
+"""`--linear-backend auto` on a shared machine (pagedserve.executor.linear_auto), with injected timings:
 a busy timing is taken again and never kept, a busy machine gets oneDNN, a kept plan is
 checked once against an idle timing of its largest shape, a planted stale plan is found and
 timed again, and MKL serves an M only where it wins clearly at idle."""
@@ -8,10 +8,10 @@ import logging
 import pytest
 import torch
 
-from executor import linear_auto, linear_backend
-from executor import linear_plan_cache as plan_cache
-from executor.linear import Linear
-from executor.linear_timing import Timing
+from pagedserve.executor import linear_auto, linear_backend
+from pagedserve.executor import linear_plan_cache as plan_cache
+from pagedserve.executor.linear import Linear
+from pagedserve.executor.linear_timing import Timing
 from tests.unit.executor.test_linear_backend import needs_onednn
 
 pytestmark = needs_onednn

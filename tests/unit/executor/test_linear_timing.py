@@ -1,11 +1,11 @@
-"""executor.linear_timing: one row is timed with the weight evicted before every call (as a
+"""pagedserve.executor.linear_timing: one row is timed with the weight evicted before every call (as a
 decode step meets it), larger row counts warm; every backend is timed at every row count;
 the timing reports how far its rounds spread and what other work took meanwhile."""
 import pytest
 import torch
 
-from executor import linear_backend, linear_timing
-from executor.linear import Linear
+from pagedserve.executor import linear_backend, linear_timing
+from pagedserve.executor.linear import Linear
 
 pytestmark = pytest.mark.skipif(
     linear_backend.onednn_unavailable(torch.device("cpu"), torch.float32) is not None,

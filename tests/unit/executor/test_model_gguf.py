@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from executor import gguf_convert
-from executor.model_source import resolve_model
-from executor.errors import ModelLoadError
+from pagedserve.executor import gguf_convert
+from pagedserve.executor.model_source import resolve_model
+from pagedserve.executor.errors import ModelLoadError
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:

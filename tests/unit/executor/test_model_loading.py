@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.support.tiny_models import make_tiny_model
-from executor.errors import ModelLoadError
-from executor.model_config import ModelConfig
-from executor.model_loader import load_model
+from pagedserve.executor.errors import ModelLoadError
+from pagedserve.executor.model_config import ModelConfig
+from pagedserve.executor.model_loader import load_model
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from tests.support.tiny_models import TINY_ARCHS, make_tiny_model, paged_batches
-from executor.model_loader import load_model
-from executor.model_runner import ModelRunner
+from pagedserve.executor.model_loader import load_model
+from pagedserve.executor.model_runner import ModelRunner
 
 TOL = 1e-3
 
@@ -101,7 +101,7 @@ PROMPTS = [
 def test_mixture_of_experts_runs_without_cuda_graphs(tmp_path):
     """Mixtral's per-expert split reads the routing on the host, which a CUDA graph cannot
     capture: DecodeGraphs declines it even for a CUDA pool."""
-    from executor.cuda_graphs import DecodeGraphs
+    from pagedserve.executor.cuda_graphs import DecodeGraphs
 
     make_tiny_model(tmp_path, "mixtral")
     model, config = load_model(str(tmp_path))

@@ -1,4 +1,4 @@
-"""MODEL to a directory and a served name (executor.model_source, executor.hub): hub ids
+"""MODEL to a directory and a served name (pagedserve.executor.model_source, pagedserve.executor.hub): hub ids
 from a hub cache written here, offline; the hub's refusals injected, each turned into what
 to do; no network is used (the endpoint is a closed local port)."""
 import logging
@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 from huggingface_hub import HfApi, constants, errors
 
-from executor import hub
-from executor.errors import ModelLoadError
-from executor.model_loader import load_model
-from executor.model_source import DEFAULT_NAME, resolve_model, served_name
+from pagedserve.executor import hub
+from pagedserve.executor.errors import ModelLoadError
+from pagedserve.executor.model_loader import load_model
+from pagedserve.executor.model_source import DEFAULT_NAME, resolve_model, served_name
 from tests.support.hub_cache import COMMIT, write_snapshot
 
 
@@ -130,7 +130,7 @@ def test_served_names(tmp_path):
 
 
 def test_no_model_serves_the_default_and_says_so(monkeypatch):
-    from executor import model_source
+    from pagedserve.executor import model_source
 
     monkeypatch.setattr(model_source, "default_model_dir", lambda progress=True: "/the/default")
     seen = []

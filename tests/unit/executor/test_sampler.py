@@ -4,8 +4,13 @@ import math
 import pytest
 import torch
 
-from executor.sampler import Sampler, apply_penalties, apply_truncation, mix_seed
-from wire.protocol import SamplingParams, SeqStep
+from pagedserve.executor.sampler import (
+    Sampler,
+    apply_penalties,
+    apply_truncation,
+    mix_seed,
+)
+from pagedserve.wire.protocol import SamplingParams, SeqStep
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
 LOGITS = PROBS.log()

@@ -1,13 +1,13 @@
-"""The step message: the gateway's delta (wire.step_delta) and the executor's state
-(executor.sequence_state) together give the model runner the full StepBatch."""
+"""The step message: the gateway's delta (pagedserve.wire.step_delta) and the executor's state
+(pagedserve.executor.sequence_state) together give the model runner the full StepBatch."""
 from dataclasses import dataclass, field
 
 import pytest
 
-from executor.sequence_state import SequenceStates, StateLost
-from wire.protocol import SamplingParams, SeqStep, StepBatch
-from wire.step_delta import STATE_LOST, StepDelta, encode_delta
-from wire.v1 import executor_pb2
+from pagedserve.executor.sequence_state import SequenceStates, StateLost
+from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.wire.step_delta import STATE_LOST, StepDelta, encode_delta
+from pagedserve.wire.v1 import executor_pb2
 
 BS = 4
 GREEDY = SamplingParams(temperature=0.0)
@@ -183,9 +183,9 @@ def test_prompt_logprobs_send_the_whole_prompt_once_and_every_chunk_sees_it():
 
 
 def test_a_fed_token_is_the_executors_own_last_sample_penalty_history_included():
-    from wire.pending_token import PENDING
-    from wire.protocol import SampleOutput
-    from wire.step_feed import FedTokenUnknown
+    from pagedserve.wire.pending_token import PENDING
+    from pagedserve.wire.protocol import SampleOutput
+    from pagedserve.wire.step_feed import FedTokenUnknown
 
     link = Link()
     prompt = [5, 6, 7]
@@ -215,7 +215,7 @@ def test_a_fed_token_is_the_executors_own_last_sample_penalty_history_included()
 
 
 def test_fed_and_known_tokens_go_in_one_set_of_columns():
-    from wire.pending_token import PENDING
+    from pagedserve.wire.pending_token import PENDING
     srcs = [Src([4, 5], [30])] + [Src([1, 2, 3], [i, 10 + i]) for i in range(3)]
     step_ = columns([delta("p", [4, 5], 0, 0, [30], srcs[0]), delta("a", [PENDING], 5, 1, [], srcs[1]),
                      delta("b", [PENDING], 8, 2, [21], srcs[2]), delta("c", [PENDING], 4, 1, [], srcs[3])],
@@ -231,7 +231,7 @@ def test_fed_and_known_tokens_go_in_one_set_of_columns():
 
 
 def test_block_copies_go_with_their_step():
-    """memsvc's copy-on-write copies for ranks that hold their own pools (memsvc.held_pools)
+    """memsvc's copy-on-write copies for ranks that hold their own pools (pagedserve.memsvc.held_pools)
     reach the executor's StepBatch in order; mismatched columns are refused."""
     link = Link()
     a = Src([5, 6, 7, 8, 9, 10], [3, 8])

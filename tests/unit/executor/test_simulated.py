@@ -2,11 +2,11 @@
 runs a step launched early after the one before it (here on a fake clock: nothing slept)."""
 import pytest
 
-from executor.config import ExecutorConfig
-from executor.simulated import GPUS, SHAPES, SimulatedExecutor, parse_spec
-from executor.zero_cost import ZeroCostExecutor
-from wire.protocol import SamplingParams, SeqStep, StepBatch
-from wire.settings import to_argv
+from pagedserve.executor.config import ExecutorConfig
+from pagedserve.executor.simulated import GPUS, SHAPES, SimulatedExecutor, parse_spec
+from pagedserve.executor.zero_cost import ZeroCostExecutor
+from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.wire.settings import to_argv
 
 SP = SamplingParams()
 
@@ -139,7 +139,7 @@ def test_simulate_flags_round_trip():
 def test_simulated_seconds_in_metrics():
     from prometheus_client import generate_latest
 
-    from executor.metrics import ExecutorMetrics, SimulatedSeconds
+    from pagedserve.executor.metrics import ExecutorMetrics, SimulatedSeconds
 
     metrics, (ex, _) = ExecutorMetrics(), simulated(step_ms=250.0)
     SimulatedSeconds(ex, metrics.registry)

@@ -1,12 +1,12 @@
-"""executor.step_merger without processes: one pass at a time, outputs split back to each
+"""pagedserve.executor.step_merger without processes: one pass at a time, outputs split back to each
 caller, a failed pass fails its callers only, two gateways' steps share passes, and a device
 that runs behind the host gets the next pass before the last one ends."""
 import threading
 import time
 
-from executor import step_merger
-from executor.step_merger import Launched, StepMerger, launch_of
-from wire.protocol import SampleOutput, SamplingParams, SeqStep, StepBatch
+from pagedserve.executor import step_merger
+from pagedserve.executor.step_merger import Launched, StepMerger, launch_of
+from pagedserve.wire.protocol import SampleOutput, SamplingParams, SeqStep, StepBatch
 
 
 def step(seq_id, sample=True):

@@ -1,4 +1,4 @@
-"""executor.tp_broadcast: a tensor-parallel command travels as protobuf in two tensors (its
+"""pagedserve.executor.tp_broadcast: a tensor-parallel command travels as protobuf in two tensors (its
 length, its bytes) and comes back equal, floats not rounded (1e-46 is 0 as a float32); nothing
 is pickled; a command too big is refused before anything is sent."""
 import dataclasses
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from executor import tp_broadcast
-from wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.executor import tp_broadcast
+from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
 
 EXECUTOR = Path(tp_broadcast.__file__).resolve().parent
 

@@ -1,12 +1,16 @@
-"""Where a tensor-parallel group meets and which ranks run here (executor.tp_group, issue 29):
+"""Where a tensor-parallel group meets and which ranks run here (pagedserve.executor.tp_group, issue 29):
 the defaults keep every rank on this host; LeaderWorkerSet's environment places a pod in
 its group; settings that disagree with it, or a size the pods cannot split, name the
 variable and the flag."""
 import pytest
 
-from executor.config import ExecutorConfig
-from executor.tp_group import GroupLayout, TensorParallelGroupConfig, layout_of
-from wire.settings import from_args, to_argv
+from pagedserve.executor.config import ExecutorConfig
+from pagedserve.executor.tp_group import (
+    GroupLayout,
+    TensorParallelGroupConfig,
+    layout_of,
+)
+from pagedserve.wire.settings import from_args, to_argv
 
 LWS = {"LWS_LEADER_ADDRESS": "pagedserve-0.pagedserve.default", "LWS_GROUP_SIZE": "2",
        "LWS_WORKER_INDEX": "1"}
@@ -58,7 +62,7 @@ def test_disagreements_name_the_variable_and_the_flag(world, config, env, words)
 def test_the_settings_are_flags_of_the_executor():
     import argparse
 
-    from wire.settings import add_flags
+    from pagedserve.wire.settings import add_flags
 
     parser = argparse.ArgumentParser()
     add_flags(parser, ExecutorConfig)

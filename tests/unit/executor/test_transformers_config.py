@@ -1,13 +1,13 @@
-"""The Transformers backend's config reading (executor/transformers_config.py): the KV
+"""The Transformers backend's config reading (pagedserve/executor/transformers_config.py): the KV
 geometry of any causal LM read from its Hugging Face config, --model-impl auto's choice, and
 what it refuses, by field."""
 import json
 
 import pytest
 
-from executor.errors import ModelLoadError
-from executor.model_config import ModelConfig
-from executor.model_loader import load_model
+from pagedserve.executor.errors import ModelLoadError
+from pagedserve.executor.model_config import ModelConfig
+from pagedserve.executor.model_loader import load_model
 
 
 def save_config(path, config_cls: str, **fields) -> str:

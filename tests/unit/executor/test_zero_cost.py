@@ -1,7 +1,7 @@
-from executor.config import ExecutorConfig
-from executor.zero_cost import FIXED_TOKEN, ZeroCostExecutor
-from wire.protocol import SamplingParams, SeqStep, StepBatch
-from wire.settings import to_argv
+from pagedserve.executor.config import ExecutorConfig
+from pagedserve.executor.zero_cost import FIXED_TOKEN, ZeroCostExecutor
+from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.wire.settings import to_argv
 
 
 def test_fixed_token_for_sampled_sequences_only():

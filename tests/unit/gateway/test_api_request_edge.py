@@ -1,4 +1,4 @@
-"""The gRPC API's requests checked at the edge (gateway.api_request, gateway.request_limits):
+"""The gRPC API's requests checked at the edge (pagedserve.gateway.api_request, pagedserve.gateway.request_limits):
 sampling fields against their declarations, prompts refused by their size before they are
 tokenized, lists bounded; and the parse pool that runs it all off the event loop."""
 import asyncio
@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from gateway import request_limits
-from gateway.api_request import ApiError, chat_prompt, generate_prompt, sampling_from_proto
-from gateway.parse_pool import ParsePool
-from wire.v1 import generation_pb2 as pb
+from pagedserve.gateway import request_limits
+from pagedserve.gateway.api_request import ApiError, chat_prompt, generate_prompt, sampling_from_proto
+from pagedserve.gateway.parse_pool import ParsePool
+from pagedserve.wire.v1 import generation_pb2 as pb
 
 
 class CountingTokenizer:

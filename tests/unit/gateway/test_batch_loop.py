@@ -1,8 +1,8 @@
 """The batching loop with real memsvc and a model-free executor that checks every slot."""
 import pytest
 
-from gateway.requests import RequestError
-from wire.protocol import SamplingParams
+from pagedserve.gateway.requests import RequestError
+from pagedserve.wire.protocol import SamplingParams
 from tests.support.fake_loop import expected, greedy, make_loop, prompts, run_all
 
 

@@ -1,6 +1,6 @@
 """Incremental detokenization and stop strings, on a byte-level toy tokenizer."""
-from gateway.detokenizer import IncrementalDetokenizer
-from gateway.stop_strings import StopStringFilter
+from pagedserve.gateway.detokenizer import IncrementalDetokenizer
+from pagedserve.gateway.stop_strings import StopStringFilter
 
 
 class ByteTokenizer:
@@ -52,13 +52,13 @@ def test_no_stop_strings_passes_everything_through():
 
 
 def test_no_byte_table_for_a_tokenizer_that_is_not_byte_level():
-    from gateway.byte_detokenizer import byte_table
+    from pagedserve.gateway.byte_detokenizer import byte_table
 
     assert byte_table(ByteTokenizer()) is None  # no Rust backend: decoded by its own decode
 
 
 def test_stop_strings_match_only_after_min_tokens():
-    from gateway.output_stream import OutputStream
+    from pagedserve.gateway.output_stream import OutputStream
 
     tok = ByteTokenizer()
     ids = tok.encode("ab.cd.ef")

@@ -1,16 +1,16 @@
-"""What a draining gateway asks of its step runner, on both faces of it (gateway.step_runner,
-gateway.replica_set): `in_flight()` counts the requests not yet ended, and `end_all` ends
+"""What a draining gateway asks of its step runner, on both faces of it (pagedserve.gateway.step_runner,
+pagedserve.gateway.replica_set): `in_flight()` counts the requests not yet ended, and `end_all` ends
 every one of them with a BackendError carrying its message, aborting their sequences."""
 import threading
 import time
 
-from gateway.batch_loop import BatchLoop
-from gateway.scheduler import SchedulerConfig
-from gateway.step_runner import BackendError, StepRunner
-from memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.gateway.batch_loop import BatchLoop
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.step_runner import BackendError, StepRunner
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.wire.protocol import SamplingParams
 from tests.support.fake_executor import SlowExecutor
 from tests.unit.gateway.test_replica_drain import delta, replica_set
-from wire.protocol import SamplingParams
 
 
 class Sink:

@@ -1,12 +1,12 @@
 """One request cannot harm another: a step that fails leaves no prefix-cache hit behind on
 blocks it never wrote, and a sequence the executor leaves out of a step ends alone while
-the others give exactly their tokens (gateway.write_report, executor.seq_screen)."""
+the others give exactly their tokens (pagedserve.gateway.write_report, pagedserve.executor.seq_screen)."""
 import pytest
 
-from gateway.batch_loop import BatchLoop
-from gateway.scheduler import SchedulerConfig
-from executor.seq_screen import run_screened
-from memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.gateway.batch_loop import BatchLoop
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.executor.seq_screen import run_screened
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from tests.support.fake_executor import FakeExecutor
 from tests.support.fake_loop import expected, greedy, run_all
 
@@ -16,7 +16,7 @@ PREFIX = list(range(100, 164))  # 16 full blocks of 4
 class Faulty(FakeExecutor):
     """The fake executor; a step holding a sequence of request `fail_request` fails before
     it writes anything (`raises`), or the executor's screen leaves that sequence out
-    (executor.seq_screen: it reports an error)."""
+    (pagedserve.executor.seq_screen: it reports an error)."""
 
     def __init__(self, *args, fail_request=None, raises=False, **kw):
         super().__init__(*args, **kw)

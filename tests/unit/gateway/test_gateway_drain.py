@@ -1,4 +1,4 @@
-"""A draining gateway (gateway.server.Gateway.drain, what SIGTERM starts), both APIs at once,
+"""A draining gateway (pagedserve.gateway.server.Gateway.drain, what SIGTERM starts), both APIs at once,
 in process over the fake executor: health NOT_SERVING, new requests UNAVAILABLE / HTTP 503
 with Retry-After, the running streams of both APIs finish with every token; those still
 running at the deadline end with UNAVAILABLE / an error event and `data: [DONE]`."""
@@ -10,15 +10,15 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.openai.server import start_openai
-from gateway.scheduler import SchedulerConfig
-from gateway.server import SERVICE
-from gateway.tokenizer import load_tokenizer
-from memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.gateway.openai.server import start_openai
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.server import SERVICE
+from pagedserve.gateway.tokenizer import load_tokenizer
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.wire.v1 import generation_pb2 as pb
 from tests.support.fake_executor import VOCAB, SlowExecutor
 from tests.support.gateway_harness import GatewayThread, Serialized, greedy, in_process
 from tests.support.tiny_models import save_tiny_tokenizer
-from wire.v1 import generation_pb2 as pb
 
 STEP_DELAY = 0.01
 

@@ -1,4 +1,4 @@
-"""gateway.grammar_budget and structured.prepare under it: a spec over the size budget, or
+"""pagedserve.gateway.grammar_budget and structured.prepare under it: a spec over the size budget, or
 whose check and compile overrun the time budget, is a ValueError naming the budget and its
 flag, raised at the deadline while the work keeps its worker; at most --grammar-workers run;
 verdicts are remembered, an overrun included."""
@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from gateway import grammar_budget, structured
-from gateway.grammar_budget import GrammarBudget, GrammarBudgetExceeded, GrammarBusy, GrammarChecks
+from pagedserve.gateway import grammar_budget, structured
+from pagedserve.gateway.grammar_budget import GrammarBudget, GrammarBudgetExceeded, GrammarBusy, GrammarChecks
 from tests.support.grammar_budget import budget  # noqa: F401 (the fixture)
 
 
@@ -115,9 +115,9 @@ def test_schema_checks_run_no_client_regex_and_nothing_quadratic(schema):
 
 
 def test_a_request_that_finds_every_worker_taken_is_told_to_retry(monkeypatch):
-    from gateway import api_request, structured
-    from gateway.openai import request as openai_request
-    from wire.v1 import generation_pb2 as pb
+    from pagedserve.gateway import api_request, structured
+    from pagedserve.gateway.openai import request as openai_request
+    from pagedserve.wire.v1 import generation_pb2 as pb
 
     def taken(kind, spec):
         raise GrammarBusy("no grammar worker was free: 1 (--grammar-workers)")

@@ -1,4 +1,4 @@
-"""gateway.in_process: objects in this process behind the client interfaces. A step sent
+"""pagedserve.gateway.in_process: objects in this process behind the client interfaces. A step sent
 while the one before it runs, or fed by it, runs only once that one succeeded: after a
 failure it fails as a step short of its fed tokens would, having changed nothing, so the
 failed step can run again first; a step sent after a failure settled runs as usual."""
@@ -6,13 +6,13 @@ import threading
 
 import pytest
 
-from gateway.in_process import InProcessExecutor, InProcessMemory, step_clients
+from pagedserve.gateway.in_process import InProcessExecutor, InProcessMemory, step_clients
 from tests.support.fake_executor import FakeExecutor
-from wire.clients import ExecutorClient, MemoryClient
-from wire.protocol import Plan
-from wire.pending_token import PENDING
-from wire.step_delta import StepDelta
-from wire.step_feed import FedTokenUnknown, lost_feed
+from pagedserve.wire.clients import ExecutorClient, MemoryClient
+from pagedserve.wire.protocol import Plan
+from pagedserve.wire.pending_token import PENDING
+from pagedserve.wire.step_delta import StepDelta
+from pagedserve.wire.step_feed import FedTokenUnknown, lost_feed
 
 
 class Steps:

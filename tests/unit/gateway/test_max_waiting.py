@@ -1,11 +1,11 @@
-"""gateway.step_runner: --max-waiting counts sequences, not requests: each of a request's n
+"""pagedserve.gateway.step_runner: --max-waiting counts sequences, not requests: each of a request's n
 samples (held for their fork or queued) and the beams a beam search will fork."""
 import pytest
 
-from gateway.requests import RequestError
-from gateway.step_runner import QueueFull, StepRunner, waiting_sequences
+from pagedserve.gateway.requests import RequestError
+from pagedserve.gateway.step_runner import QueueFull, StepRunner, waiting_sequences
+from pagedserve.wire.protocol import SamplingParams
 from tests.support.fake_loop import make_loop
-from wire.protocol import SamplingParams
 
 
 def idle_runner(max_waiting: int) -> StepRunner:

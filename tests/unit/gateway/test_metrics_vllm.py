@@ -1,13 +1,13 @@
-"""The metrics under vLLM's names too (gateway.metrics_vllm): the gateway's own families
+"""The metrics under vLLM's names too (pagedserve.gateway.metrics_vllm): the gateway's own families
 and memsvc's merged ones, with `model_name`, beside the `pagedserve:*` ones, equal to them."""
 from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import GatewayMetrics
-from gateway.metrics_proxy import merge
-from gateway.metrics_vllm import VLLM_NAMES
+from pagedserve.gateway.metrics import GatewayMetrics
+from pagedserve.gateway.metrics_proxy import merge
+from pagedserve.gateway.metrics_vllm import VLLM_NAMES
 from tests.support import REPO
 
 MODEL = 'model_name="org/m"'
@@ -67,6 +67,6 @@ def test_memsvcs_kv_cache_usage_merged_in_under_vllms_names():
 
 def test_every_mapped_family_exists():
     """Each pagedserve name VLLM_NAMES maps is exported by the gateway or memsvc."""
-    source = generate_latest(gateway_metrics().registry).decode() + (REPO / "memsvc" / "metrics.py").read_text()
+    source = generate_latest(gateway_metrics().registry).decode() + (REPO / "pagedserve" / "memsvc" / "metrics.py").read_text()
     for name in VLLM_NAMES:
         assert name in source, name

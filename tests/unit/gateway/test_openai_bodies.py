@@ -1,18 +1,18 @@
-"""The OpenAI API's bodies checked at the edge (gateway.openai.json_body, models, request):
+"""The OpenAI API's bodies checked at the edge (pagedserve.gateway.openai.json_body, models, request):
 every bad input is a 400 naming the parameter (and the allowed range) before anything is
-tokenized or queued; the pydantic models take their bounds from wire.sampling_fields and
+tokenized or queued; the pydantic models take their bounds from pagedserve.wire.sampling_fields and
 publish them in the OpenAPI document."""
 import json
 
 import pytest
 
-from gateway import request_limits
-from gateway.openai import json_body
-from gateway.openai.errors import OpenAIError
-from gateway.openai.openapi import openapi_document
-from gateway.openai.request import detokenize_body, parse_chat, parse_completion, tokenize_body
-from wire.protocol import KVGeometry, ModelInfo
-from wire.sampling_fields import FIELDS
+from pagedserve.gateway import request_limits
+from pagedserve.gateway.openai import json_body
+from pagedserve.gateway.openai.errors import OpenAIError
+from pagedserve.gateway.openai.openapi import openapi_document
+from pagedserve.gateway.openai.request import detokenize_body, parse_chat, parse_completion, tokenize_body
+from pagedserve.wire.protocol import KVGeometry, ModelInfo
+from pagedserve.wire.sampling_fields import FIELDS
 
 INFO = ModelInfo("fake", 2048, 1000, [0], None, "", KVGeometry(2, 2, 8, 4))
 

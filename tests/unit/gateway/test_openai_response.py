@@ -1,12 +1,12 @@
-"""gateway.openai.response costs what it sends: a prompt's prompt_logprobs (and echoed
+"""pagedserve.gateway.openai.response costs what it sends: a prompt's prompt_logprobs (and echoed
 logprobs) are made once and shared by its n choices, each token's text is decoded once per
 response, and a choice's text and logprobs grow in place rather than being copied on every
 delta; the shapes stay OpenAI's and vLLM's."""
 import pytest
 
-from gateway.openai.request import OpenAIRequest
-from gateway.openai.response import Formatter
-from wire.protocol import Delta, PromptLogprob, SamplingParams
+from pagedserve.gateway.openai.request import OpenAIRequest
+from pagedserve.gateway.openai.response import Formatter
+from pagedserve.wire.protocol import Delta, PromptLogprob, SamplingParams
 
 
 class CountingTokenizer:

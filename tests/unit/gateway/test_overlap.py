@@ -8,15 +8,15 @@ import threading
 
 import pytest
 
-from gateway.batch_loop import BatchLoop
-from gateway.in_process import InProcessExecutor, step_clients
-from gateway.scheduler import SchedulerConfig
-from gateway.step_retry import StepRetry
-from memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.gateway.batch_loop import BatchLoop
+from pagedserve.gateway.in_process import InProcessExecutor, step_clients
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.step_retry import StepRetry
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.wire.protocol import SamplingParams
 from tests.support.fake_executor import FakeExecutor
 from tests.support.fake_loop import expected, prompts, run_all
 from tests.support.sent_now import SentNowExecutor, SentNowMemory
-from wire.protocol import SamplingParams
 
 
 class LetterTokenizer:
@@ -344,8 +344,8 @@ def test_a_fed_step_whose_token_the_executor_lost_runs_again_with_its_tokens():
     """The executor forgets its last samples (as a restarted one would) just before the 3rd
     and 6th steps that name them: those fail for want of them and are sent again with
     their tokens; the outputs are unchanged."""
-    from wire.ordered_executor import OrderedExecutor
-    from wire.pending_token import PENDING
+    from pagedserve.wire.ordered_executor import OrderedExecutor
+    from pagedserve.wire.pending_token import PENDING
 
     class Forgetful(OrderedExecutor):
         fed_calls = 0

@@ -3,10 +3,10 @@
 tokens memsvc keys once their ids come, a Reserve that fails while a step runs)."""
 import pytest
 
-from gateway.batch_loop import BatchLoop
-from gateway.scheduler import SchedulerConfig
-from memsvc.memory_manager import MemoryConfig, MemoryManager
-from wire.protocol import SamplingParams
+from pagedserve.gateway.batch_loop import BatchLoop
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.wire.protocol import SamplingParams
 from tests.support.fake_executor import FakeExecutor
 from tests.support.fake_loop import expected, prompts, run_all
 
@@ -139,7 +139,7 @@ def test_the_last_steps_deltas_are_made_while_memsvc_answers_a_plan_made_ahead()
         loop.add_request(str(i), p, greedy(10))
     out = run_all(loop)
     loop.close()
-    assert loop.memory.inner.waited > 5  # gateway.in_process.InProcessMemory
+    assert loop.memory.inner.waited > 5  # pagedserve.gateway.in_process.InProcessMemory
     assert [out[(str(i), 0)] for i in range(3)] == [expected(p, 10, 7) for p in ps]
     assert_clean(mem)
 

@@ -4,13 +4,13 @@ import random
 
 import pytest
 
-from gateway.batch_loop import BatchLoop
-from gateway.requests import derive_seed
-from gateway.scheduler import SchedulerConfig
-from memsvc.cost_model import CostModel
-from memsvc.memory_manager import MemoryConfig, MemoryManager
-from memsvc.preemption_policy import PreemptionPolicy
-from wire.protocol import Plan, PlanEntry, SamplingParams
+from pagedserve.gateway.batch_loop import BatchLoop
+from pagedserve.gateway.requests import derive_seed
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.memsvc.cost_model import CostModel
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.memsvc.preemption_policy import PreemptionPolicy
+from pagedserve.wire.protocol import Plan, PlanEntry, SamplingParams
 from tests.support.fake_executor import FakeExecutor
 from tests.support.fake_loop import expected, prompts, run_all
 
@@ -177,7 +177,7 @@ class _OverTheWire:
         self.mem, self.session = mem, session
 
     def reserve(self, plan):
-        from wire import convert
+        from pagedserve.wire import convert
 
         request = convert.plan_to_proto(plan, self.session)
         request = type(request).FromString(request.SerializeToString())

@@ -5,12 +5,12 @@ from collections import Counter
 
 import pytest
 
-from gateway.batch_loop import BatchLoop
-from gateway.requests import derive_seed
-from gateway.scheduler import SchedulerConfig
-from gateway.sequence import Sequence
-from memsvc.memory_manager import MemoryConfig, MemoryManager
-from wire.protocol import PromptLogprob, SampleOutput, SamplingParams
+from pagedserve.gateway.batch_loop import BatchLoop
+from pagedserve.gateway.requests import derive_seed
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.sequence import Sequence
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.wire.protocol import PromptLogprob, SampleOutput, SamplingParams
 from tests.support.fake_executor import FakeExecutor
 from tests.support.fake_loop import expected, prompts
 

@@ -1,10 +1,10 @@
-"""gateway.openai.reasoning: <think> reasoning split from the answer, whole and streamed in
+"""pagedserve.gateway.openai.reasoning: <think> reasoning split from the answer, whole and streamed in
 pieces of every size, the two ways agreeing."""
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.openai.reasoning import ReasoningStream, split
+from pagedserve.gateway.openai.reasoning import ReasoningStream, split
 
 CASES = [
     ("qwen3", "<think>\nLet me see.\n</think>\n\nParis.", ("\nLet me see.\n", "Paris.")),
@@ -58,9 +58,9 @@ def test_any_output_in_any_pieces_agrees_with_split(parser, sizes, parts):
 def chat_response(pieces, stream, reasoning="qwen3", include=True, tools=None):
     import json
 
-    from gateway.openai.request import OpenAIRequest
-    from gateway.openai.response import Formatter
-    from wire.protocol import Delta, SamplingParams
+    from pagedserve.gateway.openai.request import OpenAIRequest
+    from pagedserve.gateway.openai.response import Formatter
+    from pagedserve.wire.protocol import Delta, SamplingParams
 
     req = OpenAIRequest(True, "m", [[1]], SamplingParams(), stream=stream, reasoning=reasoning,
                         include_reasoning=include, tools=tools)
@@ -97,7 +97,7 @@ def test_the_stream_gives_delta_reasoning_content_then_content():
 
 
 def test_tool_calls_are_read_from_the_answer_only():
-    from gateway.openai.tool_calls import Tools
+    from pagedserve.gateway.openai.tool_calls import Tools
 
     tools = Tools([{"name": "f", "description": "", "parameters": {}}], names={"f"})
     pieces = ["<think>I could call <tool_call>{\"name\": \"f\"}</tool_call>?</think>",

@@ -1,4 +1,4 @@
-"""The gRPC executor client's half of the step message (gateway.remote): each sequence's
+"""The gRPC executor client's half of the step message (pagedserve.gateway.remote): each sequence's
 state goes once, steps are encoded in their order even when a later one is handed over
 first, and after a failure everything goes again. The stub is faked: no server runs."""
 import threading
@@ -7,11 +7,11 @@ import time
 import grpc
 import pytest
 
-from gateway.remote import RemoteExecutorClient
-from wire.pending_token import PENDING
-from wire.protocol import SamplingParams
-from wire.step_delta import StepDelta
-from wire.v1 import executor_pb2
+from pagedserve.gateway.remote import RemoteExecutorClient
+from pagedserve.wire.pending_token import PENDING
+from pagedserve.wire.protocol import SamplingParams
+from pagedserve.wire.step_delta import StepDelta
+from pagedserve.wire.v1 import executor_pb2
 
 
 MEMSVC: dict = {}  # seq id -> its Seq, whose `block_table` stands for memsvc's table of it

@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import grpc
 
-from gateway.replica_set import Draining, ReplicaSet
-from gateway.router import Router
+from pagedserve.gateway.replica_set import Draining, ReplicaSet
+from pagedserve.gateway.router import Router
+from pagedserve.wire.protocol import SamplingParams
 from tests.support.fake_runner import FakeRunner
-from wire.protocol import SamplingParams
 
 
 def replica_set(n):
@@ -37,7 +37,7 @@ def replica_set(n):
 
 
 def delta(tokens, finish=None):
-    from wire.protocol import Delta
+    from pagedserve.wire.protocol import Delta
 
     return Delta("q", 0, "".join(map(str, tokens)), tokens, finish)
 
@@ -81,7 +81,7 @@ def test_a_replica_serving_again_is_routed_to_and_lone_draining_replica_holds_re
 
 
 def test_the_executor_drains_until_its_gateways_are_quiet():
-    from executor.server import drain
+    from pagedserve.executor.server import drain
 
     now = [0.0]
     service = SimpleNamespace(serving=True)

@@ -1,15 +1,15 @@
-"""gateway.replica_set without processes: DNS discovery, a failed replica's requests moving
+"""pagedserve.gateway.replica_set without processes: DNS discovery, a failed replica's requests moving
 to another, waiting for a replica, the routing decision as a metric and a span attribute."""
 from types import SimpleNamespace
 
-from gateway.router import Router
+from pagedserve.gateway.router import Router
+from pagedserve.wire.protocol import SamplingParams
 from tests.support.fake_runner import FakeRunner
-from wire.protocol import SamplingParams
 
 
 def test_dns_discovery_names_a_replica_per_address_and_the_set_adds_each_once():
-    from gateway.discovery import dns_replicas, parse_ports
-    from gateway.replica_set import ReplicaSet
+    from pagedserve.gateway.discovery import dns_replicas, parse_ports
+    from pagedserve.gateway.replica_set import ReplicaSet
 
     found = dns_replicas("localhost", 50052, 50053)
     assert ("127.0.0.1:50052", "127.0.0.1:50053") in found or ("[::1]:50052", "[::1]:50053") in found
@@ -27,7 +27,7 @@ def test_dns_discovery_names_a_replica_per_address_and_the_set_adds_each_once():
 def fake_replica_set(n):
     import grpc
 
-    from gateway.replica_set import ReplicaSet
+    from pagedserve.gateway.replica_set import ReplicaSet
 
     runners = []
 
@@ -49,7 +49,7 @@ def fake_replica_set(n):
 
 
 def delta(index, tokens, finish=None):
-    from wire.protocol import Delta
+    from pagedserve.wire.protocol import Delta
 
     return Delta("q", index, "".join(map(str, tokens)), tokens, finish)
 

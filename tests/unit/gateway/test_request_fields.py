@@ -1,4 +1,4 @@
-"""Today's request fields at the OpenAI API's edge (gateway.openai.request): min_tokens and
+"""Today's request fields at the OpenAI API's edge (pagedserve.gateway.openai.request): min_tokens and
 logit_bias become SamplingParams or a 400 naming the field."""
 import pytest
 
@@ -62,8 +62,8 @@ def test_chat_template_kwargs_the_server_sets_are_refused(value, words):
 
 
 def test_chat_template_file_is_read_and_checked(tmp_path):
-    from gateway import chat_template
-    from gateway.config import GatewayConfig
+    from pagedserve.gateway import chat_template
+    from pagedserve.gateway.config import GatewayConfig
 
     good = tmp_path / "t.jinja"
     good.write_text("{% for m in messages %}{% if loop.index > 9 %}{% break %}{% endif %}{{ m.content }}"
@@ -80,8 +80,8 @@ def test_chat_template_file_is_read_and_checked(tmp_path):
 def test_the_gateway_will_not_start_with_a_bad_chat_template(tmp_path, capfd):
     import asyncio
 
-    from gateway.config import GatewayConfig
-    from gateway.main import serve
+    from pagedserve.gateway.config import GatewayConfig
+    from pagedserve.gateway.main import serve
 
     assert asyncio.run(serve(GatewayConfig(chat_template=str(tmp_path / "none.jinja")))) == 1
     assert "--chat-template" in capfd.readouterr().err
@@ -180,7 +180,7 @@ def what_it_does(r):
 
 @pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
 def test_every_field_of_openais_and_vllms_schemas_is_honoured_or_refused_by_name(chat):
-    from gateway.openai.errors import OpenAIError
+    from pagedserve.gateway.openai.errors import OpenAIError
 
     names = (OPENAI_CHAT | VLLM_CHAT) if chat else (OPENAI_COMPLETIONS | VLLM_COMPLETIONS)
     names = (names | {"unknown_field"}) - {"model"}  # model: another model's name is a 404 (test_openai_http)

@@ -1,4 +1,4 @@
-"""gateway.request_stream.RequestStream on a stand-in step runner: choices numbered across
+"""pagedserve.gateway.request_stream.RequestStream on a stand-in step runner: choices numbered across
 prompts, completions counted, each failure a typed StreamError that aborts every prompt,
 telemetry ended once per prompt with the status it ended with."""
 from __future__ import annotations
@@ -8,15 +8,15 @@ import asyncio
 import grpc
 import pytest
 
-from gateway.request_stream import RequestStream, StreamError
-from gateway.requests import RequestError
-from gateway.step_runner import BackendError, QueueFull
+from pagedserve.gateway.request_stream import RequestStream, StreamError
+from pagedserve.gateway.requests import RequestError
+from pagedserve.gateway.step_runner import BackendError, QueueFull
+from pagedserve.wire.protocol import Delta, SamplingParams
 from tests.support.fake_runner import FakeRunner
-from wire.protocol import Delta, SamplingParams
 
 
 class Telemetry:
-    """Records what gateway.request_telemetry.RequestTelemetry would be told."""
+    """Records what pagedserve.gateway.request_telemetry.RequestTelemetry would be told."""
 
     def __init__(self):
         self.started, self.streams, self.finished = [], [], []

@@ -1,8 +1,8 @@
-"""gateway.router without processes: prefix-aware routing and round-robin."""
+"""pagedserve.gateway.router without processes: prefix-aware routing and round-robin."""
 from types import SimpleNamespace
 
-from gateway.router import Router
-from wire.block_keys import cacheable_blocks, prompt_block_keys
+from pagedserve.gateway.router import Router
+from pagedserve.wire.block_keys import cacheable_blocks, prompt_block_keys
 
 
 class FakeIndex:

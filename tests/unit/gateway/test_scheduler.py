@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from gateway.scheduler import Scheduler, SchedulerConfig
-from gateway.sequence import Sequence, SeqStatus
-from wire.pending_token import PENDING
-from wire.protocol import (
+from pagedserve.gateway.scheduler import Scheduler, SchedulerConfig
+from pagedserve.gateway.sequence import Sequence, SeqStatus
+from pagedserve.wire.pending_token import PENDING
+from pagedserve.wire.protocol import (
     Grant, Grants, Plan, Preemption, Rejection, ReserveResult, SampleOutput, SamplingParams,
 )
 

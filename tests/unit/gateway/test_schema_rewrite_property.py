@@ -1,4 +1,4 @@
-"""The structured-output rewrites (gateway.schema_rewrite) accept only values the original
+"""The structured-output rewrites (pagedserve.gateway.schema_rewrite) accept only values the original
 schema accepts, as the grammar engine writes them (strict: an object holds only the
 properties its schema declares unless additionalProperties says otherwise): hypothesis
 draws schemas with keywords beside combinators, allOf, $ref and if/then/else, and values;
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway import schema_support
-from gateway.schema_walk import walk
+from pagedserve.gateway import schema_support
+from pagedserve.gateway.schema_walk import walk
 
 KEYS = ("a", "b", "k")
 LEAF = st.sampled_from([{"type": "integer"}, {"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 0},

@@ -1,5 +1,5 @@
-"""What structured output refuses, rewrites and bounds in a JSON schema (gateway.schema_support,
-gateway.schema_bounds, gateway.structured.prepare): each refusal stands on a probe showing
+"""What structured output refuses, rewrites and bounds in a JSON schema (pagedserve.gateway.schema_support,
+pagedserve.gateway.schema_bounds, pagedserve.gateway.structured.prepare): each refusal stands on a probe showing
 that the grammar engine accepts an output the keyword forbids (so a newer xgrammar that
 enforces it fails the probe, and the refusal can go); rewrites are equivalent; bounds only
 narrow; the JSONSchemaBench sample keeps compiling."""
@@ -9,8 +9,8 @@ import os
 import jsonschema
 import pytest
 
-from gateway import schema_bounds, schema_support, structured
-from gateway.schema_walk import walk
+from pagedserve.gateway import schema_bounds, schema_support, structured
+from pagedserve.gateway.schema_walk import walk
 
 xgr = pytest.importorskip("xgrammar")
 SAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "jsonschemabench", "sample.jsonl")
@@ -77,7 +77,7 @@ def test_draft4_forms_are_rewritten_to_equivalents():
 
 
 # (schema the engine misreads as written, an output it then accepts that the schema forbids,
-#  an output the schema allows): gateway.schema_rewrite makes each exact
+#  an output the schema allows): pagedserve.gateway.schema_rewrite makes each exact
 REWRITTEN = [
     ({"allOf": [{"type": "integer"}, {"minimum": 5}]}, "1", "6"),
     ({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "minimum": 5}, "1", "6"),

@@ -1,13 +1,13 @@
-"""gateway.step_retry without processes: which failures re-run the same batch, which re-plan
+"""pagedserve.gateway.step_retry without processes: which failures re-run the same batch, which re-plan
 the step, and that an Execute that never succeeded runs before the next Reserve. The fake
-clients make each call when it is sent (wire.clients.call_now); a failure is retried when
+clients make each call when it is sent (pagedserve.wire.clients.call_now); a failure is retried when
 the answer is read."""
 import grpc
 import pytest
 
-from gateway.step_retry import PoolChanged, StepRetry
-from wire.clients import ExecutorClient, MemoryClient, call_now
-from wire.protocol import Plan, ReserveResult, SampleOutput, StepBatch
+from pagedserve.gateway.step_retry import PoolChanged, StepRetry
+from pagedserve.wire.clients import ExecutorClient, MemoryClient, call_now
+from pagedserve.wire.protocol import Plan, ReserveResult, SampleOutput, StepBatch
 
 
 class Err(grpc.RpcError):

@@ -1,12 +1,12 @@
-"""vLLM's structured_outputs field (gateway.structured): each constraint gives the same
+"""vLLM's structured_outputs field (pagedserve.gateway.structured): each constraint gives the same
 (guided_kind, guided_spec) as its guided_* twin; options this server does not act on, unknown
 keys, and two constraints at once are refused naming the field."""
 import json
 
 import pytest
 
-from gateway import structured
-from gateway.structured import GuidedError
+from pagedserve.gateway import structured
+from pagedserve.gateway.structured import GuidedError
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 TWINS = [
@@ -68,8 +68,8 @@ def test_a_structural_tag_in_vllms_older_form_is_xgrammars_triggered_tags():
 
 
 def test_the_grpc_api_reads_a_structural_tag_in_either_form():
-    from gateway.api_request import ApiError, sampling_from_proto
-    from wire.v1 import generation_pb2 as pb
+    from pagedserve.gateway.api_request import ApiError, sampling_from_proto
+    from pagedserve.wire.v1 import generation_pb2 as pb
 
     old = {"structures": [{"begin": "<fn=get>", "schema": SCHEMA, "end": "</fn>"}], "triggers": ["<fn="]}
     sp = sampling_from_proto(pb.SamplingParams(guided_kind="structural_tag", guided_spec=json.dumps(old)))

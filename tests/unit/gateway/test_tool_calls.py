@@ -1,4 +1,4 @@
-"""gateway.openai.tool_calls.parse: the model's own tool-call formats found in an output, in one
+"""pagedserve.gateway.openai.tool_calls.parse: the model's own tool-call formats found in an output, in one
 pass over it. It reads `<tool_call>` blocks as the regex it replaced did (checked against that
 regex on generated outputs), and adversarial outputs (long whitespace runs, many unclosed
 tags, deep nesting) are parsed, not backtracked over or crashed on."""
@@ -7,7 +7,7 @@ import re
 
 from hypothesis import given, settings, strategies as st
 
-from gateway.openai.tool_calls import Tools, _tagged, parse
+from pagedserve.gateway.openai.tool_calls import Tools, _tagged, parse
 
 TOOLS = Tools([{"name": "f", "description": "", "parameters": {}}, {"name": "g", "description": "", "parameters": {}}],
               names={"f", "g"})

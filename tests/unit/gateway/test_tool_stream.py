@@ -1,4 +1,4 @@
-"""gateway.openai.tool_stream: tool calls streamed as vLLM streams them (the name, then the
+"""pagedserve.gateway.openai.tool_stream: tool calls streamed as vLLM streams them (the name, then the
 arguments in fragments), fed in pieces of every size; what the stream gives equals what
 tool_calls.parse gives the whole text."""
 import json
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.openai.tool_calls import Tools, parse
-from gateway.openai.tool_stream import ToolStream
+from pagedserve.gateway.openai.tool_calls import Tools, parse
+from pagedserve.gateway.openai.tool_stream import ToolStream
 
 TOOLS = Tools([{"name": "get_weather", "description": "", "parameters": {}},
                {"name": "g", "description": "", "parameters": {}}], names={"get_weather", "g"})

@@ -1,10 +1,10 @@
-"""gateway.openai.write_timeout around the app's streamed responses (gateway.openai.app
+"""pagedserve.gateway.openai.write_timeout around the app's streamed responses (pagedserve.gateway.openai.app
 _Stream): a client that reads nothing for the write timeout is dropped and its request
 aborted; one that reads, however slowly in all, gets every event."""
 import asyncio
 
-from gateway.openai.app import _Stream
-from gateway.openai.write_timeout import WriteTimeout
+from pagedserve.gateway.openai.app import _Stream
+from pagedserve.gateway.openai.write_timeout import WriteTimeout
 
 SCOPE = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "path": "/v1/completions",
          "client": ("127.0.0.1", 5000)}

@@ -11,7 +11,7 @@ H200_SMS = 132
 
 
 def programs(seqs: int, heads: int, kv_heads: int, block_size: int, head_size: int) -> int:
-    from kernels.paged_attention_triton import launch_config
+    from pagedserve.kernels.paged_attention_triton import launch_config
 
     cfg = launch_config(seqs, seqs, heads // kv_heads, block_size, head_size)
     return (seqs // cfg["block_q"] + seqs) * kv_heads
@@ -24,13 +24,16 @@ def programs(seqs: int, heads: int, kv_heads: int, block_size: int, head_size: i
     (1, 32768, 128, 64),  # bounded by MAX_SPLITS
 ])
 def test_decode_batches_split_as_measured(seqs, context, head, splits):
-    from kernels.paged_attention_triton import choose_splits
+    from pagedserve.kernels.paged_attention_triton import choose_splits
 
     assert choose_splits(programs(seqs, 32, 8, 16, head), context, True, H200_SMS) == splits
 
 
 def test_batches_with_prefill_rows_and_short_contexts_never_split():
-    from kernels.paged_attention_triton import MIN_SPLIT_TOKENS, choose_splits
+    from pagedserve.kernels.paged_attention_triton import (
+        MIN_SPLIT_TOKENS,
+        choose_splits,
+    )
 
     assert choose_splits(8, 32768, False, H200_SMS) == 1
     assert choose_splits(8, MIN_SPLIT_TOKENS - 1, True, H200_SMS) == 1

@@ -1,10 +1,10 @@
-"""The fused CPU ops (kernels/fused_cpu.py) against the torch code they stand in for, and the
+"""The fused CPU ops (pagedserve/kernels/fused_cpu.py) against the torch code they stand in for, and the
 model's torch path when they are turned off."""
 import pytest
 import torch
 
-from executor.models import llama
-from kernels import fused_cpu
+from pagedserve.executor.models import llama
+from pagedserve.kernels import fused_cpu
 from tests.unit.kernels.test_kernels_cpu import two_threads  # noqa: F401 (autouse: rows split over two threads)
 
 

@@ -1,11 +1,11 @@
-"""The C++ kernels added beside their torch references (kernels/fused_ref.py): SiLU-and-multiply
+"""The C++ kernels added beside their torch references (pagedserve/kernels/fused_ref.py): SiLU-and-multiply
 (kernels/fused_cpu.silu_and_mul) and rotary applied in the K/V store
-(kernels/rotary_store_cpu), each against its reference, threaded and not."""
+(pagedserve/kernels/rotary_store_cpu), each against its reference, threaded and not."""
 import pytest
 import torch
 
-from kernels import fused_cpu, rotary_store_cpu
-from kernels.fused_ref import rotary_store_kv_ref, silu_and_mul_ref
+from pagedserve.kernels import fused_cpu, rotary_store_cpu
+from pagedserve.kernels.fused_ref import rotary_store_kv_ref, silu_and_mul_ref
 from tests.unit.kernels.test_kernels_cpu import two_threads  # noqa: F401 (autouse: rows split over two threads)
 
 
@@ -68,7 +68,7 @@ def test_rotary_store_applies_to_float32_pool_views_only():
 
 @pytest.mark.parametrize("arch", ["llama3", "qwen3"])  # q and k side by side; q/k normed, then joined
 def test_the_model_stores_through_it_and_matches_transformers(tmp_path, monkeypatch, arch):
-    from executor.model_loader import load_model
+    from pagedserve.executor.model_loader import load_model
     from tests.support.tiny_models import make_tiny_model
     from tests.unit.executor.test_linear_backend import TOL, worst_logit_difference
 
@@ -82,7 +82,7 @@ def test_the_model_stores_through_it_and_matches_transformers(tmp_path, monkeypa
 
 @pytest.mark.parametrize("arch", ["llama3", "phi3"])  # gate and up fused in the checkpoint (phi3) or by the loader
 def test_the_model_takes_silu_and_mul_and_matches_transformers(tmp_path, monkeypatch, arch):
-    from executor.model_loader import load_model
+    from pagedserve.executor.model_loader import load_model
     from tests.support.tiny_models import make_tiny_model
     from tests.unit.executor.test_linear_backend import TOL, worst_logit_difference
 

@@ -1,11 +1,11 @@
-"""kernels.paged_attention (torch path) against dense causal attention computed without paging."""
+"""pagedserve.kernels.paged_attention (torch path) against dense causal attention computed without paging."""
 import math
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kernels import paged_attention, store_kv
+from pagedserve.kernels import paged_attention, store_kv
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 

@@ -1,10 +1,10 @@
-"""The CPU path (kernels/paged_cpu.py) against the torch reference it stands in for."""
+"""The CPU path (pagedserve/kernels/paged_cpu.py) against the torch reference it stands in for."""
 import pytest
 import torch
 
-from kernels import paged_cpu, paged_prefill_cpu
-from kernels.paged_attention_ref import paged_attention_ref
-from kernels.store_kv_ref import store_kv_ref
+from pagedserve.kernels import paged_cpu, paged_prefill_cpu
+from pagedserve.kernels.paged_attention_ref import paged_attention_ref
+from pagedserve.kernels.store_kv_ref import store_kv_ref
 from tests.unit.kernels.test_kernels_attention import make_batch
 
 

@@ -1,8 +1,8 @@
-"""kernels.store_kv and kernels.copy_blocks (torch path) on the strided views of a block-major pool."""
+"""pagedserve.kernels.store_kv and pagedserve.kernels.copy_blocks (torch path) on the strided views of a block-major pool."""
 import pytest
 import torch
 
-from kernels import copy_blocks, store_kv
+from pagedserve.kernels import copy_blocks, store_kv
 
 
 @pytest.fixture(autouse=True, scope="module")

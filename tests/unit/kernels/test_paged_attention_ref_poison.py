@@ -1,12 +1,12 @@
-"""kernels.paged_attention_ref (and the CPU path over it) never lets what lies past a
+"""pagedserve.kernels.paged_attention_ref (and the CPU path over it) never lets what lies past a
 sequence's length reach the output: the tail of its last block and the blocks its padding
 entries name are filled with NaN, and every dtype, decode-only or mixed with prefill chunks,
 gives the same finite result as over a clean pool."""
 import pytest
 import torch
 
-from kernels import paged_attention
-from kernels.paged_attention_ref import paged_attention_ref
+from pagedserve.kernels import paged_attention
+from pagedserve.kernels.paged_attention_ref import paged_attention_ref
 
 BLOCK = 4
 

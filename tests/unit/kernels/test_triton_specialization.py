@@ -1,5 +1,5 @@
 """The Triton kernels' integer arguments that change from step to step are not specialized
-(kernels/paged_attention_triton.py, "Specialization"): each name given to do_not_specialize
+(pagedserve/kernels/paged_attention_triton.py, "Specialization"): each name given to do_not_specialize
 is one of the kernel's parameters (a misspelt name would be ignored silently), and none of
 them is a constexpr. Whether the compile cache then grows once per shape is measured on the
 GPU (scripts/gpu_check.py, kernels part: `recompiles`)."""
@@ -16,7 +16,7 @@ VARYING = {  # kernel: the arguments that vary per step in a server
 
 
 def kernels():
-    from kernels import paged_attention_triton
+    from pagedserve.kernels import paged_attention_triton
 
     return {name: getattr(paged_attention_triton, name) for name in VARYING}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from memsvc import PoolSnapshot, make_allocator
+from pagedserve.memsvc import PoolSnapshot, make_allocator
 from tests.support.written import ran
 
 BS, NUM_BLOCKS, MAX_MODEL_LEN = 4, 32, 32

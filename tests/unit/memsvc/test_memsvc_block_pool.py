@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from memsvc.block_pool import BlockPool, DoubleFree, FreeBlockQueue, IntegrityError, NoFreeBlocks
-from memsvc.prefix_cache import block_key, cacheable_blocks, prompt_block_keys
-from memsvc.run_allocator import Run, RunAllocator
-from memsvc.swap_space import SwapSpace
+from pagedserve.memsvc.block_pool import BlockPool, DoubleFree, FreeBlockQueue, IntegrityError, NoFreeBlocks
+from pagedserve.memsvc.prefix_cache import block_key, cacheable_blocks, prompt_block_keys
+from pagedserve.memsvc.run_allocator import Run, RunAllocator
+from pagedserve.memsvc.swap_space import SwapSpace
 
 
 def ids(blocks):

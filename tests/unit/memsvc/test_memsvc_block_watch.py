@@ -1,7 +1,7 @@
-"""memsvc.block_watch: a snapshot of the cached block keys, then only the changes."""
+"""pagedserve.memsvc.block_watch: a snapshot of the cached block keys, then only the changes."""
 from types import SimpleNamespace
 
-from memsvc.block_watch import BlockWatch
+from pagedserve.memsvc.block_watch import BlockWatch
 
 
 def test_block_watch_sends_a_snapshot_then_changes():

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from memsvc import ContiguousAllocator, NoFreeBlocks
-from memsvc.contiguous_allocator import next_pow2
+from pagedserve.memsvc import ContiguousAllocator, NoFreeBlocks
+from pagedserve.memsvc.contiguous_allocator import next_pow2
 
 
 def test_reservation_sizes_per_policy():
@@ -91,8 +91,8 @@ def test_ids_and_validation():
 
 
 def test_only_the_paged_allocator_swaps():
-    from memsvc import make_allocator
-    from memsvc.step_planner import StepPlanner
+    from pagedserve.memsvc import make_allocator
+    from pagedserve.memsvc.step_planner import StepPlanner
 
     for policy, swaps in (("paged", True), ("contiguous-max", False), ("contiguous-oracle", False)):
         allocator = make_allocator(policy, 16, 4, max_model_len=64, num_host_blocks=8)

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from memsvc.allocator import KVAllocator
-from memsvc.paged_allocator import PagedAllocator
-from wire.pending_token import PENDING
+from pagedserve.memsvc.allocator import KVAllocator
+from pagedserve.memsvc.paged_allocator import PagedAllocator
+from pagedserve.wire.pending_token import PENDING
 
 
 def state(alloc: PagedAllocator):

@@ -1,4 +1,4 @@
-"""Ranks that hold their own KV pools (issue 29, ranks on other nodes: memsvc.held_pools).
+"""Ranks that hold their own KV pools (issue 29, ranks on other nodes: pagedserve.memsvc.held_pools).
 memsvc holds no pool for them and says "" for their segment; it preempts by recompute only
 and keeps no host tier (a setting asking otherwise is refused naming it); every
 copy-on-write copy comes back in the answer (`block_copies`, also over the wire and in
@@ -7,13 +7,13 @@ sequence, cached block and session under a new pool epoch."""
 import grpc
 import pytest
 
-from memsvc.config import MemoryConfig
-from memsvc.memory_manager import MemoryManager
-from memsvc.server import MemoryService
+from pagedserve.memsvc.config import MemoryConfig
+from pagedserve.memsvc.memory_manager import MemoryManager
+from pagedserve.memsvc.server import MemoryService
+from pagedserve.wire import convert
+from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.wire.v1 import memory_pb2
 from tests.support.servicer_context import Aborted, Context
-from wire import convert
-from wire.protocol import KVGeometry, Plan, PlanEntry
-from wire.v1 import memory_pb2
 
 GEOMETRY = KVGeometry(num_layers=2, num_kv_heads=4, head_size=8, block_size=4)  # 2 ranks x 2 heads
 HOLDS = [False, True]

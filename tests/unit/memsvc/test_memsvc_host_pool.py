@@ -2,8 +2,8 @@
 path is scripts/gpu_check.py's), and that waiting touches only the pool's GPU."""
 import torch
 
-from memsvc import host_pool
-from wire.protocol import KVGeometry
+from pagedserve.memsvc import host_pool
+from pagedserve.wire.protocol import KVGeometry
 
 
 def test_runs_of_consecutive_ids():

@@ -1,4 +1,4 @@
-"""The prefix cache's host tier (memsvc.host_tier, memsvc.prefix_offload) on the allocator:
+"""The prefix cache's host tier (pagedserve.memsvc.host_tier, pagedserve.memsvc.prefix_offload) on the allocator:
 what is offloaded and restored, in which order the copies come, salts, a full or empty
 tier, plans made ahead, and the integrity check over random acts with the block contents
 followed through every copy."""
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from memsvc import IntegrityError, PagedAllocator
-from memsvc.host_tier import HostTier
+from pagedserve.memsvc import IntegrityError, PagedAllocator
+from pagedserve.memsvc.host_tier import HostTier
 from tests.support.written import ran
 
 BS = 4

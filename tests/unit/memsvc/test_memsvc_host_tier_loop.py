@@ -8,12 +8,12 @@ import random
 import pytest
 from prometheus_client import generate_latest
 
-from gateway.batch_loop import BatchLoop
-from gateway.scheduler import SchedulerConfig
-from memsvc.cost_model import CostModel
-from memsvc.memory_manager import MemoryConfig, MemoryManager
-from memsvc.server import MemoryService
-from wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.gateway.batch_loop import BatchLoop
+from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.memsvc.cost_model import CostModel
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.memsvc.server import MemoryService
+from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
 from tests.support.fake_executor import FakeExecutor
 from tests.support.fake_loop import expected, greedy, run_all
 

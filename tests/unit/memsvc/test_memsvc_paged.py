@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from memsvc import (
+from pagedserve.memsvc import (
     POLICIES,
     ContiguousAllocator,
     IntegrityError,

@@ -2,12 +2,12 @@
 from touching blocks the running step uses (no copies, no preemption)."""
 import pytest
 
-from memsvc import PagedAllocator
-from memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.memsvc import PagedAllocator
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.wire import convert
+from pagedserve.wire.pending_token import PENDING
+from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
 from tests.support.written import ran
-from wire import convert
-from wire.pending_token import PENDING
-from wire.protocol import KVGeometry, Plan, PlanEntry
 
 BS = 4
 

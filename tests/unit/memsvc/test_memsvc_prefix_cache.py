@@ -1,7 +1,7 @@
 """Prefix caching in the PagedAllocator: hits, eviction order, salts, counters."""
 from __future__ import annotations
 
-from memsvc import PagedAllocator
+from pagedserve.memsvc import PagedAllocator
 from tests.support.written import ran
 
 BS = 4
@@ -202,8 +202,8 @@ def test_use_cache_false_attaches_nothing_and_its_blocks_are_cached_for_others()
 
 
 def test_a_plan_entry_that_skips_the_prefix_cache():
-    from memsvc.step_planner import StepPlanner
-    from wire.protocol import Plan, PlanEntry
+    from pagedserve.memsvc.step_planner import StepPlanner
+    from pagedserve.wire.protocol import Plan, PlanEntry
 
     a = PagedAllocator(16, BS)
     planner = StepPlanner(a)

@@ -5,9 +5,9 @@ bytes; a geometry that does not split, or a restart with other ranks, names the 
 import pytest
 import torch
 
-from memsvc.config import MemoryConfig
-from memsvc.memory_manager import MemoryManager
-from wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.memsvc.config import MemoryConfig
+from pagedserve.memsvc.memory_manager import MemoryManager
+from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
 from tests.support.written import Steps
 
 GEOMETRY = KVGeometry(num_layers=2, num_kv_heads=4, head_size=8, block_size=4)  # 2 ranks x 2 heads

@@ -5,13 +5,13 @@ that do not split over the ranks, are refused naming the field."""
 import grpc
 import pytest
 
-from memsvc.config import MemoryConfig
-from memsvc.memory_manager import MemoryManager
-from memsvc.server import MemoryService
+from pagedserve.memsvc.config import MemoryConfig
+from pagedserve.memsvc.memory_manager import MemoryManager
+from pagedserve.memsvc.server import MemoryService
+from pagedserve.wire import convert
+from pagedserve.wire.protocol import KVGeometry
+from pagedserve.wire.v1 import memory_pb2
 from tests.support.servicer_context import Aborted, Context
-from wire import convert
-from wire.protocol import KVGeometry
-from wire.v1 import memory_pb2
 
 GEOMETRY = KVGeometry(num_layers=2, num_kv_heads=4, head_size=8, block_size=4)
 

@@ -1,6 +1,6 @@
 """Sessions: per-gateway namespaces of sequence ids, leases, and freeing what lapsed."""
-from memsvc.memory_manager import MemoryConfig, MemoryManager
-from wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
 
 
 def manager(num_blocks=16, lease=10.0):

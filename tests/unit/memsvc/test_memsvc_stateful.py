@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from memsvc import ContiguousAllocator, NoFreeBlocks, PagedAllocator
-from memsvc.block_table import blocks_for
-from memsvc.contiguous_allocator import CONTIGUOUS_POLICIES
+from pagedserve.memsvc import ContiguousAllocator, NoFreeBlocks, PagedAllocator
+from pagedserve.memsvc.block_table import blocks_for
+from pagedserve.memsvc.contiguous_allocator import CONTIGUOUS_POLICIES
 
 BS = 4
 PREFIXES = [[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9]]

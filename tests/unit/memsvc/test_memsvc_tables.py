@@ -1,8 +1,8 @@
 """memsvc holds the block tables of record (the gateway holds none): `tables` answers a
 session's running tables whole, to resend an executor that lost its state, and a forked
 sequence's first grant carries its whole table."""
-from memsvc.memory_manager import MemoryConfig, MemoryManager
-from wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
 
 BS = 4
 

@@ -1,6 +1,6 @@
 """Sliding window: blocks that left every layer's window go back to the pool, with the
 prefix cache, forks and swapping still correct."""
-from memsvc.paged_allocator import PagedAllocator
+from pagedserve.memsvc.paged_allocator import PagedAllocator
 from tests.support.written import ran
 
 

@@ -1,14 +1,14 @@
-"""memsvc.step_planner with hand-made plans over a paged allocator: grants in plan order,
+"""pagedserve.memsvc.step_planner with hand-made plans over a paged allocator: grants in plan order,
 preemption from the tail by recompute or swap, resumption before admission with no
 overtaking, the watermark, plans made ahead granted only without copies or preemption, and
 the plan checks. Every case ends with the pool's integrity checked."""
 import pytest
 
-from memsvc.paged_allocator import PagedAllocator
-from memsvc.preemption_policy import PreemptionPolicy
-from memsvc.step_planner import StepPlanner, check_plan
-from wire.pending_token import PENDING
-from wire.protocol import Plan, PlanEntry
+from pagedserve.memsvc.paged_allocator import PagedAllocator
+from pagedserve.memsvc.preemption_policy import PreemptionPolicy
+from pagedserve.memsvc.step_planner import StepPlanner, check_plan
+from pagedserve.wire.pending_token import PENDING
+from pagedserve.wire.protocol import Plan, PlanEntry
 
 BS = 4
 

@@ -1,5 +1,5 @@
 """The prefix cache holds only what was written: a property test over memsvc's Reserve with
-steps that run, fail, or leave a sequence out (memsvc.unwritten_keys, memsvc.step_stamps).
+steps that run, fail, or leave a sequence out (pagedserve.memsvc.unwritten_keys, pagedserve.memsvc.step_stamps).
 
 The pool itself is the truth: a step that runs writes each token id into its slot of the
 real pool tensor (K of layer 0); memsvc's own copies (copy-on-write) move them. Every
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from memsvc.memory_manager import MemoryConfig, MemoryManager
-from wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
 
 BS = 4
 MAX_LEN = 20  # prompt and output of one sequence: 5 of the pool's 12 blocks

@@ -2,8 +2,8 @@
 where the forward pass takes every core; as configured (overlapped by default) on a GPU,
 where the step runs on the device while the loop works. Outputs are the same either way
 (tests/unit/gateway/test_overlap.py runs every workload through every loop)."""
-from gateway.scheduler import SchedulerConfig
 from pagedserve.engine import loop_settings
+from pagedserve.gateway.scheduler import SchedulerConfig
 
 
 def test_a_cpu_engine_runs_the_serial_loop_whatever_is_configured():
@@ -19,7 +19,7 @@ def test_a_gpu_engine_overlaps_unless_told_not_to():
 
 def test_each_step_runs_with_the_engines_device_current(monkeypatch):
     """The overlapped loop calls execute from a helper thread; the engine makes its own GPU
-    current around each step (wire.device.on_device), whatever thread calls."""
+    current around each step (pagedserve.pool_share.device.on_device), whatever thread calls."""
     import contextlib
 
     import torch

@@ -6,8 +6,8 @@ import shlex
 import pytest
 from huggingface_hub import constants
 
-from executor.errors import ModelLoadError
 from pagedserve.cli import build_parser
+from pagedserve.executor.errors import ModelLoadError
 from pagedserve.serve_cmd import pin_model, service_specs
 from tests.support.hub_cache import write_snapshot
 

@@ -3,13 +3,13 @@ import dataclasses
 
 import pytest
 
-from executor.config import ExecutorConfig
-from gateway.config import STOP_AFTER_DRAIN_S, GatewayConfig
-from memsvc.config import MemsvcConfig
 from pagedserve import service_cmds
 from pagedserve.cli import build_parser
+from pagedserve.executor.config import ExecutorConfig
+from pagedserve.gateway.config import STOP_AFTER_DRAIN_S, GatewayConfig
+from pagedserve.memsvc.config import MemsvcConfig
 from pagedserve.serve_cmd import service_specs
-from wire.settings import _kind, dest, flag_name, settings_of
+from pagedserve.wire.settings import _kind, dest, flag_name, settings_of
 
 SERVICES = {"memsvc": MemsvcConfig, "executor": ExecutorConfig, "gateway": GatewayConfig}
 

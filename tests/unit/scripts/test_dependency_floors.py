@@ -1,6 +1,6 @@
 """pyproject.toml's grpcio and protobuf floors are the versions the committed stubs check at
-import: `GRPC_GENERATED_VERSION` in wire/v1/*_pb2_grpc.py and the gencode version given to
-ValidateProtobufRuntimeVersion in wire/v1/*_pb2.py. A lower floor installs a runtime the
+import: `GRPC_GENERATED_VERSION` in pagedserve/wire/v1/*_pb2_grpc.py and the gencode version given to
+ValidateProtobufRuntimeVersion in pagedserve/wire/v1/*_pb2.py. A lower floor installs a runtime the
 stubs refuse."""
 import ast
 import sys
@@ -10,7 +10,7 @@ from tests.support import REPO
 sys.path.insert(0, str(REPO / "scripts"))
 import gpu_packages  # noqa: E402
 
-STUBS = REPO / "wire" / "v1"
+STUBS = REPO / "pagedserve" / "wire" / "v1"
 
 
 def grpc_generated_versions() -> set[str]:

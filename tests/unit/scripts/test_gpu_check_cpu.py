@@ -3,7 +3,7 @@ imports and the arguments of the commands they would run, say "skipped: no CUDA"
 JSON lands in $OUT; the services part's comparisons are equivalent on both sides (EOS may end
 a sequence in transformers and in pagedserve alike) and its bfloat16 metric passes a right
 answer and fails wrong ones; the kernel cases' inputs (mixed launches, far blocks, windows,
-soft-capping) agree with kernels/paged_attention_ref. The services part itself on the CPU is
+soft-capping) agree with pagedserve/kernels/paged_attention_ref. The services part itself on the CPU is
 `scripts/gpu_check.sh --rehearse` (real processes, ~40 s here); the script run as a process:
 tests/system/test_gpu_check_scripts.py."""
 from __future__ import annotations
@@ -123,7 +123,7 @@ def tiny_model(models, tmp_path, std=0.02):
 def test_bf16_metric_passes_pagedserve_and_fails_wrong_answers(tmp_path):
     models = load_part("gpu_check_models")
     from pagedserve.engine import LLMEngine
-    from wire.protocol import SamplingParams
+    from pagedserve.wire.protocol import SamplingParams
 
     torch.manual_seed(0)
     model = tiny_model(models, tmp_path)
@@ -150,7 +150,7 @@ def test_case_inputs_agree_with_the_reference(window, softcap):
     """Mixed launches, far blocks and padded poisoned tables: dense_reference and the torch
     reference agree, so a kernel failing compare_attention is wrong, not the inputs."""
     attention = load_part("gpu_check_attention")
-    from kernels.paged_attention_ref import paged_attention_ref
+    from pagedserve.kernels.paged_attention_ref import paged_attention_ref
 
     a = attention.make_paged(torch, 5, 37, 6, 8, 2, 16, 8, torch.float32, "cpu", mixed=True, pad=2, poison=True,
                       mixed_launch=True, far=4096)

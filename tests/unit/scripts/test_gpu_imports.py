@@ -6,7 +6,7 @@ image, pinned at or above pyproject's floors.
 
 The GPU path: scripts/gpu_check.py, and the processes it starts (`python -m pagedserve.cli
 memsvc|executor|gateway|bench serve|bench split`). Its imports are read from the source (every
-`import` and `from` statement, in functions too, and wire.optional_import.require calls),
+`import` and `from` statement, in functions too, and pagedserve.wire.optional_import.require calls),
 following pagedserve's own modules; each third-party module is named by the installed
 distribution that holds its file. No network, no GPU."""
 from __future__ import annotations
@@ -27,8 +27,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 import gpu_packages  # noqa: E402
 
 FIRST_PARTY = {"wire", "kernels", "memsvc", "executor", "gateway", "pagedserve", "benchmarks"}
-ENTRIES = ["scripts/gpu_check.py", "pagedserve.cli", "pagedserve.service_cmds", "memsvc.server",
-           "executor.server", "gateway.main", "benchmarks.serve", "benchmarks.split"]
+ENTRIES = ["scripts/gpu_check.py", "pagedserve.cli", "pagedserve.service_cmds", "pagedserve.memsvc.server",
+           "pagedserve.executor.server", "pagedserve.gateway.main", "pagedserve.benchmarks.serve", "pagedserve.benchmarks.split"]
 TARGET = {"python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux",
           "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
@@ -147,8 +147,8 @@ def requirements(dist: str) -> set[str]:
 
 def test_the_walk_reaches_the_services_and_the_check():
     _, seen = gpu_path()
-    assert {"memsvc.server", "executor.server", "gateway.server", "gateway.main", "kernels.paged_attention_triton",
-            "executor.model_runner", "pagedserve.client", "gpu_packages"} <= seen
+    assert {"pagedserve.memsvc.server", "pagedserve.executor.server", "pagedserve.gateway.server", "pagedserve.gateway.main", "pagedserve.kernels.paged_attention_triton",
+            "pagedserve.executor.model_runner", "pagedserve.client", "gpu_packages"} <= seen
     assert {"torch", "grpcio", "protobuf", "transformers", "triton"} <= set(reached())
 
 

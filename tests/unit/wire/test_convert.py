@@ -1,20 +1,20 @@
 """Every protocol dataclass survives a trip through its protobuf twin and the wire: hand-picked
 cases, and one per message generated from its dataclass with every field off its default,
-so a field added to a dataclass and not to wire/convert.py fails here."""
+so a field added to a dataclass and not to pagedserve/wire/convert.py fails here."""
 import dataclasses
 import types
 import typing
 
 import pytest
 
-from memsvc.memory_manager import MemoryConfig, MemoryManager
-from wire import convert
-from wire.protocol import (
+from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
+from pagedserve.wire import convert
+from pagedserve.wire.protocol import (
     Grant, Grants, KVGeometry, ModelInfo, Plan, PlanEntry, PoolStats, Preemption, PromptLogprob, Rejection,
     ReserveResult, SampleOutput, SamplingParams, SeqStep, StepBatch,
 )
-from wire.pending_token import PENDING
-from wire.v1 import executor_pb2, generation_pb2, memory_pb2
+from pagedserve.wire.pending_token import PENDING
+from pagedserve.wire.v1 import executor_pb2, generation_pb2, memory_pb2
 from tests.support.written import Steps
 
 

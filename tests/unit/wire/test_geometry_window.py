@@ -1,8 +1,8 @@
 """KVGeometry's sliding window crosses the wire (executor -> memsvc RegisterExecutor)."""
 import pytest
 
-from wire import convert
-from wire.protocol import KVGeometry
+from pagedserve.wire import convert
+from pagedserve.wire.protocol import KVGeometry
 
 
 @pytest.mark.parametrize("window", [0, 4096])

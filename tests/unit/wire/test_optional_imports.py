@@ -1,4 +1,4 @@
-"""Optional packages are imported when their feature is asked for (wire.optional_import):
+"""Optional packages are imported when their feature is asked for (pagedserve.wire.optional_import):
 without opentelemetry-sdk, grpcio-reflection, starlette, httpx or uvicorn a service still
 imports and runs while the feature is off, and asking for it raises MissingPackage naming
 the package. A missing package is simulated by None in sys.modules (every loaded submodule
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from wire.optional_import import MissingPackage, available, require
+from pagedserve.wire.optional_import import MissingPackage, available, require
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def test_require_names_the_package_the_feature_and_the_way_off(missing):
 
 def test_tracing_off_needs_no_sdk(missing, fresh, no_tracing_env):
     missing("opentelemetry.sdk", "opentelemetry.exporter")
-    tracing = fresh("wire.tracing")
+    tracing = fresh("pagedserve.rpc.tracing")
     assert tracing._exporters("memsvc") == [] and tracing.setup_tracing("memsvc") is None
     assert tracing.trace_metadata() is None  # propagation is the API's: still there
     assert tracing.ServerTracing() is not None
@@ -71,7 +71,7 @@ def test_tracing_off_needs_no_sdk(missing, fresh, no_tracing_env):
 ])
 def test_tracing_asked_for_without_its_package_names_it(missing, fresh, no_tracing_env, env, package):
     missing("opentelemetry.sdk", "opentelemetry.exporter")
-    tracing = fresh("wire.tracing")
+    tracing = fresh("pagedserve.rpc.tracing")
     for key, value in env.items():
         no_tracing_env.setenv(key, value)
     with pytest.raises(MissingPackage, match=f"needs the Python package '{package}'.*pip install {package}"):
@@ -79,7 +79,7 @@ def test_tracing_asked_for_without_its_package_names_it(missing, fresh, no_traci
 
 
 def test_trace_file_exporter_is_made_from_the_sdk_when_asked(tmp_path, no_tracing_env):
-    from wire import tracing
+    from pagedserve.rpc import tracing
 
     no_tracing_env.setenv("PAGEDSERVE_TRACE_FILE", str(tmp_path / "{service}.jsonl"))
     [(exporter, batched)] = tracing._exporters("executor")
@@ -92,7 +92,7 @@ def test_trace_file_exporter_is_made_from_the_sdk_when_asked(tmp_path, no_tracin
 
 def test_a_service_runs_without_reflection_and_says_so(missing, fresh, caplog):
     missing("grpc_reflection")
-    grpc_service = fresh("wire.grpc_service")
+    grpc_service = fresh("pagedserve.rpc.grpc_service")
     with caplog.at_level(logging.WARNING, logger="pagedserve"):
         service = grpc_service.Service(["pagedserve.v1.Test"])
     try:
@@ -108,7 +108,7 @@ def test_a_service_runs_without_reflection_and_says_so(missing, fresh, caplog):
 
 def test_clients_need_no_health_package_and_a_service_names_it(missing, fresh):
     missing("grpc_health")
-    grpc_service = fresh("wire.grpc_service")
+    grpc_service = fresh("pagedserve.rpc.grpc_service")
     grpc_service.open_channel("127.0.0.1:1").close()
     with pytest.raises(MissingPackage, match="grpcio-health-checking"):
         grpc_service.Service(["pagedserve.v1.Test"])
@@ -116,14 +116,14 @@ def test_clients_need_no_health_package_and_a_service_names_it(missing, fresh):
 
 def test_the_gateway_without_http_packages_imports_and_http_names_them(missing, fresh, monkeypatch):
     missing("starlette", "uvicorn", "httpx")
-    for name in ("gateway.openai.server", "gateway.openai.app"):
+    for name in ("pagedserve.gateway.openai.server", "pagedserve.gateway.openai.app"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    fresh("gateway.main")  # the gateway's process: no HTTP module at import
+    fresh("pagedserve.gateway.main")  # the gateway's process: no HTTP module at import
     with pytest.raises(MissingPackage, match="'starlette'.*--http-port 0 to turn it off"):
-        fresh("gateway.openai.app")
+        fresh("pagedserve.gateway.openai.app")
 
 
 def test_http_without_uvicorn_names_it(missing, fresh):
     missing("uvicorn")
     with pytest.raises(MissingPackage, match="'uvicorn'.*pip install uvicorn, or --http-port 0"):
-        fresh("gateway.openai.server")
+        fresh("pagedserve.gateway.openai.server")

@@ -1,4 +1,4 @@
-"""The committed stubs in wire/v1/ match what proto/generate.py makes from proto/."""
+"""The committed stubs in pagedserve/wire/v1/ match what proto/generate.py makes from proto/."""
 import importlib.util
 
 from tests.support import REPO as ROOT
@@ -14,7 +14,7 @@ def _generate_module():
 def test_committed_stubs_are_fresh(tmp_path):
     fresh = _generate_module().generate(tmp_path)
     assert fresh, "protoc produced no stubs"
-    committed_dir = ROOT / "wire" / "v1"
+    committed_dir = ROOT / "pagedserve" / "wire" / "v1"
     for path in fresh:
         committed = committed_dir / path.name
         assert committed.exists(), f"{committed} is missing: run python proto/generate.py"
@@ -26,7 +26,7 @@ def test_committed_stubs_are_fresh(tmp_path):
 
 
 def test_stubs_import_and_name_the_services():
-    from wire.v1 import executor_pb2, generation_pb2, memory_pb2
+    from pagedserve.wire.v1 import executor_pb2, generation_pb2, memory_pb2
 
     assert "MemoryManager" in memory_pb2.DESCRIPTOR.services_by_name
     assert "Executor" in executor_pb2.DESCRIPTOR.services_by_name

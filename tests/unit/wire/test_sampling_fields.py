@@ -1,14 +1,14 @@
-"""The field table (wire.sampling_fields): one set of defaults, ranges the proto carries, float
+"""The field table (pagedserve.wire.sampling_fields): one set of defaults, ranges the proto carries, float
 checks as float32, a length_penalty bound that keeps beam scores finite, and FieldError
 naming the field (with its index in a list)."""
 import math
 
 import pytest
 
-from wire import convert, sampling_fields
-from wire.protocol import SamplingParams
-from wire.sampling_fields import FIELDS, REQUEST_FIELDS, FieldError, length_penalty_bound
-from wire.v1 import generation_pb2 as pb
+from pagedserve.wire import convert, sampling_fields
+from pagedserve.wire.protocol import SamplingParams
+from pagedserve.wire.sampling_fields import FIELDS, REQUEST_FIELDS, FieldError, length_penalty_bound
+from pagedserve.wire.v1 import generation_pb2 as pb
 from google.protobuf.descriptor import FieldDescriptor as FD
 
 

@@ -1,15 +1,21 @@
-"""wire.step_feed: fed tokens filled from the last samples, steps run in their numbered
-order; wire.ordered_executor running an in-process executor as the service runs one."""
+"""pagedserve.wire.step_feed: fed tokens filled from the last samples, steps run in their numbered
+order; pagedserve.wire.ordered_executor running an in-process executor as the service runs one."""
 import threading
 import time
 
 import pytest
 
-from wire.ordered_executor import OrderedExecutor
-from wire.pending_token import PENDING
-from wire.protocol import KVGeometry, SampleOutput, SamplingParams, SeqStep, StepBatch
-from wire.step_delta import StepDelta
-from wire.step_feed import FedTokenUnknown, LastSampled, StepOrder, lost_feed
+from pagedserve.wire.ordered_executor import OrderedExecutor
+from pagedserve.wire.pending_token import PENDING
+from pagedserve.wire.protocol import (
+    KVGeometry,
+    SampleOutput,
+    SamplingParams,
+    SeqStep,
+    StepBatch,
+)
+from pagedserve.wire.step_delta import StepDelta
+from pagedserve.wire.step_feed import FedTokenUnknown, LastSampled, StepOrder, lost_feed
 
 
 def seq(seq_id, tokens, start, sample=True, output=()):

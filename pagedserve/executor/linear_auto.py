@@ -1,0 +1,158 @@
+"""How `--linear-backend auto` decides one weight shape's routes (for pagedserve.executor.linear_backend).
+
+AutoPlan(rows).decide(layer) -> Decision(seconds, routes, source, note), one per shape.
+- The shape is timed at the rows (pagedserve.executor.linear_timing) unless an earlier load kept its
+  timings (pagedserve.executor.linear_plan_cache). Only an idle timing (pagedserve.executor.linear_idle) is kept,
+  and only an idle one can move an M off oneDNN (routes_from: MKL must win by PREFER_MARGIN).
+  A busy timing is taken once more after RETRY_WAIT_S; busy again, that shape and every
+  later one of this load serve oneDNN at every M, untimed, and nothing is kept.
+- Kept timings are checked once a load (check(layers), before the first shape is decided):
+  the largest kept shape is timed again; an idle timing off the kept one (a backend more
+  than DRIFT faster or slower at an M, or MKL kept where oneDNN is now as fast) has every
+  shape of this load timed again and its timings replaced. A check the machine is too busy
+  for leaves the kept timings in use (they were taken idle) and says so in the note.
+Each decision is logged; `source` is "timed", "cache", "busy" or "untimed" (oneDNN failed).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from pagedserve.executor import linear_plan_cache as plan_cache
+from pagedserve.executor.linear import Linear
+from pagedserve.executor.linear_timing import Timing, time_shape
+
+PREFER_MARGIN = 1.10  # MKL serves an M only where it is faster than oneDNN by more than this:
+# a win inside the timing noise would flip from one load to the next
+MIXED_MARGIN = 1.25  # oneDNN at most 25% slower than MKL: one copy of the weight beats two
+# (measured, AMD EPYC: where MKL wins, at M = 1 on the 576-wide projections, by 15-40%, that is
+# <= 0.7 ms of a ~25 ms decode step, for 105 MiB more weights)
+ATTEMPTS = 2
+RETRY_WAIT_S = 1.0
+DRIFT = 1.3  # two idle timings of one shape agree within this; the issue's stale plan was 3x off
+ONEDNN = [(None, "onednn")]
+
+log = logging.getLogger("pagedserve.executor")
+
+
+@dataclass
+class Decision:
+    seconds: dict[int, dict[str, float]]
+    routes: list[tuple[int | None, str]]
+    source: str
+    note: str = ""
+
+
+class AutoPlan:
+    """The decisions of one load: what the check of the kept timings found, and whether the
+    machine was found busy (then nothing more is timed)."""
+
+    def __init__(self, rows: tuple[int, ...]):
+        self.rows = rows
+        self.checked: str | None = None  # the check's finding, once run
+        self.stale: str | None = None  # why kept timings are not used at this load
+        self.busy: str | None = None  # why nothing more is timed at this load
+        self.fresh: dict[tuple[int, int], Timing] = {}  # the check's timing, used once
+
+    def check(self, layers: list[Linear]) -> None:
+        """Time the largest of `layers` whose timings are kept, once a load, against them."""
+        if self.checked is not None:
+            return
+        kept = [(layer, s) for layer in layers if (s := plan_cache.load(self._key(layer))) is not None]
+        if not kept:
+            return
+        layer, seconds = max(kept, key=lambda pair: math.prod(pair[0].shape))
+        timing, name = self._time(layer), "{}x{}".format(*layer.shape)
+        if not timing.seconds:
+            self.checked = f"not checked: oneDNN failed at {name}"
+        elif (busy := timing.busy()) is not None:
+            self.busy = f"the machine was busy at {name}: {busy}"
+            self.checked = f"not checked: {self.busy}"
+            log.warning("linear plan %s: %s; the kept timings serve (taken idle), a shape without "
+                        "any gets oneDNN", plan_cache.path(), self.checked)
+        elif (why := off(seconds, timing.seconds)) is not None:
+            self.checked = self.stale = f"the kept timings were off at {name} ({why}): timed again"
+            self.fresh[layer.shape] = timing
+            log.warning("linear plan %s: %s", plan_cache.path(), self.stale)
+        else:
+            self.checked = f"checked idle at {name}"
+
+    def decide(self, layer: Linear) -> Decision:
+        n, k = layer.shape
+        key = self._key(layer)
+        if self.checked is None and not self.stale:
+            self.check([layer])
+        kept = None if self.stale else plan_cache.load(key)
+        if kept is not None:
+            log.info("linear %dx%d: timings kept from an earlier load (%s), %s", n, k,
+                     plan_cache.path(), self.checked)
+            return Decision(kept, routes_from(kept), "cache", self.checked or "")
+        if self.busy:
+            return Decision({}, ONEDNN, "busy", f"oneDNN, not timed: {self.busy}")
+        timing = self.fresh.pop(layer.shape, None) or self._time(layer)
+        if not timing.seconds:
+            return Decision({}, [(None, "mkl")], "untimed", "oneDNN failed here")
+        if (busy := timing.busy()) is not None:
+            self.busy = f"the machine was busy at {n}x{k}: {busy}"
+            log.warning("linear %dx%d: timed while the machine was busy (%s): oneDNN at every M for "
+                        "this and every later shape, nothing kept (the next load times again)", n, k, busy)
+            return Decision(timing.seconds, ONEDNN, "busy", f"oneDNN, timings not kept: {busy}")
+        plan_cache.store(key, timing.seconds)
+        return Decision(timing.seconds, routes_from(timing.seconds), "timed", self.stale or "")
+
+    def _key(self, layer: Linear) -> str:
+        return plan_cache.key(layer.shape, layer.weight.dtype, self.rows)
+
+    def _time(self, layer: Linear) -> Timing:
+        """time_shape, once more after RETRY_WAIT_S if the machine was busy."""
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                time.sleep(RETRY_WAIT_S)
+            timing = time_shape(layer, self.rows)
+            busy = timing.busy()
+            if not timing.seconds or busy is None:
+                break
+            if attempt + 1 < ATTEMPTS:
+                log.info("linear %dx%d: timed while the machine was busy (%s); timing again", *layer.shape, busy)
+        return timing
+
+
+def off(kept: dict[int, dict[str, float]], now: dict[int, dict[str, float]]) -> str | None:
+    """Why an idle timing `now` says the kept one is wrong, or None."""
+    if set(kept) != set(now):
+        return f"kept at M {sorted(kept)}, timed at {sorted(now)}"
+    routes = routes_from(kept)
+    for m, t in now.items():
+        for b, s in t.items():
+            was = kept[m].get(b)
+            if not was or max(was / s, s / was) > DRIFT:
+                return f"{b} at M={m}: kept {(was or 0) * 1e6:.0f} us, now {s * 1e6:.0f} us"
+        if backend_at(routes, m) == "mkl" and t["onednn"] <= t["mkl"]:
+            return f"MKL kept at M={m}, where oneDNN is now as fast"
+    return None
+
+
+def backend_at(routes: list[tuple[int | None, str]], rows: int) -> str:
+    return next(b for below, b in routes if below is None or rows < below)
+
+
+def routes_from(seconds: dict[int, dict[str, float]]) -> list[tuple[int | None, str]]:
+    """The faster backend per timed M, boundaries at the geometric midpoints, equal
+    neighbours merged; except that a shape which would mix backends goes to oneDNN at every M
+    when oneDNN is within MIXED_MARGIN of MKL wherever MKL is faster (a mixed layer holds its
+    weight twice, dense and packed: a win inside the timing noise is not worth that)."""
+    ms = sorted(seconds)
+    best = {m: "mkl" if seconds[m]["mkl"] * PREFER_MARGIN < seconds[m]["onednn"] else "onednn" for m in ms}
+    if len(set(best.values())) > 1 and all(
+            seconds[m]["onednn"] <= seconds[m]["mkl"] * MIXED_MARGIN for m in ms):
+        best = dict.fromkeys(ms, "onednn")
+    routes: list[tuple[int | None, str]] = []
+    for i, m in enumerate(ms):
+        below = math.ceil(math.sqrt(m * ms[i + 1])) if i + 1 < len(ms) else None
+        if routes and routes[-1][1] == best[m]:
+            routes[-1] = (below, best[m])
+        else:
+            routes.append((below, best[m]))
+    return routes

@@ -1,0 +1,115 @@
+"""Timing a linear layer's backends at the row counts a step uses (for pagedserve.executor.linear_backend).
+
+time_shape(layer, rows) -> Timing: {M: {backend: seconds per call}}, best of REPS alternated
+rounds, with how far the rounds spread and the share of the CPUs other work took meanwhile
+(pagedserve.executor.linear_idle: what makes a timing an idle one).
+A row count below COLD_BELOW (a decode of a few sequences) is timed with the layer's weight
+out of the cache, as a decode step meets it: between two uses of one layer the step streams
+every other weight of the model through the cache, and a model larger than the last-level
+cache finds none of it there. Before each such call a scratch buffer of twice that cache's
+size (at most MAX_SWEEP_BYTES) is read. Timed warm instead, MKL looked faster at one row on
+the gate/up weight, resident; cold it was 2.9x slower, and the decode step 1.4x
+(docs/benchmark-history.md, "Decode steps measured as they run", issue 25).
+Larger M are compute-bound and timed warm, several calls in a row.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pagedserve.executor.linear import Linear
+from pagedserve.executor.linear_idle import OtherWork, why_busy
+from pagedserve.wire.cpu_info import last_level_cache_bytes
+
+TIMED = ("mkl", "onednn")  # what "auto" chooses among (int8, int4 change the outputs: opt-in only)
+MAX_TIMED_FLOP = 2e9
+REPS = 3
+COLD_BELOW = 8
+COLD_CALLS = 5
+DEFAULT_LLC = 32 << 20  # when sysfs does not say
+MAX_SWEEP_BYTES = 512 << 20
+
+log = logging.getLogger("pagedserve.executor")
+
+
+@dataclass
+class Timing:
+    """Seconds per call by M and backend (empty: oneDNN failed here), the largest spread of
+    one backend's rounds at one M (slowest over fastest), and the share of this process's CPUs
+    other work took while it ran (None: unknown)."""
+
+    seconds: dict[int, dict[str, float]] = field(default_factory=dict)
+    spread: float = 1.0
+    others: float | None = None
+
+    def busy(self) -> str | None:
+        """Why this is not an idle timing, or None (pagedserve.executor.linear_idle.why_busy)."""
+        return why_busy(self.others, self.spread)
+
+
+class Sweep:
+    """Reads a buffer larger than the last-level cache, evicting whatever was there."""
+
+    def __init__(self):
+        llc = last_level_cache_bytes() or DEFAULT_LLC
+        self.buffer = torch.ones(min(2 * llc, MAX_SWEEP_BYTES) // 4)
+
+    def __call__(self) -> None:
+        self.buffer.sum()
+
+
+def _warm(layer: Linear, backend: str, x: torch.Tensor, calls: int) -> float:
+    t = time.perf_counter()
+    for _ in range(calls):
+        layer.run(backend, x)
+    return (time.perf_counter() - t) / calls
+
+
+def _cold(layer: Linear, backend: str, x: torch.Tensor, sweep: Sweep) -> float:
+    best = math.inf
+    for _ in range(COLD_CALLS):
+        sweep()
+        t = time.perf_counter()
+        layer.run(backend, x)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def time_shape(layer: Linear, rows: tuple[int, ...]) -> Timing:
+    """Each backend at each affordable M; no seconds when oneDNN fails here (logged)."""
+    n, k = layer.shape
+    layer.route([(None, "onednn")])
+    if layer.packed is None:
+        return Timing()
+    watch = OtherWork()
+    seconds: dict[int, dict[str, float]] = {}
+    spread = 1.0
+    g = torch.Generator().manual_seed(0)
+    sweep = Sweep() if any(m < COLD_BELOW for m in rows) else None
+    with torch.inference_mode():
+        for m in rows:
+            m = min(m, max(1, int(MAX_TIMED_FLOP // (2 * n * k))))
+            if m in seconds:
+                continue
+            flop = 2 * m * n * k
+            x = torch.randn(m, k, generator=g, dtype=layer.weight.dtype)
+            calls = max(1, min(20, int(5e7 / flop)))
+            rounds: dict[str, list[float]] = {b: [] for b in TIMED}
+            try:
+                for b in TIMED:
+                    layer.run(b, x)  # warm
+                for _ in range(REPS):
+                    for b in TIMED:
+                        rounds[b].append(_cold(layer, b, x, sweep) if m < COLD_BELOW
+                                         else _warm(layer, b, x, calls))
+            except Exception as e:  # noqa: BLE001  (oneDNN failed at this M: F.linear)
+                log.warning("linear %dx%d: oneDNN failed while timed at M=%d (%r); F.linear (mkl)",
+                            n, k, m, e)
+                return Timing()
+            seconds[m] = {b: min(r) for b, r in rounds.items()}
+            spread = max(spread, *(max(r) / max(min(r), 1e-9) for r in rounds.values()))
+    return Timing(seconds, spread, watch.share())

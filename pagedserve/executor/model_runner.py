@@ -1,0 +1,118 @@
+"""One step of the model over the shared KV pool: forward, then sampling."""
+from __future__ import annotations
+
+import torch
+
+from pagedserve.executor.attention_metadata import AttentionMetadata, check_seq
+from pagedserve.executor.cuda_graphs import DecodeGraphs
+from pagedserve.executor.device_wait import wait_for_device
+from pagedserve.executor.model_config import ModelConfig
+from pagedserve.executor.prompt_logprobs import PromptScoring, attach
+from pagedserve.executor.sampler import Sampler
+from pagedserve.executor.seq_screen import run_screened
+from pagedserve.kernels import copy_blocks
+from pagedserve.wire.protocol import SampleOutput, StepBatch
+
+
+class ModelRunner:
+    """Runs StepBatches on `model` with its KV in `kv_pool`.
+
+    kv_pool: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size] in the model's
+    dtype, allocated by memsvc. Each sequence's tokens are computed at positions
+    start_pos.., their K/V written to `slot_mapping` (slot = block * block_size + offset),
+    and attention reads the context through `block_table`. `holds_pool`: this process holds
+    the pool itself (a tensor-parallel rank on another node), so it applies each step's
+    block copies first (StepBatch.copies; memsvc copies the pools it holds).
+    """
+
+    def __init__(self, model: torch.nn.Module, config: ModelConfig, kv_pool: torch.Tensor,
+                 holds_pool: bool = False):
+        self.model = model
+        self.config = config
+        self.sampler = Sampler(config.eos_token_ids)
+        self.guided = None  # pagedserve.executor.logits_mask.GuidedDecoding: grammar masks (structured output)
+        self.kv_pool = None
+        self.attach_pool(kv_pool, holds_pool)
+
+    def attach_pool(self, kv_pool: torch.Tensor, holds_pool: bool = False) -> None:
+        c = self.config
+        expected = (c.num_layers, 2, None, c.num_kv_heads, c.head_dim)
+        shape = tuple(kv_pool.shape)
+        if len(shape) != 6 or any(e is not None and e != s for e, s in zip(expected, shape[1:])):
+            raise ValueError(
+                f"KV pool shape {list(shape)} does not fit the model: expected "
+                f"[num_blocks, {c.num_layers}, 2, block_size, {c.num_kv_heads}, {c.head_dim}]"
+            )
+        if kv_pool.dtype != self.model.dtype:
+            raise ValueError(f"KV pool dtype {kv_pool.dtype} differs from the model's {self.model.dtype}")
+        self.kv_pool, self.holds_pool = kv_pool, holds_pool
+        self.graphs = DecodeGraphs.for_pool(self.model, self.config, kv_pool)  # None on a CPU
+
+    @torch.inference_mode()
+    def _hidden(self, batch: StepBatch, checked: bool = False) -> tuple[torch.Tensor, AttentionMetadata]:
+        pool = self.kv_pool
+        if checked:  # every sequence passed _check already
+            meta = AttentionMetadata.from_batch(batch, pool.device)
+        else:
+            meta = AttentionMetadata.from_batch(batch, pool.device, self.config.vocab_size,
+                                                num_blocks=pool.shape[0], block_size=pool.shape[3])
+        if batch.copies:
+            self._copy(batch.copies)
+        if self.graphs is not None and self.graphs.eligible(meta):
+            return self.graphs.run(meta), meta
+        hidden = self.model(meta.input_ids, meta.positions, meta, self.kv_pool)
+        return hidden, meta
+
+    def _copy(self, copies: list[tuple[int, int]]) -> None:
+        """Checked on every rank, so that all reject a bad batch alike; applied where this
+        process holds its pool."""
+        num_blocks = self.kv_pool.shape[0]
+        if any(not (0 <= b < num_blocks) for pair in copies for b in pair):
+            raise ValueError(f"a block copy {copies} names a block outside the pool's {num_blocks}")
+        if self.holds_pool:
+            copy_blocks(self.kv_pool, self.kv_pool, [c[0] for c in copies], [c[1] for c in copies])
+
+    def _check(self, s) -> None:
+        """What one sequence must be to run: ValueError naming what is not."""
+        check_seq(s, self.config.vocab_size, self.kv_pool.shape[0], self.kv_pool.shape[3])
+        s.sampling.validate()
+
+    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+        """One SampleOutput per sequence that `reports` (samples, or scores prompt tokens:
+        pagedserve.executor.prompt_logprobs), in batch order. A sequence whose tokens, slots, blocks or
+        sampling parameters are out of range is left out of the pass and reports an error
+        instead (pagedserve.executor.seq_screen). Returns only once the step's writes to the pool are
+        done on the device (pagedserve.executor.device_wait)."""
+        if not batch.seqs:
+            raise ValueError("empty StepBatch")
+        return run_screened(batch, self._check, self._execute)
+
+    @torch.inference_mode()
+    def _execute(self, batch: StepBatch) -> list[SampleOutput]:
+        sampled = [s for s in batch.seqs if s.sample]
+        if self.guided is not None:
+            if batch.forget:
+                self.guided.forget(batch.forget)
+            self.guided.expect(batch.seqs)  # grammars compile from a sequence's first chunk on
+        scoring = PromptScoring.of(batch, self.config.vocab_size)
+        # grammar masks depend only on the tokens already known: computed during the forward pass
+        pending = self.guided.prepare(sampled) if self.guided is not None else None
+        hidden, meta = self._hidden(batch, checked=True)
+        outputs = []
+        if meta.sample_indices.numel():
+            logits = self.model.compute_logits(hidden[meta.sample_indices])
+            failed = self.guided.apply(logits, pending) if pending is not None else {}
+            outputs = self.sampler(logits, sampled)
+            for i, why in failed.items():
+                outputs[i] = SampleOutput(sampled[i].seq_id, -1, sampled=False, error=f"its grammar: {why}")
+        if scoring is None:
+            if not outputs:  # nothing was read back to the host, so nothing has waited yet
+                wait_for_device(self.kv_pool.device)
+            return outputs
+        return attach(batch, outputs, scoring.run(self.model, hidden))
+
+    @torch.inference_mode()
+    def logits(self, batch: StepBatch) -> torch.Tensor:
+        """float32 logits [T, vocab] of every token of the step, packed in batch order."""
+        hidden, _ = self._hidden(batch)
+        return self.model.compute_logits(hidden)

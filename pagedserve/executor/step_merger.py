@@ -1,0 +1,174 @@
+"""Merge Execute calls that arrive together into one forward pass, and launch the next pass
+while the last one still runs on the device.
+
+Several gateways may drive one executor. Each Execute call hands its StepBatch to
+`StepMerger.run`; passes are launched from one model thread, and batches that arrive while
+one runs queue up, and the next pass takes all of them at once: their sequences are
+concatenated into one StepBatch, and the outputs (one per sequence that `reports`, in batch
+order) are split back to the callers by position, so equal sequence ids from different
+gateways never mix. A pass that raises fails every call merged into it.
+
+A launch (`Launched`) hands back the pass's outputs and when the device will have finished
+it. An executor that computes on the CPU finishes inside the launch; one whose device runs
+behind the host (pagedserve.executor.simulated) finishes later, and while it runs the model thread
+launches the next pass that has come, so the device starts it the moment the last one ends
+(two passes in flight at most); a caller's answer is sent once its pass has ended.
+
+Gateways step in turn (each waits for its answer, then plans its next step), so without
+help each pass would hold one gateway's batch while the other's waits. Before a pass the
+merger therefore waits a little (at most `window` of the last pass's time, capped by
+`max_wait_s`, or until just before the running pass ends) for the callers that were active in the last
+second and have not sent their batch yet. With one caller it never waits.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable
+
+from pagedserve.wire.protocol import SampleOutput, StepBatch
+
+ACTIVE_S = 1.0  # a caller heard from within this long is expected at the next pass
+LAUNCH_MARGIN_S = 1e-3  # behind a running pass, stop gathering this long before it ends
+
+
+@dataclass
+class Launched:
+    """A launched pass: its outputs, the device seconds it takes, and when (time.monotonic)
+    the device will have finished it (0: finished already)."""
+    outputs: list[SampleOutput]
+    seconds: float = 0.0
+    ends_at: float = 0.0
+
+
+def launch_of(execute: Callable[[StepBatch], list[SampleOutput]]) -> Callable[[StepBatch], Launched]:
+    """A launch for an executor that computes inside `execute`: finished when it returns."""
+    def launch(batch: StepBatch) -> Launched:
+        start = time.perf_counter()
+        outputs = execute(batch)
+        return Launched(outputs, time.perf_counter() - start)
+
+    return launch
+
+
+class _Work:
+    __slots__ = ("batch", "done", "caller", "before", "after")
+
+    def __init__(self, batch, done, caller, before, after):
+        self.batch, self.done, self.caller, self.before, self.after = batch, done, caller, before, after
+
+
+class StepMerger:
+    """`launch` runs on one long-lived thread of the merger's (the model thread), which
+    also runs each call's `before()` just before its pass is launched (a raise fails that
+    call alone) and `after(outputs)` just after. `run` returns (outputs, device seconds)."""
+
+    def __init__(self, launch: Callable[[StepBatch], Launched],
+                 on_merged: Callable[[int], None] | None = None, window: float = 0.25,
+                 max_wait_s: float = 0.02):
+        self.launch = launch
+        self.on_merged = on_merged  # called with the number of calls a merged pass served
+        self.window = window
+        self.max_wait_s = max_wait_s
+        self._cond = threading.Condition()
+        self._queue: list[_Work] = []
+        self._last_seen: dict[str, float] = {}
+        self._last_pass_s = 0.0
+        self.num_passes = 0
+        self.num_merged = 0  # calls that shared a pass with another
+        self._thread: threading.Thread | None = None
+
+    def run(self, batch: StepBatch, caller: str = "", before: Callable[[], None] | None = None,
+            after: Callable[[list[SampleOutput]], None] | None = None) -> tuple[list[SampleOutput], float]:
+        done: Future = Future()
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="pagedserve-model", daemon=True)
+                self._thread.start()
+            self._queue.append(_Work(batch, done, caller, before, after))
+            self._last_seen[caller] = time.monotonic()
+            self._cond.notify_all()
+        return done.result()
+
+    def _loop(self) -> None:
+        running = None  # (works, Launched) of the pass on the device
+        while True:
+            with self._cond:
+                if running is None:
+                    self._cond.wait_for(lambda: self._queue)
+                    self._gather(min(self.window * self._last_pass_s, self.max_wait_s))
+                else:
+                    self._gather(running[1].ends_at - LAUNCH_MARGIN_S - time.monotonic())
+                    if not self._queue:
+                        self._cond.wait_for(lambda: self._queue, running[1].ends_at - time.monotonic())
+                work, self._queue = self._queue, []
+            launched = self._launch(work) if work else None
+            if running is not None:
+                self._finish(*running)
+            running = launched
+            if running is not None and running[1].ends_at <= time.monotonic():
+                self._finish(*running)
+                running = None
+
+    def _gather(self, wait_s: float) -> None:
+        """Wait up to `wait_s` for the active callers that have not queued a batch yet (lock held)."""
+        now = time.monotonic()
+        for caller in [c for c, t in self._last_seen.items() if now - t > ACTIVE_S]:
+            del self._last_seen[caller]
+
+        def all_in() -> bool:
+            return bool(self._queue) and {w.caller for w in self._queue} >= set(self._last_seen)
+
+        if wait_s > 0:
+            self._cond.wait_for(all_in, wait_s)
+
+    def _launch(self, work: list[_Work]) -> tuple[list[_Work], Launched] | None:
+        ready = []
+        for w in work:
+            try:
+                if w.before is not None:
+                    w.before()
+                ready.append(w)
+            except BaseException as e:
+                w.done.set_exception(e)
+        if not ready:
+            return None
+        merged = StepBatch([s for w in ready for s in w.batch.seqs],
+                           forget=[f for w in ready for f in w.batch.forget],
+                           copies=[c for w in ready for c in w.batch.copies])
+        try:
+            launched = self.launch(merged)
+        except BaseException as e:  # every caller of this pass gets the error
+            for w in ready:
+                w.done.set_exception(e)
+            return None
+        self._last_pass_s = launched.seconds
+        self.num_passes += 1
+        if len(ready) > 1:
+            self.num_merged += len(ready)
+            if self.on_merged is not None:
+                self.on_merged(len(ready))
+        at, finished = 0, []
+        for w in ready:
+            n = sum(1 for s in w.batch.seqs if s.reports)
+            mine = launched.outputs[at:at + n]
+            at += n
+            try:
+                if w.after is not None:
+                    w.after(mine)
+            except BaseException as e:
+                w.done.set_exception(e)
+                continue
+            finished.append((w, mine))
+        return finished, launched
+
+    @staticmethod
+    def _finish(finished: list, launched: Launched) -> None:
+        """Answer the pass's callers once the device has ended it."""
+        left = launched.ends_at - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+        for w, mine in finished:
+            w.done.set_result((mine, launched.seconds))

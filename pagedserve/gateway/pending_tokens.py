@@ -1,0 +1,42 @@
+"""The tokens memsvc holds as PENDING (pagedserve.wire.pending_token): slots a plan made ahead reserved
+for a token whose id the running step had not sampled yet. Their ids go to memsvc in a
+later plan's `fills`, once known, so it can key the blocks they complete for the prefix
+cache (docs/ARCHITECTURE.md, "The step path")."""
+from __future__ import annotations
+
+from pagedserve.gateway.sequence import Sequence
+
+
+class PendingTokens:
+    def __init__(self):
+        self.positions: dict[str, int] = {}  # seq id -> position memsvc holds as pending
+        self.planned: list[str] = []  # the sequences the last plan sent a PENDING token for
+
+    def hold(self, seq_id: str, position: int) -> None:
+        self.positions[seq_id] = position
+        self.planned.append(seq_id)
+
+    def drop(self, seq_id: str) -> None:
+        """memsvc no longer holds the sequence's blocks (preempted for recompute)."""
+        self.positions.pop(seq_id, None)
+
+    def deferred(self) -> None:
+        """memsvc did not grant the last plan: it holds none of its PENDING tokens."""
+        for seq_id in self.planned:
+            self.positions.pop(seq_id, None)
+        self.planned = []
+
+    def take_fills(self, seqs: dict[str, Sequence]) -> list[tuple[str, int, int]]:
+        """(seq_id, position, token_id) of the pending tokens whose ids are known now;
+        sequences gone since are skipped (memsvc frees them)."""
+        fills, later = [], {}
+        for seq_id, pos in self.positions.items():
+            seq = seqs.get(seq_id)
+            if seq is None:
+                continue
+            if pos < seq.num_tokens:
+                fills.append((seq_id, pos, seq.output_token_ids[pos - len(seq.prompt_token_ids)]))
+            else:
+                later[seq_id] = pos  # its step failed: the state is dropped or recomputed
+        self.positions, self.planned = later, []
+        return fills

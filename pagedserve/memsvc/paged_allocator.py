@@ -1,0 +1,421 @@
+"""Paged allocation: per-sequence block tables over a shared BlockPool.
+
+A sequence holds ceil(num_tokens / block_size) blocks and takes a new one only when its
+last block is full. Forks share blocks (ref count + 1); a write into a shared partial last
+block copies it first (copy-on-write). Full blocks are keyed for the prefix cache as they
+fill, and become hits only once the step that writes them is confirmed to have run
+(pagedserve.memsvc.unwritten_keys); a new sequence attaches the longest cached run of its prompt's full blocks, always
+leaving at least the last prompt token to compute. Sequences can be swapped out to a
+host SwapSpace and back; every copy is returned as (src, dst) pairs for the caller to do.
+
+With a sliding `window` (every layer's; KVGeometry.window), a step that computes positions
+from p on frees the sequence's blocks that lie wholly before p - window + 1: no query of
+this sequence will read them again. They are freed like any block (a prefix-cached one
+stays cached until evicted, so other prompts still match it); the table keeps a hole (sent
+as block 0, which the kernels never read for it), swap-out copies only the live blocks.
+
+With a host tier (`num_offload_blocks` > 0, pagedserve.memsvc.prefix_offload), evicted cached blocks
+are copied to host memory and a prefix walk continues there after the pool's hits; the
+copies are taken with `take_copies()` in the order decided.
+"""
+from __future__ import annotations
+
+from pagedserve.memsvc.accounting import PoolSnapshot, paged_snapshot
+from pagedserve.memsvc.admission import Admission, check_request, paged_admission
+from pagedserve.memsvc.allocator import AppendResult, Growth, KVAllocator
+from pagedserve.memsvc.block_pool import Block, BlockPool, IntegrityError, NoFreeBlocks
+from pagedserve.memsvc.block_table import BlockTable, blocks_for
+from pagedserve.memsvc.host_tier import HostEntry, HostTier
+from pagedserve.memsvc.prefix_cache import PrefixCacheStats, block_key, cacheable_blocks
+from pagedserve.memsvc.prefix_offload import PrefixOffload
+from pagedserve.memsvc.swap_space import SwapSpace
+from pagedserve.memsvc.unwritten_keys import UnwrittenKeys
+from pagedserve.wire.pending_token import PENDING
+
+
+class PagedAllocator(KVAllocator):
+    supports_swap = True
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        num_host_blocks: int = 0,
+        window: int | None = None,
+        num_offload_blocks: int = 0,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be positive, got {window}")
+        self.window = window
+        self.blocks_released = 0  # blocks freed for having left the window, in all
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self.swap_space = SwapSpace(num_host_blocks)
+        self.prefix_stats = PrefixCacheStats()
+        self.unwritten = UnwrittenKeys(self.pool)
+        self._seqs: dict[str, BlockTable] = {}
+        self.offload: PrefixOffload | None = None
+        if num_offload_blocks and enable_prefix_caching:
+            self.offload = PrefixOffload(self.pool, HostTier(num_offload_blocks), block_size)
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache (every prompt token of every add)."""
+        return self.prefix_stats.queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Prompt tokens found cached (what add_sequence returned, summed)."""
+        return self.prefix_stats.hits
+
+    # -- lookups -------------------------------------------------------------------------
+
+    def _get(self, seq_id: str, *, on_device: bool = True) -> BlockTable:
+        table = self._seqs.get(seq_id)
+        if table is None:
+            raise KeyError(f"unknown sequence {seq_id!r}")
+        if on_device and table.swapped:
+            raise ValueError(f"sequence {seq_id!r} is swapped out; swap it in first")
+        return table
+
+    def _cached_prefix(self, prompt: list[int], salt: str | None, *, count: bool = False
+                       ) -> tuple[list[Block | HostEntry], list[bytes]]:
+        """The longest run of cached full prompt blocks (never the block of the last token):
+        pool blocks, and past them host-tier entries where restoring is allowed (`count`:
+        the tier counts the lookups)."""
+        hits: list[Block | HostEntry] = []
+        keys: list[bytes] = []
+        if not self.enable_prefix_caching:
+            return hits, keys
+        tier = self.offload.tier if self.offload and self.offload.restore_allowed else None
+        bs, parent = self.block_size, None
+        for i in range(cacheable_blocks(len(prompt), bs)):
+            parent = block_key(parent, prompt[i * bs : (i + 1) * bs], salt)
+            hit = self.pool.lookup(parent)
+            if hit is None and tier is not None:
+                hit = tier.lookup(parent, salt) if count else tier.peek(parent, salt)
+            if hit is None:
+                break
+            hits.append(hit)
+            keys.append(parent)
+        return hits, keys
+
+    def take_copies(self) -> list[tuple[str, int, int]]:
+        return self.offload.take() if self.offload else []
+
+    def has_sequence(self, seq_id: str) -> bool:
+        return seq_id in self._seqs
+
+    def sequence_ids(self) -> list[str]:
+        return list(self._seqs)
+
+    def block_table(self, seq_id: str) -> list[int]:
+        return self._get(seq_id).block_ids
+
+    def table_changes(self, seq_id: str) -> tuple[int, list[int]]:
+        return self._table_changes(self._get(seq_id))
+
+    @staticmethod
+    def _table_changes(table: BlockTable) -> tuple[int, list[int]]:
+        start = table.synced
+        if start == len(table.blocks):
+            return start, []
+        table.synced = len(table.blocks)
+        return start, [0 if b is None else b.block_id for b in table.blocks[start:]]
+
+    def num_tokens(self, seq_id: str) -> int:
+        return self._get(seq_id, on_device=False).num_tokens
+
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    def is_swapped(self, seq_id: str) -> bool:
+        return self._get(seq_id, on_device=False).swapped
+
+    # -- admission and growth ------------------------------------------------------------
+
+    def admit(
+        self,
+        prompt_token_ids: list[int],
+        max_len: int,
+        salt: str | None = None,
+        *,
+        final_len: int | None = None,
+        use_cache: bool = True,
+    ) -> Admission:
+        cached, _ = self._cached_prefix(prompt_token_ids, salt) if use_cache else ([], [])
+        revived = sum(1 for b in cached if isinstance(b, Block) and b.ref_cnt == 0)  # leave the queue
+        restored = sum(1 for b in cached if not isinstance(b, Block))  # take fresh blocks
+        return paged_admission(
+            prompt_len=len(prompt_token_ids),
+            max_len=max_len,
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            cached_blocks=len(cached),
+            free_blocks=self.pool.num_free - revived - restored,
+        )
+
+    def add_sequence(
+        self,
+        seq_id: str,
+        prompt_token_ids: list[int],
+        *,
+        max_len: int,
+        final_len: int | None = None,
+        salt: str | None = None,
+        use_cache: bool = True,
+    ) -> int:
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id!r} is already registered")
+        check_request(len(prompt_token_ids), max_len)
+        table = BlockTable(seq_id, self.block_size, max_len, final_len, salt)
+        hits, keys = self._cached_prefix(prompt_token_ids, salt, count=True) if use_cache else ([], [])
+        cached = self._attach(hits, keys, salt)
+        table.blocks, table.block_keys = cached, keys[:len(cached)]
+        table.num_tokens, table.written = len(cached) * self.block_size, len(cached)
+        if self.enable_prefix_caching and use_cache:
+            self.prefix_stats.record(len(prompt_token_ids), table.num_tokens)
+        self._seqs[seq_id] = table
+        return table.num_tokens
+
+    def _attach(self, hits: list[Block | HostEntry], keys: list[bytes], salt: str | None) -> list[Block]:
+        """Take the pool hits, then fresh blocks for the host hits (restored; where the pool
+        cannot give them, the prefix ends at the first host hit)."""
+        pool_hits = [b for b in hits if isinstance(b, Block)]
+        self.pool.incref(pool_hits)  # a hit takes the block out of the free queue: it is in use
+        host = [i for i, b in enumerate(hits) if not isinstance(b, Block)]
+        if not host:
+            return pool_hits
+        host_keys = [keys[i] for i in host]
+        self.offload.tier.pin(host_keys)
+        try:
+            fresh = self.pool.allocate(len(host))
+        except NoFreeBlocks:
+            self.pool.free(reversed(pool_hits[host[0]:]))
+            return pool_hits[:host[0]]
+        finally:
+            self.offload.tier.unpin(host_keys)
+        self.offload.restore(host_keys, salt, fresh)
+        it = iter(fresh)
+        return [b if isinstance(b, Block) else next(it) for b in hits]
+
+    def _needs_cow(self, table: BlockTable, n: int) -> bool:
+        return n > 0 and table.num_tokens % self.block_size != 0 and table.blocks[-1].ref_cnt > 1
+
+    def needs_copy(self, seq_id: str, num_new_tokens: int) -> bool:
+        return self._needs_cow(self._get(seq_id), num_new_tokens)
+
+    def num_new_blocks(self, seq_id: str, num_new_tokens: int) -> int:
+        if num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        table = self._get(seq_id)
+        grow = blocks_for(table.num_tokens + num_new_tokens, self.block_size) - len(table.blocks)
+        return grow + int(self._needs_cow(table, num_new_tokens))
+
+    def growth_as_is(self, seq_id: str, num_new_tokens: int) -> int | None:
+        table = self._seqs.get(seq_id)
+        if table is None or table.swapped or self._needs_cow(table, num_new_tokens):
+            return None
+        return blocks_for(table.num_tokens + num_new_tokens, self.block_size) - len(table.blocks)
+
+    def _release_outside_window(self, table: BlockTable) -> None:
+        """Free the blocks wholly before the window of the next position to compute."""
+        if self.window is None:
+            return
+        first_needed = table.num_tokens - self.window + 1
+        upto = min(max(first_needed, 0) // self.block_size, len(table.blocks) - 1)
+        if upto <= table.released:
+            return
+        gone = table.blocks[table.released:upto]
+        table.blocks[table.released:upto] = [None] * len(gone)
+        table.released = upto
+        self.blocks_released += len(gone)
+        self.pool.free(gone)
+
+    def append(self, seq_id: str, new_token_ids: list[int]) -> AppendResult:
+        start = self._get(seq_id).num_tokens
+        copies = self.grow(seq_id, new_token_ids)
+        return AppendResult(self._seqs[seq_id].slots(start, len(new_token_ids)), copies)
+
+    def grow(self, seq_id: str, new_token_ids: list[int]) -> list[tuple[int, int]]:
+        table = self._get(seq_id)
+        self._release_outside_window(table)
+        n = len(new_token_ids)
+        cow = self._needs_cow(table, n)
+        needed = blocks_for(table.num_tokens + n, self.block_size) - len(table.blocks) + cow
+        if needed > self.pool.num_free:
+            raise NoFreeBlocks(
+                f"sequence {seq_id!r} needs {needed} blocks for {n} more tokens,"
+                f" {self.pool.num_free} free"
+            )
+        return self._extend(table, new_token_ids, needed, cow)
+
+    def grow_if_fits(self, seq_id: str, new_token_ids: list[int]) -> Growth | None:
+        """KVAllocator.grow_if_fits in one table lookup. The check counts the blocks free
+        before the window release, as `can_append` does (the release never changes what
+        the growth needs: it keeps the last block)."""
+        table = self._get(seq_id, on_device=False)
+        if table.swapped:
+            return None
+        num_tokens, n = table.num_tokens, len(new_token_ids)
+        cow = self._needs_cow(table, n)
+        needed = blocks_for(num_tokens + n, self.block_size) - len(table.blocks) + cow
+        if needed > self.pool.num_free:
+            return None
+        self._release_outside_window(table)
+        copies = self._extend(table, new_token_ids, needed, cow)
+        return (num_tokens, copies, *self._table_changes(table))
+
+    def _extend(self, table: BlockTable, new_token_ids: list[int], needed: int,
+                cow: bool) -> list[tuple[int, int]]:
+        """The act of `grow`, once the caller has checked that `needed` blocks are free."""
+        copies: list[tuple[int, int]] = []
+        if cow:
+            src = table.blocks[-1]
+            (dst,) = self.pool.allocate(1)
+            self.pool.free([src])  # still held by the other sharers
+            table.blocks[-1] = dst
+            table.synced = min(table.synced, len(table.blocks) - 1)
+            copies.append((src.block_id, dst.block_id))
+            needed -= 1
+        if needed:
+            table.blocks.extend(self.pool.allocate(needed))
+        table.num_tokens += len(new_token_ids)
+        if self.enable_prefix_caching:
+            table.tail_tokens.extend(new_token_ids)
+            if len(table.tail_tokens) >= self.block_size:
+                self._key_tail(table)
+        return copies
+
+    def _key_tail(self, table: BlockTable) -> None:
+        """Key the full blocks of the tail, up to the first one holding a PENDING token."""
+        bs = self.block_size
+        tail = table.tail_tokens
+        while len(tail) >= bs and PENDING not in tail[:bs]:
+            parent = table.block_keys[-1] if table.block_keys else None
+            key = block_key(parent, tail[:bs], table.salt)
+            self.unwritten.add(table, len(table.block_keys), key)
+            table.block_keys.append(key)
+            del tail[:bs]
+
+    def begin_act(self, stamp: int) -> None:
+        self.unwritten.stamp = stamp
+
+    def confirm_written(self, stamps: list[int]) -> None:
+        self.unwritten.confirm(stamps)
+
+    def drop_unwritten(self, stamps: list[int] = (), seq_ids: list[str] = ()) -> None:
+        self.unwritten.drop(stamps)
+        self.unwritten.drop_sequences(seq_ids)
+
+    def fill(self, seq_id: str, position: int, token_id: int) -> None:
+        if token_id < 0:
+            raise ValueError(f"token id must be >= 0, got {token_id}")
+        table = self._get(seq_id, on_device=False)
+        if not self.enable_prefix_caching:
+            return
+        bs, tail = self.block_size, table.tail_tokens
+        i = position - len(table.block_keys) * bs
+        if not 0 <= i < len(tail) or tail[i] != PENDING:
+            raise ValueError(f"sequence {seq_id!r} has no pending token at position {position}")
+        tail[i] = token_id
+        if i < bs <= len(tail) and not table.swapped:  # only then can a block become keyable
+            self._key_tail(table)
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        parent = self._get(parent_id)
+        if child_id in self._seqs:
+            raise ValueError(f"sequence {child_id!r} is already registered")
+        child = parent.fork(child_id)
+        self.pool.incref(child.live_blocks)
+        self._seqs[child_id] = child
+
+    def free(self, seq_id: str) -> None:
+        table = self._get(seq_id, on_device=False)
+        if table.swapped:
+            self.swap_space.free(table.host_blocks)
+        else:
+            self.pool.free(reversed(table.live_blocks))  # tail blocks become evictable first
+        del self._seqs[seq_id]
+
+    # -- swapping ------------------------------------------------------------------------
+
+    def can_swap_out(self, seq_id: str) -> bool:
+        table = self._get(seq_id, on_device=False)
+        return not table.swapped and len(table.live_blocks) <= self.swap_space.num_free
+
+    def swap_out(self, seq_id: str) -> list[tuple[int, int]]:
+        """Move the sequence to host blocks; returns (device_block, host_block) pairs to copy
+        before any later allocation reuses the device blocks. Shared blocks are copied too
+        (and stay with their other holders)."""
+        table = self._get(seq_id)
+        live = table.live_blocks
+        host = self.swap_space.allocate(len(live))
+        pairs = [(b.block_id, h) for b, h in zip(live, host)]
+        self.pool.free(reversed(live))
+        table.blocks, table.host_blocks, table.swapped = [], host, True
+        table.synced = 0
+        return pairs
+
+    def can_swap_in(self, seq_id: str) -> bool:
+        table = self._get(seq_id, on_device=False)
+        return table.swapped and len(table.host_blocks) <= self.pool.num_free
+
+    def swap_in(self, seq_id: str) -> list[tuple[int, int]]:
+        """Move the sequence back into fresh device blocks; returns (host_block,
+        device_block) pairs to copy before the sequence's next step."""
+        table = self._get(seq_id, on_device=False)
+        if not table.swapped:
+            raise ValueError(f"sequence {seq_id!r} is not swapped out")
+        device = self.pool.allocate(len(table.host_blocks))
+        pairs = [(h, b.block_id) for h, b in zip(table.host_blocks, device)]
+        self.swap_space.free(table.host_blocks)
+        table.blocks, table.host_blocks, table.swapped = [None] * table.released + device, [], False
+        table.synced = 0
+        for block, key in zip(device, table.block_keys[table.released:table.written]):
+            self.pool.cache(block, key, table.salt)  # no-op where the key is still cached elsewhere
+        if self.enable_prefix_caching:
+            self._key_tail(table)  # blocks completed by a fill while swapped out
+        return pairs
+
+    # -- measurement and checks ----------------------------------------------------------
+
+    def snapshot(self, next_request_blocks: int | None = None) -> PoolSnapshot:
+        """Paged has no external fragmentation, so `next_request_blocks` is ignored."""
+        free, cached, _ = self.pool.counts()
+        return paged_snapshot(
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            holders=[([None if b is None else b.block_id for b in t.blocks], t.num_tokens, t.final_len)
+                     for t in self._seqs.values() if not t.swapped],
+            blocks_free=free,
+            blocks_cached=cached,
+        )
+
+    def check_integrity(self) -> None:
+        self.pool.check()
+        holders: dict[int, list[str]] = {}
+        host_held: list[int] = []
+        for t in self._seqs.values():
+            t.check(keyed=self.enable_prefix_caching)
+            host_held.extend(t.host_blocks)
+            for b in t.live_blocks:
+                if self.pool.blocks[b.block_id] is not b:
+                    raise IntegrityError(f"sequence {t.seq_id!r} holds a foreign block {b.block_id}")
+                holders.setdefault(b.block_id, []).append(t.seq_id)
+        for block in self.pool.blocks:
+            names = holders.get(block.block_id, [])
+            if block.ref_cnt != len(names):
+                raise IntegrityError(
+                    f"block {block.block_id} has ref count {block.ref_cnt} but"
+                    f" {len(names)} block tables hold it {names}"
+                )
+        self.swap_space.check(host_held)
+        if self.offload is not None:
+            self.offload.tier.check()

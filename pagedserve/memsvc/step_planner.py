@@ -1,0 +1,241 @@
+"""Reserve: grant slots for one step in plan order, preempting from the tail when blocks run out."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagedserve.memsvc.allocator import KVAllocator, NoFreeBlocks
+from pagedserve.memsvc.block_table import blocks_for
+from pagedserve.memsvc.preemption_policy import PreemptionPolicy
+from pagedserve.wire.pending_token import PENDING
+from pagedserve.wire.protocol import (
+    Plan,
+    PlanEntry,
+    Preemption,
+    Rejection,
+    ReserveResult,
+)
+
+# pool -> pool, pool -> swap space, swap space -> pool, pool -> host tier, host tier -> pool
+COPY_KINDS = ("cow", "out", "in", "offload", "restore")
+
+
+def check_plan(plan: Plan) -> None:
+    """ValueError for what a plan made ahead may not do (fork), PENDING tokens elsewhere, and
+    running columns that do not agree."""
+    if plan.ahead and plan.forks:
+        raise ValueError("a plan made ahead cannot fork: send its forks once the step is done")
+    if len(plan.run_counts) != len(plan.run_ids) or sum(plan.run_counts) != len(plan.run_tokens):
+        raise ValueError("run_ids, run_counts and run_tokens do not agree")
+    if (not plan.ahead and PENDING in plan.run_tokens) or any(PENDING in e.token_ids for e in plan.entries):
+        raise ValueError("only running sequences of a plan made ahead may have a pending token "
+                         "(pagedserve.wire.pending_token.PENDING)")
+
+
+@dataclass
+class Reservation:
+    """`copies`: (kind, src, dst) block copies in the order decided; the caller performs
+    them in that order (a block freed by a swap-out may be the target of a later copy)."""
+
+    result: ReserveResult
+    copies: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+@dataclass
+class PreemptionCounts:
+    swapped_out: int = 0
+    swapped_in: int = 0
+    recomputed: int = 0
+    swap_fallbacks: int = 0
+
+
+class StepPlanner:
+    """Policy for one step; the allocator is the mechanism.
+
+    Plan order is priority order: running sequences, then swapped-out ones to resume, then
+    new ones. A running sequence is never refused for a later one: when it cannot grow,
+    the running sequence latest in the plan (lowest priority, latest arrival) is preempted,
+    possibly the one asking, by swap or recompute as the PreemptionPolicy chooses. Swapped
+    sequences come back in order before any new one is admitted; the first that does not
+    fit stops resumption and admission (no overtaking). Admission and resumption keep
+    `watermark_blocks` free while other sequences hold blocks, so a sequence let in is not
+    preempted at the next step.
+
+    A plan made ahead (`Plan.ahead`, the previous step still running) is granted only when
+    every running entry fits without a copy or a preemption (after its frees); otherwise
+    the answer is `deferred` and nothing but the frees happened.
+    """
+
+    def __init__(self, allocator: KVAllocator, policy: PreemptionPolicy | None = None,
+                 watermark_blocks: int = 0):
+        if watermark_blocks < 0:
+            raise ValueError(f"watermark_blocks must be >= 0, got {watermark_blocks}")
+        self.allocator = allocator
+        self.policy = policy or PreemptionPolicy("recompute")
+        self.watermark_blocks = watermark_blocks
+        self.counts = PreemptionCounts()
+        self.can_swap = allocator.supports_swap
+
+    def reserve(self, plan: Plan) -> Reservation:
+        alloc = self.allocator
+        check_plan(plan)
+        for parent, child in plan.forks:
+            alloc.fork(parent, child)
+        self.free(plan.free)
+        out = Reservation(ReserveResult())
+        ids, counts = plan.run_ids, plan.run_counts
+        if plan.ahead and not self._fits_as_is(zip(ids, counts)):
+            out.result.deferred = True
+            return out
+        preempted: set[str] = set()
+        admitting = True
+        grants, copies = out.result.grants, out.copies
+        grow, take_copies = alloc.grow_if_fits, alloc.take_copies
+        tier = getattr(alloc, "offload", None) is not None  # only a host tier's copies come unasked
+        granted, starts, granted_n = grants.seq_ids, grants.start_pos, grants.num_tokens
+        table_starts, num_new, new_blocks, cached = (grants.table_start, grants.num_new_blocks,
+                                                     grants.new_blocks, grants.num_cached)
+        tokens, at = plan.run_tokens, 0
+        for i, seq_id in enumerate(ids):
+            n = counts[i]
+            new_tokens = tokens[at:at + n]
+            at += n
+            if seq_id in preempted:
+                continue
+            grown = grow(seq_id, new_tokens)
+            if tier:
+                copies += take_copies()
+            if grown is None:  # swapped out, or short of blocks
+                if self._swapped(seq_id):
+                    admitting = admitting and self._resume(seq_id, new_tokens, out)
+                    continue
+                while not alloc.can_append(seq_id, n):
+                    victim = self._pick_victim(ids, i, preempted)
+                    self._preempt(victim, out, preempted)
+                    if victim == seq_id:
+                        break
+                if seq_id in preempted:
+                    continue
+                grown = grow(seq_id, new_tokens)
+                copies += take_copies()
+            start, cow, table_start, blocks = grown
+            if cow:
+                copies.extend(("cow", src, dst) for src, dst in cow)
+            granted.append(seq_id)  # (Grants.add, inline: this loop runs for every sequence)
+            starts.append(start)
+            granted_n.append(n)
+            table_starts.append(table_start)
+            num_new.append(len(blocks))
+            new_blocks += blocks
+            cached.append(0)
+        for entry in plan.entries:
+            if admitting:
+                admitting = self._admit(entry, out)
+            else:
+                out.result.waiting.append(entry.seq_id)
+        return out
+
+    def free(self, seq_ids: list[str]) -> None:
+        """Release the sequences' blocks (one memsvc no longer holds is skipped)."""
+        alloc = self.allocator
+        for seq_id in seq_ids:
+            if alloc.has_sequence(seq_id):
+                alloc.free(seq_id)
+
+    def _fits_as_is(self, growths) -> bool:
+        """Each (seq_id, new tokens) grows with no copy: held, not swapped out, no
+        copy-on-write; and all of them within the free blocks."""
+        alloc = self.allocator
+        need = 0
+        for seq_id, n in growths:
+            blocks = alloc.growth_as_is(seq_id, n)
+            if blocks is None:
+                return False
+            need += blocks
+        return need <= alloc.num_free_blocks()
+
+    def _swapped(self, seq_id: str) -> bool:
+        return self.can_swap and self.allocator.is_swapped(seq_id)
+
+    def _room(self, blocks: int) -> bool:
+        """`blocks` more fit, leaving the watermark free when other sequences hold blocks."""
+        alloc = self.allocator
+        free = alloc.num_free_blocks()
+        busy = free < alloc.num_blocks
+        return blocks + (self.watermark_blocks if busy else 0) <= free
+
+    def _admit(self, entry: PlanEntry, out: Reservation) -> bool:
+        """Try to start a new sequence; False means it (and everything after it) waits."""
+        alloc = self.allocator
+        admission = alloc.admit(entry.token_ids, entry.max_len, entry.salt, final_len=entry.final_len,
+                                use_cache=not entry.skip_prefix_cache)
+        if admission.kind == "never":
+            out.result.rejected.append(Rejection(entry.seq_id, admission.reason))
+            return True
+        if admission.kind == "wait":
+            out.result.waiting.append(entry.seq_id)
+            return False
+        busy = alloc.num_free_blocks() < alloc.num_blocks
+        try:
+            cached = alloc.add_sequence(
+                entry.seq_id, entry.token_ids, max_len=entry.max_len,
+                final_len=entry.final_len, salt=entry.salt, use_cache=not entry.skip_prefix_cache,
+            )
+        except NoFreeBlocks:
+            out.result.waiting.append(entry.seq_id)
+            return False
+        out.copies.extend(alloc.take_copies())  # restores of its prefix, after what they evicted
+        limit = entry.max_new_tokens or len(entry.token_ids)
+        chunk = entry.token_ids[cached : cached + limit]
+        watermark = self.watermark_blocks if busy else 0
+        if not chunk or alloc.num_new_blocks(entry.seq_id, len(chunk)) + watermark > alloc.num_free_blocks():
+            alloc.free(entry.seq_id)
+            out.result.waiting.append(entry.seq_id)
+            return False
+        self._grant(entry.seq_id, cached, chunk, cached, out)
+        return True
+
+    def _resume(self, seq_id: str, tokens: list[int], out: Reservation) -> bool:
+        """Swap a sequence back in and grant its tokens; False (nothing changed) if no room."""
+        alloc = self.allocator
+        start = alloc.num_tokens(seq_id)
+        if not self._room(blocks_for(start + len(tokens), alloc.block_size)):
+            return False
+        pairs = alloc.swap_in(seq_id)
+        out.copies.extend(alloc.take_copies())  # offloads of blocks the swap-in evicted first
+        out.copies.extend(("in", src, dst) for src, dst in pairs)
+        self.counts.swapped_in += 1
+        out.result.resumed.append(seq_id)
+        self._grant(seq_id, start, tokens, 0, out)
+        return True
+
+    def _grant(self, seq_id: str, start: int, tokens: list[int], cached: int, out: Reservation) -> None:
+        alloc = self.allocator
+        cow = alloc.grow(seq_id, tokens)
+        out.copies.extend(alloc.take_copies())
+        if cow:
+            out.copies.extend(("cow", src, dst) for src, dst in cow)
+        out.result.grants.add(seq_id, start, len(tokens), *alloc.table_changes(seq_id), cached)
+
+    def _pick_victim(self, ids: list[str], current: int, preempted: set[str]) -> str:
+        """The running sequence latest in the plan after `current`, not preempted nor
+        swapped out; else the one at `current`."""
+        for seq_id in reversed(ids[current + 1:]):
+            if seq_id not in preempted and not self._swapped(seq_id):
+                return seq_id
+        return ids[current]
+
+    def _preempt(self, seq_id: str, out: Reservation, preempted: set[str]) -> None:
+        alloc = self.allocator
+        preempted.add(seq_id)
+        if self.can_swap:
+            blocks = len(alloc.block_table(seq_id))
+            choice = self.policy.choose(blocks, alloc.num_tokens(seq_id), alloc.can_swap_out(seq_id))
+            self.counts.swap_fallbacks += choice.fallback
+            if choice.mode == "swap":
+                out.copies.extend(("out", src, dst) for src, dst in alloc.swap_out(seq_id))
+                self.counts.swapped_out += 1
+                out.result.preempted.append(Preemption(seq_id, "swap"))
+                return
+        alloc.free(seq_id)
+        self.counts.recomputed += 1
+        out.result.preempted.append(Preemption(seq_id, "recompute"))
