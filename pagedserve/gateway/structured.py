@@ -137,14 +137,7 @@ def _structured_outputs(so) -> list[tuple[str, str, str]]:
 def _spec(kind: str, value, param: str) -> str:
     """The spec text of one constraint as a request gives it."""
     if kind == "json_schema":
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError:
-                raise GuidedError(f"{param} must be a JSON schema", param) from None
-        if not isinstance(value, dict):
-            raise GuidedError(f"{param} must be a JSON schema object", param)
-        return json.dumps(value)
+        return json.dumps(_json_object(value, param, "a JSON schema"))
     if kind == "choice":
         return json.dumps(value)
     if kind == "structural_tag":
@@ -154,16 +147,22 @@ def _spec(kind: str, value, param: str) -> str:
     return value
 
 
-def structural_tag(value, param: str) -> str:
-    """A structural tag as xgrammar's JSON: given so ({"format": ...}), or rewritten from vLLM's
-    older form ({"structures": [{"begin", "schema", "end"}], "triggers": [...]})."""
+def _json_object(value, param: str, what: str) -> dict:
+    """`value` as a JSON object, given as one or as its text."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError:
-            raise GuidedError(f"{param} must be a structural tag (JSON)", param) from None
+            raise GuidedError(f"{param} must be {what} (JSON)", param) from None
     if not isinstance(value, dict):
-        raise GuidedError(f"{param} must be a structural tag object", param)
+        raise GuidedError(f"{param} must be {what} object", param)
+    return value
+
+
+def structural_tag(value, param: str) -> str:
+    """A structural tag as xgrammar's JSON: given so ({"format": ...}), or rewritten from vLLM's
+    older form ({"structures": [{"begin", "schema", "end"}], "triggers": [...]})."""
+    value = _json_object(value, param, "a structural tag")
     if "format" in value:
         return json.dumps({"type": "structural_tag", "format": value["format"]})
     structures, triggers = value.get("structures"), value.get("triggers")
