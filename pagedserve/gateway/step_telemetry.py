@@ -88,7 +88,8 @@ class ObservedMemory(MemoryClient):
                     })
             for mode in modes:
                 self.telemetry.metrics.preemptions.labels(mode).inc()
-            self.telemetry.scheduled(map(request_of, result.grants.seq_ids), time.monotonic())
+            if plan.entries:  # only a new entry can be scheduled for the first time
+                self.telemetry.scheduled(map(request_of, result.grants.seq_ids), time.monotonic())
             return result
         return Sent(result)
 
