@@ -30,17 +30,15 @@ def prefill_logits(model, config, ids: list[int], block_size: int = 16):
     import torch
 
     from pagedserve.executor.model_runner import ModelRunner
-    from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
+    from pagedserve.step.whole_seqs import Seq, batch_of
 
     blocks = -(-len(ids) // block_size)
     pool = torch.zeros(blocks, config.num_layers, 2, block_size, config.num_kv_heads,
                        config.head_dim, dtype=model.dtype)
     runner = ModelRunner(model, config, pool)
-    step = SeqStep(seq_id="s", token_ids=list(ids), start_pos=0, slot_mapping=list(range(len(ids))),
-                   block_table=list(range(blocks)), sample=True,
-                   sampling=SamplingParams(temperature=0.0), seed=0)
+    batch = batch_of([Seq("s", list(ids), 0, list(range(blocks)))], block_size)
     with torch.inference_mode():
-        return runner.logits(StepBatch([step]))
+        return runner.logits(batch)
 
 
 def greedy(engine, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:

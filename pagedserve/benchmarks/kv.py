@@ -49,8 +49,8 @@ class _InstantExecutor:
         return self.info
 
     def execute(self, batch):
-        self.tokens_computed += sum(len(s.token_ids) for s in batch.seqs)
-        return [SampleOutput(s.seq_id, 1) for s in batch.seqs if s.sample]
+        self.tokens_computed += len(batch.token_ids)
+        return [SampleOutput(batch.seq_ids[i], 1) for i in batch.sample.nonzero()[0].tolist()]
 
 
 class _Chats:

@@ -77,7 +77,7 @@ def run_chats(engine, args) -> dict:
     execute = engine.executor.execute
 
     def counting(batch):
-        computed["tokens"] += sum(len(s.token_ids) for s in batch.seqs)
+        computed["tokens"] += len(batch.token_ids)
         return execute(batch)
 
     engine.executor.execute = counting

@@ -67,7 +67,7 @@ class _InstantExecutor:
     def execute(self, batch):
         from pagedserve.wire.protocol import SampleOutput
 
-        return [SampleOutput(s.seq_id, self.rng.randrange(32000)) for s in batch.seqs if s.sample]
+        return [SampleOutput(batch.seq_ids[i], self.rng.randrange(32000)) for i in batch.sample.nonzero()[0].tolist()]
 
 
 def text_corpus(tokenizer) -> list[int]:

@@ -15,16 +15,16 @@ Contract (what the rest of pagedserve may rely on):
   tokenizer directory and the KVGeometry the pool must have.
 - `attach_pool(pool)`: the pool is block-major `[num_blocks, num_layers, 2, block_size,
   num_kv_heads, head_size]` in the model dtype, owned by memsvc. May be called again.
-- `execute(StepBatch) -> list[SampleOutput]`: for each SeqStep, the K/V of `token_ids`
-  (positions start_pos..) are written to `slot_mapping`, attention reads the context through
-  `block_table`, and each sequence with sample=True gets one token, in batch order. Sampling
+- `execute(StepBatch) -> list[SampleOutput]` (pagedserve.step.step_batch): for each sequence,
+  the K/V of its tokens (positions start_pos..) are written to its slots, attention reads the
+  context through its block table, and each sequence with sample=True gets one token, in batch order. Sampling
   randomness depends only on (seed, position of the new token); see pagedserve.executor.sampler for
   the order of penalties, temperature and truncation and what logprobs mean. Stop rules
   (EOS, stop ids, ignore_eos) belong to the gateway; nothing is masked here. A sequence
   whose sampling asks for prompt_logprobs also gets, for the prompt positions of its step,
   the logprob, rank and top k of each next prompt token (pagedserve.executor.prompt_logprobs): on its
   sampled output, or on an output with `sampled=False` for a prompt chunk that samples
-  nothing; the outputs are those of the sequences that `report` (SeqStep.reports).
+  nothing; the outputs are those of the sequences that `report` (StepBatch.reports).
 """
 from pagedserve.executor.errors import ModelLoadError
 from pagedserve.executor.executor import Executor

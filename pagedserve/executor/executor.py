@@ -15,7 +15,8 @@ from pagedserve.executor.model_runner import ModelRunner
 from pagedserve.executor.sharding import ShardPlan
 from pagedserve.executor import tensor_parallel, tp_pools
 from pagedserve.executor.weights import parse_dtype
-from pagedserve.wire.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
+from pagedserve.step.step_batch import StepBatch
+from pagedserve.wire.protocol import KVGeometry, ModelInfo, SampleOutput
 
 
 class Executor:
@@ -115,7 +116,7 @@ class Executor:
 
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         """Run one step: one SampleOutput per sequence that reports (samples, or returns
-        prompt logprobs: SeqStep.reports), in batch order."""
+        prompt logprobs: StepBatch.reports), in batch order."""
         if self.runner is None:
             raise RuntimeError("no KV pool attached: call attach_pool first")
         if self.leader is not None:

@@ -2,13 +2,15 @@
 sampling (xgrammar; see BENCHMARKS.md for why this engine).
 
 Contract:
-- `GuidedDecoding(tokenizer_dir, vocab_size, stop_token_ids)`; `prepare(seqs)` starts
-  computing the masks of the sampled sequences whose SamplingParams carry a grammar
+- `GuidedDecoding(tokenizer_dir, vocab_size, stop_token_ids)`; `prepare(batch, rows)`
+  starts computing the masks of the sampled rows whose SamplingParams carry a grammar
   (`guided_kind`), on a worker thread, so that it overlaps the forward pass; `apply(logits,
   pending)` waits for them and sets every token the grammar does not allow to -inf in place
-  (rows in `seqs` order; rows without a grammar untouched). Call both from one thread.
-- A sequence's grammar state is a function of its output tokens only (SeqStep
-  .output_token_ids, sent because SamplingParams.uses_penalties is true with a grammar).
+  (logits row k is batch row rows[k]; rows without a grammar untouched). Call both from one
+  thread.
+- A sequence's grammar state is a function of its output tokens only (StepBatch.output_of:
+  the running set keeps the token history, as SamplingParams.uses_penalties is true with a
+  grammar).
   Matchers are cached per sequence id and advanced by the new tokens; when the cached
   matcher's tokens are not a prefix of the outputs (preemption with recompute, a fork's
   first step, a beam that took a sibling's continuation, another gateway reusing an id) it
@@ -17,8 +19,8 @@ Contract:
 - Once the grammar is complete only the stop tokens (EOS) are allowed. A token the grammar
   refused (impossible through this mask, unless the request changed its grammar) leaves the
   sequence unconstrained rather than failing the step.
-- Grammars compile off the step: `expect(seqs)` (the model runner calls it with every
-  sequence of a step, the executor service as soon as a step arrives) starts compiling each
+- Grammars compile off the step: `expect(batch)` (the model runner calls it with every
+  step, the executor service as soon as a step arrives) starts compiling each
   grammar not compiled yet on a compile thread (pagedserve.executor.grammar_cache), so that it
   compiles while the sequence's prompt does; only the mask of a sequence whose grammar is
   still compiling waits for it, on the mask thread. Compiled grammars are kept within
@@ -44,7 +46,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from pagedserve.executor.grammar_cache import GRAMMAR_CACHE_BYTES, GrammarCache, choice_grammar, compile_grammar  # noqa: F401
-from pagedserve.wire.protocol import SeqStep
+import numpy as np
+
+from pagedserve.step.step_batch import FLAG_GUIDED, StepBatch
 
 MAX_MATCHERS = 4096
 CLOSE_WITHIN = 64  # tokens left to max_tokens from which a guided output is steered to close
@@ -143,23 +147,22 @@ class GuidedDecoding:
                 self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # cached here, bounded
             return self._compiler
 
-    def expect(self, seqs: list[SeqStep]) -> None:
-        """Start compiling the grammars of `seqs` that are neither compiled nor compiling."""
-        for s in seqs:
-            if s.sampling.guided:
-                self.grammars.start(s.sampling.guided_kind, s.sampling.guided_spec)
+    def expect(self, batch: StepBatch) -> None:
+        """Start compiling the grammars of the batch's sequences that are neither compiled nor
+        compiling."""
+        for i in np.flatnonzero(batch.flags & FLAG_GUIDED):
+            sp = batch.held[i].sampling
+            self.grammars.start(sp.guided_kind, sp.guided_spec)
 
     def grammar(self, kind: str, spec: str):
         """The compiled grammar of (kind, spec), waiting for its compile; ValueError if invalid."""
         return self.grammars.compiled(kind, spec).result()
 
     # -- per sequence ------------------------------------------------------------------------------
-    def _matcher(self, s: SeqStep) -> _Matcher:
+    def _matcher(self, seq_id: str, sp, outputs: list[int]) -> _Matcher:
         import xgrammar as xgr
 
-        sp = s.sampling
-        key = f"{s.seq_id}\0{sp.guided_kind}\0{hash(sp.guided_spec)}"
-        outputs = s.output_token_ids
+        key = f"{seq_id}\0{sp.guided_kind}\0{hash(sp.guided_spec)}"
         m = self._matchers.get(key)
         if m is not None:
             n = len(m.tokens)
@@ -180,23 +183,24 @@ class GuidedDecoding:
                 m.scan(self._pieces[t])
         return m
 
-    def _masks(self, seqs: list[SeqStep]):
+    def _masks(self, batch: StepBatch, rows: np.ndarray):
+        """Masks for the batch's `rows` (mask row k for batch row rows[k])."""
         import xgrammar as xgr
 
-        rows = [i for i, s in enumerate(seqs) if s.sampling.guided]
-        bitmask = xgr.allocate_token_bitmask(len(seqs), self.vocab_size)
+        bitmask = xgr.allocate_token_bitmask(len(rows), self.vocab_size)
         masked, failed = [], {}
-        for i in rows:
+        for i in np.flatnonzero(batch.flags[rows] & FLAG_GUIDED).tolist():
+            row = int(rows[i])
+            sp, outputs = batch.held[row].sampling, batch.output_of(row)
             try:
-                m = self._matcher(seqs[i])
+                m = self._matcher(batch.seq_ids[row], sp, outputs)
             except ValueError as e:  # its grammar does not compile here: that sequence fails alone
                 failed[i] = str(e)
                 continue
             if m.broken or m.matcher.is_terminated():  # finishing: the stop token is in
                 continue
             m.matcher.fill_next_token_bitmask(bitmask, i)
-            sp = seqs[i].sampling
-            left = sp.max_tokens - len(seqs[i].output_token_ids)
+            left = sp.max_tokens - len(outputs)
             if left <= close_window(sp.max_tokens, m.depth) and not m.escaped:
                 closing = bitmask[i] & self._closing[m.in_string]
                 if bool(closing.any()):
@@ -204,17 +208,17 @@ class GuidedDecoding:
             masked.append(i)
         return bitmask, masked, failed
 
-    def prepare(self, seqs: list[SeqStep]) -> Future | None:
-        """Start computing the masks of `seqs` (the sampled ones, in order); None if none is
-        guided."""
-        if not any(s.sampling.guided for s in seqs):
+    def prepare(self, batch: StepBatch, rows: np.ndarray) -> Future | None:
+        """Start computing the masks of the batch's `rows` (the sampled ones, in order; mask
+        row k for rows[k]); None if none is guided."""
+        if not (batch.flags[rows] & FLAG_GUIDED).any():
             return None
-        self.expect(seqs)
-        return self._pool.submit(self._guarded_masks, seqs)
+        self.expect(batch)
+        return self._pool.submit(self._guarded_masks, batch, rows)
 
-    def _guarded_masks(self, seqs):
+    def _guarded_masks(self, batch, rows):
         with self._lock:
-            return self._masks(seqs)
+            return self._masks(batch, rows)
 
     def apply(self, logits: torch.Tensor, pending: Future | None) -> dict[int, str]:
         """Disallowed tokens of the guided rows of `logits` [S, vocab] to -inf, in place;
@@ -248,13 +252,13 @@ class GuidedSampler:
         self.mask_seconds = 0.0  # spent computing and applying masks (steps with a grammar)
         self.mask_steps = 0
 
-    def __call__(self, logits: torch.Tensor, seqs: list[SeqStep]):
+    def __call__(self, logits: torch.Tensor, batch: StepBatch, rows: np.ndarray):
         import time
 
         start = time.perf_counter()
-        pending = self.guided.prepare(seqs)
+        pending = self.guided.prepare(batch, rows)
         if pending is not None:
             self.guided.apply(logits, pending)
             self.mask_seconds += time.perf_counter() - start
             self.mask_steps += 1
-        return self.inner(logits, seqs)
+        return self.inner(logits, batch, rows)

@@ -1,26 +1,28 @@
 """One step of the model over the shared KV pool: forward, then sampling."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from pagedserve.executor.attention_metadata import AttentionMetadata, check_seq
+from pagedserve.executor.attention_metadata import AttentionMetadata
 from pagedserve.executor.cuda_graphs import DecodeGraphs
 from pagedserve.executor.device_wait import wait_for_device
 from pagedserve.executor.model_config import ModelConfig
 from pagedserve.executor.prompt_logprobs import PromptScoring, attach
 from pagedserve.executor.sampler import Sampler
-from pagedserve.executor.seq_screen import run_screened
+from pagedserve.executor.seq_screen import run_screened, screen
 from pagedserve.kernels import copy_blocks
-from pagedserve.wire.protocol import SampleOutput, StepBatch
+from pagedserve.step.step_batch import StepBatch
+from pagedserve.wire.protocol import SampleOutput
 
 
 class ModelRunner:
-    """Runs StepBatches on `model` with its KV in `kv_pool`.
+    """Runs StepBatches (pagedserve.step.step_batch) on `model` with its KV in `kv_pool`.
 
     kv_pool: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size] in the model's
     dtype, allocated by memsvc. Each sequence's tokens are computed at positions
     start_pos.., their K/V written to `slot_mapping` (slot = block * block_size + offset),
-    and attention reads the context through `block_table`. `holds_pool`: this process holds
+    and attention reads the context through its row of `block_tables`. `holds_pool`: this process holds
     the pool itself (a tensor-parallel rank on another node), so it applies each step's
     block copies first (StepBatch.copies; memsvc copies the pools it holds).
     """
@@ -51,11 +53,12 @@ class ModelRunner:
     @torch.inference_mode()
     def _hidden(self, batch: StepBatch, checked: bool = False) -> tuple[torch.Tensor, AttentionMetadata]:
         pool = self.kv_pool
-        if checked:  # every sequence passed _check already
-            meta = AttentionMetadata.from_batch(batch, pool.device)
-        else:
-            meta = AttentionMetadata.from_batch(batch, pool.device, self.config.vocab_size,
-                                                num_blocks=pool.shape[0], block_size=pool.shape[3])
+        if not checked:
+            self._check(batch)
+            if batch.errors:
+                i = min(batch.errors)
+                raise ValueError(batch.errors[i].split(": ", 1)[1])
+        meta = AttentionMetadata.from_batch(batch, pool.device)
         if batch.copies:
             self._copy(batch.copies)
         if self.graphs is not None and self.graphs.eligible(meta):
@@ -72,10 +75,9 @@ class ModelRunner:
         if self.holds_pool:
             copy_blocks(self.kv_pool, self.kv_pool, [c[0] for c in copies], [c[1] for c in copies])
 
-    def _check(self, s) -> None:
-        """What one sequence must be to run: ValueError naming what is not."""
-        check_seq(s, self.config.vocab_size, self.kv_pool.shape[0], self.kv_pool.shape[3])
-        s.sampling.validate()
+    def _check(self, batch: StepBatch) -> None:
+        """What each sequence must be to run: batch.errors names each one that is not."""
+        screen(batch, self.config.vocab_size, self.kv_pool.shape[0], self.kv_pool.shape[3])
 
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         """One SampleOutput per sequence that `reports` (samples, or scores prompt tokens:
@@ -83,28 +85,28 @@ class ModelRunner:
         sampling parameters are out of range is left out of the pass and reports an error
         instead (pagedserve.executor.seq_screen). Returns only once the step's writes to the pool are
         done on the device (pagedserve.executor.device_wait)."""
-        if not batch.seqs:
+        if not batch.num_seqs:
             raise ValueError("empty StepBatch")
         return run_screened(batch, self._check, self._execute)
 
     @torch.inference_mode()
     def _execute(self, batch: StepBatch) -> list[SampleOutput]:
-        sampled = [s for s in batch.seqs if s.sample]
+        sampled = np.flatnonzero(batch.sample)
         if self.guided is not None:
             if batch.forget:
                 self.guided.forget(batch.forget)
-            self.guided.expect(batch.seqs)  # grammars compile from a sequence's first chunk on
+            self.guided.expect(batch)  # grammars compile from a sequence's first chunk on
         scoring = PromptScoring.of(batch, self.config.vocab_size)
         # grammar masks depend only on the tokens already known: computed during the forward pass
-        pending = self.guided.prepare(sampled) if self.guided is not None else None
+        pending = self.guided.prepare(batch, sampled) if self.guided is not None else None
         hidden, meta = self._hidden(batch, checked=True)
         outputs = []
         if meta.sample_indices.numel():
             logits = self.model.compute_logits(hidden[meta.sample_indices])
             failed = self.guided.apply(logits, pending) if pending is not None else {}
-            outputs = self.sampler(logits, sampled)
-            for i, why in failed.items():
-                outputs[i] = SampleOutput(sampled[i].seq_id, -1, sampled=False, error=f"its grammar: {why}")
+            outputs = self.sampler(logits, batch, sampled)
+            for k, why in failed.items():
+                outputs[k] = SampleOutput(batch.seq_ids[sampled[k]], -1, sampled=False, error=f"its grammar: {why}")
         if scoring is None:
             if not outputs:  # nothing was read back to the host, so nothing has waited yet
                 wait_for_device(self.kv_pool.device)

@@ -1,19 +1,22 @@
 """Prompt logprobs: the model's log-probability of each prompt token given the tokens before it.
 
-A SeqStep whose sampling asks for prompt_logprobs scores its prompt_logprob_positions: the
+A sequence whose sampling asks for prompt_logprobs scores its prompt_logprob_positions: the
 LM head runs on the hidden state of each such position (other sequences keep the
 last-position-only path), and position p gives prompt token p + 1 its logprob under the
 raw model distribution (log-softmax of the logits; no penalty, temperature or truncation),
 its rank (1 + the number of more likely tokens) and the top k (k = prompt_logprobs). The
 next token of a chunk's last position is the next chunk's first one, read from the whole
-prompt the step carries (SeqStep.prompt_token_ids). Rows go through the LM head in slices of
+prompt the running set holds for it (StepBatch.prompt_of). Rows go through the LM head in slices of
 ROWS, so a long prefill chunk never holds all its logits at once.
 """
 from __future__ import annotations
 
 import torch
 
-from pagedserve.wire.protocol import PromptLogprob, SampleOutput, StepBatch
+import numpy as np
+
+from pagedserve.step.step_batch import FLAG_PROMPT_LOGPROBS, StepBatch
+from pagedserve.wire.protocol import PromptLogprob, SampleOutput
 
 ROWS = 256
 
@@ -30,19 +33,17 @@ class PromptScoring:
     @classmethod
     def of(cls, batch: StepBatch, vocab_size: int | None = None) -> "PromptScoring | None":
         scoring = None
-        offset = 0
-        for i, s in enumerate(batch.seqs):
-            positions = s.prompt_logprob_positions()
+        for i in np.flatnonzero(batch.flags & FLAG_PROMPT_LOGPROBS).tolist():
+            positions = batch.prompt_logprob_positions(i)
             if positions:
                 scoring = scoring or cls()
-                targets = s.prompt_token_ids[positions.start + 1:positions.stop + 1]
+                targets = batch.prompt_of(i)[positions.start + 1:positions.stop + 1]
                 if vocab_size is not None and not 0 <= min(targets) <= max(targets) < vocab_size:
-                    raise ValueError(f"sequence {s.seq_id}: prompt token ids must be in [0, {vocab_size})")
-                first = offset + positions.start - s.start_pos
+                    raise ValueError(f"sequence {batch.seq_ids[i]}: prompt token ids must be in [0, {vocab_size})")
+                first = int(batch.starts[i]) + positions.start - int(batch.start_pos[i])
                 scoring.rows.extend(range(first, first + len(positions)))
                 scoring.targets.extend(targets)
-                scoring.seqs.append((i, len(positions), s.sampling.prompt_logprobs))
-            offset += len(s.token_ids)
+                scoring.seqs.append((i, len(positions), batch.held[i].sampling.prompt_logprobs))
         return scoring
 
     def run(self, model, hidden: torch.Tensor) -> dict[int, list[PromptLogprob]]:
@@ -85,13 +86,13 @@ def attach(batch: StepBatch, sampled: list[SampleOutput], scores: dict[int, list
     sequence with sample set, in order) with their prompt logprobs, and prompt-only ones."""
     out = []
     it = iter(sampled)
-    for i, s in enumerate(batch.seqs):
+    for i, sample in enumerate(batch.sample.tolist()):
         entries = scores.get(i)
-        if s.sample:
+        if sample:
             o = next(it)
             if entries:
                 o.prompt_logprobs = entries
             out.append(o)
         elif entries:
-            out.append(SampleOutput(s.seq_id, -1, sampled=False, prompt_logprobs=entries))
+            out.append(SampleOutput(batch.seq_ids[i], -1, sampled=False, prompt_logprobs=entries))
     return out

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from pagedserve.wire.protocol import SampleOutput, SeqStep
+import numpy as np
+
+from pagedserve.step.step_batch import FLAG_PLAIN, StepBatch
+from pagedserve.wire.protocol import SampleOutput
 
 _MASK64 = (1 << 64) - 1
 
@@ -39,13 +42,13 @@ def mix_seed(seed: int, position: int) -> int:
     return (x ^ (x >> 31)) >> 1
 
 
-def apply_logit_bias(logits: torch.Tensor, seqs: list[SeqStep]) -> None:
+def apply_logit_bias(logits: torch.Tensor, params: list) -> None:
     """In place, for the rows whose sampling params carry a logit_bias: one scatter for the
     batch (no wait on the device)."""
     vocab = logits.shape[-1]
     rows, cols, values = [], [], []
-    for i, s in enumerate(seqs):
-        for t, v in s.sampling.logit_bias.items():
+    for i, sp in enumerate(params):
+        for t, v in sp.logit_bias.items():
             if 0 <= t < vocab:
                 rows.append(i)
                 cols.append(t)
@@ -56,14 +59,15 @@ def apply_logit_bias(logits: torch.Tensor, seqs: list[SeqStep]) -> None:
                           torch.tensor(values, dtype=logits.dtype, device=dev), accumulate=True)
 
 
-def apply_min_tokens(logits: torch.Tensor, seqs: list[SeqStep], eos_token_ids) -> None:
+def apply_min_tokens(logits: torch.Tensor, params: list, outputs: list[list[int]], eos_token_ids) -> None:
     """In place: the stop tokens of the rows still short of their min_tokens to -inf, except
-    in a row where nothing else is allowed; for the batch at once (no wait on the device)."""
+    in a row where nothing else is allowed; for the batch at once (no wait on the device).
+    `outputs`: each row's output tokens so far."""
     vocab = logits.shape[-1]
     rows, cols = [], []
-    for i, s in enumerate(seqs):
-        if len(s.output_token_ids) < s.sampling.min_tokens:
-            for t in {*eos_token_ids, *s.sampling.stop_token_ids}:
+    for i, sp in enumerate(params):
+        if len(outputs[i]) < sp.min_tokens:
+            for t in {*eos_token_ids, *sp.stop_token_ids}:
                 if 0 <= t < vocab:
                     rows.append(i)
                     cols.append(t)
@@ -77,23 +81,23 @@ def apply_min_tokens(logits: torch.Tensor, seqs: list[SeqStep], eos_token_ids) -
     logits[rows, cols] = torch.where(stuck[rows], kept, logits[rows, cols])
 
 
-def apply_penalties(logits: torch.Tensor, seqs: list[SeqStep]) -> None:
-    """In place, for the rows whose sampling params use penalties."""
+def apply_penalties(logits: torch.Tensor, params: list, prompts: list[list[int]], outputs: list[list[int]]) -> None:
+    """In place, for the rows whose sampling params use penalties (`prompts`, `outputs`: each
+    row's tokens so far)."""
     vocab = logits.shape[-1]
-    for i, s in enumerate(seqs):
-        sp = s.sampling
+    for i, sp in enumerate(params):
         if not sp.uses_penalties:
             continue
         row = logits[i]
+        output = outputs[i]
         if sp.repetition_penalty != 1.0:
-            seen = torch.tensor(s.prompt_token_ids + s.output_token_ids, dtype=torch.int64,
-                                device=row.device).unique()
+            seen = torch.tensor(prompts[i] + output, dtype=torch.int64, device=row.device).unique()
             if seen.numel():
                 scores = row[seen]
                 p = sp.repetition_penalty
                 row[seen] = torch.where(scores > 0, scores / p, scores * p)
-        if (sp.frequency_penalty or sp.presence_penalty) and s.output_token_ids:
-            ids = torch.tensor(s.output_token_ids, dtype=torch.int64, device=row.device)
+        if (sp.frequency_penalty or sp.presence_penalty) and output:
+            ids = torch.tensor(output, dtype=torch.int64, device=row.device)
             counts = torch.bincount(ids, minlength=vocab)
             counts = counts[:vocab].to(row.dtype)
             row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(row.dtype)
@@ -119,74 +123,69 @@ def apply_truncation(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def _plain_greedy(p) -> bool:
-    """Greedy with nothing that could change the argmax (penalties; truncation, on ties) or
-    asks for the distribution (logprobs)."""
-    return (p.greedy and not p.uses_penalties and p.logprobs is None and not p.logit_bias
-            and p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0)
-
-
 def uniform(seed: int, position: int) -> float:
     """A uniform number in [0, 1) that depends only on (seed, position)."""
     return (mix_seed(seed, position) >> 10) / float(1 << 53)
 
 
 class Sampler:
-    """__call__(logits [S, vocab], seqs) -> one SampleOutput per row, in order.
-    `eos_token_ids`: the model's end-of-sequence tokens, masked with min_tokens."""
+    """__call__(logits [S, vocab], batch, rows) -> one SampleOutput per row of `logits`, the
+    batch's rows `rows` in order. `eos_token_ids`: the model's end-of-sequence tokens,
+    masked with min_tokens."""
 
     def __init__(self, eos_token_ids=()):
         self.eos_token_ids = list(eos_token_ids)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[SeqStep]) -> list[SampleOutput]:
-        assert logits.shape[0] == len(seqs), (logits.shape, len(seqs))
-        params = [s.sampling for s in seqs]
-        if all(_plain_greedy(p) for p in params):
+    def __call__(self, logits: torch.Tensor, batch: StepBatch, rows: np.ndarray) -> list[SampleOutput]:
+        assert logits.shape[0] == len(rows), (logits.shape, len(rows))
+        ids = batch.seq_ids
+        if (batch.flags[rows] & FLAG_PLAIN).all():
             # the common serving case: one argmax over the batch, no copy of the logits
             tokens = logits.argmax(-1).tolist()
-            return [SampleOutput(seq_id=s.seq_id, token_id=t) for s, t in zip(seqs, tokens)]
+            return [SampleOutput(ids[i], t) for i, t in zip(rows.tolist(), tokens)]
+        params = [batch.held[i].sampling for i in rows]
         logits = logits.float().clone()
         if any(p.logit_bias for p in params):
-            apply_logit_bias(logits, seqs)
-        if any(p.min_tokens for p in params):
-            apply_min_tokens(logits, seqs, self.eos_token_ids)
-        apply_penalties(logits, seqs)
+            apply_logit_bias(logits, params)
+        if any(p.uses_penalties for p in params):
+            outputs = [batch.output_of(i) for i in rows]
+            if any(p.min_tokens for p in params):
+                apply_min_tokens(logits, params, outputs, self.eos_token_ids)
+            apply_penalties(logits, params, [batch.prompt_of(i) for i in rows], outputs)
         dev = logits.device
-        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=dev)
+        temps = batch.temperature[rows]
         if (temps != 1).any():
-            logits /= temps[:, None]
-        cut = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1 or p.min_p > 0]
-        if cut:
-            rows = torch.tensor(cut, device=dev)
-            logits[rows] = apply_truncation(
-                logits[rows],
-                torch.tensor([params[i].top_k for i in cut], dtype=torch.int64, device=dev),
-                torch.tensor([params[i].top_p for i in cut], dtype=torch.float32, device=dev),
-                torch.tensor([params[i].min_p for i in cut], dtype=torch.float32, device=dev),
-            )
+            logits /= torch.from_numpy(temps).to(dev)[:, None]
+        top_k, top_p, min_p = batch.top_k[rows], batch.top_p[rows], batch.min_p[rows]
+        cut = np.flatnonzero((top_k > 0) | (top_p < 1) | (min_p > 0))
+        if len(cut):
+            at = torch.from_numpy(cut).to(dev)
+            logits[at] = apply_truncation(logits[at], torch.from_numpy(top_k[cut]).to(dev),
+                                          torch.from_numpy(top_p[cut]).to(dev), torch.from_numpy(min_p[cut]).to(dev))
 
         tokens = logits.argmax(-1)
-        drawn = [i for i, p in enumerate(params) if not p.greedy]
+        drawn = [k for k, p in enumerate(params) if not p.greedy]
         if drawn:
-            rows = torch.tensor(drawn, device=dev)
-            cdf = logits[rows].softmax(-1).double().cumsum(-1)
-            u = torch.tensor([uniform(seqs[i].seed, seqs[i].start_pos + len(seqs[i].token_ids))
-                              for i in drawn], dtype=torch.float64, device=dev)
+            at = torch.tensor(drawn, device=dev)
+            cdf = logits[at].softmax(-1).double().cumsum(-1)
+            ends = batch.start_pos + batch.num_tokens
+            u = torch.tensor([uniform(batch.held[rows[k]].seed, int(ends[rows[k]]))
+                              for k in drawn], dtype=torch.float64, device=dev)
             picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
-            tokens[rows] = picked[:, 0].clamp_(max=logits.shape[-1] - 1)
+            tokens[at] = picked[:, 0].clamp_(max=logits.shape[-1] - 1)
 
         tokens = tokens.tolist()
         out = []
-        for i, s in enumerate(seqs):
-            token = tokens[i]
-            o = SampleOutput(seq_id=s.seq_id, token_id=token)
-            k = params[i].logprobs
-            if k is not None:
-                logprobs = logits[i].log_softmax(-1)
+        for k, i in enumerate(rows.tolist()):
+            token = tokens[k]
+            o = SampleOutput(ids[i], token)
+            n = params[k].logprobs
+            if n is not None:
+                logprobs = logits[k].log_softmax(-1)
                 o.logprob = float(logprobs[token])
-                if k:
-                    values, ids = logprobs.topk(k)
-                    o.top_logprobs = [(t, v) for t, v in zip(ids.tolist(), values.tolist())
+                if n:
+                    values, top = logprobs.topk(n)
+                    o.top_logprobs = [(t, v) for t, v in zip(top.tolist(), values.tolist())
                                       if v != float("-inf")]
             out.append(o)
         return out

@@ -2,11 +2,11 @@
 
 Across processes the gateway sends a sequence's constant state once (`SeqState`: sampling
 parameters, seed, prompt length and, when penalties need it, the tokens before its first
-step; the whole prompt when prompt logprobs need it) and then, per step, only the tokens to compute and the change to its block table
-(`table_start`, `new_blocks`); finished and preempted sequences come in `forget`.
-`SequenceStates.expand` turns such an ExecuteRequest back into the full StepBatch the model
-runner takes (slot mapping from the block table, token history for penalties), so the
-model-runner side never sees the difference.
+step; the whole prompt when prompt logprobs need it) and then, per step, only the tokens to
+compute and the change to its block table (`table_start`, `new_blocks`); finished and
+preempted sequences come in `forget`. Each gateway's sequences live in a running set
+(pagedserve.step.running_set), which turns such an ExecuteRequest into the StepBatch the
+model runner takes.
 
 State is scoped by the gateway's `session_id` (two gateways may both run "0/0") and
 belongs to this process: `incarnation` names it, a request that names another (the
@@ -20,38 +20,35 @@ import threading
 import time
 import uuid
 
+from pagedserve.step.running_set import Applied, RunningSet, StateLost
 from pagedserve.wire import convert
-from pagedserve.wire.held_seqs import HeldSeq, step_of
-from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import StepBatch
 from pagedserve.wire.step_delta import STATE_LOST
-from pagedserve.wire.step_feed import LastSampled, StepOrder
+from pagedserve.wire.step_feed import StepOrder
 
 SESSION_IDLE_S = 600.0
 
 
-class StateLost(LookupError):
-    """The request relies on state this executor process does not hold."""
-
-
 class _Session:
-    """One gateway's sequences, the last token each sampled, and the order of its steps."""
+    """One gateway's running set and the order of its steps."""
 
-    __slots__ = ("seqs", "feed", "order")
+    __slots__ = ("running", "order")
 
-    def __init__(self):
-        self.seqs: dict[str, HeldSeq] = {}
-        self.feed = LastSampled()
+    def __init__(self, block_size: int):
+        self.running = RunningSet(block_size)
         self.order = StepOrder(joined=True)
 
 
 class Expanded:
     """An ExecuteRequest as the StepBatch to run, with what `fill` and `record` need."""
 
-    __slots__ = ("batch", "session", "histories")
+    __slots__ = ("applied", "session")
 
-    def __init__(self, batch: StepBatch, session: _Session, histories: list):
-        self.batch, self.session, self.histories = batch, session, histories
+    def __init__(self, applied: Applied, session: _Session):
+        self.applied, self.session = applied, session
+
+    @property
+    def batch(self):
+        return self.applied.batch
 
 
 class SequenceStates:
@@ -67,7 +64,7 @@ class SequenceStates:
         self._next_sweep = clock() + idle_s
 
     def num_sequences(self) -> int:
-        return sum(len(s.seqs) for s in self.sessions.values())
+        return sum(len(s.running) for s in self.sessions.values())
 
     def order(self, session_id: str) -> StepOrder:
         """The order of the session's steps: wait for a step's turn before `expand`; it
@@ -85,72 +82,39 @@ class SequenceStates:
             self._seen[session_id] = now
             session = self.sessions.get(session_id)
             if session is None:
-                session = self.sessions[session_id] = _Session()
+                session = self.sessions[session_id] = _Session(self.block_size)
             return session
 
     def expand(self, m) -> Expanded:
-        """The full StepBatch of an ExecuteRequest; applies its changes to the state. A fed
-        token (pagedserve.wire.step_feed) is PENDING until `fill`. StateLost: see the module docstring;
-        ValueError: a change that does not fit."""
+        """The StepBatch of an ExecuteRequest; applies its changes to the running set. A fed
+        token (pagedserve.wire.step_feed) is PENDING until `fill`. StateLost: see the module
+        docstring; ValueError: a change that does not fit."""
         if m.incarnation and m.incarnation != self.incarnation:
             raise StateLost(f"{STATE_LOST}: this executor process ({self.incarnation[:8]}) is not the "
                             f"one the state was sent to ({m.incarnation[:8]}): send every sequence's state")
-        holder = self._session(m.session_id)
-        session = holder.seqs
-        for seq_id in m.forget:
-            session.pop(seq_id, None)
+        session = self._session(m.session_id)
+        running = session.running
+        running.forget(m.forget)
         prev, sp = None, None
         for state in m.states:
             if prev is None or state.sampling != prev:
                 prev = state.sampling
                 sp = convert.sampling_from_proto(prev)
-            history = list(state.history) if sp.uses_penalties else None
-            prompt = list(state.prompt) if sp.prompt_logprobs is not None else None
-            session[state.seq_id] = HeldSeq(sp, state.seed, state.prompt_len, history, prompt)
-        bs = self.block_size
-        token_ids, new_blocks = list(m.token_ids), list(m.new_blocks)  # list slices are cheaper
-        seqs = []
-        at = bat = 0
-        fed = m.fed or [False] * len(m.seq_ids)
-        histories = []
-        for seq_id, start, n, sample, table_start, nb, own in zip(
-                m.seq_ids, m.start_pos, m.num_tokens, m.sample, m.table_start, m.num_new_blocks, fed):
-            held = session.get(seq_id)
-            if held is None:
-                raise StateLost(f"{STATE_LOST}: sequence {seq_id!r} is unknown to this executor: "
-                                "send its state")
-            if own:
-                if n != 1:
-                    raise ValueError(f"sequence {seq_id}: a fed step computes one token, not {n}")
-                tokens = [PENDING]
-            else:
-                tokens = token_ids[at:at + n]
-                at += n
-            if nb:
-                blocks = new_blocks[bat:bat + nb]
-                bat += nb
-            else:
-                blocks = ()
-            if own and held.tokens is not None:
-                histories.append((len(seqs), held.tokens))
-            seqs.append(step_of(held, seq_id, tokens, start, sample, table_start, blocks, bs))
-        if at != len(token_ids) or bat != len(new_blocks):
-            raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
+            running.admit(state.seq_id, sp, state.seed, state.prompt_len, list(state.history),
+                          list(state.prompt))
         if len(m.copy_src) != len(m.copy_dst):
             raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
-        return Expanded(StepBatch(seqs, m.pool_epoch, list(m.forget), copies=list(zip(m.copy_src, m.copy_dst))),
-                        holder, histories)
+        applied = running.apply(m.seq_ids, m.start_pos, m.num_tokens, m.token_ids, m.fed, m.sample,
+                                m.table_start, m.num_new_blocks, m.new_blocks, pool_epoch=m.pool_epoch,
+                                forget=list(m.forget), copies=list(zip(m.copy_src, m.copy_dst)))
+        return Expanded(applied, session)
 
     @staticmethod
     def fill(step: Expanded) -> None:
         """Just before the step runs: its fed tokens from the session's last samples
-        (pagedserve.wire.step_feed.FedTokenUnknown if one is not held), into the token histories too."""
-        step.session.feed.fill(step.batch)
-        seqs = step.batch.seqs
-        for i, history in step.histories:
-            s = seqs[i]
-            history[s.start_pos] = s.token_ids[0]
+        (pagedserve.wire.step_feed.FedTokenUnknown if one is not held)."""
+        step.session.running.fill(step.applied)
 
     @staticmethod
     def record(step: Expanded, outputs) -> None:
-        step.session.feed.record(step.batch, outputs)
+        step.session.running.record(step.applied, outputs)

@@ -133,10 +133,10 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}")
             raise
         batch = step.batch
-        tokens = sum(len(s.token_ids) for s in batch.seqs)
+        tokens = len(batch.token_ids)
         guided = getattr(self.executor, "guided", None)
         if guided is not None:  # new grammars compile from now on, while the step before runs
-            guided.expect(batch.seqs)
+            guided.expect(batch)
 
         def before():  # on the model thread, just before the pass: the session's next step may expand
             try:
@@ -154,10 +154,10 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch rejected: {e}")
         finally:
             self._enter(-1)
-        self.metrics.observe(len(batch.seqs), tokens, seconds)
+        self.metrics.observe(batch.num_seqs, tokens, seconds)
         span = trace.get_current_span()
         if span.is_recording():
-            span.set_attributes({"pagedserve.batch.sequences": len(batch.seqs),
+            span.set_attributes({"pagedserve.batch.sequences": batch.num_seqs,
                                  "pagedserve.batch.tokens": tokens, "pagedserve.forward_seconds": seconds})
         response = convert.outputs_to_proto(outputs, self.states.incarnation)
         response.step_port = self.step_port

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from pagedserve.executor.step_merger import Launched
 from pagedserve.executor.zero_cost import ZeroCostExecutor
-from pagedserve.wire.protocol import StepBatch
+from pagedserve.step.step_batch import StepBatch
 
 LAUNCH_OVERHEAD_S = 0.5e-3  # kernel launches and host sync of one step, stated not measured
 
@@ -88,8 +88,8 @@ class Roofline:
     gpu: Gpu
 
     def step_seconds(self, batch: StepBatch) -> float:
-        tokens = sum(len(s.token_ids) for s in batch.seqs)
-        context = sum(s.start_pos + len(s.token_ids) for s in batch.seqs)
+        tokens = int(batch.num_tokens.sum())
+        context = int((batch.start_pos + batch.num_tokens).sum())
         memory = (self.shape.params * 2 + context * self.shape.kv_bytes_per_token) / self.gpu.bandwidth
         compute = 2 * self.shape.params * tokens / self.gpu.flops
         return max(memory, compute) + LAUNCH_OVERHEAD_S
@@ -129,7 +129,7 @@ class SimulatedExecutor(ZeroCostExecutor):
         return self.roofline.step_seconds(batch) if self.roofline else self.step_ms / 1e3
 
     def launch(self, batch: StepBatch) -> Launched:
-        seconds = self.step_seconds(batch) if batch.seqs else 0.0
+        seconds = self.step_seconds(batch) if batch.num_seqs else 0.0
         outputs = super().execute(batch)
         if not seconds:
             return Launched(outputs)

@@ -28,7 +28,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
-from pagedserve.wire.protocol import SampleOutput, StepBatch
+from pagedserve.step.step_batch import StepBatch, concat
+from pagedserve.wire.protocol import SampleOutput
 
 ACTIVE_S = 1.0  # a caller heard from within this long is expected at the next pass
 LAUNCH_MARGIN_S = 1e-3  # behind a running pass, stop gathering this long before it ends
@@ -135,9 +136,7 @@ class StepMerger:
                 w.done.set_exception(e)
         if not ready:
             return None
-        merged = StepBatch([s for w in ready for s in w.batch.seqs],
-                           forget=[f for w in ready for f in w.batch.forget],
-                           copies=[c for w in ready for c in w.batch.copies])
+        merged = concat([w.batch for w in ready])
         try:
             launched = self.launch(merged)
         except BaseException as e:  # every caller of this pass gets the error
@@ -150,9 +149,13 @@ class StepMerger:
             self.num_merged += len(ready)
             if self.on_merged is not None:
                 self.on_merged(len(ready))
-        at, finished = 0, []
+        at, row, finished = 0, 0, []
         for w in ready:
-            n = sum(1 for s in w.batch.seqs if s.reports)
+            if merged is not w.batch:  # the sequences the pass left out, back to their own batch
+                b = w.batch
+                b.errors.update({i - row: e for i, e in merged.errors.items() if row <= i < row + b.num_seqs})
+                row += b.num_seqs
+            n = int(w.batch.reports().sum())
             mine = launched.outputs[at:at + n]
             at += n
             try:

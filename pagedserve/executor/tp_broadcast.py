@@ -20,8 +20,12 @@ import torch.distributed as dist
 
 import dataclasses
 
+import numpy as np
+
 from pagedserve.rpc.grpc_service import MAX_MESSAGE_BYTES
-from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.step.running_set import columns_of, flags_of
+from pagedserve.step.step_batch import FLAG_HISTORY, FLAG_PROMPT_LOGPROBS, Held, StepBatch
+from pagedserve.wire.protocol import SamplingParams
 from pagedserve.wire.v1.tensor_parallel_pb2 import (
     TensorParallelCommand,
     TensorParallelPing,
@@ -55,22 +59,52 @@ def sampling_from_proto(m: TensorParallelSampling) -> SamplingParams:
 
 
 def step_to_proto(batch: StepBatch) -> TensorParallelStep:
-    return TensorParallelStep(
-        seqs=[TensorParallelSeq(seq_id=s.seq_id, token_ids=s.token_ids, start_pos=s.start_pos,
-                                slot_mapping=s.slot_mapping, block_table=s.block_table, sample=s.sample,
-                                sampling=sampling_to_proto(s.sampling), seed=s.seed,
-                                prompt_token_ids=s.prompt_token_ids, output_token_ids=s.output_token_ids,
-                                error=s.error)
-              for s in batch.seqs],
-        pool_epoch=batch.pool_epoch, forget=batch.forget, step=batch.step,
-        copy_src=[c[0] for c in batch.copies], copy_dst=[c[1] for c in batch.copies])
+    starts, tables, lens = batch.starts, batch.block_tables, batch.table_lens
+    seqs = []
+    for i, seq_id in enumerate(batch.seq_ids):
+        a, b = starts[i], starts[i + 1]
+        held = batch.held[i]
+        seqs.append(TensorParallelSeq(
+            seq_id=seq_id, token_ids=batch.token_ids[a:b].tolist(), start_pos=int(batch.start_pos[i]),
+            slot_mapping=batch.slot_mapping[a:b].tolist(), block_table=tables[i, :lens[i]].tolist(),
+            sample=bool(batch.sample[i]), sampling=sampling_to_proto(held.sampling), seed=held.seed,
+            prompt_token_ids=batch.prompt_of(i), output_token_ids=batch.output_of(i),
+            error=batch.errors.get(i, "")))
+    return TensorParallelStep(seqs=seqs, pool_epoch=batch.pool_epoch, forget=batch.forget, step=batch.step,
+                              copy_src=[c[0] for c in batch.copies], copy_dst=[c[1] for c in batch.copies])
 
 
 def step_from_proto(m: TensorParallelStep) -> StepBatch:
-    seqs = [SeqStep(s.seq_id, list(s.token_ids), s.start_pos, list(s.slot_mapping), list(s.block_table),
-                    s.sample, sampling_from_proto(s.sampling), s.seed, list(s.prompt_token_ids),
-                    list(s.output_token_ids), s.error) for s in m.seqs]
-    return StepBatch(seqs, m.pool_epoch, list(m.forget), m.step, list(zip(m.copy_src, m.copy_dst)))
+    """The batch rank 0 sent, its columns made from the sequences' rows as they came."""
+    held, histories, errors, tables = [], {}, {}, []
+    for i, s in enumerate(m.seqs):
+        sp = sampling_from_proto(s.sampling)
+        flags = flags_of(sp)
+        prompt, output = list(s.prompt_token_ids), list(s.output_token_ids)
+        held.append(Held(s.seq_id, sp, s.seed, len(prompt), None,
+                         prompt if flags & FLAG_PROMPT_LOGPROBS else None, flags))
+        if flags & FLAG_HISTORY:
+            histories[i] = (prompt, output)
+        if s.error:
+            errors[i] = s.error
+        tables.append(list(s.block_table))
+    lens = np.array([len(t) for t in tables], dtype=np.int32)
+    block_tables = np.zeros((len(tables), int(lens.max()) if len(tables) else 0), dtype=np.int32)
+    for i, t in enumerate(tables):
+        block_tables[i, :len(t)] = t
+
+    def col(values, dtype):
+        return np.array(values, dtype=dtype)
+
+    temperature, top_k, top_p, min_p = zip(*(columns_of(h.sampling) for h in held)) if held else ((),) * 4
+    return StepBatch(
+        [s.seq_id for s in m.seqs], col([s.start_pos for s in m.seqs], np.int64),
+        col([len(s.token_ids) for s in m.seqs], np.int64), col([t for s in m.seqs for t in s.token_ids], np.int64),
+        col([s.sample for s in m.seqs], bool), col([t for s in m.seqs for t in s.slot_mapping], np.int64),
+        block_tables, lens, held, col([h.flags for h in held], np.uint8),
+        col(temperature, np.float32), col(top_k, np.int64), col(top_p, np.float32), col(min_p, np.float32),
+        histories, errors, pool_epoch=m.pool_epoch, forget=list(m.forget), step=m.step,
+        copies=list(zip(m.copy_src, m.copy_dst)))
 
 
 def encode(kind: str, payload) -> TensorParallelCommand:

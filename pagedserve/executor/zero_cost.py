@@ -11,13 +11,10 @@ the gateway detokenizes real text.
 """
 from __future__ import annotations
 
-from pagedserve.wire.protocol import (
-    KVGeometry,
-    ModelInfo,
-    PromptLogprob,
-    SampleOutput,
-    StepBatch,
-)
+import numpy as np
+
+from pagedserve.step.step_batch import FLAG_PROMPT_LOGPROBS, StepBatch
+from pagedserve.wire.protocol import KVGeometry, ModelInfo, PromptLogprob, SampleOutput
 
 FIXED_TOKEN = 260  # " the" in the default model's tokenizer
 VOCAB = 49152  # the default model's vocabulary
@@ -40,13 +37,19 @@ class ZeroCostExecutor:
 
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         self.num_steps += 1
-        token = self.token_id
-        return [SampleOutput(s.seq_id, token) if s.sample else _prompt_only(s)
-                for s in batch.seqs if s.reports]
+        token, ids, sample = self.token_id, batch.seq_ids, batch.sample
+        if batch.errors or (batch.flags & FLAG_PROMPT_LOGPROBS).any():
+            return [_output(batch, i, token) for i in np.flatnonzero(batch.reports()).tolist()]
+        return [SampleOutput(ids[i], token) for i in np.flatnonzero(sample).tolist()]
 
 
-def _prompt_only(s) -> SampleOutput:
-    """A prompt chunk with prompt logprobs: every prompt token certain."""
-    positions = s.prompt_logprob_positions()
-    ids = s.prompt_token_ids[positions.start + 1:positions.stop + 1]
-    return SampleOutput(s.seq_id, -1, sampled=False, prompt_logprobs=[PromptLogprob(t, 0.0, 1) for t in ids])
+def _output(batch: StepBatch, i: int, token: int) -> SampleOutput:
+    """Row i's output: left out, sampled, or a prompt chunk with prompt logprobs (every
+    prompt token certain)."""
+    if i in batch.errors:
+        return SampleOutput(batch.seq_ids[i], -1, sampled=False, error=batch.errors[i])
+    if batch.sample[i]:
+        return SampleOutput(batch.seq_ids[i], token)
+    positions = batch.prompt_logprob_positions(i)
+    ids = batch.prompt_of(i)[positions.start + 1:positions.stop + 1]
+    return SampleOutput(batch.seq_ids[i], -1, sampled=False, prompt_logprobs=[PromptLogprob(t, 0.0, 1) for t in ids])

@@ -5,8 +5,8 @@
 ReserveResult`, `free`, `fork`, `stats`): a plan made ahead (`Plan.ahead`) is reserved on a
 helper thread, so the loop makes deltas meanwhile; any other before `reserve` returns.
 `InProcessExecutor` wraps an object with `model_info()` and `execute(StepBatch) ->
-list[SampleOutput]` (pagedserve.executor.Executor, the test fakes) in pagedserve.wire.ordered_executor, which
-takes the step message as the executor service does; with `background` (the overlapped
+list[SampleOutput]` (pagedserve.executor.Executor, the test fakes) in pagedserve.step.local_engine,
+which takes the step message as the executor service does; with `background` (the overlapped
 loop) each step runs on one of two helper threads, else before `step` returns. A step sent
 while the one numbered before it runs, or that is fed by it, runs only once that one has
 succeeded (else it fails as FedTokenUnknown, nothing changed): that one may run again
@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from pagedserve.wire.clients import ExecutorClient, MemoryClient, call_now
-from pagedserve.wire.ordered_executor import OrderedExecutor
+from pagedserve.step.local_engine import LocalEngine
 from pagedserve.wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
 from pagedserve.wire.step_delta import StepDelta
 from pagedserve.wire.pending_token import PENDING
@@ -84,7 +84,7 @@ class InProcessMemory(MemoryClient):
 
 class InProcessExecutor(ExecutorClient):
     def __init__(self, inner, background: bool = False):
-        self.ordered = OrderedExecutor(inner)
+        self.ordered = LocalEngine(inner)
         self.background = background
         self._helpers = _Helpers(2, "pagedserve-execute")
         self._tries: dict[int, Future] = {}  # step number -> its last try, for the step after it

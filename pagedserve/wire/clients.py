@@ -79,7 +79,7 @@ class ExecutorClient(ABC):
         """Run one step (pagedserve.wire.step_delta: per sequence the tokens to compute and the change
         to its block table): write each sequence's K/V into its slots and answer one
         SampleOutput per sequence that reports (it samples, or has prompt logprobs to
-        return for its step: SeqStep.reports), in step order. Steps run in the order of
+        return for its step: pagedserve.step.step_batch.StepBatch.reports), in step order. Steps run in the order of
         `step.step` (pagedserve.wire.step_feed.StepOrder), whatever order they come in; a token PENDING
         (pagedserve.wire.pending_token) is the one the executor sampled for the sequence last step
         (FedTokenUnknown, or FAILED_PRECONDITION across processes, when it does not hold

@@ -24,8 +24,6 @@ from pagedserve.wire.protocol import (
     ReserveResult,
     SampleOutput,
     SamplingParams,
-    SeqStep,
-    StepBatch,
 )
 from pagedserve.wire.sampling_fields import DEFAULTS
 from pagedserve.wire.v1 import executor_pb2, generation_pb2, memory_pb2
@@ -196,12 +194,6 @@ def tables_from_proto(m: memory_pb2.TablesResponse, n: int) -> list[list[int]]:
 
 
 # -- Execute -----------------------------------------------------------------------------
-
-
-def seq_state_to_proto(step: SeqStep, history: list[int], prompt_len: int,
-                       sampling: generation_pb2.SamplingParams) -> executor_pb2.SeqState:
-    return executor_pb2.SeqState(seq_id=step.seq_id, sampling=sampling, seed=step.seed,
-                                 prompt_len=prompt_len, history=history)
 
 
 def prompt_logprobs_to_proto(entries: list[PromptLogprob]) -> list[generation_pb2.TokenLogprob]:

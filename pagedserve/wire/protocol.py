@@ -156,53 +156,6 @@ class ModelInfo:
 
 
 @dataclass
-class SeqStep:
-    """One sequence's share of a step: compute `token_ids` at positions start_pos.., maybe sample."""
-
-    seq_id: str
-    token_ids: list[int]
-    start_pos: int
-    slot_mapping: list[int]
-    block_table: list[int]
-    sample: bool  # False for a prefill chunk that does not reach the end of the prompt
-    sampling: SamplingParams
-    seed: int  # resolved per request; randomness derives from (seed, position)
-    prompt_token_ids: list[int] = field(default_factory=list)  # only when penalties or
-    # prompt logprobs are used (prompt logprobs need the whole prompt: the next chunk's tokens)
-    output_token_ids: list[int] = field(default_factory=list)  # only when penalties are used
-    error: str = ""  # why the executor left this sequence out of the step (it reports that)
-
-    def prompt_logprob_positions(self) -> range:
-        """Positions of this step whose next token is a prompt token to score (prompt_logprobs):
-        position p scores prompt token p + 1."""
-        if self.sampling.prompt_logprobs is None:
-            return range(0)
-        return range(self.start_pos, min(self.start_pos + len(self.token_ids), len(self.prompt_token_ids) - 1))
-
-    @property
-    def reports(self) -> bool:
-        """Whether the executor returns a SampleOutput for this step: it samples, or scores prompt tokens."""
-        return self.sample or bool(self.error) or (self.sampling.prompt_logprobs is not None
-                                                   and bool(self.prompt_logprob_positions()))
-
-
-@dataclass
-class StepBatch:
-    """One step for the executor. `pool_epoch` names the KV pool the step's slots were
-    reserved in (ReserveResult.pool_epoch); the executor refuses a batch from another pool.
-    Empty: not checked."""
-
-    seqs: list[SeqStep]
-    pool_epoch: str = ""
-    forget: list[str] = field(default_factory=list)  # finished or preempted since the last batch:
-    # an executor that keeps per-sequence state (across processes) drops theirs first
-    step: int = 0  # the caller's number for it: an executor runs a caller's steps in this
-    # order (pagedserve.wire.step_feed); 0: unordered
-    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) block copies that
-    # ranks holding their own pools apply, in order, before the step (ReserveResult.block_copies)
-
-
-@dataclass
 class PromptLogprob:
     """A prompt token's logprob under the model given the tokens before it, its rank (1: the
     most likely token) and the top k alternatives (token, logprob), most likely first."""
@@ -215,7 +168,7 @@ class PromptLogprob:
 
 @dataclass
 class SampleOutput:
-    """The output of one SeqStep that `reports`: a sampled token (unless `sampled` is False:
+    """The output of one sequence of a step that reports (pagedserve.step.step_batch): a sampled token (unless `sampled` is False:
     a prompt chunk that samples nothing) and the prompt logprobs of the chunk's
     prompt_logprob_positions, for prompt positions start_pos + 1 on."""
 

@@ -7,9 +7,9 @@ block-table changes: from `table_start[i]` on, sequence i's table is its `num_ne
 blocks of `new_blocks`), with the tokens to compute (a token the executor sampled itself is
 PENDING, pagedserve.wire.pending_token) and whether each samples. A steady decode step is such columns
 where every token is PENDING. No full block table or slot mapping is built on the gateway's
-side: whoever runs the model holds each sequence's state (pagedserve.wire.held_seqs) and derives them.
+side: whoever runs the model holds each sequence's state (pagedserve.step.running_set) and derives them.
 `seqs[i]` is the gateway's own sequence, read only when its constant state must go
-(`encode_delta`, pagedserve.wire.ordered_executor); the gateway holds no block table: memsvc holds
+(`encode_delta`, pagedserve.step.local_engine); the gateway holds no block table: memsvc holds
 the tables of record, and a sequence's whole table comes in its first grant (new, resumed,
 forked) or is asked of memsvc when an executor lost its state.
 
@@ -50,7 +50,7 @@ class StepDelta:
     `start_pos[i]`.., sample if `sample[i]` (False for a prefill chunk that does not reach
     the end of the prompt), its table from `table_start[i]` on replaced by its
     `num_new_blocks[i]` blocks of `new_blocks`. `pool_epoch`, `forget`, `step` and `copies`
-    mean what they mean in pagedserve.wire.protocol.StepBatch; `stamp` is the gateway's own."""
+    mean what they mean in pagedserve.step.step_batch.StepBatch; `stamp` is the gateway's own."""
 
     seq_ids: list[str] = field(default_factory=list)
     start_pos: list[int] = field(default_factory=list)
@@ -84,7 +84,7 @@ class StepDelta:
         return self._progress
 
 
-def _fed(step: StepDelta) -> tuple[list[bool], list[int]]:
+def fed_and_known(step: StepDelta) -> tuple[list[bool], list[int]]:
     """The ExecuteRequest's `fed` column and its token_ids (the PENDING ones left out)."""
     tokens = step.token_ids
     n = tokens.count(PENDING)
@@ -159,7 +159,7 @@ def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: 
             tstarts.append(tstart)
             nnew.append(len(new))
             newb += new
-    fed, tokens = _fed(step)
+    fed, tokens = fed_and_known(step)
     return executor_pb2.ExecuteRequest(
         pool_epoch=step.pool_epoch, session_id=session_id, incarnation=incarnation,
         forget=forget, seq_ids=ids, start_pos=step.start_pos, num_tokens=step.num_tokens, token_ids=tokens,

@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from pagedserve.wire.protocol import KVGeometry, ModelInfo, SampleOutput, StepBatch
+from pagedserve.step.step_batch import StepBatch
+from pagedserve.wire.protocol import KVGeometry, ModelInfo, SampleOutput
 
 VOCAB = 1000
 EOS = 999
@@ -38,18 +39,16 @@ class FakeExecutor:
 
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         bs = self.info.kv.block_size
-        for s in batch.seqs:
-            for tok, slot in zip(s.token_ids, s.slot_mapping):
-                self.pool[slot // bs, 0, 0, slot % bs, 0, 0] = float(tok)
-            self.num_executed_tokens += len(s.token_ids)
+        for tok, slot in zip(batch.token_ids.tolist(), batch.slot_mapping.tolist()):
+            self.pool[slot // bs, 0, 0, slot % bs, 0, 0] = float(tok)
+        self.num_executed_tokens += len(batch.token_ids)
         outs = []
-        for s in batch.seqs:
-            if not s.sample:
-                continue
-            n = s.start_pos + len(s.token_ids)
-            pool_k = self.pool[:, 0, 0, :, 0, 0]
-            context = [int(pool_k[s.block_table[p // bs], p % bs]) for p in range(n)]
-            outs.append(SampleOutput(s.seq_id, reference_next(context, s.seed)))
+        pool_k = self.pool[:, 0, 0, :, 0, 0]
+        for i in batch.sample.nonzero()[0].tolist():
+            n = int(batch.start_pos[i] + batch.num_tokens[i])
+            table = batch.block_tables[i]
+            context = [int(pool_k[table[p // bs], p % bs]) for p in range(n)]
+            outs.append(SampleOutput(batch.seq_ids[i], reference_next(context, batch.held[i].seed)))
         return outs
 
 

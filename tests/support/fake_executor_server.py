@@ -43,13 +43,14 @@ class SlowFake(FakeExecutor):
     def execute(self, batch):
         if self.delay:
             time.sleep(self.delay)
-        if any(self.fail_token in s.token_ids for s in batch.seqs):
+        if (batch.token_ids == self.fail_token).any():
             raise RuntimeError(f"the step computes token {self.fail_token} (--fail-token)")
         return run_screened(batch, self._check, super().execute)
 
-    def _check(self, s) -> None:
-        if self.refuse_token in s.token_ids:
-            raise ValueError(f"token {self.refuse_token} is refused (--refuse-token)")
+    def _check(self, batch) -> None:
+        for i in range(batch.num_seqs):
+            if (batch.tokens_of(i) == self.refuse_token).any():
+                batch.errors.setdefault(i, f"ValueError: token {self.refuse_token} is refused (--refuse-token)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ Memory goes through the Reserve message's round trip (pagedserve.benchmarks.step
 over the wire."""
 from pagedserve.benchmarks.step_cost import WireMemory
 from pagedserve.wire.clients import ExecutorClient, call_now
-from pagedserve.wire.ordered_executor import OrderedExecutor
+from pagedserve.step.local_engine import LocalEngine
 from pagedserve.wire.step_feed import StepOrder
 
 
@@ -19,7 +19,7 @@ class SentNowExecutor(ExecutorClient):
 
     def __init__(self, inner, tables=None):
         self.inner, self.tables = inner, tables  # memsvc's, for the state it sends again
-        self.ordered = OrderedExecutor(inner, tables)
+        self.ordered = LocalEngine(inner, tables)
 
     def model_info(self):
         return self.inner.model_info()
@@ -31,6 +31,6 @@ class SentNowExecutor(ExecutorClient):
         try:
             return self.ordered.execute(step)
         except Exception:
-            self.ordered = OrderedExecutor(self.inner, self.tables)
+            self.ordered = LocalEngine(self.inner, self.tables)
             self.ordered.order = StepOrder(joined=True)
             raise

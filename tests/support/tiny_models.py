@@ -81,7 +81,7 @@ def paged_batches(chunks, block_size: int, num_blocks: int, seed: int = 0):
     handed out from a shuffled free list, so no sequence's blocks are contiguous.
     Yields StepBatch objects with every sequence sampling greedily.
     """
-    from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
+    from pagedserve.step.whole_seqs import Seq, batch_of
 
     free = list(range(num_blocks))
     random.Random(seed).shuffle(free)
@@ -95,12 +95,9 @@ def paged_batches(chunks, block_size: int, num_blocks: int, seed: int = 0):
             end = start + len(ids)
             while len(table) * block_size < end:
                 table.append(free.pop())
-            slots = [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
             lengths[seq_id] = end
-            seqs.append(SeqStep(seq_id=seq_id, token_ids=list(ids), start_pos=start,
-                                slot_mapping=slots, block_table=list(table), sample=True,
-                                sampling=SamplingParams(temperature=0.0), seed=0))
-        yield StepBatch(seqs)
+            seqs.append(Seq(seq_id, list(ids), start, list(table)))
+        yield batch_of(seqs, block_size)
 
 
 def save_tiny_tokenizer(path, vocab_size: int = 300, eos_id: int = 1) -> None:

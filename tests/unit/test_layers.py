@@ -1,5 +1,5 @@
 """Imports point one way, by the second component of the module name: pagedserve.wire (the
-contract) < pagedserve.rpc, pagedserve.pool_share < pagedserve.kernels < the services
+contract) < pagedserve.rpc, pagedserve.pool_share < pagedserve.kernels, pagedserve.step < the services
 (memsvc, executor, gateway) < the entry points (the modules in pagedserve/ itself) <
 pagedserve.benchmarks < pagedserve.cli (docs/ARCHITECTURE.md).
 
@@ -17,7 +17,7 @@ from tests.support import REPO as ROOT
 
 PACKAGE = ROOT / "pagedserve"
 ENTRY = "entry points"  # pagedserve/*.py
-LAYER = {"wire": 0, "rpc": 1, "pool_share": 1, "kernels": 2, "memsvc": 3, "executor": 3, "gateway": 3,
+LAYER = {"wire": 0, "rpc": 1, "pool_share": 1, "kernels": 2, "step": 2, "memsvc": 3, "executor": 3, "gateway": 3,
          ENTRY: 4, "benchmarks": 5}
 PEERS = [{"memsvc", "executor", "gateway"}, {"rpc", "pool_share"}]  # side by side, never importing each other
 TOP = "pagedserve.cli"  # registers the benchmarks' subcommands: the one module above them

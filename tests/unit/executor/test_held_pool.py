@@ -12,7 +12,7 @@ from pagedserve.executor.model_loader import load_model
 from pagedserve.executor.model_runner import ModelRunner
 from pagedserve.executor.tp_group import GroupLayout
 from pagedserve.executor.tp_pools import own_pool
-from pagedserve.wire.protocol import StepBatch
+from pagedserve.step.whole_seqs import Seq, batch_of
 from tests.support.tiny_models import make_tiny_model, paged_batches
 
 SHAPE = [8, 2, 2, 4, 2, 8]
@@ -42,12 +42,11 @@ def prefill_then_copy():
     """'a' prefills 6 tokens (its second block half full); then 'a' decodes one token into a
     copy of that block, as after a fork's copy-on-write."""
     [prefill] = paged_batches([[("a", list(range(3, 9)))]], block_size=4, num_blocks=16)
-    table = prefill.seqs[0].block_table
+    table = prefill.block_tables[0, :prefill.table_lens[0]].tolist()
     src, dst = table[1], next(b for b in range(16) if b not in table)
-    seq = prefill.seqs[0]
-    decode = type(seq)(seq_id="a", token_ids=[9], start_pos=6, slot_mapping=[dst * 4 + 2],
-                       block_table=[table[0], dst], sample=True, sampling=seq.sampling, seed=0)
-    return prefill, StepBatch([decode], copies=[(src, dst)]), src, dst
+    decode = batch_of([Seq("a", [9], 6, [table[0], dst])], 4, copies=[(src, dst)])
+    assert decode.slot_mapping.tolist() == [dst * 4 + 2]
+    return prefill, decode, src, dst
 
 
 @pytest.mark.parametrize("holds", [True, False])

@@ -5,18 +5,25 @@ import pytest
 from pagedserve.executor.config import ExecutorConfig
 from pagedserve.executor.simulated import GPUS, SHAPES, SimulatedExecutor, parse_spec
 from pagedserve.executor.zero_cost import ZeroCostExecutor
-from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.step.step_batch import StepBatch, empty_batch
+from pagedserve.step.whole_seqs import Seq, batch_of
+from pagedserve.wire.protocol import SamplingParams
 from pagedserve.wire.settings import to_argv
 
 SP = SamplingParams()
+BS = 16
+
+
+def table(tokens: int) -> list[int]:
+    return [0] * -(-tokens // BS)  # the roofline reads no table: every block is block 0
 
 
 def decode(batch: int, context: int) -> StepBatch:
-    return StepBatch([SeqStep(f"s{i}", [7], context - 1, [0], [0], True, SP, 1) for i in range(batch)])
+    return batch_of([Seq(f"s{i}", [7], context - 1, table(context), True, SP, 1) for i in range(batch)], BS)
 
 
 def prefill(tokens: int) -> StepBatch:
-    return StepBatch([SeqStep("p", list(range(tokens)), 0, [0] * tokens, [0], True, SP, 1)])
+    return batch_of([Seq("p", list(range(tokens)), 0, table(tokens), True, SP, 1)], BS)
 
 
 class FakeClock:
@@ -95,13 +102,13 @@ def test_a_step_launched_while_one_runs_starts_when_it_ends():
 
 def test_empty_step_sleeps_nothing():
     ex, clock = simulated(step_ms=5.0)
-    assert ex.execute(StepBatch([])) == [] and clock.slept == [] and ex.simulated_seconds == 0
+    assert ex.execute(empty_batch()) == [] and clock.slept == [] and ex.simulated_seconds == 0
 
 
 def test_outputs_and_geometry_equal_zero_cost():
-    batch = StepBatch([SeqStep("a", [1, 2], 0, [0, 1], [0], True, SP, 1),
-                       SeqStep("b", [3], 0, [16], [1], False, SP, 1),
-                       SeqStep("c", [4], 9, [9], [0], True, SP, 1)])
+    batch = batch_of([Seq("a", [1, 2], 0, [0], True, SP, 1),
+                      Seq("b", [3], 0, [1], False, SP, 1),
+                      Seq("c", [4], 9, [0], True, SP, 1)], BS)
     sim = SimulatedExecutor(16, 4096, spec="llama-8b@h100", sleep=lambda s: None, clock=lambda: 0.0)
     zero = ZeroCostExecutor(16, 4096)
     assert sim.execute(batch) == zero.execute(batch)

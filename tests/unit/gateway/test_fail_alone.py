@@ -22,18 +22,19 @@ class Faulty(FakeExecutor):
         super().__init__(*args, **kw)
         self.fail_request, self.raises = fail_request, raises
 
-    def _bad(self, s) -> bool:
-        return s.seq_id.split("/")[0] == self.fail_request
+    def _bad(self, seq_id) -> bool:
+        return seq_id.split("/")[0] == self.fail_request
 
     def execute(self, batch):
-        if self.raises and any(self._bad(s) for s in batch.seqs):
+        if self.raises and any(self._bad(s) for s in batch.seq_ids):
             self.fail_request = None  # once
             raise RuntimeError("the step failed")
         return run_screened(batch, self._check, super().execute)
 
-    def _check(self, s):
-        if self._bad(s):
-            raise ValueError("a bad parameter")
+    def _check(self, batch):
+        for i, seq_id in enumerate(batch.seq_ids):
+            if self._bad(seq_id):
+                batch.errors.setdefault(i, "ValueError: a bad parameter")
 
 
 def loop_with(ex, overlap, num_blocks=128):

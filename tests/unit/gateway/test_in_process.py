@@ -16,7 +16,7 @@ from pagedserve.wire.step_feed import FedTokenUnknown, lost_feed
 
 
 class Steps:
-    """Stands for the OrderedExecutor: records the steps run; step 1 fails the first time,
+    """Stands for the LocalEngine: records the steps run; step 1 fails the first time,
     once `go` is set."""
 
     def __init__(self):

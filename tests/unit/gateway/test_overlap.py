@@ -311,14 +311,16 @@ class HistoryCheckingExecutor(FakeExecutor):
         out = super().execute(batch)
         bs = self.info.kv.block_size
         pool = self.pool[:, 0, 0, :, 0, 0]
-        for s in batch.seqs:
-            if s.sampling.uses_penalties:
-                n = s.start_pos + len(s.token_ids)
-                context = [int(pool[s.block_table[p // bs], p % bs]) for p in range(n)]
-                history = s.prompt_token_ids + s.output_token_ids  # a prompt chunk: the whole prompt
-                assert history[:n] == context, s.seq_id
-                if s.start_pos >= len(s.prompt_token_ids):
-                    assert len(history) == n, s.seq_id
+        for i, seq_id in enumerate(batch.seq_ids):
+            if batch.held[i].sampling.uses_penalties:
+                n = int(batch.start_pos[i] + batch.num_tokens[i])
+                table = batch.block_tables[i]
+                context = [int(pool[table[p // bs], p % bs]) for p in range(n)]
+                prompt = batch.prompt_of(i)
+                history = prompt + batch.output_of(i)
+                assert history[:n] == context, seq_id
+                if batch.start_pos[i] >= batch.held[i].prompt_len:
+                    assert len(history) == n, seq_id
                 self.checked += 1
         return out
 
@@ -344,24 +346,23 @@ def test_a_fed_step_whose_token_the_executor_lost_runs_again_with_its_tokens():
     """The executor forgets its last samples (as a restarted one would) just before the 3rd
     and 6th steps that name them: those fail for want of them and are sent again with
     their tokens; the outputs are unchanged."""
-    from pagedserve.wire.ordered_executor import OrderedExecutor
-    from pagedserve.wire.pending_token import PENDING
+    from pagedserve.step.local_engine import LocalEngine
 
-    class Forgetful(OrderedExecutor):
+    class Forgetful(LocalEngine):
         fed_calls = 0
 
         def __init__(self, inner):
             super().__init__(inner)
-            fill = self.feed.fill
+            fill = self.running.fill
 
-            def forgetful_fill(batch):  # in the step's turn, just before it runs
-                if any(s.token_ids[0] == PENDING for s in batch.seqs):
+            def forgetful_fill(step):  # in the step's turn, just before it runs
+                if len(step.fed):
                     self.fed_calls += 1
                     if self.fed_calls in (3, 6):
-                        self.feed.last.clear()
-                return fill(batch)
+                        self.running.last_pos[:] = -1
+                return fill(step)
 
-            self.feed.fill = forgetful_fill
+            self.running.fill = forgetful_fill
 
     ps = prompts(5, seed=12)
     loop, mem = make("ahead")

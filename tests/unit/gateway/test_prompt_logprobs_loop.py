@@ -30,16 +30,16 @@ class ScoringExecutor(FakeExecutor):
     def execute(self, batch):
         sampled = iter(super().execute(batch))
         out = []
-        for s in batch.seqs:
-            positions = s.prompt_logprob_positions()
-            entries = [entry(s.prompt_token_ids, p) for p in positions]
-            self.scored.update((s.seq_id, p) for p in positions)
-            if s.sample:
+        for i, seq_id in enumerate(batch.seq_ids):
+            positions = batch.prompt_logprob_positions(i)
+            entries = [entry(batch.prompt_of(i), p) for p in positions]
+            self.scored.update((seq_id, p) for p in positions)
+            if batch.sample[i]:
                 o = next(sampled)
                 o.prompt_logprobs = entries
                 out.append(o)
             elif entries:
-                out.append(SampleOutput(s.seq_id, -1, sampled=False, prompt_logprobs=entries))
+                out.append(SampleOutput(seq_id, -1, sampled=False, prompt_logprobs=entries))
         return out
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from pagedserve.gateway.step_retry import PoolChanged, StepRetry
 from pagedserve.wire.clients import ExecutorClient, MemoryClient, call_now
-from pagedserve.wire.protocol import Plan, ReserveResult, SampleOutput, StepBatch
+from pagedserve.wire.protocol import Plan, ReserveResult, SampleOutput
+from pagedserve.wire.step_delta import StepDelta
 
 
 class Err(grpc.RpcError):
@@ -68,7 +69,7 @@ def test_an_unavailable_executor_gets_the_same_batch_again_without_a_new_reserve
     memory, executor = Memory(), Executor([U, U])
     retry, retries = make(memory, executor)
     retry.memory.reserve(Plan([])).result()
-    batch = StepBatch([], pool_epoch="epoch-1")
+    batch = StepDelta(pool_epoch="epoch-1")
     assert retry.executor.step(batch).result() == [SampleOutput("a/0", 7)]
     assert [c for c in executor.calls] == [(batch, "epoch-1")] * 3
     assert len(memory.plans) == 1 and retries == ["execute", "execute"]
@@ -78,7 +79,7 @@ def test_a_changed_pool_means_plan_the_step_again():
     retry, _ = make(Memory(), Executor([U, A]))
     retry.memory.reserve(Plan([])).result()
     with pytest.raises(PoolChanged):
-        retry.executor.step(StepBatch([])).result()
+        retry.executor.step(StepDelta()).result()
     assert retry.dirty is None
 
 
@@ -101,7 +102,7 @@ def test_a_batch_that_never_ran_runs_before_the_next_reserve():
     memory, executor = Memory(), Executor([U] * 1000)
     retry, _ = make(memory, executor, timeout=0.01)
     retry.memory.reserve(Plan([])).result()
-    batch = StepBatch([], pool_epoch="epoch-1")
+    batch = StepDelta(pool_epoch="epoch-1")
     with pytest.raises(grpc.RpcError):
         retry.executor.step(batch).result()
     assert retry.dirty is batch
@@ -125,7 +126,7 @@ def test_a_reserve_sent_ahead_is_retried_when_its_answer_is_a_failure():
 def test_an_execute_sent_ahead_retries_changes_pool_or_goes_dirty_as_a_call_does():
     memory, executor = Memory(), Executor([U])
     retry, retries = make(memory, executor)
-    batch = StepBatch([], pool_epoch="epoch-1")
+    batch = StepDelta(pool_epoch="epoch-1")
     assert retry.executor.step(batch).result() == [SampleOutput("a/0", 7)]
     assert len(executor.calls) == 2 and retries == ["execute"]
     executor.failures = [A]
@@ -158,7 +159,7 @@ class SendsFailing(Executor):
 def test_an_error_while_sending_is_retried_as_an_unavailable_answer():
     executor = SendsFailing([U, U])
     retry = StepRetry(Memory(), executor, timeout_s=5, interval_s=0)
-    batch = StepBatch([], pool_epoch="epoch-1")
+    batch = StepDelta(pool_epoch="epoch-1")
     assert retry.executor.step(batch).result() == [SampleOutput("a/0", 7)]
     assert len(executor.calls) == 1 and executor.send_failures == []
     with pytest.raises(PoolChanged):  # as an ABORTED answer is

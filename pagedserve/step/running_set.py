@@ -1,0 +1,275 @@
+"""The running set: the executor's mirror of its running sequences, as arrays that each step
+changes in place.
+
+Row r holds one sequence: its block table (`tables[r, :table_len[r]]`, the only copy outside
+memsvc), its last sampled token and that token's position (the feed: a step may compute
+"the token you sampled last", PENDING in the step message), its sampling parameters as
+columns, and its constant state (`Held`). `apply` takes one step's columns (ids, start
+positions, token counts, the tokens not fed, table changes: from `table_start[i]` on, the
+table is the sequence's `num_new_blocks[i]` blocks of `new_blocks`) and makes the StepBatch
+with array operations over the batch; only rows whose table changed, or that keep a token
+history, are visited one by one. `fill` puts the fed tokens in place just before the pass,
+`record` keeps what it sampled. See docs/ARCHITECTURE.md, "One step".
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pagedserve.step.step_batch import (FLAG_GUIDED, FLAG_HISTORY, FLAG_INVALID, FLAG_PLAIN,
+                                        FLAG_PROMPT_LOGPROBS, Held, StepBatch)
+from pagedserve.wire.pending_token import PENDING
+from pagedserve.wire.step_delta import STATE_LOST
+from pagedserve.wire.step_feed import FED_UNKNOWN, FedTokenUnknown
+
+
+class StateLost(LookupError):
+    """The step relies on state this executor does not hold."""
+
+
+def flags_of(sp) -> int:
+    plain = (sp.greedy and not sp.uses_penalties and sp.logprobs is None and not sp.logit_bias
+             and sp.top_k <= 0 and sp.top_p >= 1 and sp.min_p <= 0)
+    return ((FLAG_PLAIN if plain else 0) | (FLAG_HISTORY if sp.uses_penalties else 0)
+            | (FLAG_PROMPT_LOGPROBS if sp.prompt_logprobs is not None else 0)
+            | (FLAG_GUIDED if sp.guided else 0))
+
+
+def columns_of(sp) -> tuple[float, int, float, float]:
+    """The sampler's columns for one sequence: temperature (1 when greedy), top_k, top_p, min_p."""
+    return 1.0 if sp.greedy else sp.temperature, sp.top_k, sp.top_p, sp.min_p
+
+
+class Applied:
+    """A step made from the running set: the batch, and the rows it came from."""
+
+    __slots__ = ("batch", "rows", "gens", "fed")
+
+    def __init__(self, batch: StepBatch, rows: np.ndarray, gens: np.ndarray, fed: np.ndarray):
+        self.batch, self.rows, self.gens, self.fed = batch, rows, gens, fed
+
+
+class RunningSet:
+    def __init__(self, block_size: int, rows: int = 64, width: int = 32):
+        self.block_size = block_size
+        self.row_of: dict[str, int] = {}
+        self.held: list[Held | None] = [None] * rows
+        self.free = list(range(rows - 1, -1, -1))
+        self.tables = np.zeros((rows, width), dtype=np.int32)
+        self.table_len = np.zeros(rows, dtype=np.int32)
+        self.last_pos = np.full(rows, -1, dtype=np.int64)
+        self.last_token = np.zeros(rows, dtype=np.int64)
+        self.gen = np.zeros(rows, dtype=np.int64)  # a row's owner changes: a step's record skips it
+        self.flags = np.zeros(rows, dtype=np.uint8)
+        self.temperature = np.ones(rows, dtype=np.float32)  # 1 for greedy rows
+        self.top_k = np.zeros(rows, dtype=np.int64)
+        self.top_p = np.ones(rows, dtype=np.float32)
+        self.min_p = np.zeros(rows, dtype=np.float32)
+        self.left_out: dict[str, str] = {}  # seq id -> why the executor left it out of a step
+        self._gen = 0
+
+    def __len__(self) -> int:
+        return len(self.row_of)
+
+    def _grow(self, rows: int = 0, width: int = 0) -> None:
+        old_rows, old_width = self.tables.shape
+        rows, width = max(rows, old_rows), max(width, old_width)
+        if width > old_width:
+            t = np.zeros((old_rows, width), dtype=np.int32)
+            t[:, :old_width] = self.tables
+            self.tables = t
+        if rows > old_rows:
+            extra = rows - old_rows
+            self.tables = np.concatenate([self.tables, np.zeros((extra, width), dtype=np.int32)])
+            for name, fill in (("table_len", 0), ("last_pos", -1), ("last_token", 0), ("gen", 0), ("flags", 0),
+                               ("temperature", 1), ("top_k", 0), ("top_p", 1), ("min_p", 0)):
+                a = getattr(self, name)
+                setattr(self, name, np.concatenate([a, np.full(extra, fill, dtype=a.dtype)]))
+            self.held += [None] * extra
+            self.free = list(range(rows - 1, old_rows - 1, -1)) + self.free
+
+    def admit(self, seq_id: str, sampling, seed: int, prompt_len: int = 0, history: list[int] | None = None,
+              prompt: list[int] | None = None, table: list[int] | None = None) -> int:
+        """Hold a sequence (again: its state and table replaced, its last sample kept)."""
+        r = self.row_of.get(seq_id)
+        if r is None:
+            if not self.free:
+                self._grow(rows=2 * len(self.held))
+            r = self.row_of[seq_id] = self.free.pop()
+            self._gen += 1
+            self.gen[r] = self._gen
+            self.last_pos[r] = -1
+        try:
+            sampling.validate()
+            flags, error = flags_of(sampling), ""
+        except (ValueError, TypeError, OverflowError) as e:  # it is left out of every step, alone
+            flags, error = FLAG_INVALID, f"{type(e).__name__}: {e}"
+        self.held[r] = Held(seq_id, sampling, seed, prompt_len if flags & FLAG_HISTORY else 0,
+                            history if flags & FLAG_HISTORY else None,
+                            list(prompt) if flags & FLAG_PROMPT_LOGPROBS else None, flags, error)
+        self.flags[r] = flags
+        if not error:
+            self.temperature[r], self.top_k[r], self.top_p[r], self.min_p[r] = columns_of(sampling)
+        self.table_len[r] = 0
+        if table:
+            self._set_table(r, 0, table)
+        return r
+
+    def forget(self, seq_ids) -> None:
+        for seq_id in seq_ids:
+            r = self.row_of.pop(seq_id, None)
+            self.left_out.pop(seq_id, None)
+            if r is not None:
+                self.held[r] = None
+                self.table_len[r] = 0
+                self.free.append(r)
+
+    def _set_table(self, r: int, start: int, blocks) -> None:
+        end = start + len(blocks)
+        if end > self.tables.shape[1]:
+            self._grow(width=max(end, 2 * self.tables.shape[1]))
+        old = self.table_len[r]
+        self.tables[r, start:end] = blocks
+        if end < old:
+            self.tables[r, end:old] = 0
+        self.table_len[r] = end
+
+    def apply(self, seq_ids: list[str], start_pos, num_tokens, tokens, fed, sample, table_start,
+              num_new_blocks, new_blocks, **batch_fields) -> Applied:
+        """The StepBatch of one step's columns; its table changes applied. `tokens`: the
+        tokens of the sequences not `fed` (bool [B], or None: none is), in order; a fed
+        sequence computes one token, PENDING until `fill`. `batch_fields`: the StepBatch's
+        pool_epoch, forget, step, copies. StateLost for an unknown id;
+        ValueError for a change that does not fit."""
+        row_of = self.row_of
+        try:
+            rows = np.fromiter((row_of[s] for s in seq_ids), dtype=np.int64, count=len(seq_ids))
+        except KeyError as e:
+            raise StateLost(f"{STATE_LOST}: sequence {e.args[0]!r} is unknown to this executor: "
+                            "send its state") from None
+        start = np.asarray(start_pos, dtype=np.int64)
+        n = np.asarray(num_tokens, dtype=np.int64)
+        tstart = np.asarray(table_start, dtype=np.int64)
+        nnew = np.asarray(num_new_blocks, dtype=np.int64)
+        if len(start) != len(rows) or len(n) != len(rows) or len(tstart) != len(rows) or len(nnew) != len(rows):
+            raise ValueError(f"{len(rows)} sequences, but the step's columns have other lengths")
+        if len(rows) and (n.min() < 1 or start.min() < 0):
+            i = int(np.flatnonzero((n < 1) | (start < 0))[0])
+            raise ValueError(f"sequence {seq_ids[i]}: {n[i]} tokens at position {start[i]}: "
+                             "a step computes at least one token at a position >= 0")
+        if nnew.sum() != len(new_blocks):
+            raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
+        changed = np.flatnonzero((nnew > 0) | (tstart != self.table_len[rows]))
+        if len(changed):
+            ends = np.cumsum(nnew)
+            blocks = np.asarray(new_blocks, dtype=np.int64)
+            for i in changed:
+                r, ts = rows[i], int(tstart[i])
+                if ts > self.table_len[r]:
+                    raise ValueError(f"sequence {seq_ids[i]}: block table change at {ts}, "
+                                     f"but it holds {self.table_len[r]} blocks")
+                self._set_table(r, ts, blocks[ends[i] - nnew[i]:ends[i]])
+        total = int(n.sum())
+        fed_i = np.flatnonzero(fed) if fed is not None and len(fed) else np.zeros(0, dtype=np.int64)
+        if len(fed_i) and (n[fed_i] != 1).any():
+            i = int(fed_i[n[fed_i] != 1][0])
+            raise ValueError(f"sequence {seq_ids[i]}: a fed step computes one token, not {n[i]}")
+        if total - len(fed_i) != len(tokens):
+            raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
+        bs = self.block_size
+        if total == len(rows):  # one token each: a decode step
+            token_rows, pos = rows, start
+            token_ids = np.full(total, PENDING, dtype=np.int64)
+            if len(fed_i) < total:
+                known = np.ones(total, dtype=bool)
+                known[fed_i] = False
+                token_ids[known] = tokens
+        else:
+            first = np.cumsum(n) - n
+            token_rows = np.repeat(rows, n)
+            pos = np.arange(total, dtype=np.int64) - np.repeat(first - start, n)
+            token_ids = np.full(total, PENDING, dtype=np.int64)
+            known = np.ones(total, dtype=bool)
+            known[first[fed_i]] = False
+            token_ids[known] = tokens
+        index = pos // bs
+        lens = self.table_len[rows]
+        short = index >= self.table_len[token_rows]
+        if short.any():
+            t = int(np.flatnonzero(short)[0])
+            i = t if total == len(rows) else int(np.searchsorted(np.cumsum(n), t, side="right"))
+            end = int(start[i] + n[i])
+            raise ValueError(f"sequence {seq_ids[i]}: {lens[i]} blocks in its table, "
+                             f"{-(-end // bs)} needed for {end} tokens")
+        slots = self.tables[token_rows, index].astype(np.int64) * bs + pos % bs
+        width = int(lens.max()) if len(rows) else 0
+        flags = self.flags[rows]
+        batch = StepBatch(list(seq_ids), start, n, token_ids, np.asarray(sample, dtype=bool),
+                          slots, self.tables[rows, :width], lens, [self.held[r] for r in rows], flags,
+                          temperature=self.temperature[rows], top_k=self.top_k[rows], top_p=self.top_p[rows],
+                          min_p=self.min_p[rows], **batch_fields)
+        if (flags & FLAG_HISTORY).any():
+            self._histories(batch)
+        for i in np.flatnonzero(flags & FLAG_INVALID):
+            batch.errors[int(i)] = batch.held[i].error
+        return Applied(batch, rows, self.gen[rows], fed_i)
+
+    @staticmethod
+    def _histories(batch: StepBatch) -> None:
+        for i in np.flatnonzero(batch.flags & FLAG_HISTORY):
+            h = batch.held[i]
+            s = int(batch.start_pos[i])
+            history = h.history
+            del history[s:]
+            history.extend(batch.tokens_of(i).tolist())
+            pl = h.prompt_len
+            batch.histories[int(i)] = (history[:pl], history[pl:])
+
+    def fill(self, step: Applied) -> None:
+        """Put each fed token in place (and in the token histories); FedTokenUnknown, before
+        any change, for one this set does not hold. A sequence left out of an earlier step
+        is left out of this one too, with the same reason."""
+        fed, batch = step.fed, step.batch
+        if not len(fed):
+            return
+        if self.left_out:
+            out = [k for k, i in enumerate(fed) if batch.seq_ids[i] in self.left_out]
+            for k in out:
+                i = int(fed[k])
+                batch.errors[i] = f"left out of an earlier step: {self.left_out[batch.seq_ids[i]]}"
+                batch.token_ids[batch.starts[i]] = 0
+            fed = np.delete(fed, out)
+        rows = step.rows[fed]
+        wrong = self.last_pos[rows] != batch.start_pos[fed]
+        if wrong.any():
+            i = int(fed[np.flatnonzero(wrong)[0]])
+            raise FedTokenUnknown(f"{FED_UNKNOWN}: sequence {batch.seq_ids[i]!r} at position "
+                                  f"{batch.start_pos[i]}: send its token")
+        tokens = self.last_token[rows]
+        batch.token_ids[batch.starts[fed]] = tokens
+        if batch.histories:
+            for k in np.flatnonzero(batch.flags[fed] & FLAG_HISTORY):
+                i = int(fed[k])
+                token = int(tokens[k])
+                batch.held[i].history[int(batch.start_pos[i])] = token
+                prompt, output = batch.histories[i]
+                (output if output else prompt)[-1] = token
+
+    def record(self, step: Applied, outputs) -> None:
+        """Keep what the step sampled (`outputs`: one per row that reports, in order)."""
+        batch = step.batch
+        if not outputs:
+            return
+        reporting = np.flatnonzero(batch.reports())
+        tokens = np.fromiter((o.token_id for o in outputs), dtype=np.int64, count=len(outputs))
+        rows = step.rows[reporting]
+        keep = batch.sample[reporting] & (self.gen[rows] == step.gens[reporting])
+        errors = [k for k, o in enumerate(outputs) if o.error]
+        for k in errors:
+            keep[k] = False
+            seq_id = batch.seq_ids[reporting[k]]
+            if seq_id in self.row_of and self.gen[rows[k]] == step.gens[reporting[k]]:
+                self.left_out[seq_id] = outputs[k].error
+                self.last_pos[rows[k]] = -1
+        ends = batch.start_pos[reporting] + batch.num_tokens[reporting]
+        self.last_pos[rows[keep]] = ends[keep]
+        self.last_token[rows[keep]] = tokens[keep]
