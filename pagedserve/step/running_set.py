@@ -66,6 +66,7 @@ class RunningSet:
         self.min_p = np.zeros(rows, dtype=np.float32)
         self.left_out: dict[str, str] = {}  # seq id -> why the executor left it out of a step
         self._gen = 0
+        self._checked = (None, 0, "")  # the last sampling parameters checked: (them, flags, error)
 
     def __len__(self) -> int:
         return len(self.row_of)
@@ -98,11 +99,13 @@ class RunningSet:
             self._gen += 1
             self.gen[r] = self._gen
             self.last_pos[r] = -1
-        try:
-            sampling.validate()
-            flags, error = flags_of(sampling), ""
-        except (ValueError, TypeError, OverflowError) as e:  # it is left out of every step, alone
-            flags, error = FLAG_INVALID, f"{type(e).__name__}: {e}"
+        if sampling is not self._checked[0]:  # the sequences of one request share theirs
+            try:
+                sampling.validate()
+                self._checked = (sampling, flags_of(sampling), "")
+            except (ValueError, TypeError, OverflowError) as e:  # it is left out of every step, alone
+                self._checked = (sampling, FLAG_INVALID, f"{type(e).__name__}: {e}")
+        _, flags, error = self._checked
         self.held[r] = Held(seq_id, sampling, seed, prompt_len if flags & FLAG_HISTORY else 0,
                             history if flags & FLAG_HISTORY else None,
                             list(prompt) if flags & FLAG_PROMPT_LOGPROBS else None, flags, error)
@@ -140,12 +143,12 @@ class RunningSet:
         sequence computes one token, PENDING until `fill`. `batch_fields`: the StepBatch's
         pool_epoch, forget, step, copies. StateLost for an unknown id;
         ValueError for a change that does not fit."""
-        row_of = self.row_of
         try:
-            rows = np.fromiter((row_of[s] for s in seq_ids), dtype=np.int64, count=len(seq_ids))
+            row_list = list(map(self.row_of.__getitem__, seq_ids))
         except KeyError as e:
             raise StateLost(f"{STATE_LOST}: sequence {e.args[0]!r} is unknown to this executor: "
                             "send its state") from None
+        rows = np.array(row_list, dtype=np.int64)
         start = np.asarray(start_pos, dtype=np.int64)
         n = np.asarray(num_tokens, dtype=np.int64)
         tstart = np.asarray(table_start, dtype=np.int64)
@@ -204,7 +207,7 @@ class RunningSet:
         width = int(lens.max()) if len(rows) else 0
         flags = self.flags[rows]
         batch = StepBatch(list(seq_ids), start, n, token_ids, np.asarray(sample, dtype=bool),
-                          slots, self.tables[rows, :width], lens, [self.held[r] for r in rows], flags,
+                          slots, self.tables[rows, :width], lens, list(map(self.held.__getitem__, row_list)), flags,
                           temperature=self.temperature[rows], top_k=self.top_k[rows], top_p=self.top_p[rows],
                           min_p=self.min_p[rows], **batch_fields)
         if (flags & FLAG_HISTORY).any():

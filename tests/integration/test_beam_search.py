@@ -58,12 +58,15 @@ class BeamFakeExecutor(FakeExecutor):
         outs = {o.seq_id: o for o in super().execute(batch)}
         bs = self.info.kv.block_size
         pool = self.pool[:, 0, 0, :, 0, 0]
-        for s in batch.seqs:
-            if s.sample and s.sampling.logprobs:
-                n = s.start_pos + len(s.token_ids)
-                context = [int(pool[s.block_table[p // bs], p % bs]) for p in range(n)]
-                outs[s.seq_id].top_logprobs = candidates(context, s.sampling.logprobs)
-        return [outs[s.seq_id] for s in batch.seqs if s.sample]
+        sampled = batch.sample.nonzero()[0].tolist()
+        for i in sampled:
+            k = batch.sampling(i).logprobs
+            if k:
+                n = int(batch.start_pos[i] + batch.num_tokens[i])
+                table = batch.block_tables[i]
+                context = [int(pool[table[p // bs], p % bs]) for p in range(n)]
+                outs[batch.seq_ids[i]].top_logprobs = candidates(context, k)
+        return [outs[batch.seq_ids[i]] for i in sampled]
 
 
 def reference_beams(prompt: list[int], sp: SamplingParams) -> list[list[int]]:

@@ -11,7 +11,7 @@ from pagedserve.executor.model_source import default_gguf_path, resolve_model
 from pagedserve.executor.model_loader import load_model
 from pagedserve.executor.model_runner import ModelRunner
 from tests.unit.executor.test_model_logits import PROMPTS, check_against_hf
-from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.step.whole_seqs import Seq, batch_of
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +61,8 @@ def test_default_model_answers_a_chat_prompt(default_model_dir, loaded):
     out = []
     for _ in range(12):
         start = 0 if not out else len(seq) - 1
-        step = SeqStep("q", seq[start:], start, [table[p // 16] * 16 + p % 16 for p in range(start, len(seq))],
-                       table, True, SamplingParams(temperature=0.0), seed=0)
-        token = runner.execute(StepBatch([step]))[0].token_id
+        step = batch_of([Seq("q", seq[start:], start, table)], 16)
+        token = runner.execute(step)[0].token_id
         out.append(token)
         seq.append(token)
         if token in config.eos_token_ids:

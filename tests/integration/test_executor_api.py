@@ -6,7 +6,9 @@ import torch
 
 from tests.support.tiny_models import make_tiny_model
 from pagedserve.executor import Executor
-from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.step.step_batch import StepBatch, empty_batch
+from pagedserve.step.whole_seqs import Seq, batch_of
+from pagedserve.wire.protocol import SamplingParams
 
 BLOCK = 16
 
@@ -19,9 +21,11 @@ def executor(default_model_dir):
 
 
 def step(seq_id, tokens, start, table, sample=True, params=None, seed=0):
-    slots = [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(start, start + len(tokens))]
-    return SeqStep(seq_id, list(tokens), start, slots, list(table), sample,
-                   params or SamplingParams(temperature=0.0), seed)
+    return Seq(seq_id, list(tokens), start, list(table), sample, params or SamplingParams(temperature=0.0), seed)
+
+
+def batch(*seqs: Seq) -> StepBatch:
+    return batch_of(list(seqs), BLOCK)
 
 
 def generate(ex, prompt, table, n, params, seed, chunk=None, companions=()):
@@ -29,14 +33,14 @@ def generate(ex, prompt, table, n, params, seed, chunk=None, companions=()):
     seq, out = list(prompt), []
     done = 0
     if chunk:
-        assert ex.execute(StepBatch([step("s", prompt[:chunk], 0, table, sample=False)])) == []
+        assert ex.execute(batch(step("s", prompt[:chunk], 0, table, sample=False))) == []
         done = chunk
     for i in range(n):
         start = done if i == 0 else len(seq) - 1
         seqs = [step("s", seq[start:], start, table, params=params, seed=seed)]
         if i == 0:
             seqs = list(companions) + seqs
-        token = ex.execute(StepBatch(seqs))[-1].token_id
+        token = ex.execute(batch(*seqs))[-1].token_id
         seq.append(token)
         out.append(token)
     return out
@@ -53,12 +57,11 @@ def test_model_info(executor, default_model_dir):
 
 
 def test_outputs_in_batch_order_and_only_for_sampling_sequences(executor):
-    batch = StepBatch([
+    out = executor.execute(batch(
         step("x", [1, 2, 3, 4, 5], 0, [3]),
         step("y", list(range(100, 120)), 0, [7, 1], sample=False),
         step("z", [9, 8, 7], 0, [30], params=SamplingParams(temperature=0.0, logprobs=2)),
-    ])
-    out = executor.execute(batch)
+    ))
     assert [o.seq_id for o in out] == ["x", "z"]
     assert out[0].logprob is None and out[1].logprob is not None and len(out[1].top_logprobs) == 2
     assert out[1].top_logprobs[0][0] == out[1].token_id
@@ -79,9 +82,9 @@ def test_seeded_sampling_survives_batching_and_recompute(executor):
 
 
 def test_reattach_pool(executor):
-    before = executor.execute(StepBatch([step("a", [1, 2, 3], 0, [0])]))
+    before = executor.execute(batch(step("a", [1, 2, 3], 0, [0])))
     executor.attach_pool(torch.zeros(executor.kv_geometry().pool_shape(40)))
-    assert executor.execute(StepBatch([step("a", [1, 2, 3], 0, [5])])) == before
+    assert executor.execute(batch(step("a", [1, 2, 3], 0, [5]))) == before
     with pytest.raises(ValueError, match="block size"):
         executor.attach_pool(torch.zeros(4, 30, 2, 8, 3, 64))
 
@@ -93,38 +96,42 @@ def test_tiny_directory_without_tokenizer(tmp_path):
     assert info.name == "tiny-qwen3" and info.chat_template is None and info.kv.dtype == "bfloat16"
     assert (info.kv.head_size, info.kv.num_kv_heads, info.kv.block_size) == (32, 2, 4)
     with pytest.raises(RuntimeError, match="attach_pool"):
-        ex.execute(StepBatch([]))
+        ex.execute(empty_batch())
     ex.attach_pool(torch.zeros(info.kv.pool_shape(8), dtype=torch.bfloat16))
-    out = ex.execute(StepBatch([SeqStep("t", [1, 2, 3, 4, 5], 0, [12, 13, 14, 15, 4], [3, 1], True,
-                                        SamplingParams(temperature=0.0), 0)]))
+    out = ex.execute(batch_of([Seq("t", [1, 2, 3, 4, 5], 0, [3, 1])], 4))
     assert len(out) == 1 and 0 <= out[0].token_id < info.vocab_size
 
 
-@pytest.mark.parametrize("bad,match", [
-    (dict(token_ids=[1, 49152]), "token ids"),
-    (dict(token_ids=[-1, 3]), "token ids"),
-    (dict(slot_mapping=[0, 40 * BLOCK]), "outside the pool"),
-    (dict(block_table=[40]), "block ids"),
-    (dict(start_pos=15, slot_mapping=[15, 16]), "blocks in its table"),
+@pytest.mark.parametrize("column,at,value,match", [
+    ("token_ids", [0, 1], [1, 49152], "token ids"),
+    ("token_ids", [0, 1], [-1, 3], "token ids"),
+    ("slot_mapping", [0, 1], [0, 40 * BLOCK], "outside the pool"),
+    ("block_tables", (0, 0), 40, "block ids"),
 ])
-def test_an_out_of_range_sequence_is_left_out_and_the_others_run_as_alone(executor, bad, match):
-    alone = executor.execute(StepBatch([step("ok", [5, 6, 7], 0, [2])]))
-    s = SeqStep("bad", [1, 2], 0, [0, 1], [0], False, SamplingParams(temperature=0.0), 0)  # reports nothing
-    for k, v in bad.items():
-        setattr(s, k, v)
-    out = executor.execute(StepBatch([s, step("ok", [5, 6, 7], 0, [2])]))
+def test_an_out_of_range_sequence_is_left_out_and_the_others_run_as_alone(executor, column, at, value, match):
+    alone = executor.execute(batch(step("ok", [5, 6, 7], 0, [2])))
+    b = batch(step("bad", [1, 2], 0, [0], sample=False), step("ok", [5, 6, 7], 0, [2]))  # "bad" reports nothing
+    getattr(b, column)[at] = value  # the columns as a broken step message or rank would give them
+    out = executor.execute(b)
     assert [o.seq_id for o in out] == ["bad", "ok"]
     assert out[0].error and re.search(match, out[0].error) and not out[0].sampled
     assert out[1].token_id == alone[0].token_id and not out[1].error
     with pytest.raises(ValueError, match="empty"):
-        executor.execute(StepBatch([]))
+        executor.execute(empty_batch())
+
+
+def test_a_table_too_short_for_the_tokens_is_refused_before_a_batch_is_made():
+    """The running set derives the slots from the table (pagedserve.step.running_set): a step
+    whose table does not cover its tokens never reaches the executor."""
+    with pytest.raises(ValueError, match="1 blocks in its table, 2 needed for 17 tokens"):
+        batch(step("bad", [1, 2], 15, [0]))
 
 
 def test_a_sequence_whose_grammar_does_not_compile_fails_alone(executor):
-    alone = executor.execute(StepBatch([step("ok", [5, 6, 7], 0, [3])]))
+    alone = executor.execute(batch(step("ok", [5, 6, 7], 0, [3])))
     bad = step("bad", [1, 2], 0, [4], params=SamplingParams(temperature=0.0, guided_kind="regex",
                                                             guided_spec="(unclosed"))
-    out = executor.execute(StepBatch([bad, step("ok", [5, 6, 7], 0, [3])]))
+    out = executor.execute(batch(bad, step("ok", [5, 6, 7], 0, [3])))
     assert [o.seq_id for o in out] == ["bad", "ok"]
     assert "grammar" in out[0].error and not out[0].sampled
     assert out[1].token_id == alone[0].token_id and not out[1].error

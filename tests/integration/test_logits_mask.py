@@ -4,11 +4,16 @@ recomputed or forked sequence continues where its tokens say."""
 import json
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 
 from pagedserve.executor.logits_mask import GuidedDecoding
-from pagedserve.wire.protocol import SamplingParams, SeqStep
+from pagedserve.step.step_batch import StepBatch
+from pagedserve.step.whole_seqs import Seq, batch_of
+from pagedserve.wire.protocol import SamplingParams
+
+BS = 16
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer"}},
@@ -23,15 +28,27 @@ def guided(default_model_dir):
     return GuidedDecoding(default_model_dir, 49152, [tok.eos_token_id], tokenizer=tok), tok
 
 
+def seq(seq_id, sampling, output=(), sample=True, prompt=(1,)) -> Seq:
+    """A sequence whose step computes its last token so far: the grammar's state is its output."""
+    so_far = list(prompt) + list(output)
+    return Seq(seq_id, so_far[-1:], len(so_far) - 1, [0] * -(-len(so_far) // BS), sample, sampling, 0,
+               list(prompt), list(output))
+
+
+def batch(*seqs: Seq) -> tuple[StepBatch, np.ndarray]:
+    """The batch and its sampled rows, as the model runner hands them to prepare."""
+    b = batch_of(list(seqs), BS)
+    return b, np.flatnonzero(b.sample)
+
+
 def decode(guided, kind, spec, seq_id="s", steps=80, seed=0, outputs=None, max_tokens=80):
     g, tok = guided
     gen = torch.Generator().manual_seed(seed)
     sp = SamplingParams(max_tokens=max_tokens, guided_kind=kind, guided_spec=spec)
     out = list(outputs or [])
     for _ in range(steps):
-        step = SeqStep(seq_id, [1], 5, [0], [0], True, sp, 0, [1], list(out))
         logits = torch.randn(1, 49152, generator=gen)
-        g.apply(logits, g.prepare([step]))
+        g.apply(logits, g.prepare(*batch(seq(seq_id, sp, out))))
         t = int(logits.argmax(-1))
         if t == tok.eos_token_id:
             break
@@ -68,12 +85,12 @@ def test_state_is_replayed_from_the_outputs(guided):
 
 def test_unguided_rows_are_untouched(guided):
     g, _ = guided
-    plain = SeqStep("p", [1], 0, [0], [0], True, SamplingParams(), 0)
-    assert g.prepare([plain]) is None
+    plain = seq("p", SamplingParams())
+    assert g.prepare(*batch(plain)) is None
     logits = torch.randn(2, 49152)
     before = logits.clone()
-    steered = SeqStep("q", [1], 0, [0], [0], True, SamplingParams(guided_kind="regex", guided_spec="a+"), 0)
-    g.apply(logits, g.prepare([plain, steered]))
+    steered = seq("q", SamplingParams(guided_kind="regex", guided_spec="a+"))
+    g.apply(logits, g.prepare(*batch(plain, steered)))
     assert torch.equal(logits[0], before[0]) and torch.isinf(logits[1]).sum() > 40000
 
 
@@ -152,15 +169,14 @@ def test_grammars_compile_from_first_sight_and_hold_only_their_own_masks(default
     gate = Gate(g.compiler(), held)
     g.grammars.compiler = lambda: gate
     sp = SamplingParams(max_tokens=8, guided_kind="grammar", guided_spec=held)
-    chunk = SeqStep("h", [1], 0, [0], [0], False, sp, 0, [1], [])  # a prompt chunk: samples nothing
-    g.expect([chunk])  # returns while its grammar compiles (held)
+    chunk = seq("h", sp, sample=False)  # a prompt chunk: samples nothing
+    g.expect(batch(chunk)[0])  # returns while its grammar compiles (held)
     compiling = g.grammars.compiled("grammar", held)
     assert not compiling.done()
     import re
 
     assert re.fullmatch(r"\d{3}-\d{4}", decode((g, tok), "regex", r"\d{3}-\d{4}")[1])  # others go on
-    step = SeqStep("h", [1], 1, [0], [0], True, sp, 0, [1], [])
-    pending = g.prepare([step])
+    pending = g.prepare(*batch(seq("h", sp)))
     assert not pending.done()  # its own mask waits for its grammar
     gate.open.set()
     logits = torch.randn(1, 49152)
@@ -189,3 +205,15 @@ def test_compiled_grammars_are_kept_within_their_byte_budget(default_model_dir):
     g.grammars.cache_bytes = 0
     g.grammar("json_schema", specs[1])
     assert g.grammars.kept() == [] and g.grammars.kept_bytes == 0
+
+
+def test_mask_rows_follow_the_sampled_rows_of_a_batch(guided):
+    """Logits row k is batch row rows[k]: a prompt chunk before it takes no logits row."""
+    g, _ = guided
+    sp = SamplingParams(guided_kind="regex", guided_spec="a+")
+    b, rows = batch(seq("chunk", sp, sample=False), seq("p", SamplingParams()), seq("q", sp))
+    assert rows.tolist() == [1, 2]
+    logits = torch.randn(2, 49152)
+    before = logits.clone()
+    assert g.apply(logits, g.prepare(b, rows)) == {}
+    assert torch.equal(logits[0], before[0]) and torch.isinf(logits[1]).sum() > 40000

@@ -127,10 +127,9 @@ def thinking(tokenizer):
 
     def execute(batch):
         out = []
-        for seq in batch.seqs:
-            if seq.sample:
-                i = written[seq.seq_id] = written.get(seq.seq_id, -1) + 1
-                out.append(SampleOutput(seq_id=seq.seq_id, token_id=script[min(i, len(script) - 1)]))
+        for seq_id in (batch.seq_ids[i] for i in batch.sample.nonzero()[0]):
+            k = written[seq_id] = written.get(seq_id, -1) + 1
+            out.append(SampleOutput(seq_id=seq_id, token_id=script[min(k, len(script) - 1)]))
         return out
 
     s.executor.execute = execute

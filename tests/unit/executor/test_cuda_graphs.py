@@ -6,7 +6,9 @@ import torch
 
 from pagedserve.executor.attention_metadata import AttentionMetadata
 from pagedserve.executor.cuda_graphs import DecodeGraphs, bucket_for, buckets
-from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.step.whole_seqs import Seq, batch_of
+
+BLOCK = 64  # the tables' block size (the pool's is not read here): one block covers every position
 
 
 def test_buckets():
@@ -38,10 +40,7 @@ def eager_capture(graph):
 
 
 def batch(n, start=5):
-    seqs = [SeqStep(seq_id=str(i), token_ids=[10 + i], start_pos=start + i, slot_mapping=[100 + i],
-                    block_table=[i, i + 1] if i % 2 else [i], sample=True, sampling=SamplingParams(), seed=0)
-            for i in range(n)]
-    return StepBatch(seqs=seqs)
+    return batch_of([Seq(str(i), [10 + i], start + i, [i, i + 1] if i % 2 else [i]) for i in range(n)], BLOCK)
 
 
 def test_replay_pads_to_the_bucket_and_returns_the_batch_rows():
@@ -84,8 +83,7 @@ def test_prefill_and_oversized_steps_are_not_eligible():
     pool = torch.zeros(8, 1, 2, 4, 1, 2)
     graphs = DecodeGraphs(lambda *a: None, pool, AttentionMetadata, max_blocks=1, max_batch=2,
                           graph_cls=EagerGraph, capture=eager_capture)
-    prefill = StepBatch(seqs=[SeqStep(seq_id="a", token_ids=[1, 2], start_pos=0, slot_mapping=[0, 1],
-                                      block_table=[0], sample=True, sampling=SamplingParams(), seed=0)])
+    prefill = batch_of([Seq("a", [1, 2], 0, [0])], BLOCK)
     assert not graphs.eligible(AttentionMetadata.from_batch(prefill))
     assert not graphs.eligible(AttentionMetadata.from_batch(batch(3)))  # past the largest bucket
     assert not graphs.eligible(AttentionMetadata.from_batch(batch(2)))  # a table wider than captured

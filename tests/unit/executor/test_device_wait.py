@@ -36,7 +36,7 @@ def chunked_prefill():
     """'a' prefills in two chunks (the first samples nothing), then decodes one token."""
     batches = list(paged_batches([[("a", list(range(3, 11)))], [("a", list(range(11, 17)))], [("a", [5])]],
                                  block_size=4, num_blocks=16))
-    batches[0].seqs[0].sample = False
+    batches[0].sample[0] = False
     return batches
 
 

@@ -59,10 +59,9 @@ def worst_logit_difference(hf, model, config) -> float:
     steps = [[("a", a[:12]), ("b", b[:-1])], [("a", a[12:20]), ("b", b[-1:])], [("a", a[20:])]]
     got: dict[str, list[torch.Tensor]] = {}
     for batch in paged_batches(steps, 4, 32, seed=1):
-        logits, offset = runner.logits(batch), 0
-        for s in batch.seqs:
-            got.setdefault(s.seq_id, []).append(logits[offset:offset + len(s.token_ids)])
-            offset += len(s.token_ids)
+        logits, starts = runner.logits(batch), batch.starts
+        for i, seq_id in enumerate(batch.seq_ids):
+            got.setdefault(seq_id, []).append(logits[starts[i]:starts[i + 1]])
     worst = 0.0
     for seq_id, ids in (("a", a), ("b", b)):
         with torch.no_grad():

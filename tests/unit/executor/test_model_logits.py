@@ -26,11 +26,10 @@ def schedule(prompts: dict[str, list[int]]):
 def run_paged(runner, steps, block_size, num_blocks):
     got: dict[str, list[torch.Tensor]] = {}
     for batch in paged_batches(steps, block_size, num_blocks, seed=1):
-        logits = runner.logits(batch)
-        offset = 0
-        for s in batch.seqs:
-            got.setdefault(s.seq_id, []).append(logits[offset:offset + len(s.token_ids)])
-            offset += len(s.token_ids)
+        logits, starts = runner.logits(batch), batch.starts
+        assert logits.shape[0] == starts[-1] == len(batch.token_ids)
+        for i, seq_id in enumerate(batch.seq_ids):
+            got.setdefault(seq_id, []).append(logits[starts[i]:starts[i + 1]])
     return {k: torch.cat(v) for k, v in got.items()}
 
 

@@ -2,10 +2,13 @@
 (pagedserve.executor.sequence_state) together give the model runner the full StepBatch."""
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 
 from pagedserve.executor.sequence_state import SequenceStates, StateLost
-from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.step.step_batch import StepBatch
+from pagedserve.step.whole_seqs import Seq, batch_of
+from pagedserve.wire.protocol import SamplingParams
 from pagedserve.wire.step_delta import STATE_LOST, StepDelta, encode_delta
 from pagedserve.wire.v1 import executor_pb2
 
@@ -30,9 +33,12 @@ class Src:
 
 
 def step(seq_id, tokens, start, table, sample=True, sampling=GREEDY, seed=1, prompt=(), output=()):
-    slots = [table[p // BS] * BS + p % BS for p in range(start, start + len(tokens))]
-    return SeqStep(seq_id, list(tokens), start, slots, list(table), sample, sampling, seed,
-                   list(prompt), list(output))
+    """One sequence of the expected batch: its slots come from its table."""
+    return Seq(seq_id, list(tokens), start, list(table), sample, sampling, seed, list(prompt), list(output))
+
+
+def expected(*seqs: Seq) -> StepBatch:
+    return batch_of(list(seqs), BS)
 
 
 def delta(seq_id, tokens, start, table_start, new_blocks, src, sample=True):
@@ -76,8 +82,25 @@ class Link:
         return out, request
 
 
+COLUMNS = ("start_pos", "num_tokens", "token_ids", "sample", "slot_mapping", "table_lens", "flags",
+           "temperature", "top_k", "top_p", "min_p")
+
+
+def rows(b: StepBatch) -> list[tuple]:
+    """Each sequence of the batch as one tuple: id, tokens, slots, table, sampling, seed,
+    prompt and output as the sampler reads them, and why it is left out."""
+    starts = b.starts
+    return [(b.seq_ids[i], int(b.start_pos[i]), b.token_ids[starts[i]:starts[i + 1]].tolist(),
+             b.slot_mapping[starts[i]:starts[i + 1]].tolist(), b.block_tables[i, :b.table_lens[i]].tolist(),
+             bool(b.sample[i]), b.held[i].sampling, b.held[i].seed, b.prompt_of(i), b.output_of(i),
+             b.errors.get(i, "")) for i in range(b.num_seqs)]
+
+
 def same(a: StepBatch, b: StepBatch):
-    assert [vars(x) for x in a.seqs] == [vars(y) for y in b.seqs]
+    assert rows(a) == rows(b)
+    for name in COLUMNS:
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+        assert getattr(a, name).dtype == getattr(b, name).dtype, name
 
 
 def test_state_once_then_changes_only():
@@ -86,15 +109,15 @@ def test_state_once_then_changes_only():
     a, b = Src(prompt, [3, 8]), Src([1, 2, 3, 4, 5], [4])
     out, req = link.run(columns([delta("a", prompt, 0, 0, [3, 8], a),
                                    delta("b", [1, 2, 3], 0, 0, [4], b, sample=False)], pool_epoch="e"))
-    same(out, StepBatch([step("a", prompt, 0, [3, 8]), step("b", [1, 2, 3], 0, [4], sample=False)]))
+    same(out, expected(step("a", prompt, 0, [3, 8]), step("b", [1, 2, 3], 0, [4], sample=False)))
     assert out.pool_epoch == "e" and len(req.states) == 2 and list(req.new_blocks) == [3, 8, 4]
     # a decodes within its block; b finishes its prompt into a new block
     out, req = link.run(columns([delta("a", [11], 6, 2, [], a), delta("b", [4, 5], 3, 1, [9], b)]))
-    same(out, StepBatch([step("a", [11], 6, [3, 8]), step("b", [4, 5], 3, [4, 9])]))
+    same(out, expected(step("a", [11], 6, [3, 8]), step("b", [4, 5], 3, [4, 9])))
     assert not req.states and list(req.table_start) == [2, 1] and list(req.new_blocks) == [9]
     # copy-on-write replaced a's last block: from index 1 on, no state
     out, req = link.run(columns([delta("a", [12], 7, 1, [7], a)]))
-    same(out, StepBatch([step("a", [12], 7, [3, 7])]))
+    same(out, expected(step("a", [12], 7, [3, 7])))
     assert not req.states and list(req.table_start) == [1] and list(req.new_blocks) == [7]
 
 
@@ -104,7 +127,7 @@ def test_forget_then_full_state_again():
     link.run(columns([delta("a", [1, 2], 0, 0, [1], a)]))
     a.block_table = [6]  # preempted, recomputed
     out, req = link.run(columns([delta("a", [1, 2, 3], 0, 0, [6], a)], forget=["a"]))
-    same(out, StepBatch([step("a", [1, 2, 3], 0, [6])]))
+    same(out, expected(step("a", [1, 2, 3], 0, [6])))
     assert len(req.states) == 1
     assert out.forget == ["a"]  # the model runner hears it too (grammar matchers)
 
@@ -115,13 +138,13 @@ def test_penalties_history_follows_the_steps():
     p = Src(prompt, [2, 3], sampling=PENALTY)
     out, req = link.run(columns([delta("p", prompt[4:], 4, 0, [2, 3], p)]))  # 4 cached
     assert list(req.states[0].history) == prompt[:4]
-    same(out, StepBatch([step("p", prompt[4:], 4, [2, 3], sampling=PENALTY, prompt=prompt)]))
+    same(out, expected(step("p", prompt[4:], 4, [2, 3], sampling=PENALTY, prompt=prompt)))
     p.output_token_ids.append(42)
     out, _ = link.run(columns([delta("p", [42], 5, 2, [], p)]))
-    same(out, StepBatch([step("p", [42], 5, [2, 3], sampling=PENALTY, prompt=prompt, output=[42])]))
+    same(out, expected(step("p", [42], 5, [2, 3], sampling=PENALTY, prompt=prompt, output=[42])))
     p.output_token_ids.append(43)
     out, _ = link.run(columns([delta("p", [43], 6, 2, [], p)]))
-    same(out, StepBatch([step("p", [43], 6, [2, 3], sampling=PENALTY, prompt=prompt, output=[42, 43])]))
+    same(out, expected(step("p", [43], 6, [2, 3], sampling=PENALTY, prompt=prompt, output=[42, 43])))
 
 
 def test_a_restarted_executor_says_state_lost_and_gets_the_whole_table_again():
@@ -136,7 +159,7 @@ def test_a_restarted_executor_says_state_lost_and_gets_the_whole_table_again():
         link.run(columns([delta("a", [3], 2, 1, [], a)]))
     link.sent.clear()
     out, req = link.run(columns([delta("a", [3], 2, 1, [], a)]))
-    same(out, StepBatch([step("a", [3], 2, [1])]))
+    same(out, expected(step("a", [3], 2, [1])))
     assert len(req.states) == 1 and list(req.table_start) == [0] and list(req.new_blocks) == [1]
 
 
@@ -146,9 +169,9 @@ def test_a_request_lost_on_the_way_can_run_again():
     link.run(columns([delta("a", [1, 2], 0, 0, [1], a)]))
     d = columns([delta("a", [3, 4, 5], 2, 1, [2], a)])
     request = encode_delta(d, link.sent, "s1", link.incarnation)  # lost on the way
-    expected = StepBatch([step("a", [3, 4, 5], 2, [1, 2])])
-    same(link.run(d)[0], expected)
-    same(link.states.expand(wire(request)).batch, expected)  # and a re-run of the same one is the same
+    want = expected(step("a", [3, 4, 5], 2, [1, 2]))
+    same(link.run(d)[0], want)
+    same(link.states.expand(wire(request)).batch, want)  # and a re-run of the same one is the same
 
 
 def test_sessions_are_separate_and_bad_changes_refused():
@@ -173,13 +196,13 @@ def test_prompt_logprobs_send_the_whole_prompt_once_and_every_chunk_sees_it():
     a, b = Src(prompt, [3, 8], sampling=sp), Src([1, 2], [4])
     out, req = link.run(columns([delta("a", prompt[:3], 0, 0, [3], a, sample=False),
                                    delta("b", [1, 2], 0, 0, [4], b)]))
-    same(out, StepBatch([step("a", prompt[:3], 0, [3], sample=False, sampling=sp, prompt=prompt),
-                         step("b", [1, 2], 0, [4])]))
+    same(out, expected(step("a", prompt[:3], 0, [3], sample=False, sampling=sp, prompt=prompt),
+                         step("b", [1, 2], 0, [4])))
     assert list(req.states[0].prompt) == prompt and not req.states[1].prompt
-    assert list(out.seqs[0].prompt_logprob_positions()) == [0, 1, 2]
+    assert list(out.prompt_logprob_positions(0)) == [0, 1, 2] and out.reports().tolist() == [True, True]
     out, req = link.run(columns([delta("a", prompt[3:], 3, 1, [8], a)]))
-    same(out, StepBatch([step("a", prompt[3:], 3, [3, 8], sampling=sp, prompt=prompt)]))
-    assert not req.states and list(out.seqs[0].prompt_logprob_positions()) == [3, 4, 5]
+    same(out, expected(step("a", prompt[3:], 3, [3, 8], sampling=sp, prompt=prompt)))
+    assert not req.states and list(out.prompt_logprob_positions(0)) == [3, 4, 5]
 
 
 def test_a_fed_token_is_the_executors_own_last_sample_penalty_history_included():
@@ -198,20 +221,20 @@ def test_a_fed_token_is_the_executors_own_last_sample_penalty_history_included()
     request = wire(encode_delta(columns([delta("p", [PENDING], 3, 1, [], p)], step=2), link.sent, "s1", ""))
     assert list(request.fed) == [True] and list(request.token_ids) == [] and request.step == 2
     second = link.states.expand(request)
-    assert second.batch.seqs[0].token_ids == [PENDING]
+    assert second.batch.tokens_of(0).tolist() == [PENDING]
     link.states.fill(second)
-    s = second.batch.seqs[0]
-    assert s.token_ids == [42] and s.output_token_ids == [42] and s.prompt_token_ids == prompt
+    b = second.batch
+    assert b.tokens_of(0).tolist() == [42] and b.output_of(0) == [42] and b.prompt_of(0) == prompt
     link.states.record(second, [SampleOutput("p", 43)])
     # the history holds the filled token: a later step with its tokens sees it
     out, _ = link.run(columns([delta("p", [43], 4, 1, [3], p)]))
-    same(out, StepBatch([step("p", [43], 4, [2, 3], sampling=PENALTY, prompt=prompt, output=[42, 43])]))
+    same(out, expected(step("p", [43], 4, [2, 3], sampling=PENALTY, prompt=prompt, output=[42, 43])))
     # a fed token at a position the executor holds no sample for: nothing changes
     request = encode_delta(columns([delta("p", [PENDING], 9, 2, [4], p)]), link.sent, "s1", "")
     bad = link.states.expand(wire(request))
     with pytest.raises(FedTokenUnknown, match="position 9"):
         link.states.fill(bad)
-    assert bad.batch.seqs[0].token_ids == [PENDING]
+    assert bad.batch.tokens_of(0).tolist() == [PENDING]
 
 
 def test_fed_and_known_tokens_go_in_one_set_of_columns():

@@ -6,11 +6,23 @@ import time
 
 from pagedserve.executor import step_merger
 from pagedserve.executor.step_merger import Launched, StepMerger, launch_of
-from pagedserve.wire.protocol import SampleOutput, SamplingParams, SeqStep, StepBatch
+from pagedserve.step.step_batch import StepBatch
+from pagedserve.step.whole_seqs import Seq, batch_of
+from pagedserve.wire.protocol import SampleOutput, SamplingParams
+
+BS = 4
 
 
 def step(seq_id, sample=True):
-    return SeqStep(seq_id, [1], 0, [0], [0], sample, SamplingParams(), 0)
+    return Seq(seq_id, [1], 0, [0], sample, SamplingParams(), 0)
+
+
+def batch(*seqs: Seq, **fields) -> StepBatch:
+    return batch_of(list(seqs), BS, **fields)
+
+
+def sampled(batch: StepBatch) -> list[str]:
+    return [batch.seq_ids[i] for i in batch.sample.nonzero()[0]]
 
 
 def test_merger_runs_one_pass_at_a_time_and_splits_outputs_by_position():
@@ -20,17 +32,17 @@ def test_merger_runs_one_pass_at_a_time_and_splits_outputs_by_position():
         assert not running, "two passes at once"
         running.append(1)
         time.sleep(0.05)
-        passes.append([s.seq_id for s in batch.seqs])
+        passes.append(list(batch.seq_ids))
         running.pop()
-        return [SampleOutput(s.seq_id, i) for i, s in enumerate(batch.seqs) if s.sample]
+        return [SampleOutput(s, i) for i, s in enumerate(batch.seq_ids) if batch.sample[i]]
 
     merger = StepMerger(launch_of(execute))
     results = {}
 
     def call(name, n):
         # the same seq ids from every caller (two gateways both say "0/0")
-        batch = StepBatch([step("0/0"), step("0/1", sample=False), *[step(f"x{i}") for i in range(n)]])
-        results[name] = merger.run(batch)[0]
+        mine = batch(step("0/0"), step("0/1", sample=False), *[step(f"x{i}") for i in range(n)])
+        results[name] = merger.run(mine)[0]
 
     threads = [threading.Thread(target=call, args=(f"g{i}", i)) for i in range(4)]
     for t in threads:
@@ -51,15 +63,15 @@ def test_merger_fails_every_call_of_a_failed_pass_and_goes_on():
         calls.append(batch)
         if len(calls) == 1:
             raise ValueError("bad slot")
-        return [SampleOutput(s.seq_id, 0) for s in batch.seqs]
+        return [SampleOutput(s, 0) for s in batch.seq_ids]
 
     merger = StepMerger(launch_of(execute))
     try:
-        merger.run(StepBatch([step("a")]))
+        merger.run(batch(step("a")))
         raise AssertionError("no error")
     except ValueError:
         pass
-    assert merger.run(StepBatch([step("b")]))[0][0].seq_id == "b"
+    assert merger.run(batch(step("b")))[0][0].seq_id == "b"
 
 
 def test_merger_waits_briefly_for_an_active_caller_so_two_gateways_share_passes():
@@ -67,14 +79,14 @@ def test_merger_waits_briefly_for_an_active_caller_so_two_gateways_share_passes(
 
     def execute(batch):
         time.sleep(0.02)
-        sizes.append(len(batch.seqs))
-        return [SampleOutput(s.seq_id, 0) for s in batch.seqs]
+        sizes.append(batch.num_seqs)
+        return [SampleOutput(s, 0) for s in batch.seq_ids]
 
     merger = StepMerger(launch_of(execute), window=1.0, max_wait_s=0.05)
 
     def gateway(name):  # steps in turn: each waits for its answer, then plans for 2 ms
         for _ in range(10):
-            assert len(merger.run(StepBatch([step(name)]), caller=name)[0]) == 1
+            assert len(merger.run(batch(step(name)), caller=name)[0]) == 1
             time.sleep(0.002)
 
     threads = [threading.Thread(target=gateway, args=(n,)) for n in ("a", "b")]
@@ -89,16 +101,16 @@ def test_merger_splits_prompt_only_outputs_with_the_sampled_ones():
     sp = SamplingParams(prompt_logprobs=0)
 
     def scoring(seq_id):  # a prompt chunk of 1 of a 3-token prompt: scores prompt token 1, samples nothing
-        return SeqStep(seq_id, [1], 0, [0], [0], False, sp, 0, [1, 2, 3])
+        return Seq(seq_id, [1], 0, [0], False, sp, 0, prompt=[1, 2, 3])
 
     def execute(batch):
-        return [SampleOutput(s.seq_id, 9) if s.sample else SampleOutput(s.seq_id, -1, sampled=False)
-                for s in batch.seqs if s.reports]
+        return [SampleOutput(batch.seq_ids[i], 9) if batch.sample[i] else
+                SampleOutput(batch.seq_ids[i], -1, sampled=False) for i in batch.reports().nonzero()[0]]
 
     merger = StepMerger(launch_of(execute))
     results = {}
-    batches = {"g0": StepBatch([scoring("0/0"), step("0/1")]),
-               "g1": StepBatch([step("0/0", sample=False), scoring("0/1"), step("0/2")])}
+    batches = {"g0": batch(scoring("0/0"), step("0/1")),
+               "g1": batch(step("0/0", sample=False), scoring("0/1"), step("0/2"))}
     threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, merger.run(batches[n])[0]))
                for n in batches]
     for t in threads:
@@ -114,11 +126,11 @@ def test_merged_pass_carries_every_callers_forget_list_and_block_copies():
 
     def execute(batch):
         seen.append((list(batch.forget), list(batch.copies)))
-        return [SampleOutput(s.seq_id, 0) for s in batch.seqs if s.sample]
+        return [SampleOutput(s, 0) for s in sampled(batch)]
 
     merger = StepMerger(launch_of(execute))
-    batch = StepBatch([step("x")], forget=["gone/0", "gone/1"], copies=[(3, 4)])
-    assert merger.run(batch)[0] == [SampleOutput("x", 0)]
+    mine = batch(step("x"), forget=["gone/0", "gone/1"], copies=[(3, 4)])
+    assert merger.run(mine)[0] == [SampleOutput("x", 0)]
     assert seen == [(["gone/0", "gone/1"], [(3, 4)])]
 
 
@@ -130,8 +142,8 @@ class BehindDevice:
 
     def launch(self, batch):
         self.free_at = max(time.monotonic(), self.free_at) + self.seconds
-        self.launched.append((time.monotonic(), self.free_at, [s.seq_id for s in batch.seqs]))
-        return Launched([SampleOutput(s.seq_id, len(self.launched)) for s in batch.seqs], self.seconds,
+        self.launched.append((time.monotonic(), self.free_at, list(batch.seq_ids)))
+        return Launched([SampleOutput(s, len(self.launched)) for s in batch.seq_ids], self.seconds,
                         self.free_at)
 
 
@@ -144,7 +156,7 @@ def test_next_pass_is_launched_while_the_last_runs_and_answers_wait_for_the_devi
     answered, order = {}, []
 
     def call(name):
-        outputs, seconds = merger.run(StepBatch([step(name)]), caller=name,
+        outputs, seconds = merger.run(batch(step(name)), caller=name,
                                       before=lambda: order.append(("before", name)),
                                       after=lambda outs: order.append(("after", name)))
         answered[name] = (time.monotonic(), outputs[0].token_id, seconds)
@@ -179,7 +191,7 @@ def test_a_failed_launch_behind_a_running_pass_fails_its_caller_only():
 
     def call(name):
         try:
-            results[name] = merger.run(StepBatch([step(name)]))[0][0].seq_id
+            results[name] = merger.run(batch(step(name)))[0][0].seq_id
         except ValueError as e:
             results[name] = str(e)
 
@@ -190,3 +202,45 @@ def test_a_failed_launch_behind_a_running_pass_fails_its_caller_only():
     first.join()
     call("c")
     assert results == {"a": "a", "b": "bad slot", "c": "c"}
+
+
+def test_a_merged_pass_hands_each_caller_the_rows_it_left_out():
+    """A sequence the pass left out (pagedserve.executor.seq_screen sets the merged batch's
+    errors) is marked in its caller's own batch, at its own row, and reports its error there."""
+    entered, gate, passes = threading.Event(), threading.Event(), []
+
+    def execute(merged):
+        passes.append(list(merged.seq_ids))
+        entered.set()
+        gate.wait(5)
+        for i, seq_id in enumerate(merged.seq_ids):
+            if seq_id.startswith("bad"):
+                merged.errors[i] = f"ValueError: {seq_id}"
+        return [SampleOutput(merged.seq_ids[i], -1, sampled=False, error=merged.errors[i]) if i in merged.errors
+                else SampleOutput(merged.seq_ids[i], 5) for i in merged.reports().nonzero()[0]]
+
+    merger = StepMerger(launch_of(execute))
+    batches = {"w": batch(step("w")), "g0": batch(step("0/0"), step("bad0")),
+               "g1": batch(step("bad1"), step("0/1", sample=False), step("0/2"))}
+    results = {}
+
+    def call(name):
+        results[name] = merger.run(batches[name], caller=name)[0]
+
+    threads = [threading.Thread(target=call, args=("w",))]
+    threads[0].start()
+    assert entered.wait(5)  # a pass runs: the two that come now queue behind it
+    threads += [threading.Thread(target=call, args=(n,)) for n in ("g0", "g1")]
+    for t in threads[1:]:
+        t.start()
+    deadline = time.monotonic() + 5
+    while len(merger._queue) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    gate.set()
+    for t in threads:
+        t.join()
+    assert passes == [["w"], ["0/0", "bad0", "bad1", "0/1", "0/2"]] or \
+        passes == [["w"], ["bad1", "0/1", "0/2", "0/0", "bad0"]]  # one merged pass, in either order
+    assert batches["g0"].errors == {1: "ValueError: bad0"} and batches["g1"].errors == {0: "ValueError: bad1"}
+    assert [(o.seq_id, o.error) for o in results["g0"]] == [("0/0", ""), ("bad0", "ValueError: bad0")]
+    assert [(o.seq_id, o.error) for o in results["g1"]] == [("bad1", "ValueError: bad1"), ("0/2", "")]

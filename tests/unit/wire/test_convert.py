@@ -11,7 +11,7 @@ from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.wire import convert
 from pagedserve.wire.protocol import (
     Grant, Grants, KVGeometry, ModelInfo, Plan, PlanEntry, PoolStats, Preemption, PromptLogprob, Rejection,
-    ReserveResult, SampleOutput, SamplingParams, SeqStep, StepBatch,
+    ReserveResult, SampleOutput, SamplingParams,
 )
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.v1 import executor_pb2, generation_pb2, memory_pb2
@@ -163,21 +163,6 @@ def test_stats_carry_the_host_tier():
 def test_prompt_logprobs_validation(kw, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kw).validate()
-
-
-def test_prompt_logprob_positions_of_each_chunk():
-    prompt = [5, 6, 7, 8, 9]
-    sp = SamplingParams(prompt_logprobs=1)
-
-    def step(start, n, sampling=sp, sample=False):
-        return SeqStep("a", prompt[start:start + n] or [1], start, [0] * max(n, 1), [0], sample, sampling, 0,
-                       list(prompt))
-    # chunks [0, 2), [2, 4), [4, 5): positions 0..3 score prompt tokens 1..4
-    assert list(step(0, 2).prompt_logprob_positions()) == [0, 1]
-    assert list(step(2, 2).prompt_logprob_positions()) == [2, 3]
-    assert not step(4, 1, sample=True).prompt_logprob_positions()  # the last token: sampled only
-    assert not step(5, 1, sample=True).prompt_logprob_positions()  # decode
-    assert step(0, 2).reports and not step(0, 2, SamplingParams()).reports
 
 
 # -- every field of every message, generated -------------------------------------------------

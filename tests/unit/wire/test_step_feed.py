@@ -1,44 +1,16 @@
-"""pagedserve.wire.step_feed: fed tokens filled from the last samples, steps run in their numbered
-order; pagedserve.wire.ordered_executor running an in-process executor as the service runs one."""
+"""pagedserve.wire.step_feed: steps run in their numbered order, a lost feed told from other
+failures; pagedserve.step.local_engine running an in-process executor as the service runs one
+(its fills and records: tests/unit/step/test_running_set.py)."""
 import threading
 import time
 
 import pytest
 
-from pagedserve.wire.ordered_executor import OrderedExecutor
+from pagedserve.step.local_engine import LocalEngine
 from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import (
-    KVGeometry,
-    SampleOutput,
-    SamplingParams,
-    SeqStep,
-    StepBatch,
-)
+from pagedserve.wire.protocol import KVGeometry, SampleOutput, SamplingParams
 from pagedserve.wire.step_delta import StepDelta
-from pagedserve.wire.step_feed import FedTokenUnknown, LastSampled, StepOrder, lost_feed
-
-
-def seq(seq_id, tokens, start, sample=True, output=()):
-    return SeqStep(seq_id, list(tokens), start, [0] * len(tokens), [0], sample, SamplingParams(), 0,
-                   [], list(output))
-
-
-def test_fill_puts_the_last_sample_in_place_and_refuses_an_unknown_one_whole():
-    feed = LastSampled()
-    first = StepBatch([seq("a", [1, 2], 0), seq("b", [3], 0, sample=False), seq("c", [4], 0)])
-    feed.record(first, [SampleOutput("a", 10), SampleOutput("c", 30)])
-    ok = StepBatch([seq("a", [PENDING], 2, output=[PENDING]), seq("b", [5], 1), seq("c", [PENDING], 1)])
-    assert feed.fill(ok) == [0, 2]
-    assert ok.seqs[0].token_ids == [10] and ok.seqs[0].output_token_ids == [10]
-    assert ok.seqs[2].token_ids == [30]
-    # "a" sampled at position 2 only; "b" never sampled: the whole batch is refused unchanged
-    bad = StepBatch([seq("a", [PENDING], 2), seq("b", [PENDING], 2)])
-    with pytest.raises(FedTokenUnknown):
-        feed.fill(bad)
-    assert bad.seqs[0].token_ids == [PENDING]
-    feed.record(StepBatch([], forget=["a"]), [])
-    with pytest.raises(FedTokenUnknown):
-        feed.fill(StepBatch([seq("a", [PENDING], 2)]))
+from pagedserve.wire.step_feed import FedTokenUnknown, StepOrder, lost_feed
 
 
 def test_lost_feed_tells_a_missing_fed_token_from_other_failures():
@@ -79,7 +51,7 @@ def test_steps_pass_in_their_order_and_retries_or_unordered_ones_at_once():
     joined.wait_turn(57)  # the first step a restarted executor hears of goes at once
 
 
-def test_ordered_executor_runs_steps_in_order_and_feeds_itself():
+def test_local_engine_runs_steps_in_order_and_feeds_itself():
     ran = []
 
     class Info:
@@ -90,14 +62,17 @@ def test_ordered_executor_runs_steps_in_order_and_feeds_itself():
             return Info()
 
         def execute(self, batch):
-            ran.append((batch.step, [(s.token_ids[0], s.slot_mapping) for s in batch.seqs]))
+            starts = batch.starts
+            ran.append((batch.step, [(int(batch.token_ids[starts[i]]), batch.slot_mapping[starts[i]:starts[i + 1]].tolist())
+                                     for i in range(batch.num_seqs)]))
             time.sleep(0.02)
-            return [SampleOutput(s.seq_id, s.token_ids[0] + 1) for s in batch.seqs if s.sample]
+            return [SampleOutput(batch.seq_ids[i], int(batch.token_ids[starts[i]]) + 1)
+                    for i in batch.sample.nonzero()[0]]
 
     class Src:
         sampling, seed, prompt_token_ids, output_token_ids, block_table = SamplingParams(), 0, [6], [], [5]
 
-    ex = OrderedExecutor(Echo())
+    ex = LocalEngine(Echo())
     results = {}
     d1 = StepDelta(["a"], [3], [1], [7], [True], [0], [1], [5], [Src()], step=1)
     d2 = StepDelta(["a"], [4], [1], [PENDING], [True], [1], [1], [9], [Src()], step=2)
@@ -110,4 +85,28 @@ def test_ordered_executor_runs_steps_in_order_and_feeds_itself():
     assert results[2][0].token_id == 9
     assert d2.token_ids == [PENDING]  # the caller's step is left as it was
     ex.execute(StepDelta(forget=["a"], step=3))
-    assert ex.held == {}
+    assert len(ex.running) == 0
+
+
+def test_local_engine_takes_a_whole_table_from_memsvc_for_a_sequence_it_does_not_hold():
+    class Info:
+        kv = KVGeometry(1, 1, 1, 4)
+
+    class Slots:
+        def model_info(self):
+            return Info()
+
+        def execute(self, batch):
+            return [SampleOutput(batch.seq_ids[0], int(batch.slot_mapping[0]))]
+
+    class Src:
+        sampling, seed, prompt_token_ids, output_token_ids = SamplingParams(), 0, [6, 7, 8, 9, 10], []
+
+    step = StepDelta(["a"], [4], [1], [10], [True], [1], [1], [9], [Src()], step=1)  # a change from block 1 on
+    with pytest.raises(ValueError, match="no `tables`"):
+        LocalEngine(Slots()).execute(step)
+    asked = []
+    engine = LocalEngine(Slots(), tables=lambda ids: asked.append(ids) or [[5, 9]])
+    assert engine.execute(step)[0].token_id == 9 * 4 + 0 and asked == [["a"]]
+    with pytest.raises(ValueError, match="does not carry its state"):
+        engine.execute(StepDelta(["b"], [0], [1], [1], [True], [0], [1], [2], [None], step=2))
