@@ -11,6 +11,8 @@ the default for max_tokens and n; unset optional fields mean their defaults).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from pagedserve.wire.protocol import (
     Grants,
     KVGeometry,
@@ -31,17 +33,16 @@ from pagedserve.wire.v1 import executor_pb2, generation_pb2, memory_pb2
 # -- sampling and geometry ---------------------------------------------------------------
 
 
+_SAMPLING = generation_pb2.SamplingParams.DESCRIPTOR.fields_by_name
+_SAMPLING_FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]
+missing = [name for name in _SAMPLING_FIELDS if name not in _SAMPLING]
+assert not missing, f"SamplingParams fields with no field in generation.proto's SamplingParams: {missing}"
+
+
 def sampling_to_proto(sp: SamplingParams) -> generation_pb2.SamplingParams:
-    return generation_pb2.SamplingParams(
-        max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
-        min_p=sp.min_p, seed=sp.seed, stop=sp.stop, stop_token_ids=sp.stop_token_ids,
-        n=sp.n, ignore_eos=sp.ignore_eos, logprobs=sp.logprobs,
-        repetition_penalty=sp.repetition_penalty, presence_penalty=sp.presence_penalty,
-        frequency_penalty=sp.frequency_penalty, beam_width=sp.beam_width,
-        length_penalty=sp.length_penalty, early_stopping=sp.early_stopping,
-        guided_kind=sp.guided_kind, guided_spec=sp.guided_spec, prompt_logprobs=sp.prompt_logprobs,
-        min_tokens=sp.min_tokens, logit_bias=sp.logit_bias,
-    )
+    """Field by field, by name (a field unset where it is None)."""
+    return generation_pb2.SamplingParams(**{name: v for name in _SAMPLING_FIELDS
+                                            if (v := getattr(sp, name)) is not None})
 
 
 def _f32(x: float) -> float:
@@ -49,34 +50,25 @@ def _f32(x: float) -> float:
     return float(f"{x:.7g}")
 
 
+def _sampling_value(m: generation_pb2.SamplingParams, name: str):
+    fd = _SAMPLING[name]
+    if fd.has_presence and not m.HasField(name):
+        return DEFAULTS[name]
+    v = getattr(m, name)
+    if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+        return {k: _f32(x) for k, x in v.items()}
+    if fd.is_repeated:
+        return list(v)
+    if fd.type == fd.TYPE_FLOAT:
+        return _f32(v)
+    return v if v or not DEFAULTS[name] else DEFAULTS[name]  # unset (0) without presence: its default
+
+
 def sampling_from_proto(m: generation_pb2.SamplingParams) -> SamplingParams:
-    """Unset optional fields (and a beam_width of 0) take their defaults from
-    pagedserve.wire.sampling_fields; the message is not validated here (SamplingParams.validate)."""
-    has, d = m.HasField, DEFAULTS
-    return SamplingParams(
-        max_tokens=m.max_tokens if has("max_tokens") else d["max_tokens"],
-        temperature=_f32(m.temperature) if has("temperature") else d["temperature"],
-        top_p=_f32(m.top_p) if has("top_p") else d["top_p"],
-        top_k=m.top_k,
-        min_p=_f32(m.min_p),
-        repetition_penalty=_f32(m.repetition_penalty) if has("repetition_penalty") else d["repetition_penalty"],
-        presence_penalty=_f32(m.presence_penalty),
-        frequency_penalty=_f32(m.frequency_penalty),
-        seed=m.seed if has("seed") else d["seed"],
-        stop=list(m.stop),
-        stop_token_ids=list(m.stop_token_ids),
-        ignore_eos=m.ignore_eos,
-        min_tokens=m.min_tokens,
-        logit_bias={t: _f32(v) for t, v in m.logit_bias.items()},
-        logprobs=m.logprobs if has("logprobs") else d["logprobs"],
-        n=m.n if has("n") else d["n"],
-        beam_width=m.beam_width or d["beam_width"],
-        length_penalty=_f32(m.length_penalty) if has("length_penalty") else d["length_penalty"],
-        early_stopping=m.early_stopping,
-        guided_kind=m.guided_kind,
-        guided_spec=m.guided_spec,
-        prompt_logprobs=m.prompt_logprobs if has("prompt_logprobs") else d["prompt_logprobs"],
-    )
+    """Field by field, by name; unset fields (optional ones not set, others left 0, as a
+    beam_width of 0) take their defaults from pagedserve.wire.sampling_fields. The message is
+    not validated here (SamplingParams.validate)."""
+    return SamplingParams(**{name: _sampling_value(m, name) for name in _SAMPLING_FIELDS})
 
 
 def geometry_to_proto(g: KVGeometry) -> memory_pb2.KVGeometry:
