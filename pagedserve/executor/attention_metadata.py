@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pagedserve.executor.staging import Staging
 from pagedserve.step.step_batch import StepBatch
 
 
@@ -33,8 +34,10 @@ class AttentionMetadata:
         return self.input_ids.numel()
 
     @classmethod
-    def from_batch(cls, batch: StepBatch, device: torch.device | str = "cpu") -> "AttentionMetadata":
-        """The tensors of a StepBatch's columns (pagedserve.executor.seq_screen checks them)."""
+    def from_batch(cls, batch: StepBatch, device: torch.device | str = "cpu",
+                   staging: Staging | None = None) -> "AttentionMetadata":
+        """The tensors of a StepBatch's columns (pagedserve.executor.seq_screen checks them),
+        through `staging` (pinned buffers, non-blocking copies) when given."""
         if not batch.num_seqs:
             raise ValueError("empty StepBatch")
         n = batch.num_tokens
@@ -45,17 +48,10 @@ class AttentionMetadata:
             positions = np.arange(len(batch.token_ids), dtype=np.int64) - np.repeat(starts[:-1] - batch.start_pos, n)
         seq_lens = batch.start_pos + n
         sample = starts[1:][batch.sample] - 1
-
-        def t(x, dtype):
-            return torch.from_numpy(np.ascontiguousarray(x, dtype=dtype)).to(device)
-
-        return cls(
-            input_ids=t(batch.token_ids, np.int64),
-            positions=t(positions, np.int64),
-            slot_mapping=t(batch.slot_mapping, np.int64),
-            block_tables=t(batch.block_tables, np.int32),
-            seq_lens=t(seq_lens, np.int32),
-            query_start_loc=t(starts, np.int32),
-            sample_indices=t(sample, np.int64),
-            max_seq_len=int(seq_lens.max()),
-        )
+        staging = staging or Staging(device)
+        input_ids, positions, slots, sample = staging.send([batch.token_ids, positions, batch.slot_mapping, sample],
+                                                           np.int64)
+        tables, lens, starts_t = staging.send([batch.block_tables, seq_lens, starts], np.int32)
+        return cls(input_ids=input_ids, positions=positions, slot_mapping=slots, block_tables=tables,
+                   seq_lens=lens, query_start_loc=starts_t, sample_indices=sample,
+                   max_seq_len=int(seq_lens.max()))

@@ -11,6 +11,7 @@ from pagedserve.executor.model_config import ModelConfig
 from pagedserve.executor.prompt_logprobs import PromptScoring, attach
 from pagedserve.executor.sampler import Sampler
 from pagedserve.executor.seq_screen import run_screened, screen
+from pagedserve.executor.staging import Staging
 from pagedserve.kernels import copy_blocks
 from pagedserve.step.step_batch import StepBatch
 from pagedserve.wire.protocol import SampleOutput
@@ -48,6 +49,7 @@ class ModelRunner:
         if kv_pool.dtype != self.model.dtype:
             raise ValueError(f"KV pool dtype {kv_pool.dtype} differs from the model's {self.model.dtype}")
         self.kv_pool, self.holds_pool = kv_pool, holds_pool
+        self.staging = Staging(kv_pool.device)
         self.graphs = DecodeGraphs.for_pool(self.model, self.config, kv_pool)  # None on a CPU
 
     @torch.inference_mode()
@@ -58,7 +60,7 @@ class ModelRunner:
             if batch.errors:
                 i = min(batch.errors)
                 raise ValueError(batch.errors[i].split(": ", 1)[1])
-        meta = AttentionMetadata.from_batch(batch, pool.device)
+        meta = AttentionMetadata.from_batch(batch, pool.device, self.staging)
         if batch.copies:
             self._copy(batch.copies)
         if self.graphs is not None and self.graphs.eligible(meta):
