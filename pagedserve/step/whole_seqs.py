@@ -27,10 +27,16 @@ class Seq:
 
 
 def batch_of(seqs: list[Seq], block_size: int, **batch_fields) -> StepBatch:
-    """The StepBatch of `seqs` (ValueError as the running set raises it)."""
+    """The StepBatch of `seqs` (ValueError as the running set raises it, and for a sequence
+    given twice or whose prompt and output do not reach its start)."""
     running = RunningSet(block_size)
     for s in seqs:
+        if s.seq_id in running.row_of:
+            raise ValueError(f"sequence {s.seq_id}: given twice in one step (one row each)")
         history = (list(s.prompt) + list(s.output))[:s.start]
+        if (s.prompt or s.output) and len(history) < s.start:
+            raise ValueError(f"sequence {s.seq_id}: its prompt and output hold {len(history)} tokens, "
+                             f"fewer than the {s.start} before its step")
         running.admit(s.seq_id, s.sampling, s.seed, len(s.prompt), history, s.prompt, s.table)
     return running.apply([s.seq_id for s in seqs], [s.start for s in seqs], [len(s.tokens) for s in seqs],
                          [t for s in seqs for t in s.tokens], None, [s.sample for s in seqs],

@@ -63,7 +63,8 @@ def test_local_engine_runs_steps_in_order_and_feeds_itself():
 
         def execute(self, batch):
             starts = batch.starts
-            ran.append((batch.step, [(int(batch.token_ids[starts[i]]), batch.slot_mapping[starts[i]:starts[i + 1]].tolist())
+            ran.append((batch.step, [(int(batch.token_ids[starts[i]]),
+                                      batch.slot_mapping[starts[i]:starts[i + 1]].tolist())
                                      for i in range(batch.num_seqs)]))
             time.sleep(0.02)
             return [SampleOutput(batch.seq_ids[i], int(batch.token_ids[starts[i]]) + 1)
