@@ -45,7 +45,9 @@ class GatewayConfig:
     chat_template: str | None = setting(None, "a Jinja chat template file to render chat requests "
                                         "with, instead of the model's own (both APIs; read at start)", metavar="FILE")
     reasoning_parser: str | None = setting(None, "split a <think>-style model's reasoning from its "
-                                           "answer on the chat API (reasoning_content)",
+                                           "answer in chat requests: the HTTP API's "
+                                           "reasoning_content, the gRPC API's "
+                                           "GenerateResponse.reasoning",
                                            choices=["qwen3", "deepseek_r1"])
     http_host: str = setting("127.0.0.1", "address of the OpenAI-compatible HTTP API")
     http_port: int = setting(8000, "port of the OpenAI-compatible HTTP API (also serves /metrics), "

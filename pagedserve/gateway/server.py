@@ -2,7 +2,9 @@
 
 Contract:
 - Generate / Chat stream GenerateResponse messages; each of the n completions ends with a
-  message carrying its finish_reason (stop, length). usage is on every message.
+  message carrying its finish_reason (stop, length). usage is on every message. With
+  `reasoning_parser` (--reasoning-parser), a Chat without a grammar has its output split as
+  the HTTP API's (pagedserve.gateway.reasoning): the reasoning in `reasoning`, the answer in `text`.
 - INVALID_ARGUMENT for a bad request (the message names the field and what it may hold:
   pagedserve.wire.sampling_fields, pagedserve.gateway.request_limits), before anything is queued;
   RESOURCE_EXHAUSTED for a request the KV pool can never hold, UNAVAILABLE while the
@@ -50,6 +52,7 @@ from pagedserve.gateway.batch_loop import BatchLoop
 from pagedserve.gateway.in_process import step_clients
 from pagedserve.gateway.metrics import GatewayMetrics
 from pagedserve.gateway.parse_pool import ParsePool
+from pagedserve.gateway.reasoning import ReasoningStream, parser_for
 from pagedserve.gateway.request_limits import utf8_size
 from pagedserve.gateway.request_guard import DecodeGuard
 from pagedserve.gateway.request_stream import RequestStream, StreamError
@@ -91,10 +94,12 @@ class Backend:
             self.memory.stats()
 
 
-def to_response(d: Delta, request_id: str) -> pb.GenerateResponse:
+def to_response(d: Delta, request_id: str, split: ReasoningStream | None = None) -> pb.GenerateResponse:
+    """`d` as a message; `split`: its completion's reasoning parser, which d.text goes through."""
+    reasoning, text = split.step(d.text, bool(d.finish_reason)) if split is not None else ("", d.text)
     r = pb.GenerateResponse(
-        index=d.index, text=d.text, token_ids=d.token_ids, finish_reason=d.finish_reason or "",
-        request_id=request_id,
+        index=d.index, text=text, reasoning=reasoning, token_ids=d.token_ids,
+        finish_reason=d.finish_reason or "", request_id=request_id,
         usage=pb.Usage(prompt_tokens=d.prompt_tokens, completion_tokens=d.completion_tokens,
                        cached_tokens=d.cached_tokens),
     )
@@ -110,8 +115,9 @@ def to_response(d: Delta, request_id: str) -> pb.GenerateResponse:
 
 class GenerationService(pb_grpc.GenerationServicer):
     def __init__(self, scheduler: SchedulerConfig, max_waiting: int = 0, step_retry_s: float = 60.0,
-                 metrics: GatewayMetrics | None = None):
+                 metrics: GatewayMetrics | None = None, reasoning_parser: str | None = None):
         self.scheduler_config = scheduler
+        self.reasoning_parser = reasoning_parser  # both APIs' (pagedserve.gateway.reasoning)
         self.max_waiting = max_waiting
         self.step_retry_s = step_retry_s
         self.metrics = metrics or GatewayMetrics()
@@ -166,7 +172,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         async for r in self._guarded(context, lambda: chat_prompt(request, self._tokenizer(),
                                                                   self.info.max_model_len),
                                      request.model, request.sampling, request.priority,
-                                     request.request_id, "chat", request.cache_salt):
+                                     request.request_id, "chat", request.cache_salt, chat=True):
             yield r
 
     async def ListModels(self, request, context):
@@ -206,7 +212,8 @@ class GenerationService(pb_grpc.GenerationServicer):
                            "the gateway is starting: waiting for the executor and memsvc")
 
     async def _guarded(self, context, prompt: Callable[[], list[int]], model: str, sampling_pb,
-                       priority: int, client_request_id: str, operation: str, salt: str = ""):
+                       priority: int, client_request_id: str, operation: str, salt: str = "",
+                       chat: bool = False):
         def read() -> tuple:
             check_request_field("cache_salt", salt)
             return sampling_from_proto(sampling_pb, self.info.max_model_len), prompt()
@@ -222,24 +229,28 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.active += 1
         try:
             async for r in self._stream(context, prompt_ids, sampling, priority, client_request_id,
-                                        operation, salt or None):
+                                        operation, salt or None,
+                                        parser_for(self.reasoning_parser, chat, sampling)):
                 yield r
         finally:
             self.active -= 1
 
     async def _stream(self, context, prompt_ids, sampling, priority, client_request_id, operation,
-                      salt: str | None = None):
+                      salt: str | None = None, reasoning: str | None = None):
         stream = RequestStream(self.runner, [prompt_ids], sampling, operation=operation,
                                model=self.info.name, telemetry=self.telemetry,
                                metadata=context.invocation_metadata(), priority=priority, salt=salt,
                                public_id=client_request_id)
         public_id = client_request_id or stream.ids[0]
+        splits: dict[int, ReasoningStream] = {}  # completion index -> its parser
         ended = False
         try:
             await stream.start()
             async for batch in stream.batches():
                 for _, d in batch:
-                    yield to_response(d, public_id)
+                    if reasoning and d.index not in splits:
+                        splits[d.index] = ReasoningStream(reasoning)
+                    yield to_response(d, public_id, splits.get(d.index))
             ended = True
         except StreamError as e:
             ended = True
@@ -258,9 +269,11 @@ class Gateway:
                  host: str = "127.0.0.1", port: int = 50051, retry_seconds: float = 1.0, *,
                  max_waiting: int = 0, step_retry_s: float = 60.0, api_key: str | None = None,
                  credentials: grpc.ServerCredentials | None = None,
-                 max_message_bytes: int = PUBLIC_MAX_MESSAGE_BYTES, metrics: GatewayMetrics | None = None):
+                 max_message_bytes: int = PUBLIC_MAX_MESSAGE_BYTES, metrics: GatewayMetrics | None = None,
+                 reasoning_parser: str | None = None):
         self.connect = connect
-        self.service = GenerationService(scheduler or SchedulerConfig(), max_waiting, step_retry_s, metrics)
+        self.service = GenerationService(scheduler or SchedulerConfig(), max_waiting, step_retry_s, metrics,
+                                         reasoning_parser)
         self.health = health.aio.HealthServicer()
         self.address = f"{host}:{port}"
         self.retry_seconds = retry_seconds

@@ -56,6 +56,7 @@ from pagedserve.gateway.openai.openapi import openapi_document
 from pagedserve.gateway.openai.request import (OpenAIRequest, detokenize_body, parse_chat, parse_completion,
                                     tokenize_body)
 from pagedserve.gateway.openai.response import DONE, Formatter, sse
+from pagedserve.gateway.reasoning import parser_for
 from pagedserve.gateway.request_stream import RequestStream, StreamError
 
 CLIENT_CLOSED = 499
@@ -122,9 +123,8 @@ async def _unless_disconnected(request: Request, coro):
 
 class OpenAIApi:
     def __init__(self, gateway, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-                 metrics_upstreams: list[tuple[str, str]] | None = None, reasoning_parser: str | None = None):
+                 metrics_upstreams: list[tuple[str, str]] | None = None):
         self.gateway = gateway
-        self.reasoning_parser = reasoning_parser  # pagedserve.gateway.openai.reasoning
         self.api_key = api_key or None
         self.max_body_bytes = max_body_bytes
         self.metrics = ReplicaMetrics(gateway.service.metrics.registry, metrics_upstreams,
@@ -214,8 +214,7 @@ class OpenAIApi:
             raw = await read_body(request, self.max_body_bytes)
             req = await service.parse_pool.run(_parsed, parse, raw, service.info, service.backend.tokenizer)
             self._service()  # a drain may have begun while it was read
-            if req.chat and self.reasoning_parser and not req.sampling.guided:
-                req.reasoning = self.reasoning_parser
+            req.reasoning = parser_for(service.reasoning_parser, req.chat, req.sampling)
             stream = RequestStream(service.runner, req.prompts, req.sampling,
                                    operation="chat" if req.chat else "text_completion",
                                    model=service.info.name, telemetry=service.telemetry,
@@ -303,6 +302,6 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 def build_app(gateway, api_key: str | None = None, **options) -> Starlette:
-    """`options`: max_body_bytes, metrics_upstreams, reasoning_parser (OpenAIApi)."""
+    """`options`: max_body_bytes, metrics_upstreams (OpenAIApi)."""
     return OpenAIApi(gateway, api_key, **options).app()
 
