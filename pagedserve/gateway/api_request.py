@@ -14,6 +14,7 @@ import grpc
 from pagedserve.gateway import chat_template, request_limits
 from pagedserve.wire import convert, sampling_fields
 from pagedserve.wire.protocol import ModelInfo, SamplingParams
+from pagedserve.wire.served_names import names_of, serves
 
 
 class ApiError(Exception):
@@ -58,9 +59,11 @@ def check_request_field(name: str, value) -> None:
 
 
 def check_model(requested: str, info: ModelInfo) -> None:
-    if requested and requested != info.name:
-        raise invalid(f"model {requested!r} is not served here; this gateway serves {info.name!r} "
-                      "(or leave model empty)")
+    """NOT_FOUND unless the gateway serves a model named `requested` (empty: the model)."""
+    if not serves(info, requested):
+        served = ", ".join(repr(n) for n in names_of(info))
+        raise ApiError(grpc.StatusCode.NOT_FOUND, f"model: {requested!r} is not served here; this "
+                       f"gateway serves {served} (or leave model empty)")
 
 
 def check_text_size(size: int, max_model_len: int | None, tokenizer, what: str) -> None:

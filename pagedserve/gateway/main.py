@@ -106,7 +106,8 @@ async def serve(config: GatewayConfig) -> int:
                       step_retry_s=config.step_retry_timeout, api_key=config.api_key or None,
                       credentials=tls.server_credentials(require_client_cert=False),
                       max_message_bytes=config.max_request_bytes,
-                      reasoning_parser=config.reasoning_parser)
+                      reasoning_parser=config.reasoning_parser,
+                      served_model_name=config.served_model_name)
     if config.replica or config.discover:
         gateway.connect = replica_set(config, gateway.service, tls, token, template)
     try:

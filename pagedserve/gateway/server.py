@@ -1,6 +1,9 @@
 """The public pagedserve.v1.Generation service on grpc.aio, plus health and reflection.
 
 Contract:
+- The model is served under `served_model_name` (--served-model-name; off: the executor's
+  name): ListModels lists every name, a request naming another is NOT_FOUND
+  (pagedserve.wire.served_names).
 - Generate / Chat stream GenerateResponse messages; each of the n completions ends with a
   message carrying its finish_reason (stop, length). usage is on every message. With
   `reasoning_parser` (--reasoning-parser), a Chat without a grammar has its output split as
@@ -63,6 +66,7 @@ from pagedserve.gateway.step_runner import StepRunner, describe
 from pagedserve.gateway.step_telemetry import ObservedExecutor, ObservedMemory
 from pagedserve.wire.convert import prompt_logprobs_to_proto
 from pagedserve.wire.protocol import Delta
+from pagedserve.wire.served_names import named, names_of
 from pagedserve.wire.v1 import generation_pb2 as pb
 from pagedserve.wire.v1 import generation_pb2_grpc as pb_grpc
 
@@ -115,8 +119,10 @@ def to_response(d: Delta, request_id: str, split: ReasoningStream | None = None)
 
 class GenerationService(pb_grpc.GenerationServicer):
     def __init__(self, scheduler: SchedulerConfig, max_waiting: int = 0, step_retry_s: float = 60.0,
-                 metrics: GatewayMetrics | None = None, reasoning_parser: str | None = None):
+                 metrics: GatewayMetrics | None = None, reasoning_parser: str | None = None,
+                 served_model_name: list[str] | None = None):
         self.scheduler_config = scheduler
+        self.served_names = list(served_model_name or [])  # off: the executor's name (wire.served_names)
         self.reasoning_parser = reasoning_parser  # both APIs' (pagedserve.gateway.reasoning)
         self.max_waiting = max_waiting
         self.step_retry_s = step_retry_s
@@ -132,7 +138,7 @@ class GenerationService(pb_grpc.GenerationServicer):
     def attach(self, backend: Backend, on_step_error=None, on_step_ok=None) -> None:
         """Run on `backend`: steps retried through service restarts, observed, then batched."""
         runner = self.build_runner(backend, on_step_error, on_step_ok)
-        self.info = runner.loop.info
+        self.info = named(runner.loop.info, self.served_names)
         self.backend = backend
         self.runner = runner
         self.metrics.watch_scheduler(lambda: runner.loop.scheduler, self.info.name)
@@ -156,7 +162,7 @@ class GenerationService(pb_grpc.GenerationServicer):
     def attach_replicas(self, replicas) -> None:
         """Run on several replicas (pagedserve.gateway.replica_set.ReplicaSet, connected): it routes each
         request to one of them and stands in for the step runner."""
-        self.info = replicas.info
+        self.info = named(replicas.info, self.served_names)
         self.backend = Backend(None, None, replicas.backend.tokenizer)
         self.runner = replicas
         self.metrics.watch_scheduler(replicas.queues, self.info.name)
@@ -180,8 +186,8 @@ class GenerationService(pb_grpc.GenerationServicer):
             self._ready_or_raise_sync()
         except ApiError as e:
             await context.abort(e.code, e.message)
-        return pb.ListModelsResponse(models=[pb.ModelCard(name=self.info.name,
-                                                          max_model_len=self.info.max_model_len)])
+        return pb.ListModelsResponse(models=[pb.ModelCard(name=name, max_model_len=self.info.max_model_len)
+                                             for name in names_of(self.info)])
 
     async def Tokenize(self, request, context):
         try:
@@ -270,10 +276,10 @@ class Gateway:
                  max_waiting: int = 0, step_retry_s: float = 60.0, api_key: str | None = None,
                  credentials: grpc.ServerCredentials | None = None,
                  max_message_bytes: int = PUBLIC_MAX_MESSAGE_BYTES, metrics: GatewayMetrics | None = None,
-                 reasoning_parser: str | None = None):
+                 reasoning_parser: str | None = None, served_model_name: list[str] | None = None):
         self.connect = connect
         self.service = GenerationService(scheduler or SchedulerConfig(), max_waiting, step_retry_s, metrics,
-                                         reasoning_parser)
+                                         reasoning_parser, served_model_name)
         self.health = health.aio.HealthServicer()
         self.address = f"{host}:{port}"
         self.retry_seconds = retry_seconds

@@ -8,6 +8,8 @@ bodies' schemas, pagedserve.gateway.openai.openapi; no API key). The app shares 
 StepRunner, so HTTP and gRPC requests are batched together.
 
 Contract:
+- The model's every name (--served-model-name, pagedserve.wire.served_names) is listed by
+  /v1/models and served; responses report the first; another model is a 404 naming them.
 - With an API key set, every /v1 route needs `Authorization: Bearer <key>` (else 401).
 - Errors are OpenAI's {"error": {...}} with 400 (the bad parameter in `param`), 401, 404
   (unknown model or path), 503 (starting, or the backend failed). A streamed response
@@ -58,6 +60,7 @@ from pagedserve.gateway.openai.request import (OpenAIRequest, detokenize_body, p
 from pagedserve.gateway.openai.response import DONE, Formatter, sse
 from pagedserve.gateway.reasoning import parser_for
 from pagedserve.gateway.request_stream import RequestStream, StreamError
+from pagedserve.wire.served_names import names_of, serves
 
 CLIENT_CLOSED = 499
 MAX_BODY_BYTES = 4 << 20
@@ -159,17 +162,18 @@ class OpenAIApi:
     async def models(self, request: Request) -> Response:
         try:
             self._authorize(request)
-            return JSONResponse({"object": "list", "data": [self._card()]})
+            info = self._service().info
+            return JSONResponse({"object": "list", "data": [self._card(info, n) for n in names_of(info)]})
         except OpenAIError as e:
             return error_response(e)
 
     async def model(self, request: Request) -> Response:
         try:
             self._authorize(request)
-            card = self._card()
-            if request.path_params["model"] != card["id"]:
-                raise model_not_found(request.path_params["model"], card["id"])
-            return JSONResponse(card)
+            info, model = self._service().info, request.path_params["model"]
+            if not serves(info, model):
+                raise model_not_found(model, names_of(info))
+            return JSONResponse(self._card(info, model))
         except OpenAIError as e:
             return error_response(e)
 
@@ -281,9 +285,8 @@ class OpenAIApi:
             raise unavailable("the gateway is starting: waiting for the executor and memsvc")
         return service
 
-    def _card(self) -> dict:
-        info = self._service().info
-        return {"id": info.name, "object": "model", "created": self.created, "owned_by": "pagedserve",
+    def _card(self, info, name: str) -> dict:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "pagedserve",
                 "max_model_len": info.max_model_len}
 
 
