@@ -4,12 +4,15 @@ Defaults follow generation.proto (declared in pagedserve.wire.sampling_fields): 
 16, unset n means 1, unset temperature and top_p mean 1.0; an explicit max_tokens or n of 0
 is refused. Every field is checked against its declaration (SamplingParams.validate) before
 a grammar is prepared or a prompt tokenized, and a text prompt too large for the model is
-refused by its size before it is tokenized (pagedserve.gateway.request_limits). Anything wrong raises
-ApiError with a gRPC status code and a message that names the field.
+refused by its size before it is tokenized (pagedserve.gateway.request_limits). A field this
+gateway's generation.proto lacks (a client built from a newer one) is refused by its number
+(`check_known_fields`): protobuf would set it aside, dropped without a word. Anything wrong
+raises ApiError with a gRPC status code and a message that names the field.
 """
 from __future__ import annotations
 
 import grpc
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from pagedserve.gateway import chat_template, request_limits
 from pagedserve.wire import convert, sampling_fields
@@ -48,6 +51,28 @@ def sampling_from_proto(p, max_model_len: int | None = None) -> SamplingParams:
         except ValueError as e:
             raise invalid(f"sampling.guided_spec ({sp.guided_kind}): {e}") from None
     return sp
+
+
+def check_known_fields(message, path: str = "") -> None:
+    """INVALID_ARGUMENT naming the first field of `message` (nested messages too) that this
+    gateway's proto does not declare; `path`: where `message` sits in the request."""
+    unknown = sorted({f.field_number for f in UnknownFieldSet(message)})
+    if unknown:
+        raise invalid(f"{path.rstrip('.') or 'the request'}: field number {unknown[0]} is not a field of "
+                      f"{message.DESCRIPTOR.full_name} in this gateway's API (a client built from a "
+                      "newer generation.proto?): leave it out, or upgrade the gateway")
+    for fd, value in message.ListFields():
+        if fd.message_type is None:
+            continue
+        if fd.message_type.GetOptions().map_entry:
+            if fd.message_type.fields_by_name["value"].message_type is not None:
+                for key, item in value.items():
+                    check_known_fields(item, f"{path}{fd.name}[{key!r}].")
+        elif fd.is_repeated:
+            for i, item in enumerate(value):
+                check_known_fields(item, f"{path}{fd.name}[{i}].")
+        else:
+            check_known_fields(value, f"{path}{fd.name}.")
 
 
 def check_request_field(name: str, value) -> None:

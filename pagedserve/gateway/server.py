@@ -8,7 +8,8 @@ Contract:
   message carrying its finish_reason (stop, length). usage is on every message. With
   `reasoning_parser` (--reasoning-parser), a Chat without a grammar has its output split as
   the HTTP API's (pagedserve.gateway.reasoning): the reasoning in `reasoning`, the answer in `text`.
-- INVALID_ARGUMENT for a bad request (the message names the field and what it may hold:
+- INVALID_ARGUMENT for a bad request, a field this gateway's proto lacks among them (the
+  message names the field and what it may hold:
   pagedserve.wire.sampling_fields, pagedserve.gateway.request_limits), before anything is queued;
   RESOURCE_EXHAUSTED for a request the KV pool can never hold, UNAVAILABLE while the
   backend is not ready or when a step fails. Other requests keep going.
@@ -49,8 +50,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pagedserve.gateway.api_key import ApiKeyInterceptor
-from pagedserve.gateway.api_request import (ApiError, chat_prompt, check_model, check_request_field,
-                                 check_text_size, generate_prompt, sampling_from_proto)
+from pagedserve.gateway.api_request import (ApiError, chat_prompt, check_known_fields, check_model,
+                                            check_request_field, check_text_size, generate_prompt,
+                                            sampling_from_proto)
 from pagedserve.gateway.batch_loop import BatchLoop
 from pagedserve.gateway.in_process import step_clients
 from pagedserve.gateway.metrics import GatewayMetrics
@@ -168,15 +170,15 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.metrics.watch_scheduler(replicas.queues, self.info.name)
 
     async def Generate(self, request, context):
-        async for r in self._guarded(context, lambda: generate_prompt(request, self._tokenizer(),
-                                                                      self.info.max_model_len),
+        async for r in self._guarded(context, request, lambda: generate_prompt(request, self._tokenizer(),
+                                                                               self.info.max_model_len),
                                      request.model, request.sampling, request.priority,
                                      request.request_id, "text_completion", request.cache_salt):
             yield r
 
     async def Chat(self, request, context):
-        async for r in self._guarded(context, lambda: chat_prompt(request, self._tokenizer(),
-                                                                  self.info.max_model_len),
+        async for r in self._guarded(context, request, lambda: chat_prompt(request, self._tokenizer(),
+                                                                           self.info.max_model_len),
                                      request.model, request.sampling, request.priority,
                                      request.request_id, "chat", request.cache_salt, chat=True):
             yield r
@@ -184,6 +186,7 @@ class GenerationService(pb_grpc.GenerationServicer):
     async def ListModels(self, request, context):
         try:
             self._ready_or_raise_sync()
+            check_known_fields(request)
         except ApiError as e:
             await context.abort(e.code, e.message)
         return pb.ListModelsResponse(models=[pb.ModelCard(name=name, max_model_len=self.info.max_model_len)
@@ -192,6 +195,7 @@ class GenerationService(pb_grpc.GenerationServicer):
     async def Tokenize(self, request, context):
         try:
             self._ready_or_raise_sync()
+            check_known_fields(request)
             check_model(request.model, self.info)
             if self.backend.tokenizer is None:
                 raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, "this model has no tokenizer")
@@ -217,10 +221,11 @@ class GenerationService(pb_grpc.GenerationServicer):
             raise ApiError(grpc.StatusCode.UNAVAILABLE,
                            "the gateway is starting: waiting for the executor and memsvc")
 
-    async def _guarded(self, context, prompt: Callable[[], list[int]], model: str, sampling_pb,
+    async def _guarded(self, context, request, prompt: Callable[[], list[int]], model: str, sampling_pb,
                        priority: int, client_request_id: str, operation: str, salt: str = "",
                        chat: bool = False):
         def read() -> tuple:
+            check_known_fields(request)
             check_request_field("cache_salt", salt)
             return sampling_from_proto(sampling_pb, self.info.max_model_len), prompt()
 
