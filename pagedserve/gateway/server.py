@@ -227,6 +227,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         def read() -> tuple:
             check_known_fields(request)
             check_request_field("cache_salt", salt)
+            check_request_field("request_id", client_request_id)
             return sampling_from_proto(sampling_pb, self.info.max_model_len), prompt()
 
         try:

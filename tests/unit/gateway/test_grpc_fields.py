@@ -103,3 +103,11 @@ def test_a_field_this_gateway_does_not_know_is_refused_by_its_number_and_place(g
     assert "field number 1" in call(g, "ListModels", unknown(1))
     out = collect(g.stub.Generate(pb.GenerateRequest(prompt_token_ids=[1, 2], sampling=greedy(2)), timeout=30))
     assert len(out[0]["token_ids"]) == 2  # the requests it knows go on
+
+
+def test_a_request_id_is_bounded_as_it_is_echoed_in_every_message(g):
+    said = call(g, "Generate", pb.GenerateRequest(prompt_token_ids=[1], request_id="r" * 1025).SerializeToString())
+    assert said.startswith("request_id must") and "at most 1024 characters" in said
+    out = collect(g.stub.Generate(pb.GenerateRequest(prompt_token_ids=[1], request_id="r" * 1024,
+                                                     sampling=greedy(1)), timeout=30))
+    assert out[0]["request_id"] == "r" * 1024
