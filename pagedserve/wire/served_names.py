@@ -4,6 +4,7 @@ the others), /v1/models and ListModels list them all.
 
 The setting is declared once, here, for the executor's config (its ModelInfo.name, its
 metrics) and the gateway's (what the APIs serve; `pagedserve serve` gives both the same).
+The executor sends one name; the gateway sets ModelInfo.aliases from its own setting.
 `named(info, names)` is `info` under `names` (itself when there are none); `names_of(info)`
 every name it answers to; `serves(info, model)` whether a request naming `model` (empty:
 any) is served.
