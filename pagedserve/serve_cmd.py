@@ -173,7 +173,7 @@ def pin_model(args) -> None:
     from pagedserve.executor.model_source import resolve_model, served_name
 
     path = resolve_model(config.model, config.revision)
-    args.served_model_name = served_name(config.model, path, config.served_model_name)
+    args.served_model_name = config.served_model_name or [served_name(config.model, path)]
     args.model, args.revision = path, None
 
 

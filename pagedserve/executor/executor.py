@@ -22,7 +22,8 @@ from pagedserve.wire.protocol import KVGeometry, ModelInfo, SampleOutput
 class Executor:
     """Executor(model, dtype, block_size, device, linear_backend): load `model` (None: the
     default model; a hub id at `revision`, a Hugging Face directory or a .gguf file:
-    pagedserve.executor.model_source), served as `served_model_name` (off: model_source.served_name), its
+    pagedserve.executor.model_source), named by the first of `served_model_name` (off:
+    model_source.served_name), its
     linear layers multiplying by `linear_backend` (pagedserve.executor.linear_backend: "auto" times the
     candidates on this machine; linear_plan holds the choice per weight shape). model_impl:
     --model-impl (pagedserve.executor.model_config.MODEL_IMPLS); a tensor-parallel group is native.
@@ -42,7 +43,7 @@ class Executor:
                  device: str = "cpu", linear_backend: str = "auto", tensor_parallel_size: int = 1,
                  group_timeout: float = tensor_parallel.DEFAULT_TIMEOUT_S, on_group_lost=None,
                  rank: tuple[int, str] | None = None, group=None, revision: str | None = None,
-                 served_model_name: str | None = None, model_impl: str = "auto"):
+                 served_model_name: list[str] | str | None = None, model_impl: str = "auto"):
         parse_dtype(dtype)
         if torch.device(device).type == "cpu":
             use_owned_cores()

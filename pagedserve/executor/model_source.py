@@ -74,11 +74,12 @@ def resolve_model(model: str | None, revision: str | None = None, progress: bool
                          f"of the form org/name)")
 
 
-def served_name(model: str | None, model_dir: str, served_model_name: str | None = None) -> str:
-    """The name clients ask for: --served-model-name, else the hub id (given, or read from a
-    hub cache snapshot's path), else the directory's or .gguf file's base name."""
+def served_name(model: str | None, model_dir: str, served_model_name: list[str] | str | None = None) -> str:
+    """The name responses report: --served-model-name's (the first of several), else the hub
+    id (given, or read from a hub cache snapshot's path), else the directory's or .gguf
+    file's base name."""
     if served_model_name:
-        return served_model_name
+        return served_model_name if isinstance(served_model_name, str) else served_model_name[0]
     if model is None:
         return DEFAULT_NAME
     if not os.path.exists(os.path.expanduser(model)) and hub.looks_like_hub_id(model):

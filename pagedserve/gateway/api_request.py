@@ -4,16 +4,20 @@ Defaults follow generation.proto (declared in pagedserve.wire.sampling_fields): 
 16, unset n means 1, unset temperature and top_p mean 1.0; an explicit max_tokens or n of 0
 is refused. Every field is checked against its declaration (SamplingParams.validate) before
 a grammar is prepared or a prompt tokenized, and a text prompt too large for the model is
-refused by its size before it is tokenized (pagedserve.gateway.request_limits). Anything wrong raises
-ApiError with a gRPC status code and a message that names the field.
+refused by its size before it is tokenized (pagedserve.gateway.request_limits). A field this
+gateway's generation.proto lacks (a client built from a newer one) is refused by its number
+(`check_known_fields`): protobuf would set it aside, dropped without a word. Anything wrong
+raises ApiError with a gRPC status code and a message that names the field.
 """
 from __future__ import annotations
 
 import grpc
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from pagedserve.gateway import chat_template, request_limits
 from pagedserve.wire import convert, sampling_fields
 from pagedserve.wire.protocol import ModelInfo, SamplingParams
+from pagedserve.wire.served_names import names_of, serves
 
 
 class ApiError(Exception):
@@ -49,6 +53,28 @@ def sampling_from_proto(p, max_model_len: int | None = None) -> SamplingParams:
     return sp
 
 
+def check_known_fields(message, path: str = "") -> None:
+    """INVALID_ARGUMENT naming the first field of `message` (nested messages too) that this
+    gateway's proto does not declare; `path`: where `message` sits in the request."""
+    unknown = sorted({f.field_number for f in UnknownFieldSet(message)})
+    if unknown:
+        raise invalid(f"{path.rstrip('.') or 'the request'}: field number {unknown[0]} is not a field of "
+                      f"{message.DESCRIPTOR.full_name} in this gateway's API (a client built from a "
+                      "newer generation.proto?): leave it out, or upgrade the gateway")
+    for fd, value in message.ListFields():
+        if fd.message_type is None:
+            continue
+        if fd.message_type.GetOptions().map_entry:
+            if fd.message_type.fields_by_name["value"].message_type is not None:
+                for key, item in value.items():
+                    check_known_fields(item, f"{path}{fd.name}[{key!r}].")
+        elif fd.is_repeated:
+            for i, item in enumerate(value):
+                check_known_fields(item, f"{path}{fd.name}[{i}].")
+        else:
+            check_known_fields(value, f"{path}{fd.name}.")
+
+
 def check_request_field(name: str, value) -> None:
     """INVALID_ARGUMENT unless `value` is what request field `name` may hold (pagedserve.wire.sampling_fields)."""
     try:
@@ -58,9 +84,11 @@ def check_request_field(name: str, value) -> None:
 
 
 def check_model(requested: str, info: ModelInfo) -> None:
-    if requested and requested != info.name:
-        raise invalid(f"model {requested!r} is not served here; this gateway serves {info.name!r} "
-                      "(or leave model empty)")
+    """NOT_FOUND unless the gateway serves a model named `requested` (empty: the model)."""
+    if not serves(info, requested):
+        served = ", ".join(repr(n) for n in names_of(info))
+        raise ApiError(grpc.StatusCode.NOT_FOUND, f"model: {requested!r} is not served here; this "
+                       f"gateway serves {served} (or leave model empty)")
 
 
 def check_text_size(size: int, max_model_len: int | None, tokenizer, what: str) -> None:

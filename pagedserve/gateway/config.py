@@ -11,6 +11,7 @@ from pagedserve.rpc.internal_auth import check_token, internal_token_setting
 from pagedserve.rpc.metrics import metrics_port_setting
 from pagedserve.rpc.tls import TlsConfig
 from pagedserve.rpc.tracing import TracingConfig
+from pagedserve.wire.served_names import served_model_name_setting
 from pagedserve.wire.settings import setting
 
 GATEWAY_PORT = 50051
@@ -44,8 +45,11 @@ class GatewayConfig:
     grammar: GrammarBudget = field(default_factory=GrammarBudget)
     chat_template: str | None = setting(None, "a Jinja chat template file to render chat requests "
                                         "with, instead of the model's own (both APIs; read at start)", metavar="FILE")
+    served_model_name: list[str] = served_model_name_setting()
     reasoning_parser: str | None = setting(None, "split a <think>-style model's reasoning from its "
-                                           "answer on the chat API (reasoning_content)",
+                                           "answer in chat requests: the HTTP API's "
+                                           "reasoning_content, the gRPC API's "
+                                           "GenerateResponse.reasoning",
                                            choices=["qwen3", "deepseek_r1"])
     http_host: str = setting("127.0.0.1", "address of the OpenAI-compatible HTTP API")
     http_port: int = setting(8000, "port of the OpenAI-compatible HTTP API (also serves /metrics), "

@@ -105,7 +105,9 @@ async def serve(config: GatewayConfig) -> int:
                       host=config.host, port=config.port, max_waiting=config.max_waiting,
                       step_retry_s=config.step_retry_timeout, api_key=config.api_key or None,
                       credentials=tls.server_credentials(require_client_cert=False),
-                      max_message_bytes=config.max_request_bytes)
+                      max_message_bytes=config.max_request_bytes,
+                      reasoning_parser=config.reasoning_parser,
+                      served_model_name=config.served_model_name)
     if config.replica or config.discover:
         gateway.connect = replica_set(config, gateway.service, tls, token, template)
     try:
@@ -131,8 +133,7 @@ async def serve(config: GatewayConfig) -> int:
             http = await start_openai(gateway, config.http_host, config.http_port, config.api_key, tls=tls,
                                       write_timeout=config.http_write_timeout,
                                       max_body_bytes=config.max_request_bytes,
-                                      metrics_upstreams=config.upstreams(),
-                                      reasoning_parser=config.reasoning_parser)
+                                      metrics_upstreams=config.upstreams())
         except OSError as e:
             log.error("cannot listen on %s:%d (HTTP): %s", config.http_host, config.http_port, e)
             await gateway.stop(grace=0)

@@ -1,9 +1,15 @@
 """The public pagedserve.v1.Generation service on grpc.aio, plus health and reflection.
 
 Contract:
+- The model is served under `served_model_name` (--served-model-name; off: the executor's
+  name): ListModels lists every name, a request naming another is NOT_FOUND
+  (pagedserve.wire.served_names).
 - Generate / Chat stream GenerateResponse messages; each of the n completions ends with a
-  message carrying its finish_reason (stop, length). usage is on every message.
-- INVALID_ARGUMENT for a bad request (the message names the field and what it may hold:
+  message carrying its finish_reason (stop, length). usage is on every message. With
+  `reasoning_parser` (--reasoning-parser), a Chat without a grammar has its output split as
+  the HTTP API's (pagedserve.gateway.reasoning): the reasoning in `reasoning`, the answer in `text`.
+- INVALID_ARGUMENT for a bad request, a field this gateway's proto lacks among them (the
+  message names the field and what it may hold:
   pagedserve.wire.sampling_fields, pagedserve.gateway.request_limits), before anything is queued;
   RESOURCE_EXHAUSTED for a request the KV pool can never hold, UNAVAILABLE while the
   backend is not ready or when a step fails. Other requests keep going.
@@ -44,12 +50,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pagedserve.gateway.api_key import ApiKeyInterceptor
-from pagedserve.gateway.api_request import (ApiError, chat_prompt, check_model, check_request_field,
-                                 check_text_size, generate_prompt, sampling_from_proto)
+from pagedserve.gateway.api_request import (ApiError, chat_prompt, check_known_fields, check_model,
+                                            check_request_field, check_text_size, generate_prompt,
+                                            sampling_from_proto)
 from pagedserve.gateway.batch_loop import BatchLoop
 from pagedserve.gateway.in_process import step_clients
 from pagedserve.gateway.metrics import GatewayMetrics
 from pagedserve.gateway.parse_pool import ParsePool
+from pagedserve.gateway.reasoning import ReasoningStream, parser_for
 from pagedserve.gateway.request_limits import utf8_size
 from pagedserve.gateway.request_guard import DecodeGuard
 from pagedserve.gateway.request_stream import RequestStream, StreamError
@@ -60,6 +68,7 @@ from pagedserve.gateway.step_runner import StepRunner, describe
 from pagedserve.gateway.step_telemetry import ObservedExecutor, ObservedMemory
 from pagedserve.wire.convert import prompt_logprobs_to_proto
 from pagedserve.wire.protocol import Delta
+from pagedserve.wire.served_names import named, names_of
 from pagedserve.wire.v1 import generation_pb2 as pb
 from pagedserve.wire.v1 import generation_pb2_grpc as pb_grpc
 
@@ -91,10 +100,12 @@ class Backend:
             self.memory.stats()
 
 
-def to_response(d: Delta, request_id: str) -> pb.GenerateResponse:
+def to_response(d: Delta, request_id: str, split: ReasoningStream | None = None) -> pb.GenerateResponse:
+    """`d` as a message; `split`: its completion's reasoning parser, which d.text goes through."""
+    reasoning, text = split.step(d.text, bool(d.finish_reason)) if split is not None else ("", d.text)
     r = pb.GenerateResponse(
-        index=d.index, text=d.text, token_ids=d.token_ids, finish_reason=d.finish_reason or "",
-        request_id=request_id,
+        index=d.index, text=text, reasoning=reasoning, token_ids=d.token_ids,
+        finish_reason=d.finish_reason or "", request_id=request_id,
         usage=pb.Usage(prompt_tokens=d.prompt_tokens, completion_tokens=d.completion_tokens,
                        cached_tokens=d.cached_tokens),
     )
@@ -110,8 +121,11 @@ def to_response(d: Delta, request_id: str) -> pb.GenerateResponse:
 
 class GenerationService(pb_grpc.GenerationServicer):
     def __init__(self, scheduler: SchedulerConfig, max_waiting: int = 0, step_retry_s: float = 60.0,
-                 metrics: GatewayMetrics | None = None):
+                 metrics: GatewayMetrics | None = None, reasoning_parser: str | None = None,
+                 served_model_name: list[str] | None = None):
         self.scheduler_config = scheduler
+        self.served_names = list(served_model_name or [])  # off: the executor's name (wire.served_names)
+        self.reasoning_parser = reasoning_parser  # both APIs' (pagedserve.gateway.reasoning)
         self.max_waiting = max_waiting
         self.step_retry_s = step_retry_s
         self.metrics = metrics or GatewayMetrics()
@@ -126,7 +140,7 @@ class GenerationService(pb_grpc.GenerationServicer):
     def attach(self, backend: Backend, on_step_error=None, on_step_ok=None) -> None:
         """Run on `backend`: steps retried through service restarts, observed, then batched."""
         runner = self.build_runner(backend, on_step_error, on_step_ok)
-        self.info = runner.loop.info
+        self.info = named(runner.loop.info, self.served_names)
         self.backend = backend
         self.runner = runner
         self.metrics.watch_scheduler(lambda: runner.loop.scheduler, self.info.name)
@@ -150,36 +164,38 @@ class GenerationService(pb_grpc.GenerationServicer):
     def attach_replicas(self, replicas) -> None:
         """Run on several replicas (pagedserve.gateway.replica_set.ReplicaSet, connected): it routes each
         request to one of them and stands in for the step runner."""
-        self.info = replicas.info
+        self.info = named(replicas.info, self.served_names)
         self.backend = Backend(None, None, replicas.backend.tokenizer)
         self.runner = replicas
         self.metrics.watch_scheduler(replicas.queues, self.info.name)
 
     async def Generate(self, request, context):
-        async for r in self._guarded(context, lambda: generate_prompt(request, self._tokenizer(),
-                                                                      self.info.max_model_len),
+        async for r in self._guarded(context, request, lambda: generate_prompt(request, self._tokenizer(),
+                                                                               self.info.max_model_len),
                                      request.model, request.sampling, request.priority,
                                      request.request_id, "text_completion", request.cache_salt):
             yield r
 
     async def Chat(self, request, context):
-        async for r in self._guarded(context, lambda: chat_prompt(request, self._tokenizer(),
-                                                                  self.info.max_model_len),
+        async for r in self._guarded(context, request, lambda: chat_prompt(request, self._tokenizer(),
+                                                                           self.info.max_model_len),
                                      request.model, request.sampling, request.priority,
-                                     request.request_id, "chat", request.cache_salt):
+                                     request.request_id, "chat", request.cache_salt, chat=True):
             yield r
 
     async def ListModels(self, request, context):
         try:
             self._ready_or_raise_sync()
+            check_known_fields(request)
         except ApiError as e:
             await context.abort(e.code, e.message)
-        return pb.ListModelsResponse(models=[pb.ModelCard(name=self.info.name,
-                                                          max_model_len=self.info.max_model_len)])
+        return pb.ListModelsResponse(models=[pb.ModelCard(name=name, max_model_len=self.info.max_model_len)
+                                             for name in names_of(self.info)])
 
     async def Tokenize(self, request, context):
         try:
             self._ready_or_raise_sync()
+            check_known_fields(request)
             check_model(request.model, self.info)
             if self.backend.tokenizer is None:
                 raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, "this model has no tokenizer")
@@ -205,10 +221,13 @@ class GenerationService(pb_grpc.GenerationServicer):
             raise ApiError(grpc.StatusCode.UNAVAILABLE,
                            "the gateway is starting: waiting for the executor and memsvc")
 
-    async def _guarded(self, context, prompt: Callable[[], list[int]], model: str, sampling_pb,
-                       priority: int, client_request_id: str, operation: str, salt: str = ""):
+    async def _guarded(self, context, request, prompt: Callable[[], list[int]], model: str, sampling_pb,
+                       priority: int, client_request_id: str, operation: str, salt: str = "",
+                       chat: bool = False):
         def read() -> tuple:
+            check_known_fields(request)
             check_request_field("cache_salt", salt)
+            check_request_field("request_id", client_request_id)
             return sampling_from_proto(sampling_pb, self.info.max_model_len), prompt()
 
         try:
@@ -222,24 +241,28 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.active += 1
         try:
             async for r in self._stream(context, prompt_ids, sampling, priority, client_request_id,
-                                        operation, salt or None):
+                                        operation, salt or None,
+                                        parser_for(self.reasoning_parser, chat, sampling)):
                 yield r
         finally:
             self.active -= 1
 
     async def _stream(self, context, prompt_ids, sampling, priority, client_request_id, operation,
-                      salt: str | None = None):
+                      salt: str | None = None, reasoning: str | None = None):
         stream = RequestStream(self.runner, [prompt_ids], sampling, operation=operation,
                                model=self.info.name, telemetry=self.telemetry,
                                metadata=context.invocation_metadata(), priority=priority, salt=salt,
                                public_id=client_request_id)
         public_id = client_request_id or stream.ids[0]
+        splits: dict[int, ReasoningStream] = {}  # completion index -> its parser
         ended = False
         try:
             await stream.start()
             async for batch in stream.batches():
                 for _, d in batch:
-                    yield to_response(d, public_id)
+                    if reasoning and d.index not in splits:
+                        splits[d.index] = ReasoningStream(reasoning)
+                    yield to_response(d, public_id, splits.get(d.index))
             ended = True
         except StreamError as e:
             ended = True
@@ -258,9 +281,11 @@ class Gateway:
                  host: str = "127.0.0.1", port: int = 50051, retry_seconds: float = 1.0, *,
                  max_waiting: int = 0, step_retry_s: float = 60.0, api_key: str | None = None,
                  credentials: grpc.ServerCredentials | None = None,
-                 max_message_bytes: int = PUBLIC_MAX_MESSAGE_BYTES, metrics: GatewayMetrics | None = None):
+                 max_message_bytes: int = PUBLIC_MAX_MESSAGE_BYTES, metrics: GatewayMetrics | None = None,
+                 reasoning_parser: str | None = None, served_model_name: list[str] | None = None):
         self.connect = connect
-        self.service = GenerationService(scheduler or SchedulerConfig(), max_waiting, step_retry_s, metrics)
+        self.service = GenerationService(scheduler or SchedulerConfig(), max_waiting, step_retry_s, metrics,
+                                         reasoning_parser, served_model_name)
         self.health = health.aio.HealthServicer()
         self.address = f"{host}:{port}"
         self.retry_seconds = retry_seconds

@@ -153,6 +153,7 @@ class ModelInfo:
     chat_template: str | None
     tokenizer_dir: str
     kv: KVGeometry
+    aliases: list[str] = field(default_factory=list)  # other names it is served under (wire.served_names)
 
 
 @dataclass

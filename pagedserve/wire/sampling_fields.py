@@ -1,7 +1,7 @@
 """Every request field declared once: its type on the wire, its range and its default.
 
 `FIELDS` declares each SamplingParams field, `REQUEST_FIELDS` the request's own (priority,
-cache_salt). SamplingParams takes its defaults from here and validates with `check`;
+cache_salt, request_id). SamplingParams takes its defaults from here and validates with `check`;
 pagedserve.wire.convert takes the proto's defaults from here; the OpenAI API's request models
 (pagedserve.gateway.openai.models) take their types and bounds from here. So both public APIs and the
 messages between services agree on what a field may hold.
@@ -36,6 +36,7 @@ MAX_STOP = 32  # stop strings, each matched against every new piece of text
 MAX_STOP_CHARS = 1024  # characters of one stop string
 MAX_STOP_TOKEN_IDS = 128  # stop token ids, looked up for every sampled token
 MAX_SALT_CHARS = 1024  # cache_salt: hashed into the key of every block of the prompt
+MAX_REQUEST_ID_CHARS = 1024  # request_id: echoed in every response message (gRPC) and span
 MAX_LOGIT_BIAS = 1024  # logit_bias entries, each added to its token's logit every step
 FLOAT32_MAX = 3.4028234663852886e38
 INT32 = (-2 ** 31, 2 ** 31 - 1)
@@ -94,6 +95,7 @@ FIELDS = {f.name: f for f in (
 REQUEST_FIELDS = {f.name: f for f in (
     _f("priority", int, "int32", 0, *INT32, note=" (lower runs first)"),
     _f("cache_salt", str, "string", "", max_chars=MAX_SALT_CHARS),
+    _f("request_id", str, "string", "", max_chars=MAX_REQUEST_ID_CHARS),
 )}
 DEFAULTS = {f.name: f.default for f in FIELDS.values()}
 

@@ -9,6 +9,9 @@ type is a dataclass (TlsConfig, TracingConfig, MemoryConfig) contributes that da
 flags, under the same names in every service; a field declared without `setting` is set in
 process only (no flag).
 
+A list field's flag is repeated for several values (`--replica A --replica B`), or with
+`several=True` takes them after one flag too, as vLLM's `--served-model-name a b`.
+
 `wiring=True` marks where a process listens and whom it calls (host, port, peer
 addresses, metrics port): `pagedserve serve` chooses those itself for its children.
 """
@@ -25,12 +28,13 @@ ENV_PREFIX = "PAGEDSERVE_"
 
 def setting(default: Any = None, help: str = "", *, env: str | None = None,
             choices: list[str] | None = None, metavar: str | None = None, wiring: bool = False,
-            name: str | None = None, secret: bool = False):
+            name: str | None = None, secret: bool = False, several: bool = False):
     """A config field that is also a command-line flag (see the module docstring); `name`
     replaces the field's name in the flag, the namespace and the environment variable; a
-    `secret` never goes into `to_argv` (visible in `ps`): `secret_env` passes it instead."""
+    `secret` never goes into `to_argv` (visible in `ps`): `secret_env` passes it instead;
+    `several`: a list's flag takes several values at once."""
     meta = {"help": help, "env": env, "choices": choices, "metavar": metavar, "wiring": wiring,
-            "name": name, "secret": secret}
+            "name": name, "secret": secret, "several": several}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -117,9 +121,14 @@ def add_flags(parser, cls, *, only: typing.Iterable[str] | None = None,
             if f.metadata["metavar"]:
                 kwargs["metavar"] = f.metadata["metavar"]
             if is_list:
-                kwargs["action"] = "append"
+                several = f.metadata.get("several")
+                kwargs["action"] = "extend" if several else "append"
+                if several:
+                    kwargs["nargs"] = "+"
                 kwargs["default"] = None
-                kwargs["help"] = help_text.replace("; default", "; repeat for several; default")
+                kwargs["help"] = help_text.replace("; default", "; several after the flag or the flag "
+                                                   "repeated; default" if several else
+                                                   "; repeat for several; default")
         parser.add_argument(flag_name(f), **kwargs)
     return None
 

@@ -126,7 +126,6 @@ BAD = [
     (pb.GenerateRequest(prompt_token_ids=[1], sampling=pb.SamplingParams(temperature=-0.5)), "temperature"),
     (pb.GenerateRequest(prompt_token_ids=[1], sampling=pb.SamplingParams(top_p=0.0)), "top_p"),
     (pb.GenerateRequest(prompt_token_ids=[1], sampling=pb.SamplingParams(top_p=1.5)), "top_p"),
-    (pb.GenerateRequest(prompt_token_ids=[1], model="gpt-9"), "model"),
     (pb.GenerateRequest(prompt_token_ids=[1, 5000]), "prompt_token_ids"),
 ]
 
@@ -142,6 +141,9 @@ def test_bad_requests_get_invalid_argument_while_others_finish():
                 list(g.stub.Generate(req))
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (field, e.value.details())
             assert field in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:  # as the HTTP API's 404 (tests/unit/gateway/test_served_names.py)
+            list(g.stub.Generate(pb.GenerateRequest(prompt_token_ids=[1], model="gpt-9")))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "'fake'" in e.value.details()
         # the pool holds 256 tokens: this one can never fit
         with pytest.raises(grpc.RpcError) as e:
             list(g.stub.Generate(pb.GenerateRequest(prompt_token_ids=[3] * 10, sampling=greedy(1000))))

@@ -122,7 +122,7 @@ def thinking(tokenizer):
     from pagedserve.wire.protocol import SampleOutput
     from tests.support.openai_server import Server
 
-    s = Server(tokenizer, reasoning_parser="qwen3")
+    s = Server(tokenizer, gateway_options={"reasoning_parser": "qwen3"})
     script, written = tokenizer.encode(THOUGHT, add_special_tokens=False), {}
 
     def execute(batch):
@@ -151,6 +151,39 @@ def test_reasoning_parser_gives_reasoning_content_whole_and_streamed(thinking):
     assert "".join(d.content or "" for d in deltas) == "Paris."
     r = thinking.post("/v1/chat/completions", {**kw, "include_reasoning": False}).json()
     assert "reasoning_content" not in r["choices"][0]["message"]
+
+
+def grpc_chat(thinking, **sampling):
+    from pagedserve.wire.v1 import generation_pb2 as pb
+
+    sampling = pb.SamplingParams(max_tokens=len(thinking.script), **sampling)
+    return list(thinking.g.stub.Chat(pb.ChatRequest(messages=[pb.ChatMessage(role="user", content="Say hi.")],
+                                                    sampling=sampling), timeout=30))
+
+
+def test_the_grpc_chat_gives_the_reasoning_in_a_field_of_its_own(thinking):
+    body = thinking.post("/v1/chat/completions", {"messages": ASK, "max_tokens": len(thinking.script)}).json()
+    message = body["choices"][0]["message"]
+    out = grpc_chat(thinking, n=2)
+    for index in (0, 1):
+        mine = [r for r in out if r.index == index]
+        assert "".join(r.reasoning for r in mine) == message["reasoning_content"]  # the same parser
+        assert "".join(r.text for r in mine) == message["content"] == "Paris."
+        assert [t for r in mine for t in r.token_ids] == thinking.script  # every token still told
+        first_text = next(i for i, r in enumerate(mine) if r.text)
+        assert not any(r.reasoning for r in mine[first_text:])
+        assert mine[-1].finish_reason == "length"
+    assert sum(bool(r.reasoning) for r in out) > 2  # streamed in pieces, not held to the end
+
+
+def test_the_grpc_api_splits_chat_only_and_not_under_a_grammar(thinking):
+    from pagedserve.wire.v1 import generation_pb2 as pb
+
+    out = list(thinking.g.stub.Generate(pb.GenerateRequest(prompt="Say hi.", sampling=pb.SamplingParams(
+        max_tokens=len(thinking.script))), timeout=30))
+    assert "".join(r.text for r in out) == THOUGHT and not any(r.reasoning for r in out)
+    out = grpc_chat(thinking, guided_kind="regex", guided_spec="[<a-z/>\\n .A-Z]*")
+    assert "".join(r.text for r in out) == THOUGHT and not any(r.reasoning for r in out)
 
 
 def test_over_http_each_field_not_acted_on_is_a_400_naming_it(server):

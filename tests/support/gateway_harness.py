@@ -15,11 +15,12 @@ from pagedserve.wire.v1 import generation_pb2_grpc as pb_grpc
 
 
 class GatewayThread:
-    def __init__(self, connect, scheduler=None):
+    def __init__(self, connect, scheduler=None, **options):
+        """`options` go to the Gateway (reasoning_parser, served_model_name, ...)."""
         self.loop = uvloop.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.gateway = Gateway(connect, scheduler, port=0, retry_seconds=0.1)
+        self.gateway = Gateway(connect, scheduler, port=0, retry_seconds=0.1, **options)
         self.port = self._call(self.gateway.start())
         self.address = f"127.0.0.1:{self.port}"
         self.channel = grpc.insecure_channel(self.address)

@@ -20,8 +20,9 @@ class Server:
     """A Gateway on its own loop thread with the OpenAI API beside it on a free port."""
 
     def __init__(self, tokenizer, num_blocks=256, delay=0.0, api_key=None, gate=None, max_num_seqs=32,
-                 **options):
-        """`options` go to the OpenAI API (pagedserve.gateway.openai.app.OpenAIApi: reasoning_parser ...)."""
+                 gateway_options=None, **options):
+        """`gateway_options` go to the Gateway (reasoning_parser, served_model_name, ...),
+        `options` to the OpenAI API (pagedserve.gateway.openai.app.OpenAIApi)."""
         self.executor = SlowExecutor(BLOCK, 2048, delay=delay)
         self.executor.info.vocab_size = len(tokenizer)  # outputs stay below 999, never EOS
         self.memory = Serialized(MemoryManager(MemoryConfig(num_blocks=num_blocks, max_model_len=2048)))
@@ -32,7 +33,8 @@ class Server:
                 raise TimeoutError("gate")
             return Backend(self.memory, self.executor, tokenizer)
 
-        self.g = GatewayThread(connect, SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=512, overlap=False))
+        self.g = GatewayThread(connect, SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=512, overlap=False),
+                               **(gateway_options or {}))
         self.http = self.g._call(start_openai(self.g.gateway, "127.0.0.1", 0, api_key, **options))
         self.url = f"http://127.0.0.1:{self.http.port}"
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key or "none", max_retries=0)

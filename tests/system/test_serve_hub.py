@@ -42,3 +42,23 @@ def test_serve_a_hub_id_offline_from_the_cache(offline_cache, tmp_path):
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_count"):
         assert any(line.startswith(name + "{") and label in line for line in metrics.splitlines()), name
+
+
+def test_served_model_names_reach_both_apis_through_serve(offline_cache):
+    """`--served-model-name mine also`, as vLLM's: the gateway child serves both, reports the
+    first, lists both, and answers another name (the hub id too) with a 404 naming them."""
+    import grpc
+
+    from pagedserve.wire.v1 import generation_pb2 as pb
+    from pagedserve.wire.v1 import generation_pb2_grpc as pb_grpc
+
+    with serving_http(REPO_ID, "--kv-tokens", "1024", "--served-model-name", "mine", "also") as serve:
+        assert [m["id"] for m in httpx.get(serve.url + "/v1/models", timeout=30).json()["data"]] == ["mine", "also"]
+        ask = {"prompt": [5, 6], "max_tokens": 2, "temperature": 0}
+        r = httpx.post(serve.url + "/v1/completions", timeout=120, json={**ask, "model": "also"})
+        assert r.status_code == 200 and r.json()["model"] == "mine", r.text
+        r = httpx.post(serve.url + "/v1/completions", timeout=120, json={**ask, "model": REPO_ID})
+        assert r.status_code == 404 and "`mine`, `also`" in r.json()["error"]["message"]
+        with grpc.insecure_channel(f"127.0.0.1:{serve.port}") as channel:
+            models = pb_grpc.GenerationStub(channel).ListModels(pb.ListModelsRequest(), timeout=30).models
+        assert [m.name for m in models] == ["mine", "also"]

@@ -8,6 +8,8 @@ bodies' schemas, pagedserve.gateway.openai.openapi; no API key). The app shares 
 StepRunner, so HTTP and gRPC requests are batched together.
 
 Contract:
+- The model's every name (--served-model-name, pagedserve.wire.served_names) is listed by
+  /v1/models and served; responses report the first; another model is a 404 naming them.
 - With an API key set, every /v1 route needs `Authorization: Bearer <key>` (else 401).
 - Errors are OpenAI's {"error": {...}} with 400 (the bad parameter in `param`), 401, 404
   (unknown model or path), 503 (starting, or the backend failed). A streamed response
@@ -56,7 +58,9 @@ from pagedserve.gateway.openai.openapi import openapi_document
 from pagedserve.gateway.openai.request import (OpenAIRequest, detokenize_body, parse_chat, parse_completion,
                                     tokenize_body)
 from pagedserve.gateway.openai.response import DONE, Formatter, sse
+from pagedserve.gateway.reasoning import parser_for
 from pagedserve.gateway.request_stream import RequestStream, StreamError
+from pagedserve.wire.served_names import names_of, serves
 
 CLIENT_CLOSED = 499
 MAX_BODY_BYTES = 4 << 20
@@ -122,9 +126,8 @@ async def _unless_disconnected(request: Request, coro):
 
 class OpenAIApi:
     def __init__(self, gateway, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-                 metrics_upstreams: list[tuple[str, str]] | None = None, reasoning_parser: str | None = None):
+                 metrics_upstreams: list[tuple[str, str]] | None = None):
         self.gateway = gateway
-        self.reasoning_parser = reasoning_parser  # pagedserve.gateway.openai.reasoning
         self.api_key = api_key or None
         self.max_body_bytes = max_body_bytes
         self.metrics = ReplicaMetrics(gateway.service.metrics.registry, metrics_upstreams,
@@ -159,17 +162,18 @@ class OpenAIApi:
     async def models(self, request: Request) -> Response:
         try:
             self._authorize(request)
-            return JSONResponse({"object": "list", "data": [self._card()]})
+            info = self._service().info
+            return JSONResponse({"object": "list", "data": [self._card(info, n) for n in names_of(info)]})
         except OpenAIError as e:
             return error_response(e)
 
     async def model(self, request: Request) -> Response:
         try:
             self._authorize(request)
-            card = self._card()
-            if request.path_params["model"] != card["id"]:
-                raise model_not_found(request.path_params["model"], card["id"])
-            return JSONResponse(card)
+            info, model = self._service().info, request.path_params["model"]
+            if not serves(info, model):
+                raise model_not_found(model, names_of(info))
+            return JSONResponse(self._card(info, model))
         except OpenAIError as e:
             return error_response(e)
 
@@ -214,8 +218,7 @@ class OpenAIApi:
             raw = await read_body(request, self.max_body_bytes)
             req = await service.parse_pool.run(_parsed, parse, raw, service.info, service.backend.tokenizer)
             self._service()  # a drain may have begun while it was read
-            if req.chat and self.reasoning_parser and not req.sampling.guided:
-                req.reasoning = self.reasoning_parser
+            req.reasoning = parser_for(service.reasoning_parser, req.chat, req.sampling)
             stream = RequestStream(service.runner, req.prompts, req.sampling,
                                    operation="chat" if req.chat else "text_completion",
                                    model=service.info.name, telemetry=service.telemetry,
@@ -282,9 +285,8 @@ class OpenAIApi:
             raise unavailable("the gateway is starting: waiting for the executor and memsvc")
         return service
 
-    def _card(self) -> dict:
-        info = self._service().info
-        return {"id": info.name, "object": "model", "created": self.created, "owned_by": "pagedserve",
+    def _card(self, info, name: str) -> dict:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "pagedserve",
                 "max_model_len": info.max_model_len}
 
 
@@ -303,6 +305,6 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 def build_app(gateway, api_key: str | None = None, **options) -> Starlette:
-    """`options`: max_body_bytes, metrics_upstreams, reasoning_parser (OpenAIApi)."""
+    """`options`: max_body_bytes, metrics_upstreams (OpenAIApi)."""
     return OpenAIApi(gateway, api_key, **options).app()
 

@@ -47,9 +47,11 @@ def unavailable(message: str) -> OpenAIError:
     return OpenAIError(503, message, code="service_unavailable")
 
 
-def model_not_found(requested: str, served: str) -> OpenAIError:
-    return OpenAIError(404, f"The model {requested!r} does not exist here; this server serves "
-                            f"{served!r}.", "model", "model_not_found")
+def model_not_found(requested: str, served: list[str]) -> OpenAIError:
+    """vLLM's 404 for a model not served, with the names that are."""
+    names = ", ".join(f"`{n}`" for n in served)
+    return OpenAIError(404, f"The model `{requested}` does not exist. This server serves {names}.",
+                       "model", "model_not_found")
 
 
 def from_stream_error(e, prompt_param: str, num_prompts: int) -> OpenAIError:

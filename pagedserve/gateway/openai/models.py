@@ -4,7 +4,7 @@ checked before any work and published in the OpenAPI document (pagedserve.gatewa
 Contract: `validated(Model, body)` returns the model of a JSON body (pagedserve.gateway.openai.json_body)
 or raises OpenAIError 400 whose `param` names the first bad parameter as OpenAI does
 (`messages[2].tool_calls[0]`, `stop_token_ids[1]`) and whose message says what it may hold.
-- Sampling parameters and priority / cache_salt take their types, ranges and checks from
+- Sampling parameters and priority / cache_salt / request_id take their types, ranges and checks from
   pagedserve.wire.sampling_fields (pagedserve.gateway.openai.param_types.table), so that both APIs and the wire
   agree; list bounds beyond those are pagedserve.gateway.request_limits'.
 - Types are as strict as the API has always been: an integer takes 5 or 5.0 but not "5"
@@ -94,7 +94,7 @@ class _Generation(_Body):
     user: Str = None
     priority: table("priority") = None
     cache_salt: table("cache_salt") = None
-    request_id: Str = None
+    request_id: table("request_id") = None
     response_format: Object = None
     guided_json: documented({"anyOf": [{"type": "object"}, {"type": "string"}]}) = None
     guided_regex: Str = None

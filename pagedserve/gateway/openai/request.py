@@ -37,6 +37,7 @@ from pagedserve.gateway.openai.param_types import PROMPT_SHAPE
 from pagedserve.gateway.openai.tool_calls import guided as guided_tools, parse_tools, render
 from pagedserve.gateway.request_limits import utf8_size
 from pagedserve.wire.protocol import ModelInfo, SamplingParams
+from pagedserve.wire.served_names import names_of, serves
 
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
             "frequency_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "logit_bias",
@@ -210,8 +211,8 @@ def detokenize_body(body: dict, info: ModelInfo, tokenizer) -> str:
 
 
 def _check_model(model: str | None, info: ModelInfo) -> None:
-    if model and model != info.name:
-        raise model_not_found(model, info.name)
+    if not serves(info, model):
+        raise model_not_found(model, names_of(info))
 
 
 def _check_common(m, info: ModelInfo) -> None:

@@ -23,7 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from pagedserve.gateway.openai.reasoning import ReasoningStream, split
+from pagedserve.gateway.reasoning import ReasoningStream, split
 from pagedserve.gateway.openai.request import OpenAIRequest
 from pagedserve.gateway.openai.tool_calls import parse
 from pagedserve.gateway.openai.tool_stream import ToolStream
@@ -170,16 +170,13 @@ class Formatter:
         return chunk
 
     def _parsed_chunks(self, index: int, c: ChoiceState, d: Delta) -> list[str]:
-        """The reasoning split off (pagedserve.gateway.openai.reasoning), then content and tool calls as
+        """The reasoning split off (pagedserve.gateway.reasoning), then content and tool calls as
         they come (pagedserve.gateway.openai.tool_stream), then the finish."""
         text, deltas, called = d.text, [], False
         if self.request.reasoning:
             if c.reasoning_stream is None:
                 c.reasoning_stream = ReasoningStream(self.request.reasoning)
-            reasoning, text = c.reasoning_stream.feed(d.text)
-            if d.finish_reason:
-                more_reasoning, more_text = c.reasoning_stream.finish()
-                reasoning, text = reasoning + more_reasoning, text + more_text
+            reasoning, text = c.reasoning_stream.step(d.text, bool(d.finish_reason))
             if reasoning and self.request.include_reasoning:
                 deltas.append({"reasoning_content": reasoning})
         logprobs = None

@@ -21,7 +21,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from pagedserve.gateway.openai.reasoning import partial_tag
+from pagedserve.gateway.reasoning import partial_tag
 from pagedserve.gateway.openai.tool_calls import (
     CLOSE_TAG,
     OPEN_TAG,

@@ -124,6 +124,8 @@ def test_served_names(tmp_path):
     assert served_name(str(tmp_path / "q.Q4_0.gguf"), "/cache/abc") == "q.Q4_0"
     assert served_name(None, "/cache/abc") == DEFAULT_NAME
     assert served_name("org/m", "/x", served_model_name="mine") == "mine"
+    assert served_name("org/m", "/x", served_model_name=["mine", "also"]) == "mine"  # the first is reported
+    assert served_name("org/m", "/x", served_model_name=[]) == "org/m"
     snapshot = str(tmp_path / "models--org--m" / "snapshots" / COMMIT)
     assert served_name(snapshot, snapshot) == "org/m"
     assert served_name("gpt2", str(tmp_path / "models--gpt2" / "snapshots" / COMMIT)) == "gpt2"

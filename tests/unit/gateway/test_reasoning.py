@@ -1,10 +1,10 @@
-"""pagedserve.gateway.openai.reasoning: <think> reasoning split from the answer, whole and streamed in
+"""pagedserve.gateway.reasoning: <think> reasoning split from the answer, whole and streamed in
 pieces of every size, the two ways agreeing."""
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedserve.gateway.openai.reasoning import ReasoningStream, split
+from pagedserve.gateway.reasoning import ReasoningStream, split
 
 CASES = [
     ("qwen3", "<think>\nLet me see.\n</think>\n\nParis.", ("\nLet me see.\n", "Paris.")),
@@ -108,3 +108,14 @@ def test_tool_calls_are_read_from_the_answer_only():
     chunks = chat_response(pieces, stream=True, tools=tools)
     calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
     assert calls[0]["function"]["name"] == "f" and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_grpc_message_with_a_whole_output_is_split_as_the_http_body():
+    from pagedserve.gateway.server import to_response
+    from pagedserve.wire.protocol import Delta
+
+    text = "".join(PIECES)
+    r = to_response(Delta("r", 0, text, [1, 2], "stop"), "r", ReasoningStream("qwen3"))
+    assert (r.reasoning, r.text) == split("qwen3", text) == ("The user wants Paris.", "Paris it is.")
+    r = to_response(Delta("r", 0, text, [1, 2], "stop"), "r")  # no parser: the text as written
+    assert (r.reasoning, r.text) == ("", text)

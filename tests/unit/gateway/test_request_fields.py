@@ -20,6 +20,7 @@ def test_min_tokens_and_logit_bias_reach_the_sampling():
     ({"prompt": "x", "logit_bias": {"7": "up"}}, "logit_bias[7]", "a number"),
     ({"prompt": "x", "logit_bias": {"1000": 1}}, "logit_bias", "outside the vocabulary [0, 1000)"),
     ({"messages": ASK, "logit_bias": [1]}, "logit_bias", "an object"),
+    ({"prompt": "x", "request_id": "r" * 1025}, "request_id", "at most 1024 characters"),
 ])
 def test_bad_values_are_refused_naming_the_field(body, param, words):
     e = refused(body)

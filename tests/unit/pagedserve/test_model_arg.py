@@ -23,16 +23,26 @@ def test_model_is_positional_wherever_a_command_takes_one(command):
 
 def test_model_positional_goes_anywhere_among_the_flags():
     args = build_parser().parse_args(shlex.split("serve --kv-tokens 512 org/m --revision v1 --served-model-name x"))
-    assert (args.model, args.revision, args.served_model_name, args.kv_tokens) == ("org/m", "v1", "x", 512)
+    assert (args.model, args.revision, args.served_model_name, args.kv_tokens) == ("org/m", "v1", ["x"], 512)
 
 
-def test_serve_hands_every_executor_the_name_and_revision():
-    args = build_parser().parse_args(shlex.split("serve org/m --revision v1 --served-model-name mine --replicas 2"))
-    executors = [s for s in service_specs(args) if s.name.startswith("executor")]
+@pytest.mark.parametrize("flags", ["--served-model-name a b", "--served-model-name a --served-model-name b"])
+def test_served_model_name_takes_several_names_as_vllms(flags):
+    args = build_parser().parse_args(shlex.split(f"serve org/m {flags} --kv-tokens 512"))
+    assert (args.model, args.served_model_name, args.kv_tokens) == ("org/m", ["a", "b"], 512)
+
+
+def test_serve_hands_every_executor_and_gateway_the_names_and_the_revision():
+    args = build_parser().parse_args(shlex.split("serve org/m --revision v1 --served-model-name mine also "
+                                                 "--replicas 2 --gateways 2"))
+    specs = service_specs(args)
+    executors = [s for s in specs if s.name.startswith("executor")]
     assert len(executors) == 2
     for spec in executors:
         argv = " ".join(spec.argv)
-        assert "--model org/m" in argv and "--revision v1" in argv and "--served-model-name mine" in argv
+        assert "--model org/m" in argv and "--revision v1" in argv
+    for spec in executors + [s for s in specs if s.name.startswith("gateway")]:
+        assert "--served-model-name mine --served-model-name also" in " ".join(spec.argv), spec.name
 
 
 @pytest.fixture
@@ -47,7 +57,7 @@ def test_serve_resolves_a_hub_id_once_and_children_load_the_snapshot_by_the_ids_
     path = write_snapshot(cache, "tiny-org/tiny-llama", arch="llama3")
     args = build_parser().parse_args(shlex.split("serve tiny-org/tiny-llama"))
     pin_model(args)
-    assert (args.model, args.served_model_name, args.revision) == (path, "tiny-org/tiny-llama", None)
+    assert (args.model, args.served_model_name, args.revision) == (path, ["tiny-org/tiny-llama"], None)
     argv = " ".join(next(s for s in service_specs(args) if s.name == "executor").argv)
     assert f"--model {path}" in argv and "--served-model-name tiny-org/tiny-llama" in argv
     assert "--revision" not in argv

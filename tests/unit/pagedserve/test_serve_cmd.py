@@ -29,7 +29,8 @@ def odd_value(owner, f):
         return f.default
     if kind is float:
         return 3.25
-    return {"simulate": "llama-1b@h100"}.get(dest(f), f"/tmp/x-{dest(f)}")
+    value = {"simulate": "llama-1b@h100"}.get(dest(f), f"/tmp/x-{dest(f)}")
+    return [value, value + "-2"] if is_list else value
 
 
 def service_settings():
@@ -49,6 +50,9 @@ def serve_argv():
         value = odd_value(owner, f)
         if isinstance(value, bool):
             argv.append(flag_name(f) if value else "--no-" + flag_name(f)[2:])
+        elif isinstance(value, list):
+            argv += [flag_name(f), *value] if f.metadata["several"] else [
+                x for item in value for x in (flag_name(f), item)]
         else:
             argv += [flag_name(f), str(value)]
     return argv

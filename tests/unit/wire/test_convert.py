@@ -199,8 +199,10 @@ def off_default(hint, default, name):
     raise TypeError(f"no generated value for {name}: {hint}; add one to off_default")
 
 
-# fields that are a reading of others on the wire, not fields of their own
-NOT_ON_THE_WIRE: set[tuple[str, str]] = set()
+# fields that are not on the wire: a reading of others there, or set where they are read
+NOT_ON_THE_WIRE: set[tuple[str, str]] = {
+    ("ModelInfo", "aliases"),  # the gateway's own --served-model-name (pagedserve.wire.served_names)
+}
 
 
 def generated(cls):

@@ -1,5 +1,7 @@
-"""A `<think>`-style model's reasoning split from its answer (--reasoning-parser): the chat API
-gives it as `reasoning_content` (streamed: `delta.reasoning_content`), the answer as `content`.
+"""A `<think>`-style model's reasoning split from its answer (--reasoning-parser), for the chat
+requests of both APIs: the HTTP API gives it as `reasoning_content` (streamed:
+`delta.reasoning_content`), the answer as `content`; the gRPC API's Chat as
+GenerateResponse.reasoning beside `text`.
 
 Parsers, as vLLM names them:
 - `qwen3`: an output that starts with `<think>` reasons until `</think>`; one that does not
@@ -10,14 +12,22 @@ Parsers, as vLLM names them:
 The answer starts after `</think>` and the whitespace that follows it. A request with a
 grammar gets no split (the grammar applies from the first token: there is no reasoning).
 
-Contract: `ReasoningStream(parser)`; `feed(text)` -> (reasoning, answer) to send now,
-holding back only what could be the start of a tag; `finish()` -> the rest. `split(parser,
-text)` -> (reasoning or None, answer or None) of a whole output, by the same rules.
+Contract: `parser_for(parser, chat, sampling)`: the parser a request's output goes through
+(None: not split), the same rule for both APIs. `ReasoningStream(parser)`; `feed(text)` ->
+(reasoning, answer) to send now, holding back only what could be the start of a tag;
+`finish()` -> the rest; `step(text, last)` is both. `split(parser, text)` -> (reasoning or
+None, answer or None) of a whole output, by the same rules.
 """
 from __future__ import annotations
 
 PARSERS = ("qwen3", "deepseek_r1")
 START, END = "<think>", "</think>"
+
+
+def parser_for(parser: str | None, chat: bool, sampling) -> str | None:
+    """The parser that splits this request's output: --reasoning-parser's, for a chat request
+    without a grammar (`sampling`: its SamplingParams)."""
+    return parser if parser and chat and not sampling.guided else None
 
 
 class ReasoningStream:
@@ -62,6 +72,14 @@ class ReasoningStream:
                 answer += text[self.at:]
                 self.at = len(text)
                 return reasoning, answer
+
+    def step(self, text: str, last: bool) -> tuple[str, str]:
+        """feed(text), and with the output's `last` piece finish() too."""
+        reasoning, answer = self.feed(text)
+        if last:
+            more_reasoning, more_answer = self.finish()
+            reasoning, answer = reasoning + more_reasoning, answer + more_answer
+        return reasoning, answer
 
     def finish(self) -> tuple[str, str]:
         """What was held back: a `<think>` prefix never completed, an `</think>` prefix."""
