@@ -61,7 +61,9 @@ def _sampling_value(m: generation_pb2.SamplingParams, name: str):
         return list(v)
     if fd.type == fd.TYPE_FLOAT:
         return _f32(v)
-    return v if v or not DEFAULTS[name] else DEFAULTS[name]  # unset (0) without presence: its default
+    if not v and not fd.has_presence:  # 0: unset, where a field cannot say so (beam_width)
+        return DEFAULTS[name]
+    return v
 
 
 def sampling_from_proto(m: generation_pb2.SamplingParams) -> SamplingParams:

@@ -21,7 +21,7 @@ from pagedserve.wire.v1 import generation_pb2 as pb
 from tests.support.gateway_harness import GatewayThread, Serialized, collect, greedy, in_process
 
 REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
-            grpc.StatusCode.FAILED_PRECONDITION}
+            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND}  # NOT_FOUND: a model not served
 HANG_S = 120  # far beyond any accepted request's work: DEADLINE_EXCEEDED here is a failure
 MAX_MODEL_LEN = 256
 MAX_N = 128  # the gateway refuses more (api_request)
