@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pagedserve.executor.models.llama import DecoderLayer, LlamaForCausalLM
+from pagedserve.executor.models.decoder import DecoderForCausalLM, DecoderLayer
 from pagedserve.kernels import fused_cpu
 
 
@@ -47,7 +47,7 @@ class GemmaDecoderLayer(DecoderLayer):
         return x.add_(h)
 
 
-class GemmaForCausalLM(LlamaForCausalLM):
+class GemmaForCausalLM(DecoderForCausalLM):
     """Gemma2ForCausalLM and Gemma3ForCausalLM (the config tells them apart)."""
 
     layer_class = GemmaDecoderLayer

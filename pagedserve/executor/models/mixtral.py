@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedserve.executor.models.llama import DecoderLayer, LlamaForCausalLM
+from pagedserve.executor.models.decoder import DecoderForCausalLM, DecoderLayer
 
 
 class MixtralDecoderLayer(DecoderLayer):
@@ -47,6 +47,6 @@ class MixtralDecoderLayer(DecoderLayer):
         return out
 
 
-class MixtralForCausalLM(LlamaForCausalLM):
+class MixtralForCausalLM(DecoderForCausalLM):
     layer_class = MixtralDecoderLayer
     cuda_graph_safe = False  # the per-expert split reads the routing on the host

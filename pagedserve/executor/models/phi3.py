@@ -1,9 +1,10 @@
-"""Phi-3 over the paged KV pool: the Llama decoder with the checkpoint's fused projections
-(qkv_proj, gate_up_proj, gate rows first) and longrope scaling (model_config.RopeScaling)."""
+"""Phi-3 over the paged KV pool: the shared decoder (decoder.py) with the checkpoint's fused
+projections (qkv_proj, gate_up_proj, gate rows first) and longrope scaling
+(model_config.RopeScaling)."""
 from __future__ import annotations
 
 from pagedserve.executor.linear import Linear
-from pagedserve.executor.models.llama import DecoderLayer, LlamaForCausalLM
+from pagedserve.executor.models.decoder import DecoderForCausalLM, DecoderLayer
 
 
 class Phi3DecoderLayer(DecoderLayer):
@@ -16,5 +17,5 @@ class Phi3DecoderLayer(DecoderLayer):
         self.down = Linear(w[m + "down_proj.weight"])
 
 
-class Phi3ForCausalLM(LlamaForCausalLM):
+class Phi3ForCausalLM(DecoderForCausalLM):
     layer_class = Phi3DecoderLayer
