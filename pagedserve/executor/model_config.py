@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 
 from pagedserve.executor.errors import ModelLoadError
+from pagedserve.executor.rope_scaling import ROPE_TYPES, RopeScaling, read_rope_scaling
 
 # architecture -> family: the decoder class that computes it (pagedserve/executor/models/)
 FAMILIES = {
@@ -20,26 +20,10 @@ FAMILIES = {
     "MixtralForCausalLM": "mixtral",
 }
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
-ROPE_TYPES = ("default", "llama3", "linear", "longrope")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 IMPLS = ("native", "transformers")
 MODEL_IMPLS = ("auto", *IMPLS)  # --model-impl; auto: native where the architecture has a family
-
-
-@dataclass
-class RopeScaling:
-    """Rotary-embedding frequency scaling: default, llama3, linear (positions / factor) or
-    longrope (Phi-3: per-frequency short factors and a cos/sin scale; the long factors are
-    not used, so the maximum length is capped at original_max_position_embeddings)."""
-
-    rope_type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-    short_factor: list[float] | None = None
-    attention_factor: float = 1.0
 
 
 @dataclass
@@ -190,11 +174,11 @@ class ModelConfig:
             local = dict((per_type or {}).get("sliding_attention") or {})
             theta = rope.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))
             local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)))
-            local_scaling = _rope_scaling(local, cfg, max_pos)
+            local_scaling = read_rope_scaling(local, cfg, max_pos)
         else:
             rope = rope_all
             theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        scaling = _rope_scaling(rope, cfg, max_pos)
+        scaling = read_rope_scaling(rope, cfg, max_pos)
         is_qwen2 = arch == "Qwen2ForCausalLM"
         attention_bias = bool(cfg.get("attention_bias", False))
         eos = cfg.get("eos_token_id")
@@ -272,31 +256,6 @@ class ModelConfig:
                 if i not in config.eos_token_ids:
                     config.eos_token_ids.append(i)
         return config
-
-
-def _rope_scaling(rope: dict, cfg: dict, max_pos: int) -> RopeScaling:
-    rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
-    rope_type = {"su": "longrope"}.get(rope_type, rope_type)
-    for partial in (rope.get("partial_rotary_factor"), cfg.get("partial_rotary_factor")):
-        if partial is not None and float(partial) != 1.0:
-            raise ValueError(f"partial_rotary_factor={partial} is not supported (only 1.0)")
-    if rope_type == "llama3":
-        return RopeScaling("llama3", float(rope["factor"]), float(rope["low_freq_factor"]),
-                           float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
-    if rope_type == "linear":
-        return RopeScaling("linear", float(rope["factor"]))
-    if rope_type == "longrope":
-        orig = int(rope.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
-                   or max_pos)
-        factor = float(rope.get("factor") or max_pos / orig)
-        attention = rope.get("attention_factor")
-        if attention is None:
-            attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
-        return RopeScaling("longrope", factor, original_max_position_embeddings=orig,
-                           short_factor=[float(f) for f in rope["short_factor"]], attention_factor=float(attention))
-    if rope_type != "default":
-        raise ValueError(f"rope_scaling type {rope_type!r} is not supported; supported: " + ", ".join(ROPE_TYPES))
-    return RopeScaling()
 
 
 def _sliding(cfg: dict, arch: str, family: str, num_layers: int) -> tuple[int | None, list[str] | None]:
