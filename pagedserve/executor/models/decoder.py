@@ -1,5 +1,6 @@
 """The decoder the native families share (llama.py, gemma.py, phi3.py, mixtral.py), over the
-paged KV pool.
+paged KV pool, with the Hugging Face names and shapes of the weights it reads and how a
+tensor-parallel rank cuts each (SHARDING).
 
 All tokens of a step are packed in one dimension T. Each layer does one fused QKV
 projection and one fused gate/up projection; per-sequence attention is the kernels'
@@ -23,6 +24,14 @@ from pagedserve.kernels import fused_cpu, rotary_store_cpu
 
 if TYPE_CHECKING:
     from pagedserve.executor.model_config import ModelConfig
+
+# each weight's leaf -> how a tensor-parallel rank cuts it (family.py, pagedserve/executor/sharding.py)
+SHARDING = {"embed_tokens": "vocab_rows", "lm_head": "vocab_rows", "norm": "replicated",
+            "input_layernorm": "replicated", "post_attention_layernorm": "replicated",
+            "q_proj": "q_rows", "k_proj": "kv_rows", "v_proj": "kv_rows", "o_proj": "q_columns",
+            "q_norm": "replicated", "k_norm": "replicated",
+            "gate_proj": "mlp_rows", "up_proj": "mlp_rows", "down_proj": "mlp_columns"}
+REFUSED = ("mlp_bias",)  # config.json keys whose true value the decoder does not implement
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -66,12 +75,38 @@ class DecoderLayer(nn.Module):
         self.k_norm = p(self.norm_weight(w[a + "k_norm.weight"])) if config.qk_norm else None
         self.init_mlp(w, prefix)
 
+    @classmethod
+    def weight_shapes(cls, c: ModelConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+        """The layer's tensors as __init__ reads them, by Hugging Face name, with their shapes."""
+        h, a = c.hidden_size, prefix + "self_attn."
+        shapes = {prefix + "input_layernorm.weight": (h,), prefix + "post_attention_layernorm.weight": (h,),
+                  **cls.qkv_shapes(c, a), a + "o_proj.weight": (h, c.q_size)}
+        if c.o_bias:
+            shapes[a + "o_proj.bias"] = (h,)
+        if c.qk_norm:
+            shapes[a + "q_norm.weight"] = shapes[a + "k_norm.weight"] = (c.head_dim,)
+        return {**shapes, **cls.mlp_shapes(c, prefix)}
+
     @staticmethod
     def norm_weight(weight: torch.Tensor) -> torch.Tensor:
         return weight
 
+    @staticmethod
+    def qkv_shapes(c: ModelConfig, a: str) -> dict[str, tuple[int, ...]]:
+        shapes = {}
+        for proj, rows in (("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)):
+            shapes[f"{a}{proj}_proj.weight"] = (rows, c.hidden_size)
+            if c.qkv_bias:
+                shapes[f"{a}{proj}_proj.bias"] = (rows,)
+        return shapes
+
     def qkv_weight(self, w, a: str) -> torch.Tensor:
         return torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]])
+
+    @staticmethod
+    def mlp_shapes(c: ModelConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+        m, h, i = prefix + "mlp.", c.hidden_size, c.intermediate_size
+        return {m + "gate_proj.weight": (i, h), m + "up_proj.weight": (i, h), m + "down_proj.weight": (h, i)}
 
     def init_mlp(self, w, prefix: str) -> None:
         m = prefix + "mlp."
@@ -158,6 +193,16 @@ class DecoderForCausalLM(nn.Module):
         self.register_buffer("local_inv_freq", local, persistent=False)
         if on_built is not None:
             on_built(self)
+
+    @classmethod
+    def weight_shapes(cls, c: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Every tensor the checkpoint must hold, by Hugging Face name, with its shape."""
+        shapes = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size), "model.norm.weight": (c.hidden_size,)}
+        if not c.tie_word_embeddings:
+            shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+        for n in range(c.num_layers):
+            shapes.update(cls.layer_class.weight_shapes(c, f"model.layers.{n}."))
+        return shapes
 
     @property
     def dtype(self) -> torch.dtype:
