@@ -7,8 +7,8 @@ Contract (what the rest of pagedserve may rely on):
   Hugging Face hub id (pagedserve.executor.model_source, pagedserve.executor.hub: found in or downloaded into
   the hub cache), a directory (config.json + safetensors, sharded or not) or a .gguf file
   (converted once into `$PAGEDSERVE_CACHE`, default ~/.cache/pagedserve/models). Supported:
-  LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
-  Gemma3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM (sliding windows included). Failures
+  the architectures of the native families (pagedserve.executor.models.registry; sliding
+  windows included), other causal LMs through Transformers' own modeling code. Failures
   raise `ModelLoadError` naming the file and what was expected, or the config field that
   changes the computation and is not implemented.
 - `model_info() -> ModelInfo`: name, max_model_len, vocab size, eos ids, chat template,

@@ -21,31 +21,13 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from pagedserve.executor.errors import ModelLoadError
+from pagedserve.executor.models import registry
+from pagedserve.executor.models.family import Gguf
 
 CONVERTER_VERSION = 1
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-
-GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
+# the tensor names of the default model's architecture (llama), which its tests read
+GLOBAL_NAMES = registry.for_gguf("llama").gguf.global_names
+LAYER_NAMES = registry.for_gguf("llama").gguf.layer_names
 
 
 def cache_root() -> str:
@@ -113,23 +95,24 @@ def convert(gguf_path: str, out_dir: str, progress: bool = True) -> None:
     except Exception as e:
         raise ModelLoadError(f"{gguf_path}: not a readable GGUF file ({e})") from e
     arch = _field(reader, "general.architecture")
-    if arch not in ARCHITECTURES:
+    family = registry.for_gguf(arch)
+    if family is None:
         raise ModelLoadError(
             f"{gguf_path}: GGUF architecture {arch!r} is not supported; supported: "
-            + ", ".join(ARCHITECTURES)
+            + ", ".join(registry.gguf_architectures())
         )
-    config = _hf_config(reader, arch, gguf_path)
+    config = _hf_config(reader, arch, family.gguf, gguf_path)
     n_head, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
 
     tensors: dict[str, torch.Tensor] = {}
     for t in tqdm(reader.tensors, desc=f"converting {os.path.basename(gguf_path)}",
                   unit="tensor", disable=not progress):
-        name = _hf_name(t.name, gguf_path)
+        name = _hf_name(t.name, family.gguf, gguf_path)
         w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         w = w.reshape([int(d) for d in reversed(t.shape)])
-        if arch == "llama" and name.endswith("q_proj.weight"):
+        if arch in family.gguf.permuted and name.endswith("q_proj.weight"):
             w = unpermute_rotary(w, n_head)
-        elif arch == "llama" and name.endswith("k_proj.weight"):
+        elif arch in family.gguf.permuted and name.endswith("k_proj.weight"):
             w = unpermute_rotary(w, n_kv)
         w = np.ascontiguousarray(w)
         tensors[name] = torch.from_numpy(w if w.flags.writeable else w.copy())
@@ -144,46 +127,37 @@ def convert(gguf_path: str, out_dir: str, progress: bool = True) -> None:
     _save_tokenizer(gguf_path, out_dir)
 
 
-def _hf_name(name: str, gguf_path: str) -> str:
-    if name in GLOBAL_NAMES:
-        return GLOBAL_NAMES[name]
+def _hf_name(name: str, gguf: Gguf, gguf_path: str) -> str:
+    if name in gguf.global_names:
+        return gguf.global_names[name]
     parts = name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in gguf.layer_names:
+        return f"model.layers.{parts[1]}.{gguf.layer_names[parts[2]]}"
     raise ModelLoadError(f"{gguf_path}: tensor {name!r} has no Hugging Face equivalent here")
 
 
-def _hf_config(reader, arch: str, gguf_path: str) -> dict:
+def _hf_config(reader, arch: str, gguf: Gguf, gguf_path: str) -> dict:
+    """config.json: the family's fields from the metadata (Gguf.config), then the vocabulary's."""
     def get(key, default=None):
         value = _field(reader, f"{arch}.{key}", default)
         if value is None:
             raise ModelLoadError(f"{gguf_path}: missing metadata {arch}.{key}")
         return value
 
-    hidden = int(get("embedding_length"))
-    heads = int(get("attention.head_count"))
+    try:
+        fields = gguf.config(get)
+    except ValueError as e:
+        raise ModelLoadError(f"{gguf_path}: {e}") from e
     vocab = _field(reader, f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
-    config = {
-        "architectures": [ARCHITECTURES[arch]],
+    return {
+        "architectures": [gguf.architectures[arch]],
         "model_type": arch,
-        "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")),
-        "num_hidden_layers": int(get("block_count")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(get("attention.head_count_kv", heads)),
-        "head_dim": int(get("attention.key_length", hidden // heads)),
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(get("rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(get("context_length")),
+        **fields,
         "vocab_size": int(vocab),
-        "hidden_act": "silu",
         "torch_dtype": "float32",
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
     }
-    if _field(reader, f"{arch}.rope.scaling.type") not in (None, "none"):
-        raise ModelLoadError(f"{gguf_path}: rope scaling in GGUF files is not supported")
-    return config
 
 
 def _save_tokenizer(gguf_path: str, out_dir: str) -> None:

@@ -2,44 +2,17 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 
 from pagedserve.executor.errors import ModelLoadError
+from pagedserve.executor.models import registry
+from pagedserve.executor.rope_scaling import ROPE_TYPES, RopeScaling
 
-# architecture -> family: the decoder class that computes it (pagedserve/executor/models/)
-FAMILIES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "Qwen2ForCausalLM": "llama",
-    "Qwen3ForCausalLM": "llama",
-    "Gemma2ForCausalLM": "gemma2",
-    "Gemma3ForCausalLM": "gemma3",
-    "Phi3ForCausalLM": "phi3",
-    "MixtralForCausalLM": "mixtral",
-}
-SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
-ROPE_TYPES = ("default", "llama3", "linear", "longrope")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 IMPLS = ("native", "transformers")
 MODEL_IMPLS = ("auto", *IMPLS)  # --model-impl; auto: native where the architecture has a family
-
-
-@dataclass
-class RopeScaling:
-    """Rotary-embedding frequency scaling: default, llama3, linear (positions / factor) or
-    longrope (Phi-3: per-frequency short factors and a cos/sin scale; the long factors are
-    not used, so the maximum length is capped at original_max_position_embeddings)."""
-
-    rope_type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-    short_factor: list[float] | None = None
-    attention_factor: float = 1.0
 
 
 @dataclass
@@ -75,7 +48,7 @@ class ModelConfig:
     local_rope_scaling: RopeScaling | None = None
     num_experts: int = 0  # Mixtral: experts per layer, top-k routed
     num_experts_per_tok: int = 0
-    # "native": a decoder class of pagedserve/executor/models computes it (family); "transformers":
+    # "native": a family's decoder computes it (pagedserve/executor/models/registry.py); "transformers":
     # Transformers' own modeling code (pagedserve/executor/transformers_config.py, models/transformers_backend.py)
     impl: str = "native"
 
@@ -84,10 +57,11 @@ class ModelConfig:
             raise ValueError(f"impl {self.impl!r} is not one of " + ", ".join(IMPLS))
         if self.impl == "transformers":
             return
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
+        family = registry.for_architecture(self.architecture)
+        if family is None:
             raise ValueError(
                 f"unsupported architecture {self.architecture!r}; supported: "
-                + ", ".join(SUPPORTED_ARCHITECTURES)
+                + ", ".join(registry.architectures())
             )
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                      "head_dim", "intermediate_size"):
@@ -112,13 +86,12 @@ class ModelConfig:
                     raise ValueError(f"layer_types entry {t!r} is not supported; supported: " + ", ".join(LAYER_TYPES))
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
-        if self.family == "mixtral" and not 1 <= self.num_experts_per_tok <= self.num_experts:
-            raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) must be in "
-                             f"1..num_local_experts ({self.num_experts})")
+        family.validate(self)
 
     @property
     def family(self) -> str:
-        return "transformers" if self.impl == "transformers" else FAMILIES[self.architecture]
+        """The name of the native family that computes it (registry.py), or "transformers"."""
+        return "transformers" if self.impl == "transformers" else registry.for_architecture(self.architecture).name
 
     @property
     def q_size(self) -> int:
@@ -156,85 +129,28 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "ModelConfig":
-        """Raises ValueError naming the field for anything that changes the computation and is
-        not implemented (a rope type, an activation, quantization, partial rotary, ...)."""
+        """The fields as the architecture's family reads them (registry.py). Raises ValueError
+        naming the field for anything that changes the computation and is not implemented (a
+        rope type, an activation, quantization, partial rotary, ...)."""
         archs = cfg.get("architectures") or []
         arch = archs[0] if archs else f"<none> (model_type={cfg.get('model_type')!r})"
-        if arch not in FAMILIES:
-            raise ValueError(f"unsupported architecture {arch!r}; supported: " + ", ".join(SUPPORTED_ARCHITECTURES)
+        family = registry.for_architecture(arch)
+        if family is None:
+            raise ValueError(f"unsupported architecture {arch!r}; supported: " + ", ".join(registry.architectures())
                              + " (other causal LMs: --model-impl transformers or auto)")
-        family = FAMILIES[arch]
-        heads = cfg["num_attention_heads"]
-        hidden = cfg["hidden_size"]
-        num_layers = cfg["num_hidden_layers"]
-        max_pos = cfg.get("max_position_embeddings", 2048)
         if cfg.get("quantization_config"):
             method = (cfg["quantization_config"] or {}).get("quant_method", "?")
             raise ValueError(f"quantization_config (quant_method {method!r}) is not supported; "
                              "use unquantized weights")
-        if cfg.get("mlp_bias"):
-            raise ValueError("mlp_bias=true is not supported")
-        if family in ("gemma2", "gemma3"):
-            act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
-            if cfg.get("use_bidirectional_attention"):
-                raise ValueError("use_bidirectional_attention=true is not supported")
-        else:
-            act = cfg.get("hidden_act", "silu")
-        if act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act {act!r} is not supported; supported: " + ", ".join(ACTIVATIONS))
-        rope_all = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        local_theta = local_scaling = None
-        if family == "gemma3":
-            per_type = rope_all if "full_attention" in rope_all or "sliding_attention" in rope_all else None
-            rope = dict((per_type or {}).get("full_attention") or ({} if per_type else rope_all))
-            local = dict((per_type or {}).get("sliding_attention") or {})
-            theta = rope.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))
-            local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0)))
-            local_scaling = _rope_scaling(local, cfg, max_pos)
-        else:
-            rope = rope_all
-            theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        scaling = _rope_scaling(rope, cfg, max_pos)
-        is_qwen2 = arch == "Qwen2ForCausalLM"
-        attention_bias = bool(cfg.get("attention_bias", False))
-        eos = cfg.get("eos_token_id")
-        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        window, layer_types = _sliding(cfg, arch, family, num_layers)
-        return cls(
-            architecture=arch,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=hidden,
-            num_layers=num_layers,
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or hidden // heads,
-            intermediate_size=cfg["intermediate_size"],
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
-            rope_scaling=scaling,
-            max_position_embeddings=max_pos,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family in ("gemma2", "gemma3"))),
-            qkv_bias=is_qwen2 or attention_bias,
-            o_bias=attention_bias and not is_qwen2,
-            qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
-            eos_token_ids=eos_ids,
-            torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
-            sliding_window=window,
-            layer_types=layer_types,
-            hidden_act=act,
-            attn_softcap=cfg.get("attn_logit_softcapping") if family in ("gemma2", "gemma3") else None,
-            final_softcap=cfg.get("final_logit_softcapping") if family in ("gemma2", "gemma3") else None,
-            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar", 256) if family in ("gemma2", "gemma3") else None,
-            local_rope_theta=local_theta,
-            local_rope_scaling=local_scaling,
-            num_experts=cfg.get("num_local_experts", 0) if family == "mixtral" else 0,
-            num_experts_per_tok=cfg.get("num_experts_per_tok", 0) if family == "mixtral" else 0,
-        )
+        for key in family.refused:
+            if cfg.get(key):
+                raise ValueError(f"{key}=true is not supported")
+        return cls(architecture=arch, **family.config(arch, cfg))
 
     @classmethod
     def from_dir(cls, model_dir: str, impl: str = "native") -> "ModelConfig":
         """Read `model_dir/config.json`, and the eos ids of generation_config.json if present,
-        for `impl` (MODEL_IMPLS; auto: native if FAMILIES has the architecture, else transformers).
+        for `impl` (MODEL_IMPLS; auto: native if a family has the architecture, else transformers).
 
         Raises ModelLoadError naming the file for a missing, unreadable or unsupported config.
         """
@@ -249,7 +165,8 @@ class ModelConfig:
         if impl not in MODEL_IMPLS:
             raise ModelLoadError(f"--model-impl {impl!r}: choose one of " + ", ".join(MODEL_IMPLS))
         if impl == "auto":
-            impl = "native" if (cfg.get("architectures") or [None])[0] in FAMILIES else "transformers"
+            native = registry.for_architecture((cfg.get("architectures") or [None])[0]) is not None
+            impl = "native" if native else "transformers"
         try:
             if impl == "transformers":
                 from pagedserve.executor.transformers_config import transformers_config
@@ -273,51 +190,3 @@ class ModelConfig:
                     config.eos_token_ids.append(i)
         return config
 
-
-def _rope_scaling(rope: dict, cfg: dict, max_pos: int) -> RopeScaling:
-    rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
-    rope_type = {"su": "longrope"}.get(rope_type, rope_type)
-    for partial in (rope.get("partial_rotary_factor"), cfg.get("partial_rotary_factor")):
-        if partial is not None and float(partial) != 1.0:
-            raise ValueError(f"partial_rotary_factor={partial} is not supported (only 1.0)")
-    if rope_type == "llama3":
-        return RopeScaling("llama3", float(rope["factor"]), float(rope["low_freq_factor"]),
-                           float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
-    if rope_type == "linear":
-        return RopeScaling("linear", float(rope["factor"]))
-    if rope_type == "longrope":
-        orig = int(rope.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
-                   or max_pos)
-        factor = float(rope.get("factor") or max_pos / orig)
-        attention = rope.get("attention_factor")
-        if attention is None:
-            attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
-        return RopeScaling("longrope", factor, original_max_position_embeddings=orig,
-                           short_factor=[float(f) for f in rope["short_factor"]], attention_factor=float(attention))
-    if rope_type != "default":
-        raise ValueError(f"rope_scaling type {rope_type!r} is not supported; supported: " + ", ".join(ROPE_TYPES))
-    return RopeScaling()
-
-
-def _sliding(cfg: dict, arch: str, family: str, num_layers: int) -> tuple[int | None, list[str] | None]:
-    """(window, layer types) as transformers computes them for each family."""
-    window = cfg.get("sliding_window")
-    if arch == "LlamaForCausalLM" or window is None:
-        return None, None  # transformers' Llama has no sliding window
-    window = int(window)
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
-        if not cfg.get("use_sliding_window", False):
-            return None, None
-        types = cfg.get("layer_types") or [
-            "sliding_attention" if i >= cfg.get("max_window_layers", 28) else "full_attention"
-            for i in range(num_layers)
-        ]
-        return window, list(types)
-    if family == "gemma2":
-        return window, list(cfg.get("layer_types") or [
-            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)])
-    if family == "gemma3":
-        pattern = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6))
-        return window, list(cfg.get("layer_types") or [
-            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)])
-    return window, None  # Mistral, Mixtral, Phi-3: every layer (transformers ignores layer_types)

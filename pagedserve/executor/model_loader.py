@@ -9,24 +9,19 @@ from tqdm.auto import tqdm
 
 from pagedserve.executor.errors import ModelLoadError
 from pagedserve.executor.model_config import ModelConfig
-from pagedserve.executor.models.gemma import GemmaForCausalLM
-from pagedserve.executor.models.llama import LlamaForCausalLM
-from pagedserve.executor.models.mixtral import MixtralForCausalLM
-from pagedserve.executor.models.phi3 import Phi3ForCausalLM
+from pagedserve.executor.models import registry
 from pagedserve.executor.sharding import ShardPlan
 from pagedserve.executor.weights import load_weights, parse_dtype
-
-MODEL_CLASSES = {"llama": LlamaForCausalLM, "gemma2": GemmaForCausalLM, "gemma3": GemmaForCausalLM,
-                 "phi3": Phi3ForCausalLM, "mixtral": MixtralForCausalLM}
 
 
 def load_model(model_dir: str, dtype: str | torch.dtype = "float32",
                on_built: Callable[[nn.Module], None] | None = None,
                plan: ShardPlan | None = None, progress: bool | None = None, impl: str = "native",
-               ) -> tuple[LlamaForCausalLM, ModelConfig]:
+               ) -> tuple[nn.Module, ModelConfig]:
     """Read config.json and the safetensors of `model_dir`, building the model one layer at a
     time (on_built: called with each decoder layer once built, then with the model; see
-    LlamaForCausalLM); raises ModelLoadError naming the file and what was expected when
+    pagedserve.executor.models.decoder.DecoderForCausalLM), the class its family declares
+    (pagedserve.executor.models.registry); raises ModelLoadError naming the file and what was expected when
     something is missing, corrupt or the wrong shape. With `plan`, the model is one
     tensor-parallel rank's shard (pagedserve.executor.sharding; model.config is the shard's); the
     config returned is the whole model's. `progress`: a bar over the layers as they load
@@ -48,9 +43,10 @@ def load_model(model_dir: str, dtype: str | torch.dtype = "float32",
         if on_built is not None:
             on_built(module)
 
+    model_class = registry.for_architecture(config.architecture).model_class
     with bar:
         if plan is not None:
-            model = MODEL_CLASSES[config.family](plan.config(config), plan.weights(weights, config), built)
+            model = model_class(plan.config(config), plan.weights(weights, config), built)
         else:
-            model = MODEL_CLASSES[config.family](config, weights, built)
+            model = model_class(config, weights, built)
     return model.eval(), config

@@ -10,6 +10,8 @@ naming the numbers that do not divide. Rank r holds:
 - embedding and LM head: vocabulary rows [vocab_start, vocab_start + vocab_per_rank), the last
   rank's padded with zero rows when the vocabulary does not divide;
 - norms (q/k norms included) replicated.
+Which cut a tensor gets is its family's declaration (pagedserve/executor/models/family.py:
+the tensor's leaf -> one of CUTS, each implemented here).
 `config()` is the ModelConfig the rank's decoder is built with (its heads and intermediate
 size; the full vocabulary), `weights(w)` the checkpoint as the rank sees it. The sums the
 row-parallel layers leave partial are pagedserve.executor.tensor_parallel's business.
@@ -17,12 +19,13 @@ row-parallel layers leave partial are pagedserve.executor.tensor_parallel's busi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from pagedserve.executor.model_config import ModelConfig
+from pagedserve.executor.models import registry
 
 
 @dataclass(frozen=True)
@@ -79,10 +82,12 @@ class ShardPlan:
 
 class ShardedWeights(Mapping):
     """The checkpoint as one rank sees it: each tensor read whole (weights read on lookup),
-    then cut to this rank's part (a copy: the whole one is freed at once)."""
+    then cut to this rank's part (a copy: the whole one is freed at once) as the family's
+    sharding says."""
 
     def __init__(self, weights: Mapping[str, torch.Tensor], plan: ShardPlan, config: ModelConfig):
         self._w, self.plan, self.c = weights, plan, config
+        self.family = registry.for_architecture(config.architecture)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._w)
@@ -95,31 +100,57 @@ class ShardedWeights(Mapping):
         return self._cut(name, t).clone() if self.plan.world > 1 else t
 
     def _cut(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        p, c = self.plan, self.c
         leaf = name.split(".")[-2] if "." in name else name
-        q_rows = slice(p.rank * p.heads * c.head_dim, (p.rank + 1) * p.heads * c.head_dim)
-        kv_rows = slice(p.kv_start * c.head_dim, (p.kv_start + p.kv_heads) * c.head_dim)
-        cols = slice(p.rank * p.intermediate, (p.rank + 1) * p.intermediate)
-        if name in ("model.embed_tokens.weight", "lm_head.weight"):
-            part = t[p.vocab_start:p.vocab_start + p.vocab_per_rank]
-            pad = p.vocab_per_rank - part.shape[0]
-            return torch.cat([part, part.new_zeros(pad, *part.shape[1:])]) if pad else part
-        if leaf == "q_proj":
-            return t[q_rows]
-        if leaf in ("k_proj", "v_proj"):
-            return t[kv_rows]
-        if leaf == "qkv_proj":  # Phi-3: q, k, v rows fused
-            q, k, v = t.split([c.q_size, c.kv_size, c.kv_size])
-            return torch.cat([q[q_rows], k[kv_rows], v[kv_rows]])
-        if leaf == "o_proj":
-            if name.endswith(".bias"):  # added once, by rank 0, to the sum of the ranks' parts
-                return t if p.rank == 0 else torch.zeros_like(t)
-            return t[:, q_rows]
-        if leaf in ("gate_proj", "up_proj", "w1", "w3"):
-            return t[cols]
-        if leaf in ("down_proj", "w2"):
-            return t[:, cols]
-        if leaf == "gate_up_proj":  # Phi-3: gate rows, then up rows
-            gate, up = t.chunk(2)
-            return torch.cat([gate[cols], up[cols]])
-        return t
+        cut = self.family.sharding.get(leaf)
+        if cut is None:
+            raise KeyError(f"tensor {name}: family {self.family.name!r} declares no sharding for {leaf!r} "
+                           f"(its module's Family.sharding)")
+        return CUTTERS[cut](self.plan, self.c, name, t)
+
+
+def _q_rows(p: ShardPlan, c: ModelConfig) -> slice:
+    return slice(p.rank * p.heads * c.head_dim, (p.rank + 1) * p.heads * c.head_dim)
+
+
+def _kv_rows(p: ShardPlan, c: ModelConfig) -> slice:
+    return slice(p.kv_start * c.head_dim, (p.kv_start + p.kv_heads) * c.head_dim)
+
+
+def _mlp_rows(p: ShardPlan) -> slice:
+    return slice(p.rank * p.intermediate, (p.rank + 1) * p.intermediate)
+
+
+def _vocab_rows(p: ShardPlan, c: ModelConfig, name: str, t: torch.Tensor) -> torch.Tensor:
+    part = t[p.vocab_start:p.vocab_start + p.vocab_per_rank]
+    pad = p.vocab_per_rank - part.shape[0]
+    return torch.cat([part, part.new_zeros(pad, *part.shape[1:])]) if pad else part
+
+
+def _qkv_rows(p: ShardPlan, c: ModelConfig, name: str, t: torch.Tensor) -> torch.Tensor:
+    q, k, v = t.split([c.q_size, c.kv_size, c.kv_size])  # fused: q, k, v rows (Phi-3)
+    return torch.cat([q[_q_rows(p, c)], k[_kv_rows(p, c)], v[_kv_rows(p, c)]])
+
+
+def _q_columns(p: ShardPlan, c: ModelConfig, name: str, t: torch.Tensor) -> torch.Tensor:
+    if name.endswith(".bias"):  # added once, by rank 0, to the sum of the ranks' parts
+        return t if p.rank == 0 else torch.zeros_like(t)
+    return t[:, _q_rows(p, c)]
+
+
+def _gate_up_rows(p: ShardPlan, c: ModelConfig, name: str, t: torch.Tensor) -> torch.Tensor:
+    gate, up = t.chunk(2)  # fused: gate rows, then up rows (Phi-3)
+    return torch.cat([gate[_mlp_rows(p)], up[_mlp_rows(p)]])
+
+
+# what each of family.CUTS keeps of a tensor
+CUTTERS: dict[str, Callable[[ShardPlan, ModelConfig, str, torch.Tensor], torch.Tensor]] = {
+    "replicated": lambda p, c, name, t: t,
+    "vocab_rows": _vocab_rows,
+    "q_rows": lambda p, c, name, t: t[_q_rows(p, c)],
+    "kv_rows": lambda p, c, name, t: t[_kv_rows(p, c)],
+    "qkv_rows": _qkv_rows,
+    "q_columns": _q_columns,
+    "mlp_rows": lambda p, c, name, t: t[_mlp_rows(p)],
+    "mlp_columns": lambda p, c, name, t: t[:, _mlp_rows(p)],
+    "gate_up_rows": _gate_up_rows,
+}

@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 
 from pagedserve.executor.errors import ModelLoadError
 from pagedserve.executor.model_config import ModelConfig
+from pagedserve.executor.models import registry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -33,50 +34,9 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def expected_weights(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the checkpoint must hold, by Hugging Face name, with its shape."""
-    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
-    family = config.family
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (config.vocab_size, h),
-        "model.norm.weight": (h,),
-    }
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, h)
-    for n in range(config.num_layers):
-        p = f"model.layers.{n}."
-        shapes[p + "input_layernorm.weight"] = (h,)
-        shapes[p + "post_attention_layernorm.weight"] = (h,)
-        if family == "phi3":  # fused projections
-            shapes[p + "self_attn.qkv_proj.weight"] = (config.q_size + 2 * config.kv_size, h)
-        else:
-            for proj, rows in (("q", config.q_size), ("k", config.kv_size), ("v", config.kv_size)):
-                shapes[f"{p}self_attn.{proj}_proj.weight"] = (rows, h)
-                if config.qkv_bias:
-                    shapes[f"{p}self_attn.{proj}_proj.bias"] = (rows,)
-        shapes[p + "self_attn.o_proj.weight"] = (h, config.q_size)
-        if config.o_bias:
-            shapes[p + "self_attn.o_proj.bias"] = (h,)
-        if config.qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (d,)
-            shapes[p + "self_attn.k_norm.weight"] = (d,)
-        if family in ("gemma2", "gemma3"):
-            shapes[p + "pre_feedforward_layernorm.weight"] = (h,)
-            shapes[p + "post_feedforward_layernorm.weight"] = (h,)
-        if family == "phi3":
-            shapes[p + "mlp.gate_up_proj.weight"] = (2 * i, h)
-            shapes[p + "mlp.down_proj.weight"] = (h, i)
-        elif family == "mixtral":
-            moe = p + "block_sparse_moe."
-            shapes[moe + "gate.weight"] = (config.num_experts, h)
-            for e in range(config.num_experts):
-                shapes[f"{moe}experts.{e}.w1.weight"] = (i, h)
-                shapes[f"{moe}experts.{e}.w3.weight"] = (i, h)
-                shapes[f"{moe}experts.{e}.w2.weight"] = (h, i)
-        else:
-            shapes[p + "mlp.gate_proj.weight"] = (i, h)
-            shapes[p + "mlp.up_proj.weight"] = (i, h)
-            shapes[p + "mlp.down_proj.weight"] = (h, i)
-    return shapes
+    """Every tensor the checkpoint must hold, by Hugging Face name, with its shape: as the
+    architecture's family declares them (pagedserve/executor/models/registry.py)."""
+    return registry.for_architecture(config.architecture).weights(config)
 
 
 def safetensors_files(model_dir: str) -> list[str]:

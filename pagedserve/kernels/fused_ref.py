@@ -1,6 +1,6 @@
 """The torch references of the fused element-wise ops of a decoder layer: what the C++ kernels
 (pagedserve/kernels/fused_cpu.py, pagedserve/kernels/rotary_store_cpu.py) compute, and what they and any other
-twin are tested against (float32; the model's own torch path: pagedserve/executor/models/llama.py).
+twin are tested against (float32; the model's own torch path: pagedserve/executor/models/decoder.py).
 
 - rms_norm_ref(x, w, eps): x * rsqrt(mean(x^2) + eps) * w over the last dimension;
 - add_rms_norm_ref(x, residual, w, eps) -> (x + residual, its rms_norm_ref);
