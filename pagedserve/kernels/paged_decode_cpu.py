@@ -362,14 +362,17 @@ void paged_decode_f32(const float* q, int64_t q_sr, int64_t q_sh,
 
 def _build() -> ctypes.CDLL | None:
     lib = native_build.load("paged_attention_cpu", SOURCE)
-    if lib is None:
-        return None
+    if lib is not None:
+        set_argtypes(lib)
+    return lib
+
+
+def set_argtypes(lib: ctypes.CDLL) -> None:
     f = lib.paged_decode_f32
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     f.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, ptr, ptr, i64, i64,
                   i64, i64, i64, i64, ctypes.c_float, i64, i64]  # ..., work, threads
     f.restype = None
-    return lib
 
 
 _native = native_build.Library(_build)
