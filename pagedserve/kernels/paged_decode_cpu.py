@@ -77,9 +77,19 @@ static void softmax_rows(float* scores, int64_t heads, int64_t len) {
     }
 }
 
+// K/V elements: float32, or bfloat16 held as uint16_t (its bits are a float32's high half).
+static inline float tofloat(float x) { return x; }
+static inline float tofloat(uint16_t x) {
+    const uint32_t u = static_cast<uint32_t>(x) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 // The next block's rows, asked for ahead of use: blocks lie anywhere in the pool, so the
 // hardware's stream prefetchers (which follow one page) start cold at every block.
-static inline void prefetch_rows(const float* first, int64_t st, int64_t row_bytes, int64_t rows) {
+template <class T>
+static inline void prefetch_rows(const T* first, int64_t st, int64_t row_bytes, int64_t rows) {
     for (int64_t i = 0; i < rows; ++i) {
         const char* p = reinterpret_cast<const char*>(first + i * st);
         for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b);
@@ -89,8 +99,8 @@ static inline void prefetch_rows(const float* first, int64_t st, int64_t row_byt
 // Calls f(row, t) for each of a sequence's tokens t in order, row pointing at its K or V row
 // (all kv heads) in `cache`; with `ahead`, the first block and then each next block's rows
 // are prefetched while the one before is walked.
-template <class F>
-static inline void walk(const float* cache, const int32_t* table, int64_t len, int64_t block_size,
+template <class T, class F>
+static inline void walk(const T* cache, const int32_t* table, int64_t len, int64_t block_size,
                         int64_t sb, int64_t st, int64_t row_bytes, bool ahead, F f) {
     if (ahead) prefetch_rows(cache + table[0] * sb, st, row_bytes, std::min(block_size, len));
     for (int64_t t0 = 0; t0 < len; t0 += block_size) {
@@ -105,35 +115,36 @@ static inline void walk(const float* cache, const int32_t* table, int64_t len, i
 // One sequence's decode attention, every head: pass 1 reads each token's K row (all kv heads,
 // contiguous) once for every query head, the softmax runs per head, pass 2 reads each V row
 // once. Any head size and group (decode_fixed is the fast path for the common ones).
-static void decode_one(const float* q, int64_t q_sh, const float* k, const float* v, int64_t sb,
+template <class T>
+static void decode_one(const float* q, int64_t q_sh, const T* k, const T* v, int64_t sb,
                        int64_t st, int64_t sh, const int32_t* table, int64_t len, float* out,
                        int64_t o_sh, int64_t num_heads, int64_t group, int64_t head_size,
                        int64_t block_size, float scale, float* qs, float* scores, float* acc) {
     const int64_t hd = head_size;
     int64_t kv_of[num_heads];  // each query head's kv head (no division in the loops)
     for (int64_t h = 0; h < num_heads; ++h) kv_of[h] = h / group;
-    const int64_t row = (kv_of[num_heads - 1] * sh + hd) * sizeof(float);  // bytes of a token's K
+    const int64_t row = (kv_of[num_heads - 1] * sh + hd) * sizeof(T);  // bytes of a token's K
     for (int64_t h = 0; h < num_heads; ++h)
         for (int64_t d = 0; d < hd; ++d) qs[h * hd + d] = q[h * q_sh + d] * scale;
-    walk(k, table, len, block_size, sb, st, row, true, [&](const float* kt, int64_t t) {
+    walk(k, table, len, block_size, sb, st, row, true, [&](const T* kt, int64_t t) {
         for (int64_t h = 0; h < num_heads; ++h) {
-            const float* kp = kt + kv_of[h] * sh;
+            const T* kp = kt + kv_of[h] * sh;
             const float* qh = qs + h * hd;
             float s = 0.f;
 #pragma omp simd reduction(+ : s)
-            for (int64_t d = 0; d < hd; ++d) s += qh[d] * kp[d];
+            for (int64_t d = 0; d < hd; ++d) s += qh[d] * tofloat(kp[d]);
             scores[h * len + t] = s;
         }
     });
     softmax_rows(scores, num_heads, len);
     std::fill(acc, acc + num_heads * hd, 0.f);
-    walk(v, table, len, block_size, sb, st, row, true, [&](const float* vt, int64_t t) {
+    walk(v, table, len, block_size, sb, st, row, true, [&](const T* vt, int64_t t) {
         for (int64_t h = 0; h < num_heads; ++h) {
-            const float* vp = vt + kv_of[h] * sh;
+            const T* vp = vt + kv_of[h] * sh;
             const float p = scores[h * len + t];
             float* a = acc + h * hd;
 #pragma omp simd
-            for (int64_t d = 0; d < hd; ++d) a[d] += p * vp[d];
+            for (int64_t d = 0; d < hd; ++d) a[d] += p * tofloat(vp[d]);
         }
     });
     for (int64_t h = 0; h < num_heads; ++h)
@@ -173,6 +184,16 @@ static inline float hsum(vec x) {
 }
 
 typedef int32_t ivec __attribute__((vector_size(VL * 4)));
+typedef uint16_t hvec __attribute__((vector_size(VL * 2)));
+static inline vec vload_kv(const float* p) { return vload(p); }
+static inline vec vload_kv(const uint16_t* p) {
+    hvec h;
+    __builtin_memcpy(&h, p, sizeof h);
+    const ivec bits = __builtin_convertvector(h, ivec) << 16;
+    vec x;
+    __builtin_memcpy(&x, &bits, sizeof x);
+    return x;
+}
 static const float iota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 // exp_neg on a vector (x <= 0): the same polynomial, n rounded by adding 1.5 * 2^23.
 static inline vec exp_neg_v(vec x) {
@@ -199,8 +220,8 @@ static inline vec exp_neg_v(vec x) {
 // prefetched (blocks lie anywhere in the pool, so the hardware's stream prefetchers start cold
 // at each); a kv head's G queries, and then its G accumulators, stay in vector registers while
 // the block's tokens go by. work: kv_heads * G * (D + 2) + G * (block_size + VL) floats.
-template <int D, int G>
-static void decode_fixed(const float* q, int64_t q_sh, const float* k, const float* v, int64_t sb,
+template <class T, int D, int G>
+static void decode_fixed(const float* q, int64_t q_sh, const T* k, const T* v, int64_t sb,
                          int64_t st, int64_t sh, const int32_t* table, int64_t len, float* out,
                          int64_t o_sh, int64_t kv_heads, int64_t block_size, float scale,
                          float* work) {
@@ -214,15 +235,15 @@ static void decode_fixed(const float* q, int64_t q_sh, const float* k, const flo
     std::fill(acc, acc + heads * D, 0.f);
     std::fill(mx, mx + heads, -INFINITY);
     std::fill(den, den + heads, 0.f);
-    const int64_t row_bytes = ((kv_heads - 1) * sh + D) * sizeof(float);
+    const int64_t row_bytes = ((kv_heads - 1) * sh + D) * sizeof(T);
     const int64_t blocks = (len + block_size - 1) / block_size;
-    const float* kn = k + table[0] * sb;
-    const float* vn = v + table[0] * sb;
+    const T* kn = k + table[0] * sb;
+    const T* vn = v + table[0] * sb;
     prefetch_rows(kn, st, row_bytes, std::min(block_size, len));
     prefetch_rows(vn, st, row_bytes, std::min(block_size, len));
     for (int64_t j = 0; j < blocks; ++j) {
-        const float* kb = kn;
-        const float* vb = vn;
+        const T* kb = kn;
+        const T* vb = vn;
         const int64_t n = std::min(block_size, len - j * block_size);
         const bool ahead = j + 1 < blocks;
         if (ahead) {
@@ -242,9 +263,9 @@ static void decode_fixed(const float* q, int64_t q_sh, const float* k, const flo
                         __builtin_prefetch(pv + b);
                     }
                 }
-                const float* kt = kb + t * st + kh * sh;
+                const T* kt = kb + t * st + kh * sh;
                 vec kr[NV];
-                for (int i = 0; i < NV; ++i) kr[i] = vload(kt + i * VL);
+                for (int i = 0; i < NV; ++i) kr[i] = vload_kv(kt + i * VL);
                 for (int g = 0; g < G; ++g) {
                     vec a = qv[g][0] * kr[0];
                     for (int i = 1; i < NV; ++i) a += qv[g][i] * kr[i];
@@ -279,9 +300,9 @@ static void decode_fixed(const float* q, int64_t q_sh, const float* k, const flo
             for (int g = 0; g < G; ++g)
                 for (int i = 0; i < NV; ++i) a[g][i] = vload(acc + (kh * G + g) * D + i * VL) * alpha[g];
             for (int64_t t = 0; t < n; ++t) {
-                const float* vt = vb + t * st + kh * sh;
+                const T* vt = vb + t * st + kh * sh;
                 vec vr[NV];
-                for (int i = 0; i < NV; ++i) vr[i] = vload(vt + i * VL);
+                for (int i = 0; i < NV; ++i) vr[i] = vload_kv(vt + i * VL);
                 for (int g = 0; g < G; ++g) {
                     const float p = sc[g * bp + t];
                     for (int i = 0; i < NV; ++i) a[g][i] += p * vr[i];
@@ -298,12 +319,12 @@ static void decode_fixed(const float* q, int64_t q_sh, const float* k, const flo
 }
 
 // The fast path's head sizes and groups; false: decode_one.
-template <int D>
-static bool decode_group(int64_t group, const float* q, int64_t q_sh, const float* k, const float* v,
+template <class T, int D>
+static bool decode_group(int64_t group, const float* q, int64_t q_sh, const T* k, const T* v,
                          int64_t sb, int64_t st, int64_t sh, const int32_t* table, int64_t len,
                          float* out, int64_t o_sh, int64_t kv_heads, int64_t block_size, float scale,
                          float* scores) {
-#define FIXED(G) decode_fixed<D, G>(q, q_sh, k, v, sb, st, sh, table, len, out, o_sh, kv_heads, \
+#define FIXED(G) decode_fixed<T, D, G>(q, q_sh, k, v, sb, st, sh, table, len, out, o_sh, kv_heads, \
                                     block_size, scale, scores)
     switch (group) {
         case 1: FIXED(1); return true;
@@ -319,18 +340,16 @@ static bool decode_group(int64_t group, const float* q, int64_t q_sh, const floa
 #undef FIXED
 }
 
-extern "C" {
-
 // q, out: rows indexed by q_rows[b] (row stride q_sr / o_sr, head stride q_sh / o_sh, dim 1).
-// k, v: caches [num_blocks, block_size, kv_heads, head_size] with strides (sb, st, sh, 1).
+// k, v: caches [num_blocks, block_size, kv_heads, head_size] of T with strides (sb, st, sh, 1).
 // tables: int32 [B, table_stride]; seq_lens: int32 [B]. Sequences split over `threads`
 // OpenMP threads.
-void paged_decode_f32(const float* q, int64_t q_sr, int64_t q_sh,
-                      const float* k, const float* v, int64_t sb, int64_t st, int64_t sh,
-                      const int32_t* tables, int64_t table_stride, const int32_t* seq_lens,
-                      const int64_t* q_rows, float* out, int64_t o_sr, int64_t o_sh,
-                      int64_t num_heads, int64_t kv_heads, int64_t head_size, int64_t block_size,
-                      float scale, int64_t work, int64_t threads) {
+template <class T>
+static void decode_all(const float* q, int64_t q_sr, int64_t q_sh, const T* k, const T* v, int64_t sb,
+                       int64_t st, int64_t sh, const int32_t* tables, int64_t table_stride,
+                       const int32_t* seq_lens, const int64_t* q_rows, float* out, int64_t o_sr,
+                       int64_t o_sh, int64_t num_heads, int64_t kv_heads, int64_t head_size,
+                       int64_t block_size, float scale, int64_t work, int64_t threads) {
     const int64_t group = num_heads / kv_heads;
 #pragma omp parallel num_threads(threads)
     {
@@ -344,10 +363,10 @@ void paged_decode_f32(const float* q, int64_t q_sr, int64_t q_sh,
         float* ob = out + q_rows[b] * o_sr;
         const int32_t* table = tables + b * table_stride;
         const bool fixed =
-            head_size == 64 ? decode_group<64>(group, qb, q_sh, k, v, sb, st, sh, table, len, ob, o_sh,
-                                               kv_heads, block_size, scale, scores.data())
-            : head_size == 128 ? decode_group<128>(group, qb, q_sh, k, v, sb, st, sh, table, len, ob,
-                                                   o_sh, kv_heads, block_size, scale, scores.data())
+            head_size == 64 ? decode_group<T, 64>(group, qb, q_sh, k, v, sb, st, sh, table, len, ob, o_sh,
+                                                  kv_heads, block_size, scale, scores.data())
+            : head_size == 128 ? decode_group<T, 128>(group, qb, q_sh, k, v, sb, st, sh, table, len, ob,
+                                                      o_sh, kv_heads, block_size, scale, scores.data())
             : false;
         if (!fixed)
             decode_one(qb, q_sh, k, v, sb, st, sh, table, len, ob, o_sh, num_heads, group, head_size,
@@ -355,6 +374,19 @@ void paged_decode_f32(const float* q, int64_t q_sr, int64_t q_sh,
     }
     }
 }
+
+extern "C" {
+
+#define DECODE_ARGS(T) const float* q, int64_t q_sr, int64_t q_sh, const T* k, const T* v, int64_t sb, \
+    int64_t st, int64_t sh, const int32_t* tables, int64_t table_stride, const int32_t* seq_lens, \
+    const int64_t* q_rows, float* out, int64_t o_sr, int64_t o_sh, int64_t num_heads, int64_t kv_heads, \
+    int64_t head_size, int64_t block_size, float scale, int64_t work, int64_t threads
+#define DECODE_CALL q, q_sr, q_sh, k, v, sb, st, sh, tables, table_stride, seq_lens, q_rows, out, o_sr, \
+    o_sh, num_heads, kv_heads, head_size, block_size, scale, work, threads
+
+void paged_decode_f32(DECODE_ARGS(float)) { decode_all(DECODE_CALL); }
+// K/V in bfloat16 (their uint16_t bits), q and out float32, arithmetic in float32.
+void paged_decode_bf16(DECODE_ARGS(uint16_t)) { decode_all(DECODE_CALL); }
 
 }  // extern "C"
 """
@@ -368,11 +400,13 @@ def _build() -> ctypes.CDLL | None:
 
 
 def set_argtypes(lib: ctypes.CDLL) -> None:
-    f = lib.paged_decode_f32
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    f.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, ptr, ptr, i64, i64,
-                  i64, i64, i64, i64, ctypes.c_float, i64, i64]  # ..., work, threads
-    f.restype = None
+    for name in ("paged_decode_f32", "paged_decode_bf16"):
+        f = getattr(lib, name, None)
+        if f is not None:
+            f.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, ptr, ptr, i64, i64,
+                          i64, i64, i64, i64, ctypes.c_float, i64, i64]  # ..., work, threads
+            f.restype = None
 
 
 _native = native_build.Library(_build)
@@ -389,7 +423,9 @@ def _threads(work: int) -> int:
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, rows, scale, out) -> None:
     """Decode attention for the sequences whose single query sits at q[rows[b]], written to
-    out[rows[b]]. float32 CPU tensors; k/v caches with a contiguous last dimension."""
+    out[rows[b]]. q and out float32, the k/v caches float32 or bfloat16 (read as float32),
+    CPU tensors, each with a contiguous last dimension."""
+    assert q.dtype == out.dtype == torch.float32 and k_cache.dtype in (torch.float32, torch.bfloat16)
     num_heads, head_size = q.shape[1], q.shape[2]
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
@@ -403,5 +439,6 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, rows, scale, out) 
             tables.data_ptr(), tables.stride(0), lens.data_ptr(), rows.data_ptr(), out.data_ptr(),
             out.stride(0), out.stride(1), num_heads, kv_heads, head_size, block_size, float(scale))
     work = rows.numel()
-    kernel = _native.get().paged_decode_f32
+    lib = _native.get()
+    kernel = lib.paged_decode_bf16 if k_cache.dtype == torch.bfloat16 else lib.paged_decode_f32
     kernel(*args, work, _threads(work * kv_heads))

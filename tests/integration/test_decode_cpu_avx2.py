@@ -4,7 +4,8 @@ import pytest
 
 from pagedserve.kernels import paged_decode_cpu
 from tests.unit.kernels.test_decode_cpu import (  # noqa: F401 (collected here, with this module's build)
-    test_fast_path_matches_float64, test_maximum_moving_between_blocks, test_nan_past_the_lengths_is_never_read)
+    test_bfloat16_cache_in_float32_arithmetic, test_fast_path_matches_float64, test_maximum_moving_between_blocks,
+    test_nan_past_the_lengths_is_never_read)
 
 
 @pytest.fixture

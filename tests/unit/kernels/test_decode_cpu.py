@@ -3,11 +3,12 @@ pass with an online softmax) against float64 attention over the same K/V: length
 across block boundaries, block sizes that are and are not a multiple of the vector width,
 scores whose maximum moves from block to block, and NaN past every length never read. The
 native build here; tests/integration/test_decode_cpu_avx2.py runs these on the AVX2-only
-build (-march=haswell: a compile, which a unit test may not start)."""
+build (-march=haswell: a compile, which a unit test may not start). Also a bfloat16 cache,
+read in float32 arithmetic."""
 import pytest
 import torch
 
-from pagedserve.kernels import paged_decode_cpu
+from pagedserve.kernels import paged_cpu, paged_decode_cpu
 from tests.unit.kernels.test_kernels_attention import make_batch
 
 
@@ -19,7 +20,7 @@ def build():
 
 
 def decode(args, scale, threads=2):
-    q, lens = args["q"], args["seq_lens"]
+    q, lens = args["q"].float(), args["seq_lens"]
     out = torch.full_like(q, float("nan"))
     rows = torch.arange(len(lens), dtype=torch.int64)
     previous = torch.get_num_threads()
@@ -81,3 +82,18 @@ def test_nan_past_the_lengths_is_never_read(build):
     got = decode(args, 0.125, threads=1)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, expected(args["q"], keys, values, 0.125), atol=2e-6, rtol=2e-5)
+
+
+@pytest.mark.parametrize("kv_heads,group,head_size", [(3, 3, 64), (2, 1, 128), (1, 10, 64), (2, 2, 16)])
+def test_bfloat16_cache_in_float32_arithmetic(build, kv_heads, group, head_size):
+    """A bfloat16 cache is read as the float32 numbers it holds (fast path and generic loop
+    alike), and paged_attention_cpu sends its decodes to the kernel: the same result as
+    float64 attention over those numbers, to float32 rounding."""
+    args, keys, values = make_batch([(n, 1) for n in LENS], 16, kv_heads, group, head_size, dtype=torch.bfloat16)
+    args["q"] = args["q"].float()
+    assert args["k_cache"].dtype == torch.bfloat16
+    scale = head_size ** -0.5
+    want = expected(args["q"], keys, values, scale)
+    torch.testing.assert_close(decode(args, scale), want, atol=2e-6, rtol=2e-5)
+    got = paged_cpu.paged_attention_cpu(**args, scale=scale)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-5)
