@@ -17,6 +17,7 @@ contexts). Times are medians of --repeats steps, per layer.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -36,11 +37,11 @@ NUM_HEADS, KV_HEADS, HEAD = 9, 3, 64
 
 
 def decode_case(batch: int, context: int, block_size: int, layers: int, repeats: int, seed: int,
-                kernels: dict, copy_bytes: int) -> list[dict]:
+                kernels: dict, copy_bytes: int, dtype: torch.dtype) -> list[dict]:
     gen = torch.Generator().manual_seed(seed)
     per_seq = math.ceil(context / block_size)
     blocks = batch * per_seq
-    pool = torch.empty(blocks, layers, 2, block_size, KV_HEADS, HEAD)
+    pool = torch.empty(blocks, layers, 2, block_size, KV_HEADS, HEAD, dtype=dtype)
     pool.normal_(generator=gen)
     tables = torch.randperm(blocks, generator=gen).view(batch, per_seq).to(torch.int32)
     lens = torch.full((batch,), context, dtype=torch.int32)
@@ -69,12 +70,12 @@ def decode_case(batch: int, context: int, block_size: int, layers: int, repeats:
             t = time.perf_counter()
             step(lib)
             times[name].append((time.perf_counter() - t) / layers)
-    kv_bytes = 2 * batch * context * KV_HEADS * HEAD * 4
+    kv_bytes = 2 * batch * context * KV_HEADS * HEAD * pool.element_size()
     copy = copy_bytes / statistics.median(copies) / 1e9
     result = []
     for name, ts in times.items():
         ms = statistics.median(ts) * 1e3
-        result.append({"kernel": name, "batch": batch, "context": context, "block_size": block_size,
+        result.append({"kernel": name, "kv_dtype": str(dtype).removeprefix("torch."), "batch": batch, "context": context, "block_size": block_size,
                        "layers": layers, "kv_bytes_per_layer": kv_bytes, "ms_per_layer": ms,
                        "best_ms_per_layer": min(ts) * 1e3, "ms_per_30_layers": 30 * ms,
                        "kv_gb_per_s": kv_bytes / ms / 1e6, "copy_gb_per_s": copy,
@@ -108,6 +109,7 @@ def main() -> int:
     p.add_argument("--contexts", default="128,256,1024,2048")
     p.add_argument("--block-sizes", default="16")
     p.add_argument("--marches", default="native,haswell", help="build targets (-march=); native is the default")
+    p.add_argument("--kv-dtypes", default="float32", help="cache dtypes: float32, bfloat16 (the baseline: float32 only)")
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--pool-gb", type=float, default=2.0, help="cap on the pool's size: fewer layers past it")
     p.add_argument("--copy-mb", type=int, default=512)
@@ -127,15 +129,17 @@ def main() -> int:
         if not kernels:
             print(f"the decode kernel did not build for -march={march}", file=sys.stderr)
             return 1
-        for bs in map(int, args.block_sizes.split(",")):
+        for dtype, bs in itertools.product(args.kv_dtypes.split(","), map(int, args.block_sizes.split(","))):
+            kv_dtype = getattr(torch, dtype)
+            mine = kernels if kv_dtype == torch.float32 else {"this": kernels["this"]}
             for context in map(int, args.contexts.split(",")):
                 layer_bytes = args.batch * math.ceil(context / bs) * bs * 2 * KV_HEADS * HEAD * 4
                 layers = max(2, min(args.layers, int(args.pool_gb * 1e9 // layer_bytes)))
-                for r in decode_case(args.batch, context, bs, layers, args.repeats, args.seed, kernels,
-                                     args.copy_mb << 20):
+                for r in decode_case(args.batch, context, bs, layers, args.repeats, args.seed, mine,
+                                     args.copy_mb << 20, kv_dtype):
                     r["march"] = march
                     rows.append(r)
-                    print(f"{march:>8} {r['kernel']:>8} block {bs:3d} context {context:5d} ({layers:2d} layers): "
+                    print(f"{march:>8} {r['kernel']:>8} {dtype:>8} block {bs:3d} context {context:5d} ({layers:2d} layers): "
                           f"{r['ms_per_layer']:7.3f} ms a layer ({r['ms_per_30_layers']:7.2f} per 30), "
                           f"K/V {r['kv_gb_per_s']:5.1f} GB/s, copy {r['copy_gb_per_s']:5.1f} GB/s: "
                           f"{r['fraction_of_copy']:4.0%}", flush=True)
