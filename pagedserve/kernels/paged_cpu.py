@@ -1,8 +1,9 @@
 """Paged attention and K/V stores for the CPU serving path, faster than the torch reference.
 
-Decode tokens (q_len 1) in float32 go to the C++ kernel of pagedserve/kernels/paged_decode_cpu.py and
-prompt chunks to that of pagedserve/kernels/paged_prefill_cpu.py, each reading every sequence's K/V in
-place from its blocks of the pool; other dtypes, a sliding window or soft-capping, and
+Decode tokens (q_len 1) in float32 go to the C++ kernel of pagedserve/kernels/paged_decode_cpu.py (over
+a float32 or a bfloat16 cache, in float32 arithmetic) and prompt chunks over a float32 cache to that
+of pagedserve/kernels/paged_prefill_cpu.py, each reading every sequence's K/V in place from its
+blocks of the pool (prompt chunks over a bfloat16 cache: the reference's _prefill); other dtypes, a sliding window or soft-capping, and
 machines where the kernels cannot be built take the reference path
 (pagedserve/kernels/paged_attention_ref.py), which stays the reference.
 """
@@ -24,7 +25,8 @@ def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start
     if window is not None or softcap is not None:
         return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
                                    window=window, softcap=softcap)
-    if (q.dtype != torch.float32 or k_cache.dtype != torch.float32 or k_cache.stride(3) != 1
+    if (q.dtype != torch.float32 or k_cache.dtype not in (torch.float32, torch.bfloat16)
+            or k_cache.dtype != v_cache.dtype or k_cache.stride(3) != 1
             or k_cache.stride() != v_cache.stride() or not native_available()):
         return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
     if out is None:
@@ -37,7 +39,8 @@ def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start
     if plan.decode is not None:
         tables, lens, rows = plan.decode
         paged_decode(qq, k_cache, v_cache, tables, lens, rows, scale, target)
-    native = plan.chunks is not None and paged_prefill_cpu.native_available()
+    native = (plan.chunks is not None and k_cache.dtype == torch.float32
+              and paged_prefill_cpu.native_available())
     if native:
         paged_prefill_cpu.paged_prefill(qq, k_cache, v_cache, plan.tables, plan.chunks, plan.items, scale, target)
     for b, start, end, length in (plan.long if native else plan.prefills):

@@ -3,12 +3,16 @@
 paged_decode(q, k_cache, v_cache, tables, lens, rows, scale, out) reads each sequence's K/V
 in place from its blocks of the pool (no per-layer gather or copy), sequences split over
 the torch thread count on torch's own OpenMP threads, the GIL released (ctypes). The common
-head sizes (64, 128) and query heads per kv head (1-8) take a path whose queries and
-accumulators stay in vector registers while the tokens stream by, the next block's rows
-prefetched (blocks lie anywhere in the pool); others a generic loop. Compiled once per
-source and machine with the system C++ compiler and cached (pagedserve/kernels/native_build.py);
-PAGEDSERVE_NATIVE_KERNELS=0 turns it off. Tested through pagedserve/kernels/paged_cpu.py against the
-torch reference (tests/unit/kernels/test_kernels_cpu.py).
+head sizes (64, 128) and query heads per kv head (1-8) take one pass over each sequence's
+blocks with an online softmax: a block's K and V rows are read once, the kv heads' queries
+and accumulators in vector registers, the next block prefetched while this one is used
+(blocks lie anywhere in the pool), no denormal ever computed; others a generic two-pass
+loop. Compiled once per source and machine with the system C++ compiler and cached
+(pagedserve/kernels/native_build.py; AVX-512 or AVX2 as -march gives);
+PAGEDSERVE_NATIVE_KERNELS=0 turns it off. Tested against the torch reference through
+pagedserve/kernels/paged_cpu.py (tests/unit/kernels/test_kernels_cpu.py) and against float64
+(tests/unit/kernels/test_decode_cpu.py; the AVX2 build in tests/integration/test_decode_cpu_avx2.py);
+measured by scripts/bench_decode_cpu.py.
 """
 from __future__ import annotations
 
@@ -33,9 +37,11 @@ EXP_NEG = r"""
 
 // exp(x) for the softmax (x <= 0 there): 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p the
 // degree-6 Taylor polynomial (relative error < 2e-7 over that range); plain arithmetic, so
-// the loops calling it vectorize (std::exp does not, without -ffast-math).
+// the loops calling it vectorize (std::exp does not, without -ffast-math). x is clamped at
+// -80: the result stays a normal float (a denormal costs a microcode assist in every
+// arithmetic it enters, on Intel about a hundred cycles), and exp(-80) is 0 beside a sum >= 1.
 static inline float exp_neg(float x) {
-    x = x < -87.0f ? -87.0f : x;
+    x = x < -80.0f ? -80.0f : x;
     const float n = __builtin_floorf(x * 1.44269504f + 0.5f);
     const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
     float p = 1.f / 720;
@@ -71,9 +77,19 @@ static void softmax_rows(float* scores, int64_t heads, int64_t len) {
     }
 }
 
+// K/V elements: float32, or bfloat16 held as uint16_t (its bits are a float32's high half).
+static inline float tofloat(float x) { return x; }
+static inline float tofloat(uint16_t x) {
+    const uint32_t u = static_cast<uint32_t>(x) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 // The next block's rows, asked for ahead of use: blocks lie anywhere in the pool, so the
 // hardware's stream prefetchers (which follow one page) start cold at every block.
-static inline void prefetch_rows(const float* first, int64_t st, int64_t row_bytes, int64_t rows) {
+template <class T>
+static inline void prefetch_rows(const T* first, int64_t st, int64_t row_bytes, int64_t rows) {
     for (int64_t i = 0; i < rows; ++i) {
         const char* p = reinterpret_cast<const char*>(first + i * st);
         for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b);
@@ -83,8 +99,8 @@ static inline void prefetch_rows(const float* first, int64_t st, int64_t row_byt
 // Calls f(row, t) for each of a sequence's tokens t in order, row pointing at its K or V row
 // (all kv heads) in `cache`; with `ahead`, the first block and then each next block's rows
 // are prefetched while the one before is walked.
-template <class F>
-static inline void walk(const float* cache, const int32_t* table, int64_t len, int64_t block_size,
+template <class T, class F>
+static inline void walk(const T* cache, const int32_t* table, int64_t len, int64_t block_size,
                         int64_t sb, int64_t st, int64_t row_bytes, bool ahead, F f) {
     if (ahead) prefetch_rows(cache + table[0] * sb, st, row_bytes, std::min(block_size, len));
     for (int64_t t0 = 0; t0 < len; t0 += block_size) {
@@ -99,35 +115,36 @@ static inline void walk(const float* cache, const int32_t* table, int64_t len, i
 // One sequence's decode attention, every head: pass 1 reads each token's K row (all kv heads,
 // contiguous) once for every query head, the softmax runs per head, pass 2 reads each V row
 // once. Any head size and group (decode_fixed is the fast path for the common ones).
-static void decode_one(const float* q, int64_t q_sh, const float* k, const float* v, int64_t sb,
+template <class T>
+static void decode_one(const float* q, int64_t q_sh, const T* k, const T* v, int64_t sb,
                        int64_t st, int64_t sh, const int32_t* table, int64_t len, float* out,
                        int64_t o_sh, int64_t num_heads, int64_t group, int64_t head_size,
                        int64_t block_size, float scale, float* qs, float* scores, float* acc) {
     const int64_t hd = head_size;
     int64_t kv_of[num_heads];  // each query head's kv head (no division in the loops)
     for (int64_t h = 0; h < num_heads; ++h) kv_of[h] = h / group;
-    const int64_t row = (kv_of[num_heads - 1] * sh + hd) * sizeof(float);  // bytes of a token's K
+    const int64_t row = (kv_of[num_heads - 1] * sh + hd) * sizeof(T);  // bytes of a token's K
     for (int64_t h = 0; h < num_heads; ++h)
         for (int64_t d = 0; d < hd; ++d) qs[h * hd + d] = q[h * q_sh + d] * scale;
-    walk(k, table, len, block_size, sb, st, row, true, [&](const float* kt, int64_t t) {
+    walk(k, table, len, block_size, sb, st, row, true, [&](const T* kt, int64_t t) {
         for (int64_t h = 0; h < num_heads; ++h) {
-            const float* kp = kt + kv_of[h] * sh;
+            const T* kp = kt + kv_of[h] * sh;
             const float* qh = qs + h * hd;
             float s = 0.f;
 #pragma omp simd reduction(+ : s)
-            for (int64_t d = 0; d < hd; ++d) s += qh[d] * kp[d];
+            for (int64_t d = 0; d < hd; ++d) s += qh[d] * tofloat(kp[d]);
             scores[h * len + t] = s;
         }
     });
     softmax_rows(scores, num_heads, len);
     std::fill(acc, acc + num_heads * hd, 0.f);
-    walk(v, table, len, block_size, sb, st, row, true, [&](const float* vt, int64_t t) {
+    walk(v, table, len, block_size, sb, st, row, true, [&](const T* vt, int64_t t) {
         for (int64_t h = 0; h < num_heads; ++h) {
-            const float* vp = vt + kv_of[h] * sh;
+            const T* vp = vt + kv_of[h] * sh;
             const float p = scores[h * len + t];
             float* a = acc + h * hd;
 #pragma omp simd
-            for (int64_t d = 0; d < hd; ++d) a[d] += p * vp[d];
+            for (int64_t d = 0; d < hd; ++d) a[d] += p * tofloat(vp[d]);
         }
     });
     for (int64_t h = 0; h < num_heads; ++h)
@@ -142,61 +159,172 @@ static void decode_one(const float* q, int64_t q_sh, const float* k, const float
 #define VL 4
 #endif
 typedef float vec __attribute__((vector_size(VL * 4)));
+typedef float vec8 __attribute__((vector_size(32)));
+typedef float vec4 __attribute__((vector_size(16)));
 static inline vec vload(const float* p) { vec x; __builtin_memcpy(&x, p, sizeof x); return x; }
 static inline void vstore(float* p, vec x) { __builtin_memcpy(p, &x, sizeof x); }
-static inline float hsum(vec x) { float s = 0.f; for (int i = 0; i < VL; ++i) s += x[i]; return s; }
+// A tree of shuffles and adds (a plain loop over the lanes is a serial chain of scalar adds:
+// without -ffast-math the compiler may not reorder them).
+static inline float hsum4(vec4 x) {
+    x += __builtin_shufflevector(x, x, 2, 3, 0, 1);
+    return x[0] + x[1];
+}
+static inline float hsum8(vec8 x) {
+    return hsum4(__builtin_shufflevector(x, x, 0, 1, 2, 3) + __builtin_shufflevector(x, x, 4, 5, 6, 7));
+}
+static inline float hsum(vec x) {
+#if VL == 16
+    return hsum8(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15));
+#elif VL == 8
+    return hsum8(x);
+#else
+    return hsum4(x);
+#endif
+}
 
-// decode_one for a head size D and G query heads per kv head known at compile time: per kv
-// head, its G queries (pass 1) and G accumulators (pass 2) stay in vector registers while
-// the sequence's tokens stream by, each K and V row loaded once per kv head.
-template <int D, int G>
-static void decode_fixed(const float* q, int64_t q_sh, const float* k, const float* v, int64_t sb,
+typedef int32_t ivec __attribute__((vector_size(VL * 4)));
+typedef uint16_t hvec __attribute__((vector_size(VL * 2)));
+static inline vec vload_kv(const float* p) { return vload(p); }
+static inline vec vload_kv(const uint16_t* p) {
+    hvec h;
+    __builtin_memcpy(&h, p, sizeof h);
+    const ivec bits = __builtin_convertvector(h, ivec) << 16;
+    vec x;
+    __builtin_memcpy(&x, &bits, sizeof x);
+    return x;
+}
+static const float iota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+// exp_neg on a vector (x <= 0): the same polynomial, n rounded by adding 1.5 * 2^23.
+static inline vec exp_neg_v(vec x) {
+    const vec lo = vec{} - 80.0f;
+    x = x < lo ? lo : x;
+    const vec n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+    const vec r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+    vec p = vec{} + 1.f / 720;
+    p = p * r + 1.f / 120;
+    p = p * r + 1.f / 24;
+    p = p * r + 1.f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.f;
+    p = p * r + 1.f;
+    const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+    vec two_n;
+    __builtin_memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n;
+}
+
+// decode_one for a head size D and G query heads per kv head known at compile time, in one
+// pass over the sequence's blocks with an online softmax: each block's K and V (all kv heads,
+// contiguous) are read once from memory, kv head by kv head, while the next block's rows are
+// prefetched (blocks lie anywhere in the pool, so the hardware's stream prefetchers start cold
+// at each); a kv head's G queries, and then its G accumulators, stay in vector registers while
+// the block's tokens go by. work: kv_heads * G * (D + 2) + G * (block_size + VL) floats.
+template <class T, int D, int G>
+static void decode_fixed(const float* q, int64_t q_sh, const T* k, const T* v, int64_t sb,
                          int64_t st, int64_t sh, const int32_t* table, int64_t len, float* out,
                          int64_t o_sh, int64_t kv_heads, int64_t block_size, float scale,
-                         float* scores) {
+                         float* work) {
     constexpr int NV = D / VL;
-    const int64_t row = ((kv_heads - 1) * sh + D) * sizeof(float);
-    for (int64_t kh = 0; kh < kv_heads; ++kh) {  // the first kv head's walk prefetches
-        vec qv[G][NV];
-        for (int g = 0; g < G; ++g)
-            for (int j = 0; j < NV; ++j) qv[g][j] = vload(q + (kh * G + g) * q_sh + j * VL) * scale;
-        float* sc = scores + kh * G * len;
-        walk(k, table, len, block_size, sb, st, row, kh == 0, [&](const float* kt, int64_t t) {
-            vec kv[NV];
-            for (int j = 0; j < NV; ++j) kv[j] = vload(kt + kh * sh + j * VL);
-            for (int g = 0; g < G; ++g) {
-                vec a = qv[g][0] * kv[0];
-                for (int j = 1; j < NV; ++j) a += qv[g][j] * kv[j];
-                sc[g * len + t] = hsum(a);
+    const int64_t heads = kv_heads * G;
+    float* acc = work;             // [heads][D]
+    float* mx = acc + heads * D;   // running max of each head's scores
+    float* den = mx + heads;       // running sum of exp(score - max)
+    float* sc = den + heads;       // [G][bp]: one kv head's scores over a block
+    const int64_t bp = (block_size + VL - 1) / VL * VL;
+    std::fill(acc, acc + heads * D, 0.f);
+    std::fill(mx, mx + heads, -INFINITY);
+    std::fill(den, den + heads, 0.f);
+    const int64_t row_bytes = ((kv_heads - 1) * sh + D) * sizeof(T);
+    const int64_t blocks = (len + block_size - 1) / block_size;
+    const T* kn = k + table[0] * sb;
+    const T* vn = v + table[0] * sb;
+    prefetch_rows(kn, st, row_bytes, std::min(block_size, len));
+    prefetch_rows(vn, st, row_bytes, std::min(block_size, len));
+    for (int64_t j = 0; j < blocks; ++j) {
+        const T* kb = kn;
+        const T* vb = vn;
+        const int64_t n = std::min(block_size, len - j * block_size);
+        const bool ahead = j + 1 < blocks;
+        if (ahead) {
+            kn = k + table[j + 1] * sb;
+            vn = v + table[j + 1] * sb;
+        }
+        for (int64_t kh = 0; kh < kv_heads; ++kh) {
+            vec qv[G][NV];
+            for (int g = 0; g < G; ++g)
+                for (int i = 0; i < NV; ++i) qv[g][i] = vload(q + (kh * G + g) * q_sh + i * VL) * scale;
+            for (int64_t t = 0; t < n; ++t) {
+                if (kh == 0 && ahead) {  // the next block's row t, spread over this block's tokens
+                    const char* pk = reinterpret_cast<const char*>(kn + t * st);
+                    const char* pv = reinterpret_cast<const char*>(vn + t * st);
+                    for (int64_t b = 0; b < row_bytes; b += 64) {
+                        __builtin_prefetch(pk + b);
+                        __builtin_prefetch(pv + b);
+                    }
+                }
+                const T* kt = kb + t * st + kh * sh;
+                vec kr[NV];
+                for (int i = 0; i < NV; ++i) kr[i] = vload_kv(kt + i * VL);
+                for (int g = 0; g < G; ++g) {
+                    vec a = qv[g][0] * kr[0];
+                    for (int i = 1; i < NV; ++i) a += qv[g][i] * kr[i];
+                    sc[g * bp + t] = hsum(a);
+                }
             }
-        });
+            float alpha[G];
+            for (int g = 0; g < G; ++g) {
+                float* s = sc + g * bp;
+                const float m_init = s[0];  // scores past the sequence: not above its max
+                for (int64_t t = n; t < bp; ++t) s[t] = m_init;
+                const int64_t h = kh * G + g;
+                vec mv = vload(s);
+                for (int64_t i = VL; i < bp; i += VL) {
+                    const vec x = vload(s + i);
+                    mv = x > mv ? x : mv;
+                }
+                float m = mx[h];
+                for (int i = 0; i < VL; ++i) m = std::max(m, mv[i]);
+                vec sum = vec{};
+                for (int64_t i = 0; i < bp; i += VL) {
+                    vec p = exp_neg_v(vload(s + i) - m);
+                    p = vload(iota) + static_cast<float>(i) < static_cast<float>(n) ? p : vec{};  // the tail past the sequence: 0
+                    vstore(s + i, p);
+                    sum += p;
+                }
+                alpha[g] = mx[h] == -INFINITY ? 0.f : exp_neg(mx[h] - m);
+                den[h] = den[h] * alpha[g] + hsum(sum);
+                mx[h] = m;
+            }
+            vec a[G][NV];
+            for (int g = 0; g < G; ++g)
+                for (int i = 0; i < NV; ++i) a[g][i] = vload(acc + (kh * G + g) * D + i * VL) * alpha[g];
+            for (int64_t t = 0; t < n; ++t) {
+                const T* vt = vb + t * st + kh * sh;
+                vec vr[NV];
+                for (int i = 0; i < NV; ++i) vr[i] = vload_kv(vt + i * VL);
+                for (int g = 0; g < G; ++g) {
+                    const float p = sc[g * bp + t];
+                    for (int i = 0; i < NV; ++i) a[g][i] += p * vr[i];
+                }
+            }
+            for (int g = 0; g < G; ++g)
+                for (int i = 0; i < NV; ++i) vstore(acc + (kh * G + g) * D + i * VL, a[g][i]);
+        }
     }
-    softmax_rows(scores, kv_heads * G, len);
-    for (int64_t kh = 0; kh < kv_heads; ++kh) {
-        vec acc[G][NV];
-        for (int g = 0; g < G; ++g)
-            for (int j = 0; j < NV; ++j) acc[g][j] = vec{};
-        const float* sc = scores + kh * G * len;
-        walk(v, table, len, block_size, sb, st, row, kh == 0, [&](const float* vt, int64_t t) {
-            vec vv[NV];
-            for (int j = 0; j < NV; ++j) vv[j] = vload(vt + kh * sh + j * VL);
-            for (int g = 0; g < G; ++g) {
-                const float p = sc[g * len + t];
-                for (int j = 0; j < NV; ++j) acc[g][j] += p * vv[j];
-            }
-        });
-        for (int g = 0; g < G; ++g)
-            for (int j = 0; j < NV; ++j) vstore(out + (kh * G + g) * o_sh + j * VL, acc[g][j]);
+    for (int64_t h = 0; h < heads; ++h) {
+        const float inv = 1.f / den[h];
+        for (int i = 0; i < NV; ++i) vstore(out + h * o_sh + i * VL, vload(acc + h * D + i * VL) * inv);
     }
 }
 
 // The fast path's head sizes and groups; false: decode_one.
-template <int D>
-static bool decode_group(int64_t group, const float* q, int64_t q_sh, const float* k, const float* v,
+template <class T, int D>
+static bool decode_group(int64_t group, const float* q, int64_t q_sh, const T* k, const T* v,
                          int64_t sb, int64_t st, int64_t sh, const int32_t* table, int64_t len,
                          float* out, int64_t o_sh, int64_t kv_heads, int64_t block_size, float scale,
                          float* scores) {
-#define FIXED(G) decode_fixed<D, G>(q, q_sh, k, v, sb, st, sh, table, len, out, o_sh, kv_heads, \
+#define FIXED(G) decode_fixed<T, D, G>(q, q_sh, k, v, sb, st, sh, table, len, out, o_sh, kv_heads, \
                                     block_size, scale, scores)
     switch (group) {
         case 1: FIXED(1); return true;
@@ -212,34 +340,33 @@ static bool decode_group(int64_t group, const float* q, int64_t q_sh, const floa
 #undef FIXED
 }
 
-extern "C" {
-
 // q, out: rows indexed by q_rows[b] (row stride q_sr / o_sr, head stride q_sh / o_sh, dim 1).
-// k, v: caches [num_blocks, block_size, kv_heads, head_size] with strides (sb, st, sh, 1).
+// k, v: caches [num_blocks, block_size, kv_heads, head_size] of T with strides (sb, st, sh, 1).
 // tables: int32 [B, table_stride]; seq_lens: int32 [B]. Sequences split over `threads`
 // OpenMP threads.
-void paged_decode_f32(const float* q, int64_t q_sr, int64_t q_sh,
-                      const float* k, const float* v, int64_t sb, int64_t st, int64_t sh,
-                      const int32_t* tables, int64_t table_stride, const int32_t* seq_lens,
-                      const int64_t* q_rows, float* out, int64_t o_sr, int64_t o_sh,
-                      int64_t num_heads, int64_t kv_heads, int64_t head_size, int64_t block_size,
-                      float scale, int64_t work, int64_t threads) {
+template <class T>
+static void decode_all(const float* q, int64_t q_sr, int64_t q_sh, const T* k, const T* v, int64_t sb,
+                       int64_t st, int64_t sh, const int32_t* tables, int64_t table_stride,
+                       const int32_t* seq_lens, const int64_t* q_rows, float* out, int64_t o_sr,
+                       int64_t o_sh, int64_t num_heads, int64_t kv_heads, int64_t head_size,
+                       int64_t block_size, float scale, int64_t work, int64_t threads) {
     const int64_t group = num_heads / kv_heads;
 #pragma omp parallel num_threads(threads)
     {
     std::vector<float> scores, qs(num_heads * head_size), acc(num_heads * head_size);
+    const int64_t fixed_work = num_heads * (head_size + 2) + group * (block_size + 16);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < work; ++b) {
         const int64_t len = seq_lens[b];
-        scores.resize(num_heads * len);
+        scores.resize(std::max(num_heads * len, fixed_work));
         const float* qb = q + q_rows[b] * q_sr;
         float* ob = out + q_rows[b] * o_sr;
         const int32_t* table = tables + b * table_stride;
         const bool fixed =
-            head_size == 64 ? decode_group<64>(group, qb, q_sh, k, v, sb, st, sh, table, len, ob, o_sh,
-                                               kv_heads, block_size, scale, scores.data())
-            : head_size == 128 ? decode_group<128>(group, qb, q_sh, k, v, sb, st, sh, table, len, ob,
-                                                   o_sh, kv_heads, block_size, scale, scores.data())
+            head_size == 64 ? decode_group<T, 64>(group, qb, q_sh, k, v, sb, st, sh, table, len, ob, o_sh,
+                                                  kv_heads, block_size, scale, scores.data())
+            : head_size == 128 ? decode_group<T, 128>(group, qb, q_sh, k, v, sb, st, sh, table, len, ob,
+                                                      o_sh, kv_heads, block_size, scale, scores.data())
             : false;
         if (!fixed)
             decode_one(qb, q_sh, k, v, sb, st, sh, table, len, ob, o_sh, num_heads, group, head_size,
@@ -248,20 +375,38 @@ void paged_decode_f32(const float* q, int64_t q_sr, int64_t q_sh,
     }
 }
 
+extern "C" {
+
+#define DECODE_ARGS(T) const float* q, int64_t q_sr, int64_t q_sh, const T* k, const T* v, int64_t sb, \
+    int64_t st, int64_t sh, const int32_t* tables, int64_t table_stride, const int32_t* seq_lens, \
+    const int64_t* q_rows, float* out, int64_t o_sr, int64_t o_sh, int64_t num_heads, int64_t kv_heads, \
+    int64_t head_size, int64_t block_size, float scale, int64_t work, int64_t threads
+#define DECODE_CALL q, q_sr, q_sh, k, v, sb, st, sh, tables, table_stride, seq_lens, q_rows, out, o_sr, \
+    o_sh, num_heads, kv_heads, head_size, block_size, scale, work, threads
+
+void paged_decode_f32(DECODE_ARGS(float)) { decode_all(DECODE_CALL); }
+// K/V in bfloat16 (their uint16_t bits), q and out float32, arithmetic in float32.
+void paged_decode_bf16(DECODE_ARGS(uint16_t)) { decode_all(DECODE_CALL); }
+
 }  // extern "C"
 """
 
 
 def _build() -> ctypes.CDLL | None:
     lib = native_build.load("paged_attention_cpu", SOURCE)
-    if lib is None:
-        return None
-    f = lib.paged_decode_f32
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    f.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, ptr, ptr, i64, i64,
-                  i64, i64, i64, i64, ctypes.c_float, i64, i64]  # ..., work, threads
-    f.restype = None
+    if lib is not None:
+        set_argtypes(lib)
     return lib
+
+
+def set_argtypes(lib: ctypes.CDLL) -> None:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    for name in ("paged_decode_f32", "paged_decode_bf16"):
+        f = getattr(lib, name, None)
+        if f is not None:
+            f.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr, i64, ptr, ptr, ptr, i64, i64,
+                          i64, i64, i64, i64, ctypes.c_float, i64, i64]  # ..., work, threads
+            f.restype = None
 
 
 _native = native_build.Library(_build)
@@ -278,7 +423,9 @@ def _threads(work: int) -> int:
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, rows, scale, out) -> None:
     """Decode attention for the sequences whose single query sits at q[rows[b]], written to
-    out[rows[b]]. float32 CPU tensors; k/v caches with a contiguous last dimension."""
+    out[rows[b]]. q and out float32, the k/v caches float32 or bfloat16 (read as float32),
+    CPU tensors, each with a contiguous last dimension."""
+    assert q.dtype == out.dtype == torch.float32 and k_cache.dtype in (torch.float32, torch.bfloat16)
     num_heads, head_size = q.shape[1], q.shape[2]
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
@@ -292,5 +439,6 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, rows, scale, out) 
             tables.data_ptr(), tables.stride(0), lens.data_ptr(), rows.data_ptr(), out.data_ptr(),
             out.stride(0), out.stride(1), num_heads, kv_heads, head_size, block_size, float(scale))
     work = rows.numel()
-    kernel = _native.get().paged_decode_f32
+    lib = _native.get()
+    kernel = lib.paged_decode_bf16 if k_cache.dtype == torch.bfloat16 else lib.paged_decode_f32
     kernel(*args, work, _threads(work * kv_heads))
