@@ -76,7 +76,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #   split:    bench split twice on that model (its services and an in-process engine each time)
 # Measured on the first H200 run (2026-12-04, warm Triton cache but the first): services 84 s,
 # kernels 6-13 s, bench 1-3 s, serve 74 s quick / 141 s full; --quick 172 s in all.
-#   steady:   per shape (1.1B 40%, 8B 60%): the model drawn and saved, the services, 1,000
+#   steady:   per shape (1.1B 35%, 8B 65%): the model drawn and saved, the services, 1,000
 #             requests (at most 60% of what is left then), transformers' continuous batching
 #             (the rest); not measured yet on a GPU
 DEFAULT_BUDGETS = {"services": 120, "kernels": 60, "bench": 30, "tp": 25, "serve": 130, "split": 90,

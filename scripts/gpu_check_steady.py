@@ -42,7 +42,7 @@ SHAPES = {
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab=32000),
     "tiny2": dict(hidden=96, layers=3, heads=6, kv_heads=2, inter=192, vocab=32000),
 }
-SHARE = {"1.1B": 0.4, "8B": 0.6}  # of the part's seconds; others share equally
+SHARE = {"1.1B": 0.35, "8B": 0.65}  # of the part's seconds; others share equally
 PROMPT_VOCAB = 32000  # prompt ids drawn in [100, 32000) for every shape: the same requests
 MAX_NUM_SEQS = 256
 KV_GIB = 40  # at most; less where the device's free memory after two copies of the weights is short
