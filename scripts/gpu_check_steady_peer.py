@@ -35,18 +35,22 @@ def in_flight_tokens(manager) -> int | None:
 def transformers_cb(model, prompts: list[list[int]], lengths: list[int], time_limit: float) -> dict:
     import torch
     import transformers
-    from transformers import GenerationConfig
+    from transformers import ContinuousBatchingConfig, GenerationConfig
 
     config = GenerationConfig(max_new_tokens=max(lengths), do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cb = {}
+    if not torch.cuda.is_available():  # the rehearsal: a cache for these requests, not 90% of the host's memory
+        need = sum(-(-(len(p) + n) // 256) for p, n in zip(prompts, lengths))
+        cb["continuous_batching_config"] = ContinuousBatchingConfig(num_blocks=need + 4, max_batch_tokens=2048)
     t0 = time.perf_counter()
     try:  # the hints generate_batch gives, which size the batch and the cache
         from transformers.generation.continuous_batching.utils import WorkloadHints
 
         hints = WorkloadHints(max_prompt_length=max(map(len, prompts)), max_generated_length=max(lengths),
                               num_requests=len(prompts))
-        manager = model.init_continuous_batching(generation_config=config, workload_hints=hints)
+        manager = model.init_continuous_batching(generation_config=config, workload_hints=hints, **cb)
     except ImportError:
-        manager = model.init_continuous_batching(generation_config=config)
+        manager = model.init_continuous_batching(generation_config=config, **cb)
     if torch.cuda.is_available():
         manager.warmup()  # CUDA graphs captured before the clock starts, as generate_batch does
     manager.start()
