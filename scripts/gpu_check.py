@@ -23,6 +23,11 @@ next to it):
              lengths, rates 4/16/inf) vs transformers static batching
   split      what the split services cost per step beside the in-process engine on that
              model: a batch and one stream (scripts/gpu_check_split.py; not with --quick)
+  steady     only when named in --parts (it takes ~6 minutes): 1,000 ShareGPT-like requests at
+             rate inf to the 1.1B and 8B shapes through the services, the device's busy share
+             and the decode step against its roofline, beside transformers' continuous batching
+             on the same model and requests (scripts/gpu_check_steady.py); without CUDA, its
+             rehearsal (two tiny shapes, 20 requests, on the CPU)
 
 Greedy comparisons let EOS end a sequence on both sides: transformers' min_new_tokens masks
 EOS while pagedserve's ignore_eos does not, so the two would differ wherever EOS is the top
@@ -55,7 +60,8 @@ import traceback
 from pathlib import Path
 
 SCHEMA = "pagedserve.gpu_check/1"
-PARTS = ["services", "kernels", "bench", "tp", "serve", "split"]  # the most decisive first
+PARTS = ["services", "kernels", "bench", "tp", "serve", "split", "steady"]  # the most decisive first
+DEFAULT_PARTS = PARTS[:-1]  # steady runs only when named: its ~6 minutes do not fit beside the rest
 ROOT = Path(__file__).resolve().parent.parent
 # Seconds per part on one H200. The full run ends under 8 minutes and --quick under 4, start-up
 # included: gpu_check.sh's wheel check, torch's import and CUDA's start take ~15 s, and the
@@ -70,8 +76,13 @@ ROOT = Path(__file__).resolve().parent.parent
 #   split:    bench split twice on that model (its services and an in-process engine each time)
 # Measured on the first H200 run (2026-12-04, warm Triton cache but the first): services 84 s,
 # kernels 6-13 s, bench 1-3 s, serve 74 s quick / 141 s full; --quick 172 s in all.
-DEFAULT_BUDGETS = {"services": 120, "kernels": 60, "bench": 30, "tp": 25, "serve": 130, "split": 90}  # 455 s
-QUICK_BUDGETS = {"services": 100, "kernels": 45, "bench": 15, "tp": 10, "serve": 40, "split": 0}  # 210 s
+#   steady:   per shape (1.1B 35%, 8B 65%): the model drawn and saved, the services, 1,000
+#             requests (at most 60% of what is left then), transformers' continuous batching
+#             (the rest); not measured yet on a GPU
+DEFAULT_BUDGETS = {"services": 120, "kernels": 60, "bench": 30, "tp": 25, "serve": 130, "split": 90,
+                   "steady": 340}  # 455 s without steady
+QUICK_BUDGETS = {"services": 100, "kernels": 45, "bench": 15, "tp": 10, "serve": 40, "split": 0,
+                 "steady": 200}  # 210 s without steady (with --quick, steady sends 32 requests)
 CUDA_PARTS = ("kernels", "bench", "tp", "serve", "split")  # skipped without CUDA (services run on the CPU)
 STATUSES = ("pending", "running", "skipped", "ok", "failed", "error")
 
@@ -96,7 +107,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=default_out(), help="the JSON file to write (default: $OUT/gpu_check.json "
                    "when $OUT is set, else bench_results/gpu_check.json); service logs go to OUT-logs/")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                   help=f"comma-separated, of {', '.join(PARTS)} (default: all but steady)")
     p.add_argument("--device", default="cuda", help="cuda or cuda:N")
     p.add_argument("--quick", action="store_true", help="fewer shapes and requests (a smoke run)")
     p.add_argument("--dry-run", action="store_true", help="check arguments, write the skeleton, run nothing")
@@ -216,18 +228,20 @@ def runners(args, work: Path) -> dict:
     from gpu_check_serve import part_serve, serve_without_cuda
     from gpu_check_services import part_services
     from gpu_check_split import part_split
+    from gpu_check_steady import part_steady
     from gpu_check_tp import part_tp
 
     tp = lambda p: part_tp(args, p, work, build_model)  # noqa: E731  (says itself when it does not run)
     split = lambda p: (part_split(args, p, work, build_model) if not args.quick  # noqa: E731
                        else {"status": "skipped", "reason": "not run: --quick"})
+    steady = lambda p: part_steady(args, p, work)  # noqa: E731  (without CUDA: its rehearsal)
     if str(args.device).startswith("cuda"):
         return {"kernels": lambda p: part_kernels(args, p), "services": lambda p: part_services(args, p, work),
                 "bench": lambda p: part_bench(args, p), "serve": lambda p: part_serve(args, p, work), "tp": tp,
-                "split": split}
+                "split": split, "steady": steady}
     return {"kernels": lambda p: kernels_without_cuda(args, p), "services": lambda p: part_services(args, p, work),
             "bench": lambda p: skipped_without_cuda(args, p), "serve": lambda p: serve_without_cuda(args, p, work),
-            "tp": tp, "split": split}
+            "tp": tp, "split": split, "steady": steady}
 
 
 def main(argv=None) -> int:

@@ -27,21 +27,44 @@ def build_model(path: Path, *, hidden, layers, heads, kv_heads, inter, vocab=409
     """A random-weight Llama saved with a made-up WordLevel tokenizer (no network); its
     weights drawn on `device` (a 1B model is drawn in seconds on a GPU, a minute on a CPU) and
     saved in `dtype` (default float32). EOS is token 2."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
     if (path / "config.json").exists():
         return path
+    model = random_llama(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, inter=inter, vocab=vocab,
+                         max_pos=max_pos, std=std, seed=seed, device=device)
+    if dtype is not None:
+        model = model.to(dtype)
+    save_model(model, path)
+    return path
+
+
+def random_llama(*, hidden, layers, heads, kv_heads, inter, vocab=4096, max_pos=4096, std=0.1, seed=0,
+                 device="cpu", dtype=None):
+    """A random-weight LlamaForCausalLM drawn on `device`, in `dtype` from the start when
+    given (an 8B model never exists in float32), else float32. EOS is token 2."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(seed)
     config = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                          num_key_value_heads=kv_heads, intermediate_size=inter, vocab_size=vocab,
                          max_position_embeddings=max_pos, initializer_range=std, bos_token_id=1,
                          eos_token_id=2, tie_word_embeddings=False)
-    with torch.device(device):
-        model = LlamaForCausalLM(config)
-    if dtype is not None:
-        model = model.to(dtype)
+    before = torch.get_default_dtype()
+    try:
+        if dtype is not None:
+            torch.set_default_dtype(dtype)
+        with torch.device(device):
+            return LlamaForCausalLM(config).eval()
+    finally:
+        torch.set_default_dtype(before)
+
+
+def save_model(model, path: Path) -> Path:
+    """`model` saved (safetensors) with a made-up WordLevel tokenizer over its vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = model.config.vocab_size
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(vocab - 3)]
@@ -73,28 +96,31 @@ class Services:
     """memsvc, executor and gateway as three processes on loopback (the executor killable),
     closed by a fresh internal token that this process also reads memsvc's stats with."""
 
-    def __init__(self, model_dir, device, dtype, extra_memsvc=(), log_dir=None):
+    def __init__(self, model_dir, device, dtype, extra_memsvc=(), log_dir=None, extra_gateway=(),
+                 executor_cmd=None):
         from pagedserve.rpc.internal_auth import new_token
 
         self.token = new_token()
         self.ports = {n: free_port() for n in ("memsvc", "executor", "gateway")}
         self.model_dir, self.device, self.dtype = str(model_dir), device, dtype
-        self.extra_memsvc = list(extra_memsvc)
+        self.extra_memsvc, self.extra_gateway = list(extra_memsvc), list(extra_gateway)
+        # the executor's command before its `executor ...` arguments (a wrapper that times steps)
+        self.executor_cmd = list(executor_cmd or [sys.executable, "-m", "pagedserve.cli"])
         self.log_dir = Path(log_dir or tempfile.mkdtemp())
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.procs = {}
 
-    def _start(self, name, argv):
+    def _start(self, name, argv, cmd=None):
         log = open(self.log_dir / f"{name}.log", "ab")
         from pagedserve.rpc.internal_auth import ENV
 
         env = {**child_env(), ENV: self.token}
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "pagedserve.cli", *argv], cwd=ROOT, env=env,
-                                            stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = subprocess.Popen([*(cmd or [sys.executable, "-m", "pagedserve.cli"]), *argv], cwd=ROOT,
+                                            env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def start_executor(self):
         p = self.ports
-        self._start("executor", ["executor", "--port", str(p["executor"]), "--memsvc", f"127.0.0.1:{p['memsvc']}",
+        self._start("executor", cmd=self.executor_cmd, argv=["executor", "--port", str(p["executor"]), "--memsvc", f"127.0.0.1:{p['memsvc']}",
                                  "--model", self.model_dir, "--device", self.device, "--dtype", self.dtype])
 
     def start(self, timeout=120):
@@ -108,7 +134,7 @@ class Services:
             self.start_executor()
             self._start("gateway", ["gateway", "--port", str(p["gateway"]), "--http-port", "0",  # no HTTP API
                                     "--executor", f"127.0.0.1:{p['executor']}",
-                                    "--memsvc", f"127.0.0.1:{p['memsvc']}"])
+                                    "--memsvc", f"127.0.0.1:{p['memsvc']}", *self.extra_gateway])
             self.client = GenerationClient(f"127.0.0.1:{p['gateway']}", timeout=120)
             end = time.monotonic() + timeout
             while not self.client.serving():

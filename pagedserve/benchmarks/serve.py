@@ -38,17 +38,25 @@ async def _one(stub, pb, req, prompt_ids, timing: RequestTiming, vocab_cap: int)
     timing.end = time.perf_counter()
 
 
+def prompt_token_ids(requests, *, seed: int = 0, vocab: int = 32000) -> list[list[int]]:
+    """The random prompt ids run_load sends for `requests` (drawn in [100, vocab) from `seed`):
+    what a peer served the same requests is given."""
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab) for _ in range(r.prompt_len)] for r in requests]
+
+
 async def run_load(server: str, requests, *, seed: int = 0, vocab: int = 32000,
-                   progress: bool = True) -> tuple[list[RequestTiming], float]:
-    """Send `requests` at their arrival times; return per-request timings and the duration."""
+                   progress: bool = True, time_limit: float | None = None) -> tuple[list[RequestTiming], float]:
+    """Send `requests` at their arrival times; return per-request timings and the duration.
+    time_limit (seconds): requests still running then are cancelled, their timing's status
+    "CUT" (the tokens they received are counted in output_tokens)."""
     import grpc
     from tqdm import tqdm
 
     from pagedserve.wire.v1 import generation_pb2 as pb
     from pagedserve.wire.v1 import generation_pb2_grpc as pb_grpc
 
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(100, vocab) for _ in range(r.prompt_len)] for r in requests]
+    prompts = prompt_token_ids(requests, seed=seed, vocab=vocab)
     timings = [RequestTiming(0.0) for _ in requests]
     bar = tqdm(total=len(requests), desc="requests", disable=not progress, leave=False)
     async with grpc.aio.insecure_channel(server) as channel:
@@ -60,7 +68,13 @@ async def run_load(server: str, requests, *, seed: int = 0, vocab: int = 32000,
             await _one(stub, pb, requests[i], prompts[i], timings[i], vocab)
             bar.update(1)
 
-        await asyncio.gather(*(launch(i) for i in range(len(requests))))
+        tasks = [asyncio.ensure_future(launch(i)) for i in range(len(requests))]
+        _, cut = await asyncio.wait(tasks, timeout=time_limit)
+        for i, task in enumerate(tasks):
+            if task in cut:
+                task.cancel()
+                timings[i].status, timings[i].end = "CUT", time.perf_counter()
+        await asyncio.gather(*tasks, return_exceptions=True)
         duration = time.perf_counter() - t0
     bar.close()
     return timings, duration

@@ -30,12 +30,14 @@ def test_the_session_script_runs_its_three_steps_and_leaves_their_files_in_out(t
     env = dict(os.environ, OUT=str(out), GPU_CHECK_CPU="1", PYTHON=sys.executable,
                GPU_CHECK_SITE=str(tmp_path / "site"),
                PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
-    done = subprocess.run(["bash", str(SCRIPTS / "gpu_session.sh"), "--total", "400"], env=env,
+    # --steady 0: the steady part's rehearsal is tests/system/test_gpu_check_steady.py's
+    done = subprocess.run(["bash", str(SCRIPTS / "gpu_session.sh"), "--total", "400", "--steady", "0"], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     files = {p.name for p in out.iterdir()}
     assert {"quick.json", "full.json", "session.log", "logs.tgz"} <= files and len(files) <= 8
     log = (out / "session.log").read_text()
+    assert "0. gpu_check.sh --parts steady" not in log
     assert all(step in log for step in ("1. gpu_check.sh --quick", "2. the full parts", "3. gpu_kernel_sweep.py",
                                         "done"))
     quick = json.loads((out / "quick.json").read_text())

@@ -17,7 +17,8 @@ def test_arguments_are_checked():
     with pytest.raises(SystemExit):
         gc.parse_args(["--budget", "kernels"])
     args = gc.parse_args([])
-    assert args.parts == gc.PARTS and sum(args.budgets.values()) < 470  # inside the 8-minute cut
+    assert args.parts == gc.DEFAULT_PARTS == [p for p in gc.PARTS if p != "steady"]  # steady only when named
+    assert sum(args.budgets[p] for p in args.parts) < 470  # inside the 8-minute cut
 
 
 def test_validate_names_what_is_wrong():

@@ -35,7 +35,7 @@ def test_quick_leaves_the_split_part_out(tmp_path):
     args = gc.parse_args(["--quick", "--parts", "split"])
     args.device = "cpu"
     assert gc.runners(args, tmp_path)["split"](Part()) == {"status": "skipped", "reason": "not run: --quick"}
-    assert gc.PARTS[-1] == "split" and gc.QUICK_BUDGETS["split"] == 0
+    assert gc.DEFAULT_PARTS[-1] == "split" and gc.QUICK_BUDGETS["split"] == 0
 
 
 def test_summary_keeps_the_median_run_of_each_kind():
