@@ -68,7 +68,7 @@ def check_fused(torch, device, small: bool = False, quick: bool = False) -> list
             dtype = getattr(torch, name)
             compared = name != "float32" and not (small and name == "bfloat16")
             exact, near = (1.0, NEAR_EXACT) if compared else (None, None)
-            add = lambda op, got, path, ref, want: records.append(  # noqa: E731
+            add = lambda op, got, path, ref, want, shape=shape, name=name: records.append(  # noqa: E731
                 record(torch, op, shape, name, got, path, ref, want))
             x, w = (randn(t, hidden) * 3).to(dtype), (randn(hidden) * 0.2 + 1).to(dtype)
             add("rms_norm", fused_triton.rms_norm(x, w, eps), llama_norm(x, w, eps),
