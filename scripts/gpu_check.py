@@ -9,7 +9,9 @@ next to it):
              Llama), n=4 and beam 4 likewise, SIGKILL of the executor mid-run; bfloat16 end to
              end against transformers with eager attention (BF16_TOLERANCE); swap under a
              tiny pool
-  kernels    store_kv, copy_blocks and swap exactly, then paged attention against a float32
+  kernels    store_kv, copy_blocks and swap exactly, the fused per-layer ops (norms, SiLU-and-
+             multiply, rotary in the K/V store) against their references and the model's torch
+             code (scripts/gpu_check_fused.py), then paged attention against a float32
              reference at the shapes that matter (KERNEL_CASES: the models served, decode,
              split context, prefill chunks beside decodes, bf16/fp16/fp32), and that batches
              of other sizes compile nothing new

@@ -1,6 +1,7 @@
-"""gpu_check's `kernels` part: store_kv, copy_blocks and the host-pool swap exactly, then paged
-attention against a float32 reference at the shapes that matter (KERNEL_CASES, the quick ones
-first), and that batches of other sizes compile nothing new.
+"""gpu_check's `kernels` part: store_kv, copy_blocks and the host-pool swap exactly, the fused
+per-layer ops against their references and the model's torch code (gpu_check_fused.py), then
+paged attention against a float32 reference at the shapes that matter (KERNEL_CASES, the quick
+ones first), and that batches of other sizes compile nothing new.
 
 gpu_check.py calls `part_kernels(args, part)` with CUDA and `kernels_without_cuda(args, part)`
 without it (the imports, the swap on the CPU and, with --aot-compile, the sm_90 compile).
@@ -13,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from gpu_check_attention import compare_attention, make_paged
+from gpu_check_fused import check_fused
 
 if TYPE_CHECKING:
     from gpu_check import Part  # the runner's record of a part (no import at run time)
@@ -152,7 +154,8 @@ def part_kernels(args, part: Part):
 
     device = args.device
     cases = part.put("cases", check_store_copy(torch, device))  # exact and cheap: first
-    failures = sum(not c["ok"] for c in cases)
+    fused = part.put("fused", check_fused(torch, device, quick=args.quick))  # the per-layer ops, cheap too
+    failures = sum(not c["ok"] for c in cases) + sum(not c["ok"] for c in fused)
     planned = kernel_cases(args.quick)
     for i, case in enumerate(planned):
         if part.over():
@@ -183,7 +186,8 @@ def kernels_without_cuda(args, part: Part):
     import torch
 
     imports = {}
-    for name in ("pagedserve.kernels.paged_attention_triton", "pagedserve.kernels.store_kv_triton", "pagedserve.kernels.copy_blocks_triton"):
+    for name in ("pagedserve.kernels.paged_attention_triton", "pagedserve.kernels.store_kv_triton", "pagedserve.kernels.copy_blocks_triton",
+                 "pagedserve.kernels.fused_triton", "pagedserve.kernels.rotary_store_triton"):
         try:
             importlib.import_module(name)
             imports[name] = "ok"

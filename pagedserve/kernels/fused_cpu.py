@@ -138,8 +138,14 @@ void silu_and_mul_f32(const float* gu, int64_t sg, float* out, int64_t so, int64
 }  // extern "C"
 """
 
+def fused_ops_on() -> bool:
+    """PAGEDSERVE_FUSED_OPS=0 turns the fused ops off, these and their Triton twins
+    (pagedserve/kernels/fused.py), leaving the attention kernels on."""
+    return os.environ.get("PAGEDSERVE_FUSED_OPS", "1") != "0"
+
+
 def _build() -> ctypes.CDLL | None:
-    if os.environ.get("PAGEDSERVE_FUSED_OPS", "1") == "0":
+    if not fused_ops_on():
         return None
     lib = native_build.load("fused_cpu", SOURCE)
     if lib is None:

@@ -16,12 +16,11 @@ PAGEDSERVE_FUSED_OPS=0 turn it off, as for pagedserve/kernels/fused_cpu.py).
 from __future__ import annotations
 
 import ctypes
-import os
 
 import torch
 
 from pagedserve.kernels import native_build
-from pagedserve.kernels.fused_cpu import _threads
+from pagedserve.kernels.fused_cpu import _threads, fused_ops_on
 
 SOURCE = r"""
 // Rotary embedding applied in the K/V store, float32, tokens split over OpenMP threads.
@@ -86,7 +85,7 @@ int64_t rotary_store_f32(float* qk, int64_t sx, int64_t sh, const float* v, int6
 
 
 def _build() -> ctypes.CDLL | None:
-    if os.environ.get("PAGEDSERVE_FUSED_OPS", "1") == "0":
+    if not fused_ops_on():
         return None
     lib = native_build.load("rotary_store_cpu", SOURCE)
     if lib is None:

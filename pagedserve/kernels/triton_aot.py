@@ -2,7 +2,8 @@
 needs no GPU, so a machine without one (the tests, `scripts/gpu_check.sh --rehearse` with the
 GPU machine's Triton) proves each kernel compiles for sm_90 at the launch configurations the
 serving path uses: float32/bfloat16/float16, decode and prefill rows, with and without split
-context, sliding window and soft-capping, and the reduction, store and copy kernels.
+context, sliding window and soft-capping, the reduction, store and copy kernels, and the fused
+per-layer ops (both norms, SiLU-and-multiply, rotary in the K/V store).
 
 `compile_all(arch=90)` compiles them all and returns how many; the first that does not
 compile raises (Triton's own error). Integer arguments are compiled as i32 without
@@ -16,7 +17,9 @@ def compile_all(arch: int = 90) -> int:
     from triton.compiler import ASTSource
 
     from pagedserve.kernels.copy_blocks_triton import _copy_blocks_kernel
+    from pagedserve.kernels.fused_triton import _rms_norm_kernel, _silu_and_mul_kernel
     from pagedserve.kernels.paged_attention_triton import _paged_attention_kernel, _reduce_splits_kernel
+    from pagedserve.kernels.rotary_store_triton import _rotary_store_kernel
     from pagedserve.kernels.store_kv_triton import _store_kv_kernel
 
     target = GPUTarget("cuda", arch, 32)
@@ -49,4 +52,13 @@ def compile_all(arch: int = 90) -> int:
     pointers = dict(src_ptr="*bf16", dst_ptr="*bf16", src_ids_ptr="*i64", dst_ids_ptr="*i64",
                     stride_srcb="i64", stride_dstb="i64")
     compile_one(_copy_blocks_kernel, pointers, dict(CHUNK=4096))
+    for dtype in ("fp32", "bf16", "fp16"):  # the fused per-layer ops: Llama's norms, Gemma's, SiLU, rotary
+        pointers = dict(x_ptr="*" + dtype, r_ptr="*" + dtype, w_ptr="*" + dtype, out_ptr="*" + dtype, eps="fp32")
+        for add, round_first in ((False, True), (True, True)):
+            compile_one(_rms_norm_kernel, pointers, dict(ADD=add, ROUND_FIRST=round_first, BLOCK=2048))
+        compile_one(_rms_norm_kernel, dict(pointers, w_ptr="*fp32"), dict(ADD=False, ROUND_FIRST=False, BLOCK=4096))
+        compile_one(_silu_and_mul_kernel, dict(gu_ptr="*" + dtype, out_ptr="*" + dtype), dict(BLOCK=1024))
+        pointers = {name: "*" + dtype for name in ("qk_ptr", "v_ptr", "cos_ptr", "sin_ptr", "k_ptr", "vc_ptr")}
+        compile_one(_rotary_store_kernel, dict(pointers, slot_mapping_ptr="*i64"), dict(
+            Q_HEADS=32, KV_HEADS=8, HALF=64, Q_PAD=32, KV_PAD=8, HALF_PAD=64, BLOCK_SIZE=16))
     return count

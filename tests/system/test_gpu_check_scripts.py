@@ -165,6 +165,27 @@ def test_the_triton_kernel_passes_the_new_cases_interpreted():
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
 
+FUSED = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from gpu_check_fused import check_fused
+records = check_fused(torch, "cpu", small=True)
+assert len(records) == 2 * 3 * 8 and all(r["ok"] for r in records), [r for r in records if not r["ok"]]
+assert all(r["wanted_exact_share"] for r in records if r["dtype"] == "float16" and "ulps_vs_torch" in r)
+print("ok")
+"""
+
+
+def test_the_fused_kernels_pass_their_comparison_interpreted():
+    """The kernels part's fused comparisons (scripts/gpu_check_fused.py) under TRITON_INTERPRET=1
+    at the rehearsal's sizes (the GPU runs them at the served models' shapes)."""
+    pytest.importorskip("triton")
+    done = subprocess.run([sys.executable, "-c", FUSED, str(SCRIPTS)], cwd=REPO,
+                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
 HIDDEN_RUN = r"""
 import importlib, importlib.abc, importlib.util, sys, tempfile
 from pathlib import Path

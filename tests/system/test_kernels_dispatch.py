@@ -1,4 +1,5 @@
-"""kernels dispatch: CPU tensors take the torch path, which never imports triton."""
+"""kernels dispatch: CPU tensors take the torch path (or the C++ kernels), which never imports triton;
+the fused ops' dispatch (pagedserve/kernels/fused.py) included."""
 import os
 import subprocess
 import sys
@@ -14,6 +15,12 @@ kernels.store_kv(torch.randn(3, 1, 4), torch.randn(3, 1, 4), k, v, torch.tensor(
 kernels.paged_attention(torch.randn(3, 2, 4), k, v, torch.tensor([[1, 2]], dtype=torch.int32),
                         torch.tensor([11], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32), 0.5)
 kernels.copy_blocks(pool, pool, [1], [3])
+from pagedserve.kernels import fused
+import pagedserve.executor.models.gemma
+x = torch.randn(40, 8)
+for t in (x, x.bfloat16()):
+    fused.applies(t) and fused.rms_norm(t, torch.ones(8), 1e-6)
+    fused.silu_applies(t) and fused.silu_and_mul(t)
 assert "triton" not in sys.modules, "the CPU path imported triton"
 print("ok")
 """

@@ -20,7 +20,7 @@ from pagedserve import kernels
 from pagedserve.executor.attention_metadata import AttentionMetadata
 from pagedserve.executor.linear import Linear
 from pagedserve.executor.models.rotary import apply_rotary, rotary_inv_freq
-from pagedserve.kernels import fused_cpu, rotary_store_cpu
+from pagedserve.kernels import fused, fused_cpu
 
 if TYPE_CHECKING:
     from pagedserve.executor.model_config import ModelConfig
@@ -36,12 +36,12 @@ REFUSED = ("mlp_bias",)  # config.json keys whose true value the decoder does no
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32, like the reference implementation, then cast back."""
+    if fused.applies(x) and x.is_contiguous():  # one pass: Triton on CUDA, C++ on the CPU (float32)
+        return fused.rms_norm(x, weight, eps)
     if x.dtype != torch.float32:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         return weight * xf.to(x.dtype)
-    if fused_cpu.applies(x) and x.is_contiguous():  # CPU: one C++ pass (pagedserve/kernels/fused_cpu.py)
-        return fused_cpu.rms_norm(x, weight, eps)
     # float32: the same arithmetic, in place on the temporaries (fewer ops and allocations)
     scale = x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
     return (x * scale).mul_(weight)
@@ -115,8 +115,8 @@ class DecoderLayer(nn.Module):
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up(h)
-        if self.act is F.silu and fused_cpu.silu_applies(gate_up):  # CPU float32: one C++ pass
-            return self.down(fused_cpu.silu_and_mul(gate_up))
+        if self.act is F.silu and fused.silu_applies(gate_up):  # one pass: Triton on CUDA, C++ on the CPU
+            return self.down(fused.silu_and_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down(self.act(gate).mul_(up))
 
@@ -134,8 +134,8 @@ class DecoderLayer(nn.Module):
         else:  # q and k side by side in one view: one rotary pass over both
             qk = qkv[:, : c.q_size + c.kv_size].view(t, heads, c.head_dim)
         v = qkv[:, c.q_size + c.kv_size:].view(t, c.num_kv_heads, c.head_dim)
-        if rotary_store_cpu.applies(qk, k_cache, v_cache):  # CPU float32: rotary in the K/V store
-            q = rotary_store_cpu.rotary_store_kv_(qk, v, cos, sin, k_cache, v_cache, meta.slot_mapping)
+        if fused.rotary_store_applies(qk, k_cache, v_cache):  # rotary in the K/V store (Triton or C++)
+            q = fused.rotary_store_kv_(qk, v, cos, sin, k_cache, v_cache, meta.slot_mapping)
         else:
             if fused_cpu.applies(qk):  # CPU float32: in place, one C++ pass (qk is this step's own)
                 fused_cpu.rotary_(qk, cos, sin)
@@ -152,8 +152,8 @@ class DecoderLayer(nn.Module):
         c = self.config
         h = rms_norm(x, self.input_norm, c.rms_norm_eps)
         a = self.attention(h, cos, sin, k_cache, v_cache, meta)
-        if fused_cpu.applies(a):  # CPU float32: a += x and the norm in one C++ pass
-            h = fused_cpu.add_rms_norm_(a, x, self.post_attn_norm, c.rms_norm_eps)
+        if fused.applies(a):  # a += x and the norm in one pass (Triton on CUDA, C++ on the CPU)
+            h = fused.add_rms_norm_(a, x, self.post_attn_norm, c.rms_norm_eps)
             x = a
         else:
             x = x + a  # x is the caller's: not in place

@@ -19,13 +19,13 @@ from pagedserve.executor.models import config_fields
 from pagedserve.executor.models.decoder import REFUSED, SHARDING, DecoderForCausalLM, DecoderLayer
 from pagedserve.executor.models.family import Family
 from pagedserve.executor.rope_scaling import read_rope_scaling
-from pagedserve.kernels import fused_cpu
+from pagedserve.kernels import fused
 
 
 def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight is (1 + w) in float32 (GemmaDecoderLayer.norm_weight)."""
-    if fused_cpu.applies(x) and x.is_contiguous():  # CPU float32: the same arithmetic in C++
-        return fused_cpu.rms_norm(x, weight, eps)
+    if fused.applies(x) and x.is_contiguous():  # the same arithmetic in Triton (CUDA) or C++ (CPU float32)
+        return fused.rms_norm(x, weight, eps, round_first=False)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
 
