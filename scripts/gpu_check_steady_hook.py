@@ -27,15 +27,11 @@ PROFILE_STEPS = int(os.environ.get("STEADY_HOOK_PROFILE_STEPS", "50"))
 def batch_shape(batch) -> dict:
     """Sequences, tokens, whether every sequence decodes one token, and the K/V context tokens
     its attention reads (each sequence's position after the step); None where unknown."""
-    seqs = getattr(batch, "seqs", None)
-    if seqs is None:
+    n, start = getattr(batch, "num_tokens", None), getattr(batch, "start_pos", None)
+    if n is None or start is None:  # another batch type: recorded, not judged
         return {"seqs": None, "tokens": None, "decode": None, "context": None}
-    try:
-        tokens = [len(s.token_ids) for s in seqs]
-        context = sum(s.start_pos + n for s, n in zip(seqs, tokens))
-    except (AttributeError, TypeError):
-        return {"seqs": len(seqs), "tokens": None, "decode": None, "context": None}
-    return {"seqs": len(seqs), "tokens": sum(tokens), "decode": all(n == 1 for n in tokens), "context": context}
+    return {"seqs": len(n), "tokens": int(n.sum()), "decode": bool((n == 1).all()),
+            "context": int((start + n).sum())}
 
 
 def union_ns(intervals) -> int:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pagedserve.wire.protocol import SamplingParams, SeqStep, StepBatch
+from pagedserve.step.whole_seqs import Seq, batch_of
 from tests.support.gpu_check import SCRIPTS, load_gpu_check, load_part
 
 steady = load_part("gpu_check_steady")
@@ -44,15 +44,15 @@ def test_union_counts_overlaps_once():
     assert hook.union_ns([(5, 6), (0, 100)]) == 100
 
 
-def seq(tokens, start):
-    return SeqStep(seq_id="s", token_ids=tokens, start_pos=start, slot_mapping=[], block_table=[], sample=True,
-                   sampling=SamplingParams(), seed=0)
+def step(*seqs):
+    """A StepBatch of (tokens, start) pairs, each with a table that holds it."""
+    return batch_of([Seq(f"s{i}", tokens, start, list(range(4))) for i, (tokens, start) in enumerate(seqs)], 16)
 
 
 def test_batch_shape_reads_decodes_and_contexts():
-    decode = StepBatch(seqs=[seq([1], 9), seq([2], 19)])
+    decode = step(([1], 9), ([2], 19))
     assert hook.batch_shape(decode) == {"seqs": 2, "tokens": 2, "decode": True, "context": 30}
-    mixed = StepBatch(seqs=[seq([1], 9), seq([1, 2, 3], 0)])
+    mixed = step(([1], 9), ([1, 2, 3], 0))
     assert hook.batch_shape(mixed) == {"seqs": 2, "tokens": 4, "decode": False, "context": 13}
     assert hook.batch_shape(object())["seqs"] is None  # another batch type: recorded, not judged
 
@@ -62,7 +62,7 @@ class FakeExecutor:
         import torch
 
         torch.ones(64, 64) @ torch.ones(64, 64)  # an operator for the (CPU) profiler to see
-        return [len(batch.seqs)]
+        return [batch.num_seqs]
 
 
 def test_the_hook_records_steps_profiles_a_window_and_dumps_on_request(tmp_path, monkeypatch):
@@ -73,10 +73,10 @@ def test_the_hook_records_steps_profiles_a_window_and_dumps_on_request(tmp_path,
     execute = clock.wrap(FakeExecutor.execute)
     ex = FakeExecutor()
     start = time.time()
-    assert execute(ex, StepBatch(seqs=[seq([1, 2], 0)])) == [1]  # before FILE.go: not profiled
+    assert execute(ex, step(([1, 2], 0))) == [1]  # before FILE.go: not profiled
     clock.go_step = len(clock.steps)
     for n in range(8):
-        execute(ex, StepBatch(seqs=[seq([1], 10 + n), seq([1], 20 + n)]))
+        execute(ex, step(([1], 10 + n), ([1], 20 + n)))
     end = time.time()
     clock.dump()
     import json
