@@ -159,7 +159,10 @@ def use_owned_cores() -> None:
 def kv_cache_dtype_of(kv_cache_dtype: str, dtype: str, device: torch.device) -> str:
     """The KV pool's dtype for --kv-cache-dtype (ValueError naming the flag when refused)."""
     kv = dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype
-    parse_dtype(kv)
+    try:
+        parse_dtype(kv)
+    except ValueError as e:
+        raise ValueError(f"--kv-cache-dtype: {e}") from None
     if kv != dtype and device.type != "cpu":
         raise ValueError(f"--kv-cache-dtype {kv} with --dtype {dtype}: on {device.type} the KV cache "
                          f"takes the model's dtype (--kv-cache-dtype auto or {dtype}); another dtype "

@@ -79,5 +79,5 @@ def test_wrong_combinations_are_refused(tmp_path):
         ModelRunner(model, config, torch.zeros(shape, dtype=torch.float16), kv_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="--kv-cache-dtype float16 with --dtype bfloat16"):
         kv_cache_dtype_of("float16", "bfloat16", torch.device("cuda"))
-    with pytest.raises(ValueError, match="unsupported dtype 'int8'"):
+    with pytest.raises(ValueError, match="--kv-cache-dtype: unsupported dtype 'int8'"):
         kv_cache_dtype_of("int8", "float32", torch.device("cpu"))
