@@ -60,6 +60,7 @@ class LLMEngine:
         self.executor = Executor(ex.model, dtype=self.dtype, block_size=ex.block_size, device=self.device,
                                  revision=ex.revision, served_model_name=ex.served_model_name,
                                  linear_backend=ex.linear_backend, model_impl=ex.model_impl,
+                                 kv_cache_dtype=ex.kv_cache_dtype,
                                  tensor_parallel_size=ex.tensor_parallel_size,
                                  group_timeout=ex.tensor_parallel_timeout)
         info = self.executor.model_info()

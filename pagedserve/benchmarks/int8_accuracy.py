@@ -25,8 +25,9 @@ PROMPTS = [
 ]
 
 
-def prefill_logits(model, config, ids: list[int], block_size: int = 16):
-    """float32 logits [len(ids), vocab] of `ids` scored in one step, on a pool of its own."""
+def prefill_logits(model, config, ids: list[int], block_size: int = 16, kv_dtype=None):
+    """float32 logits [len(ids), vocab] of `ids` scored in one step, on a pool of its own (in
+    kv_dtype, a torch dtype; None: the model's)."""
     import torch
 
     from pagedserve.executor.model_runner import ModelRunner
@@ -34,8 +35,8 @@ def prefill_logits(model, config, ids: list[int], block_size: int = 16):
 
     blocks = -(-len(ids) // block_size)
     pool = torch.zeros(blocks, config.num_layers, 2, block_size, config.num_kv_heads,
-                       config.head_dim, dtype=model.dtype)
-    runner = ModelRunner(model, config, pool)
+                       config.head_dim, dtype=kv_dtype or model.dtype)
+    runner = ModelRunner(model, config, pool, kv_dtype=kv_dtype)
     batch = batch_of([Seq("s", list(ids), 0, list(range(blocks)))], block_size)
     with torch.inference_mode():
         return runner.logits(batch)
@@ -49,14 +50,15 @@ def greedy(engine, prompts: list[list[int]], new_tokens: int) -> list[list[int]]
 
 
 def compare(reference, candidate, prompts: list[str], new_tokens: int = 32) -> dict:
+    """Each engine scores in its own KV cache dtype (--kv-cache-dtype) as well."""
     ids = [reference.encode(p) for p in prompts]
     ref_out, cand_out = greedy(reference, ids, new_tokens), greedy(candidate, ids, new_tokens)
     worst = worst_rel = 0.0
     agree = positions = 0
     for prompt, cont in zip(ids, ref_out):
         text = prompt + cont
-        a = prefill_logits(reference.executor.model, reference.executor.config, text)
-        b = prefill_logits(candidate.executor.model, candidate.executor.config, text)
+        a, b = (prefill_logits(e.executor.model, e.executor.config, text,
+                               kv_dtype=e.executor.runner.kv_pool.dtype) for e in (reference, candidate))
         diff = (a - b).abs().amax(dim=-1)
         spread = a.amax(dim=-1) - a.amin(dim=-1)
         worst = max(worst, diff.max().item())

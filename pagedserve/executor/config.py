@@ -37,6 +37,12 @@ class ExecutorConfig:
     served_model_name: list[str] = served_model_name_setting()
     dtype: str = setting("auto", "weights and KV cache dtype (auto: float32 on the CPU, bfloat16 "
                          "on a GPU)", choices=DTYPES)
+    kv_cache_dtype: str = setting("auto", "KV cache dtype, opt-in (auto: the model's --dtype); "
+                                  "bfloat16 or float16 under float32 weights on the CPU halves the "
+                                  "pool's bytes per token (twice the tokens in the same memory) and "
+                                  "trades exactness: K/V are rounded when stored, attention still "
+                                  "in float32 for decode; its accuracy in BENCHMARKS.md. On a GPU "
+                                  "only the model's dtype", choices=DTYPES)
     block_size: int = setting(16, "tokens per KV block")
     device: str = setting("auto", DEVICE_HELP)
     linear_backend: str = setting("auto", "how the linear layers multiply (auto: each weight shape "

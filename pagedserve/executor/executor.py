@@ -28,6 +28,9 @@ class Executor:
     candidates on this machine; linear_plan holds the choice per weight shape). model_impl:
     --model-impl (pagedserve.executor.model_config.MODEL_IMPLS); a tensor-parallel group is native.
 
+    kv_cache_dtype: the pool's dtype (--kv-cache-dtype; "auto": `dtype`); another than
+    `dtype` on the CPU only (the GPU attention kernel takes the model's dtype).
+
     model_info() says what the gateway and memsvc need; attach_pool(pool) hands over the KV
     pool (shape KVGeometry.pool_shape(num_blocks), this dtype, on this device), again after
     memsvc re-creates it; execute(batch) runs one step.
@@ -43,11 +46,13 @@ class Executor:
                  device: str = "cpu", linear_backend: str = "auto", tensor_parallel_size: int = 1,
                  group_timeout: float = tensor_parallel.DEFAULT_TIMEOUT_S, on_group_lost=None,
                  rank: tuple[int, str] | None = None, group=None, revision: str | None = None,
-                 served_model_name: list[str] | str | None = None, model_impl: str = "auto"):
+                 served_model_name: list[str] | str | None = None, model_impl: str = "auto",
+                 kv_cache_dtype: str = "auto"):
         parse_dtype(dtype)
         if torch.device(device).type == "cpu":
             use_owned_cores()
         self.dtype = dtype
+        self.kv_dtype = kv_cache_dtype_of(kv_cache_dtype, dtype, torch.device(device))
         self.block_size = block_size
         self.device = torch.device(device)
         self.model_dir = resolve_model(model, revision)
@@ -58,7 +63,7 @@ class Executor:
         if tensor_parallel_size > 1:
             self._join(tensor_parallel_size, rank, group_timeout, on_group_lost,
                        dict(model=self.model_dir, dtype=dtype, block_size=block_size, device=device,
-                            linear_backend=linear_backend), group)
+                            linear_backend=linear_backend, kv_cache_dtype=self.kv_dtype), group)
         planner = linear_backends.Planner(linear_backend, self.device, parse_dtype(dtype))
         self.model, self.config = load_model(self.model_dir, dtype, on_built=planner.place, plan=self.plan,
                                              impl=model_impl)
@@ -86,7 +91,7 @@ class Executor:
         c = self.config
         heads = c.num_kv_heads if self.plan is None else self.plan.group_kv_heads
         return KVGeometry(num_layers=c.num_layers, num_kv_heads=heads, head_size=c.head_dim,
-                          block_size=self.block_size, dtype=self.dtype, window=c.kv_window or 0)
+                          block_size=self.block_size, dtype=self.kv_dtype, window=c.kv_window or 0)
 
     def model_info(self) -> ModelInfo:
         return ModelInfo(
@@ -110,7 +115,8 @@ class Executor:
         if pool.shape[3] != self.block_size:
             raise ValueError(f"KV pool block size {pool.shape[3]} differs from {self.block_size}")
         if self.runner is None:
-            self.runner = ModelRunner(self.model, self.model.config, pool, holds)
+            self.runner = ModelRunner(self.model, self.model.config, pool, holds,
+                                      kv_dtype=parse_dtype(self.kv_dtype))
             self.runner.guided = self.guided
         else:
             self.runner.attach_pool(pool, holds)
@@ -148,6 +154,20 @@ def use_owned_cores() -> None:
     cores = len(os.sched_getaffinity(0))
     if cores and torch.get_num_threads() > cores:
         torch.set_num_threads(cores)
+
+
+def kv_cache_dtype_of(kv_cache_dtype: str, dtype: str, device: torch.device) -> str:
+    """The KV pool's dtype for --kv-cache-dtype (ValueError naming the flag when refused)."""
+    kv = dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype
+    try:
+        parse_dtype(kv)
+    except ValueError as e:
+        raise ValueError(f"--kv-cache-dtype: {e}") from None
+    if kv != dtype and device.type != "cpu":
+        raise ValueError(f"--kv-cache-dtype {kv} with --dtype {dtype}: on {device.type} the KV cache "
+                         f"takes the model's dtype (--kv-cache-dtype auto or {dtype}); another dtype "
+                         "runs on the CPU only")
+    return kv
 
 
 def read_chat_template(model_dir: str) -> str | None:

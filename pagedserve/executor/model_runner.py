@@ -20,8 +20,8 @@ from pagedserve.wire.protocol import SampleOutput
 class ModelRunner:
     """Runs StepBatches (pagedserve.step.step_batch) on `model` with its KV in `kv_pool`.
 
-    kv_pool: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size] in the model's
-    dtype, allocated by memsvc. Each sequence's tokens are computed at positions
+    kv_pool: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_size] in `kv_dtype`
+    (--kv-cache-dtype; None: the model's dtype), allocated by memsvc. Each sequence's tokens are computed at positions
     start_pos.., their K/V written to `slot_mapping` (slot = block * block_size + offset),
     and attention reads the context through its row of `block_tables`. `holds_pool`: this process holds
     the pool itself (a tensor-parallel rank on another node), so it applies each step's
@@ -29,8 +29,9 @@ class ModelRunner:
     """
 
     def __init__(self, model: torch.nn.Module, config: ModelConfig, kv_pool: torch.Tensor,
-                 holds_pool: bool = False):
+                 holds_pool: bool = False, kv_dtype: torch.dtype | None = None):
         self.model = model
+        self.kv_dtype = kv_dtype or model.dtype
         self.config = config
         self.sampler = Sampler(config.eos_token_ids)
         self.guided = None  # pagedserve.executor.logits_mask.GuidedDecoding: grammar masks (structured output)
@@ -46,8 +47,10 @@ class ModelRunner:
                 f"KV pool shape {list(shape)} does not fit the model: expected "
                 f"[num_blocks, {c.num_layers}, 2, block_size, {c.num_kv_heads}, {c.head_dim}]"
             )
-        if kv_pool.dtype != self.model.dtype:
-            raise ValueError(f"KV pool dtype {kv_pool.dtype} differs from the model's {self.model.dtype}")
+        if kv_pool.dtype != self.kv_dtype:
+            raise ValueError(f"KV pool dtype {kv_pool.dtype} differs from the configured KV cache's "
+                             f"{self.kv_dtype} (--kv-cache-dtype; auto: the model's "
+                             f"{self.model.dtype}): allocate the pool in that dtype or set --kv-cache-dtype")
         self.kv_pool, self.holds_pool = kv_pool, holds_pool
         self.staging = Staging(kv_pool.device)
         self.graphs = DecodeGraphs.for_pool(self.model, self.config, kv_pool)  # None on a CPU

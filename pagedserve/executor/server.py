@@ -285,7 +285,7 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
             executor = Executor(config.model, dtype=dtype, block_size=config.block_size,
                                 revision=config.revision, served_model_name=config.served_model_name,
                                 device=torch_device, linear_backend=config.linear_backend,
-                                model_impl=config.model_impl,
+                                model_impl=config.model_impl, kv_cache_dtype=config.kv_cache_dtype,
                                 tensor_parallel_size=config.tensor_parallel_size,
                                 group_timeout=config.tensor_parallel_timeout,
                                 on_group_lost=_exit_group_lost, group=_group(config))

@@ -62,7 +62,8 @@ def main(argv: list[str]) -> int:
         executor = Executor(args["model"], dtype=args["dtype"], block_size=args["block_size"],
                             device=args["device"], linear_backend=args["linear_backend"],
                             tensor_parallel_size=args["world"], group_timeout=args["timeout_s"],
-                            rank=(rank, args["address"]))
+                            rank=(rank, args["address"]),
+                            kv_cache_dtype=args.get("kv_cache_dtype", "auto"))
         run(executor)
     except Exception as e:  # noqa: BLE001  (logged; rank 0 sees the exit)
         log.error("tensor-parallel rank %d: %s: %s; exiting", rank, type(e).__name__, e)
