@@ -30,7 +30,7 @@ def test_the_session_script_runs_its_three_steps_and_leaves_their_files_in_out(t
     env = dict(os.environ, OUT=str(out), GPU_CHECK_CPU="1", PYTHON=sys.executable,
                GPU_CHECK_SITE=str(tmp_path / "site"),
                PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
-    # --steady 0: the steady part's rehearsal is tests/system/test_gpu_check_steady.py's
+    # --steady 0: the steady part's rehearsal is tests/system/test_gpu_check_steady_serve.py's
     done = subprocess.run(["bash", str(SCRIPTS / "gpu_session.sh"), "--total", "400", "--steady", "0"], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]

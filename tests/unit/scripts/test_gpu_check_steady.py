@@ -3,7 +3,7 @@ issue's shapes (issue 42's figures: 2.08 GB of weights and 32 KiB of K/V a token
 the executor hook's records of a fake executor's steps (shapes, the profiled window, the dump
 on a trigger file), the figures made of them, the settings (>= 1,000 requests on a GPU) and
 the session script's budget. The whole part on the CPU (real services, transformers'
-continuous batching): tests/system/test_gpu_check_steady.py."""
+continuous batching): tests/system/test_gpu_check_steady_serve.py."""
 from __future__ import annotations
 
 import re
