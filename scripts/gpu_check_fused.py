@@ -91,7 +91,7 @@ def check_fused(torch, device, small: bool = False, quick: bool = False) -> list
 
 
 def check_rotary_store(torch, device, randn, shape, name, sizes, exact) -> list[dict]:
-    from pagedserve.executor.models.llama import apply_rotary
+    from pagedserve.executor.models.rotary import apply_rotary
     from pagedserve.kernels import fused_ref, rotary_store_triton
     from pagedserve.kernels.store_kv_ref import store_kv_ref
 

@@ -57,7 +57,7 @@ def same_bits(torch, got, want, share=1.0):
 def check_rms_norm():
     import torch
     from pagedserve.executor.models.gemma import gemma_rms_norm
-    from pagedserve.executor.models.llama import rms_norm as model_rms_norm
+    from pagedserve.executor.models.decoder import rms_norm as model_rms_norm
     from pagedserve.kernels import fused_cpu, fused_triton
     from pagedserve.kernels.fused_ref import rms_norm_ref
 
@@ -132,7 +132,7 @@ def check_silu_and_mul():
 
 def check_rotary_store():
     import torch
-    from pagedserve.executor.models.llama import apply_rotary
+    from pagedserve.executor.models.rotary import apply_rotary
     from pagedserve.kernels import rotary_store_triton
     from pagedserve.kernels.fused_ref import rotary_ref, rotary_store_kv_ref
     from pagedserve.kernels.store_kv_ref import store_kv_ref

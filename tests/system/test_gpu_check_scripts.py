@@ -58,7 +58,7 @@ def test_dry_run_writes_a_valid_skeleton(tmp_path):
     assert report["dry_run"] is True
     assert {k: v["status"] for k, v in report["parts"].items()} == {
         "kernels": "pending", "services": "skipped", "bench": "pending", "tp": "skipped", "serve": "skipped",
-        "split": "skipped"}
+        "split": "skipped", "steady": "skipped"}
     assert json.loads(done.stdout)["budgets"]["bench"] == 30
 
 
