@@ -109,3 +109,28 @@ def test_byte_detokenizer_short_way_gives_what_decode_gives():
         for _ in range(rng.randint(1, 20)):
             t = pick()
             assert fast.add(t) == plain.add(t) == ref.add(t)
+
+
+def test_stop_filter_emits_what_a_search_of_all_the_text_allows():
+    """Random pieces and stop strings: after each piece the text out so far is all the text
+    up to the earliest stop string, or all but the last (longest stop - 1) characters."""
+    import random
+
+    rng = random.Random(4)
+    alphabet = "ab é世\n"
+    for _ in range(3000):
+        stop = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(0, 3))]
+        f, out, text = StopStringFilter(stop), "", ""
+        hold = max((len(s) for s in stop if s), default=1) - 1
+        for _ in range(rng.randint(1, 8)):
+            piece = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5)))
+            text += piece
+            out += f.feed(piece)
+            hits = [text.find(s) for s in stop if s and s in text]
+            assert f.stopped == bool(hits)
+            if hits:
+                assert out == text[:min(hits)] and f.feed("more") == "" and f.flush() == ""
+                break
+            assert out == text[:max(len(text) - hold, 0)]
+        else:
+            assert out + f.flush() == text
