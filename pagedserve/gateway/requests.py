@@ -22,7 +22,6 @@ from pagedserve.gateway.sequence import Sequence
 from pagedserve.wire import convert
 from pagedserve.wire.protocol import Delta, ModelInfo, SamplingParams
 
-
 _NONE: list = []  # the empty lists of deltas (consumers read them, never change them)
 
 

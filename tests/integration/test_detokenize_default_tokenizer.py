@@ -29,7 +29,11 @@ def test_byte_detokenizer_gives_what_the_tokenizer_gives(default_model_dir):
     the vocabulary) and random prompt contexts, token by token the same text."""
     import random
 
-    from pagedserve.gateway.byte_detokenizer import ByteDetokenizer, byte_table, byte_tables
+    from pagedserve.gateway.byte_detokenizer import (
+        ByteDetokenizer,
+        byte_table,
+        byte_tables,
+    )
     from pagedserve.gateway.tokenizer import load_tokenizer
 
     tok = load_tokenizer(default_model_dir)
