@@ -22,6 +22,8 @@ from pagedserve.gateway.sequence import Sequence
 from pagedserve.wire import convert
 from pagedserve.wire.protocol import Delta, ModelInfo, SamplingParams
 
+_NONE: list = []  # the empty lists of deltas (consumers read them, never change them)
+
 
 class RequestError(ValueError):
     """A request the gateway refuses; the message names the field to change."""
@@ -104,46 +106,53 @@ class Requests:
             self.scheduler.abort_request(request_id)
 
     def deltas(self, updates: list[SeqUpdate | BeamDone]) -> list[Delta]:
+        """Each update's delta (none for a request that is gone, or after its stop string)."""
         deltas: list[Delta] = []
+        by_id = self.by_id
         for update in updates:
-            if isinstance(update, BeamDone):
+            if update.__class__ is BeamDone:
                 deltas.extend(self._beam_done(update))
                 continue
+            seq = update.seq
+            state = by_id.get(seq.request_id)
+            if state is None:
+                continue
+            if update.error is not None:  # it failed alone: the whole request ends, others go on
+                deltas.append(self._refused(seq, update.error))
+                continue
             try:
-                delta = self._apply(update)
+                stream = state.streams[seq.index]
+                if stream.stopped:  # overlap: a token computed before the stop string was seen
+                    continue
+                text = stream.add(update.token_id)
+                finish = seq.finish_reason if update.finished else None
+                if stream.stopped and not update.finished:
+                    self.scheduler.abort(seq.seq_id, "stop")
+                    finish = "stop"
+                if finish:
+                    text += stream.flush()
+                    self._close(state, seq.index)
             except Exception as e:  # noqa: BLE001 - detokenizing or stop rules of one request
-                delta = self._apply(SeqUpdate(update.seq, None, finished=True,
-                                              error=f"the gateway could not make this sequence's "
-                                                    f"output: {type(e).__name__}: {e}"))
-            if delta is not None:
-                deltas.append(delta)
+                delta = self._refused(seq, f"the gateway could not make this sequence's output: "
+                                           f"{type(e).__name__}: {e}")
+                if delta is not None:
+                    deltas.append(delta)
+                continue
+            logprob, top, cached = update.logprob, update.top_logprobs, seq.num_cached_tokens
+            deltas.append(Delta(seq.request_id, seq.index, text, [update.token_id], finish,
+                                _NONE if logprob is None else [logprob], [top] if top else _NONE,
+                                update.prompt_logprobs or _NONE, state.prompt_len,
+                                len(seq.output_token_ids), cached if cached > 0 else 0))
         return deltas
 
-    def _apply(self, update: SeqUpdate) -> Delta | None:
-        seq = update.seq
+    def _refused(self, seq: Sequence, error: str) -> Delta | None:
+        """`seq` failed alone: its request ends with an error delta."""
         state = self.by_id.get(seq.request_id)
         if state is None:
             return None
-        if update.error is not None:  # it failed alone: the whole request ends, others go on
-            self.abort(seq.request_id)
-            return Delta(seq.request_id, seq.index, "", [], "refused", prompt_tokens=state.prompt_len,
-                         error=update.error)
-        stream = state.streams[seq.index]
-        if stream.stopped:  # overlap: a token computed before the stop string was seen
-            return None
-        text = stream.add(update.token_id)
-        finish = seq.finish_reason if update.finished else None
-        if stream.stopped and not update.finished:
-            self.scheduler.abort(seq.seq_id, "stop")
-            finish = "stop"
-        if finish:
-            text += stream.flush()
-            self._close(state, seq.index)
-        return Delta(seq.request_id, seq.index, text, [update.token_id], finish,
-                     [update.logprob] if update.logprob is not None else [],
-                     [update.top_logprobs] if update.top_logprobs else [],
-                     update.prompt_logprobs or [], state.prompt_len, len(seq.output_token_ids),
-                     seq.num_cached_tokens if seq.num_cached_tokens > 0 else 0)
+        self.abort(seq.request_id)
+        return Delta(seq.request_id, seq.index, "", [], "refused", prompt_tokens=state.prompt_len,
+                     error=error)
 
     def _beam_done(self, done: BeamDone) -> list[Delta]:
         state = self.by_id.pop(done.request_id, None)

@@ -17,15 +17,20 @@ class StopStringFilter:
             return text
         if self.stopped:
             return ""
-        self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stop) if i >= 0]
-        if hits:
-            self.stopped = True
-            out, self.pending = self.pending[: min(hits)], ""
-            return out
-        cut = max(len(self.pending) - self.holdback, 0)
-        out, self.pending = self.pending[:cut], self.pending[cut:]
-        return out
+        pending, at = self.pending + text, -1
+        for stop in self.stop:  # the earliest wins
+            i = pending.find(stop)
+            if i >= 0 and (at < 0 or i < at):
+                at = i
+        if at >= 0:
+            self.stopped, self.pending = True, ""
+            return pending[:at]
+        cut = len(pending) - self.holdback
+        if cut <= 0:
+            self.pending = pending
+            return ""
+        self.pending = pending[cut:]
+        return pending[:cut]
 
     def flush(self) -> str:
         out, self.pending = ("" if self.stopped else self.pending), ""

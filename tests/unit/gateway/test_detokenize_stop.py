@@ -66,3 +66,71 @@ def test_stop_strings_match_only_after_min_tokens():
     assert "".join(free.add(t) for t in ids) + free.flush() == "ab" and free.stopped
     held = OutputStream(tok, tok.encode("Q: "), ["."], min_tokens=4)  # "ab.c": the first "." passes
     assert "".join(held.add(t) for t in ids) + held.flush() == "ab.cd" and held.stopped
+
+
+class TableTokenizer:
+    """A byte-level toy: every byte, then multi-byte ids (whole characters, U+FFFD itself, a
+    character's first bytes, text with a broken byte inside)."""
+
+    TABLE = [bytes([b]) for b in range(256)] + [
+        "é".encode(), "世界".encode(), "🎉".encode(), b"\xef\xbf\xbd", b"a\xef\xbf\xbd", "世".encode()[:2],
+        b"\xffab", b"ok", b"", b" the",
+    ]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return b"".join(self.TABLE[i] if 0 <= i < len(self.TABLE) else b"" for i in ids).decode("utf-8", "replace")
+
+
+def test_whole_texts_leave_out_what_can_read_as_partial():
+    from pagedserve.gateway.byte_detokenizer import whole_texts
+
+    texts = whole_texts(TableTokenizer.TABLE)
+    assert texts[ord("a")] == "a" and texts[256] == "é" and texts[257] == "世界" and texts[265] == " the"
+    for i in [0x80, 0xC3, 0xFF, 259, 260, 261, 262, 264]:  # partial, U+FFFD at the end, broken, b""
+        assert i not in texts
+
+
+def test_byte_detokenizer_short_way_gives_what_decode_gives():
+    """Random streams over the toy: with its whole texts, without, and the tokenizer's decode
+    agree token by token."""
+    import random
+
+    from pagedserve.gateway.byte_detokenizer import ByteDetokenizer, whole_texts
+
+    tok, table = TableTokenizer(), TableTokenizer.TABLE
+    texts = whole_texts(table)
+    multi = list(range(256, len(table))) + [0xC3, 0xA9, 0xE4, 0xB8, 0x96, 0xF0, 0x9F, 0x8E, 0x89, 0xFF]
+    rng = random.Random(3)
+    for _ in range(2000):
+        pick = lambda: rng.choice(multi) if rng.random() < 0.5 else rng.randrange(-2, len(table) + 3)  # noqa: E731
+        prompt = [pick() for _ in range(rng.randint(1, 6))]
+        ref, fast, plain = (IncrementalDetokenizer(tok, prompt), ByteDetokenizer(table, prompt, texts),
+                            ByteDetokenizer(table, prompt))
+        for _ in range(rng.randint(1, 20)):
+            t = pick()
+            assert fast.add(t) == plain.add(t) == ref.add(t)
+
+
+def test_stop_filter_emits_what_a_search_of_all_the_text_allows():
+    """Random pieces and stop strings: after each piece the text out so far is all the text
+    up to the earliest stop string, or all but the last (longest stop - 1) characters."""
+    import random
+
+    rng = random.Random(4)
+    alphabet = "ab é世\n"
+    for _ in range(3000):
+        stop = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(0, 3))]
+        f, out, text = StopStringFilter(stop), "", ""
+        hold = max((len(s) for s in stop if s), default=1) - 1
+        for _ in range(rng.randint(1, 8)):
+            piece = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5)))
+            text += piece
+            out += f.feed(piece)
+            hits = [text.find(s) for s in stop if s and s in text]
+            assert f.stopped == bool(hits)
+            if hits:
+                assert out == text[:min(hits)] and f.feed("more") == "" and f.flush() == ""
+                break
+            assert out == text[:max(len(text) - hold, 0)]
+        else:
+            assert out + f.flush() == text
