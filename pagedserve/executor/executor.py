@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import torch
@@ -17,6 +18,8 @@ from pagedserve.executor import tensor_parallel, tp_pools
 from pagedserve.executor.weights import parse_dtype
 from pagedserve.step.step_batch import StepBatch
 from pagedserve.wire.protocol import KVGeometry, ModelInfo, SampleOutput
+
+log = logging.getLogger(__name__)
 
 
 class Executor:
@@ -120,6 +123,22 @@ class Executor:
             self.runner.guided = self.guided
         else:
             self.runner.attach_pool(pool, holds)
+
+    def detach_pool(self) -> None:
+        """Hold no pool (the profiling step's scratch pool, pagedserve.executor.device_memory)."""
+        self.runner = None
+
+    def kv_budget(self, utilization: float) -> int:
+        """The KV pool's bytes that `utilization` of the device leaves after the weights and a
+        profiled step (pagedserve.executor.device_memory); 0 on a CPU (memsvc's default size).
+        Run before the pool is attached: it profiles on a scratch pool and detaches it."""
+        from pagedserve.executor import device_memory
+
+        found = device_memory.measure(self)
+        if found is None:
+            return 0
+        log.info("%s", found.describe(utilization))
+        return found.budget(utilization)
 
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         """Run one step: one SampleOutput per sequence that reports (samples, or returns
