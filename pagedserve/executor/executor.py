@@ -8,6 +8,7 @@ import os
 import torch
 
 from pagedserve.executor import linear_backend as linear_backends
+from pagedserve.executor.core_share import CoreShare
 from pagedserve.executor.model_source import resolve_model, served_name
 from pagedserve.executor.model_config import ModelConfig
 from pagedserve.executor.model_loader import load_model
@@ -74,6 +75,9 @@ class Executor:
             tensor_parallel.shard_model(self.model, self.plan)
         self.model.to(self.device)
         self.linear_plan = planner.finish()
+        # a group's ranks share the cores by design: each keeps its count
+        self.core_share = (CoreShare.for_this_process() if self.device.type == "cpu" and tensor_parallel_size == 1
+                           and rank is None else None)
         self.name = served_name(model, self.model_dir, served_model_name)
         self.runner: ModelRunner | None = None
         self.guided = GuidedDecoding(self.model_dir, self.config.vocab_size,
@@ -147,6 +151,8 @@ class Executor:
             raise RuntimeError("no KV pool attached: call attach_pool first")
         if self.leader is not None:
             return self.leader.lead("execute", batch, lambda: self.runner.execute(batch))
+        if self.core_share is not None:
+            self.core_share.adjust()
         return self.runner.execute(batch)
 
     def logits(self, batch: StepBatch) -> torch.Tensor:
