@@ -31,23 +31,15 @@ class DeviceMemory:
     graph_reserve: int
 
     def budget(self, utilization: float) -> int:
-        """The pool's bytes at this utilization; ValueError naming the flags when none is left."""
+        """The pool's bytes at this utilization: 0 where nothing is left (a pool memsvc holds
+        already, after a restart of this executor, takes the room the profile finds missing)."""
         if not 0 < utilization <= 1:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
-        left = int(self.total * utilization) - self.in_use - self.step_peak - self.graph_reserve
-        if left <= 0:
-            gib = 1 << 30
-            raise ValueError(
-                f"--gpu-memory-utilization {utilization} gives the KV pool nothing: of "
-                f"{self.total / gib:.1f} GiB, {self.in_use / gib:.1f} are in use (weights, other "
-                f"processes), a step's activations take {self.step_peak / gib:.1f} and the CUDA "
-                f"graphs {self.graph_reserve / gib:.1f}; raise --gpu-memory-utilization or set "
-                f"the pool's size at memsvc with --kv-memory")
-        return left
+        return max(0, int(self.total * utilization) - self.in_use - self.step_peak - self.graph_reserve)
 
     def describe(self, utilization: float) -> str:
         gib = 1 << 30
-        return (f"KV pool budget {self.budget(utilization) / gib:.2f} GiB = {utilization:g} x "
+        return (f"KV pool budget {self.budget(utilization) / gib:.2f} GiB of {utilization:g} x "
                 f"{self.total / gib:.1f} GiB - {self.in_use / gib:.2f} in use - "
                 f"{self.step_peak / gib:.2f} step peak - {self.graph_reserve / gib:.2f} graphs")
 

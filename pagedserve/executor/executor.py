@@ -142,6 +142,9 @@ class Executor:
         if found is None:
             return 0
         log.info("%s", found.describe(utilization))
+        if not found.budget(utilization):
+            log.warning("no room for a new KV pool at --gpu-memory-utilization %s; a pool memsvc "
+                        "holds already serves as it is, and memsvc refuses to make one", utilization)
         return found.budget(utilization)
 
     def execute(self, batch: StepBatch) -> list[SampleOutput]:

@@ -114,7 +114,8 @@ class MemoryManager:
         A later executor (a restart, a replica) with the same geometry, device and ranks gets
         the same pool; a different one is a ValueError. Size: `config.num_blocks`, else
         `config.kv_tokens`, else `config.kv_memory`, else `budget_bytes` (the executor's, from
-        its --gpu-memory-utilization), else CPU_KV_GIB; bytes count all ranks.
+        its --gpu-memory-utilization; none on a GPU is a ValueError), else CPU_KV_GIB; bytes
+        count all ranks.
         `max_model_len` 0 means `config.max_model_len`.
         """
         device = device or self.config.device
@@ -139,6 +140,11 @@ class MemoryManager:
             if num_blocks < 1:
                 raise ValueError(f"kv_tokens={cfg.kv_tokens} holds no block of {geometry.block_size} tokens")
         if num_blocks is None:
+            if cfg.kv_memory is None and not budget_bytes and device != "cpu":
+                raise ValueError(f"the executor found no memory left on {device} for the KV pool (its "
+                                 "log says what the weights and a step take): lower what else runs "
+                                 "there, raise the executor's --gpu-memory-utilization, or size the "
+                                 "pool with memsvc's --kv-memory or --kv-tokens")
             if cfg.kv_memory is not None or not budget_bytes:
                 budget_bytes = int((cfg.kv_memory or CPU_KV_GIB) * GIB)
             num_blocks = num_blocks_for_budget(geometry, budget_bytes)

@@ -25,9 +25,15 @@ def test_budget_refuses_a_utilization_outside_0_1(utilization):
         DeviceMemory(100, 0, 0, 0).budget(utilization)
 
 
-def test_budget_names_the_flags_when_nothing_is_left():
-    with pytest.raises(ValueError, match="raise --gpu-memory-utilization or set .* --kv-memory"):
-        DeviceMemory(total=10 * GB, in_use=8 * GB, step_peak=GB, graph_reserve=GB).budget(0.9)
+def test_budget_is_0_when_nothing_is_left():
+    """As after a restart of the executor, when memsvc's pool holds the room: no error here."""
+    assert DeviceMemory(total=10 * GB, in_use=8 * GB, step_peak=GB, graph_reserve=GB).budget(0.9) == 0
+
+
+def test_memsvc_refuses_a_new_gpu_pool_without_a_budget():
+    geometry = KVGeometry(num_layers=2, num_kv_heads=2, head_size=8, block_size=16)
+    with pytest.raises(ValueError, match="no memory left on cuda:0 .* --kv-memory or --kv-tokens"):
+        MemoryManager(MemoryConfig()).register_executor(geometry, 0, device="cuda:0")
 
 
 @pytest.fixture(scope="module")
