@@ -9,6 +9,7 @@ import torch
 
 from pagedserve.executor import linear_backend as linear_backends
 from pagedserve.executor.core_share import CoreShare
+from pagedserve.executor.cuda_graphs import DEFAULT_MAX_BATCH
 from pagedserve.executor.model_source import resolve_model, served_name
 from pagedserve.executor.model_config import ModelConfig
 from pagedserve.executor.model_loader import load_model
@@ -109,6 +110,7 @@ class Executor:
             chat_template=read_chat_template(self.model_dir),
             tokenizer_dir=self.model_dir,
             kv=self.kv_geometry(),
+            max_num_seqs=DEFAULT_MAX_BATCH if self.device.type == "cuda" else 0,
         )
 
     def attach_pool(self, pool) -> None:
