@@ -70,7 +70,8 @@ class LLMEngine:
         self.memory = MemoryManager(dataclasses.replace(
             config.memory, max_model_len=max_len,
             shared=config.memory.shared or ex.tensor_parallel_size > 1))
-        self.executor.attach_pool(self.memory.register_executor(info.kv, device=self.device,
+        budget = self.executor.kv_budget(ex.gpu_memory_utilization)
+        self.executor.attach_pool(self.memory.register_executor(info.kv, budget, device=self.device,
                                                                 ranks=ex.tensor_parallel_size))
         self.info = info
         self.tokenizer = load_tokenizer(info.tokenizer_dir)

@@ -15,7 +15,8 @@ from pagedserve.wire.settings import add_flags, from_args, to_argv
 
 ENGINE_SETTINGS = {
     ExecutorConfig: ("model", "model_impl", "revision", "served_model_name", "device", "dtype", "block_size",
-                     "max_model_len", "linear_backend", "kv_cache_dtype", "tensor_parallel_size"),
+                     "max_model_len", "linear_backend", "kv_cache_dtype", "tensor_parallel_size",
+                     "gpu_memory_utilization"),
     MemoryConfig: ("kv_tokens", "kv_memory", "policy", "prefix_caching", "preemption_mode",
                    "swap_space", "num_blocks", "num_host_blocks"),
     SchedulerConfig: ("max_num_seqs", "max_num_batched_tokens"),

@@ -52,6 +52,12 @@ def part_services(args, part: Part, work: Path):
         return {"status": "failed"}
     svc = Services(model_dir, args.device, dtype, log_dir=args.logs / "services").start(min(120, part.left()))
     try:
+        if str(args.device).startswith("cuda"):  # no pool size given: what --gpu-memory-utilization left
+            import torch
+
+            free, total = torch.cuda.mem_get_info()
+            part.put("pool_from_gpu_memory", {"total_slots": svc.memsvc_stats().snapshot.get("total_slots"),
+                                              "device_total_gib": total / 2**30, "device_free_gib": free / 2**30})
         got = [svc.generate(ids, greedy)[0] for ids in prompts]
         part.put("greedy_equal", [g == e for g, e in zip(got, expected)])
         part.put("greedy_lengths", [len(e) for e in expected])

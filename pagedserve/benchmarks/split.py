@@ -271,7 +271,7 @@ def run(args) -> int:
                   k: (local["executor_ms"] + overhead[k]) / (local["executor_ms"] + overhead["in_process"])
                   for k in KINDS}}
     print(f"{args.num_requests} requests, {args.input_len} in / {args.output_len} out, "
-          f"max {args.max_num_seqs} sequences per step, {args.rounds} rounds (median run shown)")
+          f"max {args.max_num_seqs or 'the default'} sequences per step, {args.rounds} rounds (median run shown)")
     names = {"in_process": "in process", "gateway": "gateway", "ahead": "split loop",
              "overlap": "  outputs only", "serial": "  serial"}
     for kind in KINDS:

@@ -7,6 +7,7 @@ import os
 import random
 import time
 
+from pagedserve.benchmarks.busy_cores import add_busy_cores_arg, busy_cores
 from pagedserve.benchmarks.roofline import copy_bandwidth, matmul_ceiling, model_weights
 from pagedserve.benchmarks.workloads import WORKLOADS, BenchRequest, random_prompt_ids, sample_lengths
 
@@ -35,6 +36,7 @@ def add_parser(sub) -> None:
                         "memory figures after the first run include what the allocator kept)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_results/throughput.json", help="JSON results file")
+    add_busy_cores_arg(p)
     add_engine_flags(p)
     p.set_defaults(run=run)
 
@@ -192,8 +194,16 @@ def run_engine_part(args, reqs: list[BenchRequest], cpu: dict):
     }
     print(f"workload {args.workload}: {len(reqs)} requests, mean {result['mean_prompt_len']:.0f} in"
           f" / {result['mean_output_len']:.0f} out")
-    result["engine"] = run_engine(engine, reqs, vocab, args.seed)
+    with busy_cores(args.busy_cores):
+        result["engine"] = run_engine(engine, reqs, vocab, args.seed)
+        one = one_sequence(engine, vocab, args.seed)
     e = result["engine"]
+    share = engine.executor.core_share
+    result["busy_cores"] = args.busy_cores
+    result["threads"] = {"at_end": share.threads if share else None, "changes": share.changes if share else 0}
+    if args.busy_cores or (share and share.changes):
+        print(f"threads      {args.busy_cores} other core(s) held busy; compute threads at the end "
+              f"{result['threads']['at_end']}, changed {result['threads']['changes']} time(s)")
     after = matmul_ceiling(cfg.hidden_size, cfg.intermediate_size, 2.0 * params)
     if after["matmul_flops_per_s"] > result["ceiling"]["matmul_flops_per_s"]:  # measured before and after: the higher
         result["ceiling"] = after
@@ -209,7 +219,6 @@ def run_engine_part(args, reqs: list[BenchRequest], cpu: dict):
     e["computed_share_of_ceiling"] = e["computed_tokens_per_s"] / c["ceiling_tokens_per_s"]
     print(f"             counting the {prompt_tokens} prompt tokens computed too: "
           f"{e['computed_tokens_per_s']:.1f} tok/s, {e['computed_share_of_ceiling']:.0%} of the ceiling")
-    one = one_sequence(engine, vocab, args.seed)
     bandwidth = copy_bandwidth()
     one.update(weight_bytes=weight_bytes, copy_bytes_per_s=bandwidth, floor_s=weight_bytes / bandwidth)
     one["over_floor"] = one["step_s_median"] / one["floor_s"]
@@ -218,5 +227,15 @@ def run_engine_part(args, reqs: list[BenchRequest], cpu: dict):
           f"{one['decode_steps']}); weight-read floor {one['floor_s'] * 1e3:.1f} ms "
           f"({weight_bytes / 1e6:.0f} MB of weights / {bandwidth / 1e9:.1f} GB/s copy bandwidth): "
           f"{one['over_floor']:.2f}x the floor")
+    # a decode token also reads its context's K/V (mean context of the decode steps); on a CPU
+    # the matmuls and attention run one after the other, so their times add
+    context = sum(r.prompt_len + r.output_len / 2 for r in reqs) / len(reqs)
+    kv_s = context * info.kv.bytes_per_token / bandwidth
+    c["kv_bytes_per_token"], c["mean_decode_context"] = info.kv.bytes_per_token, context
+    c["ceiling_with_kv_tokens_per_s"] = 1 / (1 / c["ceiling_tokens_per_s"] + kv_s)
+    e["share_of_ceiling_with_kv"] = e["output_tokens_per_s"] / c["ceiling_with_kv_tokens_per_s"]
+    print(f"ceiling, K/V {c['ceiling_with_kv_tokens_per_s']:8.1f} tok/s  (each token also reads "
+          f"{context:.0f} tokens of K/V, {context * info.kv.bytes_per_token / 1e6:.1f} MB at the copy "
+          f"bandwidth); engine at {e['share_of_ceiling_with_kv']:.0%} of it")
     result["load_avg"] = os.getloadavg()
     return result, engine

@@ -44,6 +44,11 @@ class ExecutorConfig:
                                   "in float32 for decode; its accuracy in BENCHMARKS.md. On a GPU "
                                   "only the model's dtype", choices=DTYPES)
     block_size: int = setting(16, "tokens per KV block")
+    gpu_memory_utilization: float = setting(0.9, "share of the GPU's memory the model, its "
+                                            "activations, CUDA graphs and the KV pool may fill: the "
+                                            "pool gets what is left after the weights and a profiled "
+                                            "step of 8,192 tokens (--kv-memory or --kv-tokens at "
+                                            "memsvc win over it); ignored on a CPU", metavar="FRACTION")
     device: str = setting("auto", DEVICE_HELP)
     linear_backend: str = setting("auto", "how the linear layers multiply (auto: each weight shape "
                                   "timed at load through mkl and onednn, the faster kept per row "
@@ -102,6 +107,8 @@ class ExecutorConfig:
             raise ValueError(f"--max-model-len must be positive, got {self.max_model_len}")
         if self.grammar_cache_bytes < 0:
             raise ValueError(f"--grammar-cache-bytes must be >= 0, got {self.grammar_cache_bytes}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}")
         if not self.tensor_parallel_timeout > 0:

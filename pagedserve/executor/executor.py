@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import torch
 
 from pagedserve.executor import linear_backend as linear_backends
+from pagedserve.executor.core_share import CoreShare
+from pagedserve.executor.cuda_graphs import DEFAULT_MAX_BATCH
 from pagedserve.executor.model_source import resolve_model, served_name
 from pagedserve.executor.model_config import ModelConfig
 from pagedserve.executor.model_loader import load_model
@@ -17,6 +20,8 @@ from pagedserve.executor import tensor_parallel, tp_pools
 from pagedserve.executor.weights import parse_dtype
 from pagedserve.step.step_batch import StepBatch
 from pagedserve.wire.protocol import KVGeometry, ModelInfo, SampleOutput
+
+log = logging.getLogger(__name__)
 
 
 class Executor:
@@ -71,6 +76,9 @@ class Executor:
             tensor_parallel.shard_model(self.model, self.plan)
         self.model.to(self.device)
         self.linear_plan = planner.finish()
+        # a group's ranks share the cores by design: each keeps its count
+        self.core_share = (CoreShare.for_this_process() if self.device.type == "cpu" and tensor_parallel_size == 1
+                           and rank is None else None)
         self.name = served_name(model, self.model_dir, served_model_name)
         self.runner: ModelRunner | None = None
         self.guided = GuidedDecoding(self.model_dir, self.config.vocab_size,
@@ -102,6 +110,7 @@ class Executor:
             chat_template=read_chat_template(self.model_dir),
             tokenizer_dir=self.model_dir,
             kv=self.kv_geometry(),
+            max_num_seqs=DEFAULT_MAX_BATCH if self.device.type == "cuda" else 0,
         )
 
     def attach_pool(self, pool) -> None:
@@ -121,6 +130,25 @@ class Executor:
         else:
             self.runner.attach_pool(pool, holds)
 
+    def detach_pool(self) -> None:
+        """Hold no pool (the profiling step's scratch pool, pagedserve.executor.device_memory)."""
+        self.runner = None
+
+    def kv_budget(self, utilization: float) -> int:
+        """The KV pool's bytes that `utilization` of the device leaves after the weights and a
+        profiled step (pagedserve.executor.device_memory); 0 on a CPU (memsvc's default size).
+        Run before the pool is attached: it profiles on a scratch pool and detaches it."""
+        from pagedserve.executor import device_memory
+
+        found = device_memory.measure(self)
+        if found is None:
+            return 0
+        log.info("%s", found.describe(utilization))
+        if not found.budget(utilization):
+            log.warning("no room for a new KV pool at --gpu-memory-utilization %s; a pool memsvc "
+                        "holds already serves as it is, and memsvc refuses to make one", utilization)
+        return found.budget(utilization)
+
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         """Run one step: one SampleOutput per sequence that reports (samples, or returns
         prompt logprobs: StepBatch.reports), in batch order."""
@@ -128,6 +156,8 @@ class Executor:
             raise RuntimeError("no KV pool attached: call attach_pool first")
         if self.leader is not None:
             return self.leader.lead("execute", batch, lambda: self.runner.execute(batch))
+        if self.core_share is not None:
+            self.core_share.adjust()
         return self.runner.execute(batch)
 
     def logits(self, batch: StepBatch) -> torch.Tensor:

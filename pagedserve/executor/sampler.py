@@ -32,14 +32,23 @@ from pagedserve.step.step_batch import FLAG_PLAIN, StepBatch
 from pagedserve.wire.protocol import SampleOutput
 
 _MASK64 = (1 << 64) - 1
+_C1, _C2, _C3 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+TOP_P_CANDIDATES = 1024  # top-p without top-k looks among this many most likely tokens first
+
+
+def mix_seeds(seeds, positions) -> np.ndarray:
+    """63-bit hashes of (seed, position) pairs (splitmix64's finalizer), uint64."""
+    x = np.asarray(seeds, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x = x * _C1 + np.asarray(positions, dtype=np.uint64) * _C2 + np.uint64(1)
+        x = (x ^ (x >> np.uint64(30))) * _C2
+        x = (x ^ (x >> np.uint64(27))) * _C3
+    return (x ^ (x >> np.uint64(31))) >> np.uint64(1)
 
 
 def mix_seed(seed: int, position: int) -> int:
-    """A 63-bit hash of (seed, position) (splitmix64 finalizer)."""
-    x = (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 1) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (x ^ (x >> 31)) >> 1
+    """A 63-bit hash of (seed, position)."""
+    return int(mix_seeds([seed & _MASK64], [position & _MASK64])[0])
 
 
 def apply_logit_bias(logits: torch.Tensor, params: list) -> None:
@@ -103,35 +112,64 @@ def apply_penalties(logits: torch.Tensor, params: list, prompts: list[list[int]]
             row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(row.dtype)
 
 
-def apply_truncation(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                     min_p: torch.Tensor) -> torch.Tensor:
-    """Set removed tokens to -inf. top_k int64 [S] (<= 0: off), top_p / min_p float [S]."""
+def apply_truncation(logits: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor:
+    """`logits` with the removed tokens at -inf (a new tensor). top_k [S] (<= 0: off), top_p and
+    min_p [S], on the host (numpy or CPU tensors). No full-vocabulary sort where it can be
+    avoided: top-k and top-p look among the max(top_k) most likely tokens, or for top-p alone
+    among TOP_P_CANDIDATES, and only a row whose candidates do not reach its top_p is sorted
+    whole (on a GPU, telling which rows those are is the one wait on the device)."""
+    top_k, top_p, min_p = (np.asarray(x.cpu() if torch.is_tensor(x) else x) for x in (top_k, top_p, min_p))
     vocab = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab, device=logits.device)[None, :]
-    if (top_k > 0).any():
-        k = torch.where(top_k > 0, top_k, vocab)
-        sorted_logits.masked_fill_(ranks >= k[:, None], float("-inf"))
+    out = logits.clone()
+    k = np.where(top_k > 0, np.minimum(top_k, vocab), vocab)
+    rows = np.flatnonzero((top_k > 0) | (top_p < 1))
+    if len(rows):
+        width = int(k[rows].max()) if (top_k[rows] > 0).all() else max(min(vocab, TOP_P_CANDIDATES),
+                                                                      int(k[rows][top_k[rows] > 0].max(initial=0)))
+        kept, short = _top_k_top_p(logits[rows], k[rows], top_p[rows], width)
+        if short.any():  # the candidates hold less than top_p: those rows sorted whole
+            kept[short] = _top_k_top_p(logits[rows[short]], k[rows[short]], top_p[rows[short]], vocab)[0]
+        out[torch.from_numpy(rows).to(logits.device)] = kept
+    rows = np.flatnonzero(min_p > 0)
+    if len(rows):  # a token less likely than min_p x the most likely one: exp(l - max) < min_p
+        at = torch.from_numpy(rows).to(logits.device)
+        sub = out[at]
+        ratio = (sub - sub.amax(-1, keepdim=True)).exp()
+        out[at] = sub.masked_fill_(ratio < torch.from_numpy(min_p[rows]).to(sub)[:, None], float("-inf"))
+    return out
+
+
+def _top_k_top_p(logits: torch.Tensor, k: np.ndarray, top_p: np.ndarray, width: int
+                 ) -> tuple[torch.Tensor, np.ndarray]:
+    """Top-k then top-p over each row's `width` most likely tokens (k <= width for a row with
+    top-k); and which rows without top-k had candidates holding less than their top_p."""
+    dev, vocab = logits.device, logits.shape[-1]
+    values, order = logits.topk(width, dim=-1)  # most likely first
+    ranks = torch.arange(width, device=dev)[None, :]
+    values.masked_fill_(ranks >= torch.from_numpy(k).to(dev)[:, None], float("-inf"))
+    short = np.zeros(len(k), dtype=bool)
     if (top_p < 1).any():
-        probs = sorted_logits.softmax(-1)
-        before = probs.cumsum(-1) - probs
-        limit = torch.where(top_p < 1, top_p, float("inf"))
-        sorted_logits.masked_fill_(before >= limit[:, None], float("-inf"))
-    if (min_p > 0).any():
-        probs = sorted_logits.softmax(-1)
-        sorted_logits.masked_fill_(probs < min_p[:, None] * probs[:, :1], float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+        has_k = torch.from_numpy(k < vocab).to(dev)
+        total = torch.where(has_k, values.logsumexp(-1), logits.logsumexp(-1))  # the distribution top-k left
+        probs = (values - total[:, None]).exp()
+        mass = probs.cumsum(-1)
+        limit = torch.from_numpy(np.where(top_p < 1, top_p, np.inf)).to(probs)
+        values.masked_fill_(mass - probs >= limit[:, None], float("-inf"))
+        if width < vocab:
+            short = (~has_k & (mass[:, -1] < limit)).cpu().numpy()
+    return torch.full_like(logits, float("-inf")).scatter_(-1, order, values), short
 
 
-def uniform(seed: int, position: int) -> float:
-    """A uniform number in [0, 1) that depends only on (seed, position)."""
-    return (mix_seed(seed, position) >> 10) / float(1 << 53)
+def uniforms(seeds, positions) -> np.ndarray:
+    """Uniform numbers in [0, 1), float64, each depending only on its (seed, position)."""
+    return (mix_seeds(seeds, positions) >> np.uint64(10)).astype(np.float64) / float(1 << 53)
 
 
 class Sampler:
     """__call__(logits [S, vocab], batch, rows) -> one SampleOutput per row of `logits`, the
     batch's rows `rows` in order. `eos_token_ids`: the model's end-of-sequence tokens,
-    masked with min_tokens."""
+    masked with min_tokens. The batch's columns are read on the host; the device is read
+    back once, for the tokens and logprobs (and for a top-p row, see apply_truncation)."""
 
     def __init__(self, eos_token_ids=()):
         self.eos_token_ids = list(eos_token_ids)
@@ -140,11 +178,12 @@ class Sampler:
         assert logits.shape[0] == len(rows), (logits.shape, len(rows))
         ids = batch.seq_ids
         if (batch.flags[rows] & FLAG_PLAIN).all():
-            # the common serving case: one argmax over the batch, no copy of the logits
-            tokens = logits.argmax(-1).tolist()
+            # the common serving case: one max over the batch (faster than argmax on a CPU,
+            # the same first index), no copy of the logits
+            tokens = logits.max(-1).indices.tolist()
             return [SampleOutput(ids[i], t) for i, t in zip(rows.tolist(), tokens)]
         params = [batch.held[i].sampling for i in rows]
-        logits = logits.float().clone()
+        logits = logits.to(torch.float32, copy=True)
         if any(p.logit_bias for p in params):
             apply_logit_bias(logits, params)
         if any(p.uses_penalties for p in params):
@@ -160,32 +199,37 @@ class Sampler:
         cut = np.flatnonzero((top_k > 0) | (top_p < 1) | (min_p > 0))
         if len(cut):
             at = torch.from_numpy(cut).to(dev)
-            logits[at] = apply_truncation(logits[at], torch.from_numpy(top_k[cut]).to(dev),
-                                          torch.from_numpy(top_p[cut]).to(dev), torch.from_numpy(min_p[cut]).to(dev))
+            logits[at] = apply_truncation(logits[at], top_k[cut], top_p[cut], min_p[cut])
 
-        tokens = logits.argmax(-1)
-        drawn = [k for k, p in enumerate(params) if not p.greedy]
-        if drawn:
-            at = torch.tensor(drawn, device=dev)
+        tokens = logits.max(-1).indices
+        drawn = np.flatnonzero([not p.greedy for p in params])
+        if len(drawn):
+            at = torch.from_numpy(drawn).to(dev)
             cdf = logits[at].softmax(-1).double().cumsum(-1)
-            ends = batch.start_pos + batch.num_tokens
-            u = torch.tensor([uniform(batch.held[rows[k]].seed, int(ends[rows[k]]))
-                              for k in drawn], dtype=torch.float64, device=dev)
+            picked_rows = rows[drawn]
+            u = uniforms([batch.held[i].seed & _MASK64 for i in picked_rows],
+                         (batch.start_pos + batch.num_tokens)[picked_rows])
+            u = torch.from_numpy(u).to(dev)
             picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
             tokens[at] = picked[:, 0].clamp_(max=logits.shape[-1] - 1)
-
-        tokens = tokens.tolist()
-        out = []
-        for k, i in enumerate(rows.tolist()):
-            token = tokens[k]
-            o = SampleOutput(ids[i], token)
-            n = params[k].logprobs
-            if n is not None:
-                logprobs = logits[k].log_softmax(-1)
-                o.logprob = float(logprobs[token])
-                if n:
-                    values, top = logprobs.topk(n)
-                    o.top_logprobs = [(t, v) for t, v in zip(top.tolist(), values.tolist())
-                                      if v != float("-inf")]
-            out.append(o)
+        out = [SampleOutput(ids[i], t) for i, t in zip(rows.tolist(), tokens.tolist())]
+        self._logprobs(logits, tokens, params, out)
         return out
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list, out: list[SampleOutput]) -> None:
+        """The chosen token's logprob and the top n, for the rows that ask, in one pass."""
+        asked = [k for k, p in enumerate(params) if p.logprobs is not None]
+        if not asked:
+            return
+        at = torch.tensor(asked, device=logits.device)
+        logprobs = logits[at].log_softmax(-1)
+        chosen = logprobs.gather(1, tokens[at][:, None])[:, 0].tolist()
+        most = max(params[k].logprobs for k in asked)
+        values, top = logprobs.topk(most) if most else (logprobs[:, :0], logprobs[:, :0])
+        values, top = values.tolist(), top.tolist()
+        for j, k in enumerate(asked):
+            n = params[k].logprobs
+            out[k].logprob = chosen[j]
+            if n:
+                out[k].top_logprobs = [(t, v) for t, v in zip(top[j][:n], values[j][:n]) if v != float("-inf")]

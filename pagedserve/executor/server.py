@@ -178,17 +178,19 @@ def drain(service: Service, servicer: ExecutorService, timeout: float, idle: flo
 
 
 def register(memsvc: str, info: ModelInfo, device: str, timeout: float, tls=None, ranks: int = 1,
-             holds_pool: list[bool] | None = None, token: str | None = None
+             holds_pool: list[bool] | None = None, token: str | None = None, budget_bytes: int = 0
              ) -> tuple[memory_pb2.PoolHandle, str | None]:
     """RegisterExecutor at memsvc (with the internal `token`), waiting up to `timeout`
     seconds for it to answer (a tensor-parallel group: one pool per rank, each on `device`,
     but for the ranks that `holds_pool` themselves: pagedserve.executor.tp_pools).
+    `budget_bytes`: the pool's size where memsvc is given none (0: memsvc's default).
     Returns the pool handle and the pool's epoch (None from a memsvc that sends none)."""
     with open_channel(memsvc, tls, token) as channel:
         grpc.channel_ready_future(channel).result(timeout=timeout)
         response = memory_pb2_grpc.MemoryManagerStub(channel).RegisterExecutor(
             memory_pb2.RegisterExecutorRequest(geometry=convert.geometry_to_proto(info.kv),
                                                device=device, max_model_len=info.max_model_len,
+                                               budget_bytes=budget_bytes,
                                                rank_devices=[device] * ranks if ranks > 1 else [],
                                                rank_holds_pool=holds_pool if any(holds_pool or ()) else []),
             timeout=timeout, wait_for_ready=True)
@@ -296,8 +298,10 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
     log.info("model %s loaded; registering with memsvc at %s", info.name, config.memsvc)
     ranks = 1 if config.model_free else config.tensor_parallel_size
     holds = _group(config).holds_own_pool if ranks > 1 else None
+    budget = 0 if config.model_free else executor.kv_budget(config.gpu_memory_utilization)
     handle, pool_id = register(config.memsvc, info, memsvc_device, config.register_timeout, config.tls,
-                               ranks=ranks, holds_pool=holds, token=config.internal_token)
+                               ranks=ranks, holds_pool=holds, token=config.internal_token,
+                               budget_bytes=budget)
     with on_device(torch_device):
         executor.attach_pool(map_pool(handle))
     servicer.set_ready(executor, info, read_tokenizer_files(info.tokenizer_dir), pool_id)

@@ -47,6 +47,7 @@ class BatchLoop:
         self.memory, self.executor = step_clients(memory, executor, config.overlap)
         self._wrapped = [c for c, given in ((self.memory, memory), (self.executor, executor)) if c is not given]
         self.info = self.executor.model_info()
+        config = config.resolved(self.info.max_num_seqs)
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(config, self.info.eos_token_ids, self.info.kv.block_size)
         self._requests = Requests(self.scheduler, self.info, tokenizer)

@@ -36,12 +36,17 @@ from pagedserve.wire.settings import setting
 from pagedserve.wire.step_delta import StepDelta
 
 
+CPU_MAX_NUM_SEQS = 64  # --max-num-seqs where the executor names no batch of its own
+
+
 @dataclass
 class SchedulerConfig:
     """The batching loop's limits: flags of the gateway (and of the engine), plus fields set
     in process (no flag)."""
 
-    max_num_seqs: int = setting(64, "sequences per step")
+    max_num_seqs: int | None = setting(None, "sequences per step (off: the batch the executor is "
+                                       "built for, 256 on a GPU (its largest CUDA graph); "
+                                       f"{CPU_MAX_NUM_SEQS} on a CPU)")
     max_num_batched_tokens: int = setting(2048, "tokens per step; longer prompts are prefilled "
                                           "in chunks")
     overlap: bool = setting(True, "while the executor runs a step: detokenize, apply stop strings "
@@ -52,12 +57,19 @@ class SchedulerConfig:
     plan_ahead: bool = True  # with overlap: also plan and reserve step N + 1 while step N runs
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"--max-num-seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(
                 f"--max-num-batched-tokens must be positive, got {self.max_num_batched_tokens}"
             )
+
+    def resolved(self, executor_batch: int = 0) -> "SchedulerConfig":
+        """With --max-num-seqs, where not given, the batch the executor is built for
+        (ModelInfo.max_num_seqs; 0: none named, CPU_MAX_NUM_SEQS)."""
+        if self.max_num_seqs is not None:
+            return self
+        return dataclasses.replace(self, max_num_seqs=executor_batch or CPU_MAX_NUM_SEQS)
 
 
 @dataclass
@@ -82,7 +94,7 @@ def _insert(queue: list[Sequence], seq: Sequence) -> None:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, eos_token_ids: list[int], block_size: int = 16):
-        self.config = config
+        self.config = config.resolved()
         self.block_size = block_size
         self.eos_token_ids = set(eos_token_ids)
         self.waiting: list[Sequence] = []  # sorted by sort_key

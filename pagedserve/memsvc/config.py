@@ -19,13 +19,16 @@ from pagedserve.rpc.tracing import TracingConfig
 
 MEMSVC_PORT = 50052
 GIB = 1 << 30
+CPU_KV_GIB = 2.0  # the pool's size when neither a flag nor the executor's device gives one
 
 
 @dataclass
 class MemoryConfig:
     kv_tokens: int | None = setting(None, "KV pool size in token slots, rounded down to whole "
                                     "blocks; wins over --kv-memory")
-    kv_memory: float = setting(2.0, "KV pool size in GiB", metavar="GIB")
+    kv_memory: float | None = setting(None, "KV pool size in GiB (off: on a GPU, what the "
+                                      "executor's --gpu-memory-utilization leaves; on a CPU, "
+                                      f"{CPU_KV_GIB:g} GiB)", metavar="GIB")
     policy: str = setting("paged", "allocation policy; the contiguous ones are baselines for "
                           "measurement", choices=["paged", "contiguous-max", "contiguous-pow2",
                                                   "contiguous-oracle"])
@@ -46,7 +49,7 @@ class MemoryConfig:
                                    metavar="SECONDS")
     shm_name: str | None = setting(None, "name of the CPU pool's shared-memory segment under "
                                    "/dev/shm (off: pagedserve-kv-<pid>-<random>)")
-    num_blocks: int | None = None  # exact pool size; wins over kv_tokens, which wins over kv_memory
+    num_blocks: int | None = None  # exact pool size; wins over kv_tokens, kv_memory, the executor's budget
     num_host_blocks: int | None = None  # exact swap space; wins over swap_space
     num_offload_blocks: int | None = None  # exact host tier; wins over kv_offload
     offload_policy: str = "auto"  # auto: when the cost model says a hit pays; always (tests)
@@ -58,7 +61,7 @@ class MemoryConfig:
     def __post_init__(self) -> None:
         if self.kv_tokens is not None and self.kv_tokens < 1:
             raise ValueError(f"--kv-tokens must be positive, got {self.kv_tokens}")
-        if self.kv_memory <= 0:
+        if self.kv_memory is not None and self.kv_memory <= 0:
             raise ValueError(f"--kv-memory must be positive, got {self.kv_memory}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"--preemption-mode must be one of {', '.join(PREEMPTION_MODES)}, "

@@ -47,7 +47,7 @@ import torch
 
 from pagedserve.kernels import copy_blocks
 from pagedserve.memsvc import make_allocator
-from pagedserve.memsvc.config import GIB, MemoryConfig
+from pagedserve.memsvc.config import CPU_KV_GIB, GIB, MemoryConfig
 from pagedserve.memsvc.fair_share import over_share
 from pagedserve.memsvc.held_pools import check_holds, held_copies, held_text
 from pagedserve.memsvc.host_pool import (allocate_host_pool, finish_copies, host_blocks_for, measure_block_copy,
@@ -113,7 +113,9 @@ class MemoryManager:
 
         A later executor (a restart, a replica) with the same geometry, device and ranks gets
         the same pool; a different one is a ValueError. Size: `config.num_blocks`, else
-        `config.kv_tokens`, else `budget_bytes` (0: `config.kv_memory`) over all ranks.
+        `config.kv_tokens`, else `config.kv_memory`, else `budget_bytes` (the executor's, from
+        its --gpu-memory-utilization; none on a GPU is a ValueError), else CPU_KV_GIB; bytes
+        count all ranks.
         `max_model_len` 0 means `config.max_model_len`.
         """
         device = device or self.config.device
@@ -138,7 +140,14 @@ class MemoryManager:
             if num_blocks < 1:
                 raise ValueError(f"kv_tokens={cfg.kv_tokens} holds no block of {geometry.block_size} tokens")
         if num_blocks is None:
-            num_blocks = num_blocks_for_budget(geometry, budget_bytes or int(cfg.kv_memory * GIB))
+            if cfg.kv_memory is None and not budget_bytes and device != "cpu":
+                raise ValueError(f"the executor found no memory left on {device} for the KV pool (its "
+                                 "log says what the weights and a step take): lower what else runs "
+                                 "there, raise the executor's --gpu-memory-utilization, or size the "
+                                 "pool with memsvc's --kv-memory or --kv-tokens")
+            if cfg.kv_memory is not None or not budget_bytes:
+                budget_bytes = int((cfg.kv_memory or CPU_KV_GIB) * GIB)
+            num_blocks = num_blocks_for_budget(geometry, budget_bytes)
         self.pools = [self._allocate(per_rank, num_blocks, device, r) for r in range(ranks) if not holds[r]]
         self.pool, self.ranks = self.pools[0], ranks
         self.geometry, self.pool_device = geometry, device

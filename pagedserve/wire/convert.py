@@ -90,7 +90,7 @@ def model_info_to_proto(info: ModelInfo, tokenizer_files: dict[str, bytes] | Non
     return executor_pb2.ModelInfoResponse(
         name=info.name, max_model_len=info.max_model_len, vocab_size=info.vocab_size,
         eos_token_ids=info.eos_token_ids, chat_template=info.chat_template or "",
-        kv=geometry_to_proto(info.kv), tokenizer_files=files,
+        kv=geometry_to_proto(info.kv), tokenizer_files=files, max_num_seqs=info.max_num_seqs,
     )
 
 
@@ -98,7 +98,7 @@ def model_info_from_proto(m: executor_pb2.ModelInfoResponse, tokenizer_dir: str 
     return ModelInfo(
         name=m.name, max_model_len=m.max_model_len, vocab_size=m.vocab_size,
         eos_token_ids=list(m.eos_token_ids), chat_template=m.chat_template or None,
-        tokenizer_dir=tokenizer_dir, kv=geometry_from_proto(m.kv),
+        tokenizer_dir=tokenizer_dir, kv=geometry_from_proto(m.kv), max_num_seqs=m.max_num_seqs,
     )
 
 

@@ -154,6 +154,7 @@ class ModelInfo:
     tokenizer_dir: str
     kv: KVGeometry
     aliases: list[str] = field(default_factory=list)  # other names it is served under (wire.served_names)
+    max_num_seqs: int = 0  # the batch the executor is built for (on a GPU its largest CUDA graph's); 0: none
 
 
 @dataclass

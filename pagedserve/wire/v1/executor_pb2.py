@@ -26,7 +26,7 @@ from pagedserve.wire.v1 import generation_pb2 as pagedserve_dot_wire_dot_v1_dot_
 from pagedserve.wire.v1 import memory_pb2 as pagedserve_dot_wire_dot_v1_dot_memory__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pagedserve/wire/v1/executor.proto\x12\rpagedserve.v1\x1a#pagedserve/wire/v1/generation.proto\x1a\x1fpagedserve/wire/v1/memory.proto\"\x12\n\x10ModelInfoRequest\".\n\rTokenizerFile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\"\xd8\x01\n\x11ModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x15\n\rchat_template\x18\x05 \x01(\t\x12%\n\x02kv\x18\x06 \x01(\x0b\x32\x19.pagedserve.v1.KVGeometry\x12\x35\n\x0ftokenizer_files\x18\x07 \x03(\x0b\x32\x1c.pagedserve.v1.TokenizerFile\"\x8e\x01\n\x08SeqState\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.pagedserve.v1.SamplingParams\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x12\n\nprompt_len\x18\x04 \x01(\r\x12\x0f\n\x07history\x18\x05 \x03(\r\x12\x0e\n\x06prompt\x18\x06 \x03(\r\"\xe1\x02\n\x0e\x45xecuteRequest\x12\x12\n\npool_epoch\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\t\x12\x0e\n\x06\x66orget\x18\x05 \x03(\t\x12\x0f\n\x07seq_ids\x18\x06 \x03(\t\x12\x11\n\tstart_pos\x18\x07 \x03(\r\x12\x12\n\nnum_tokens\x18\x08 \x03(\r\x12\x11\n\ttoken_ids\x18\t \x03(\r\x12\x0e\n\x06sample\x18\n \x03(\x08\x12\x13\n\x0btable_start\x18\x0b \x03(\r\x12\x16\n\x0enum_new_blocks\x18\x0c \x03(\r\x12\x12\n\nnew_blocks\x18\r \x03(\r\x12\'\n\x06states\x18\x0e \x03(\x0b\x32\x17.pagedserve.v1.SeqState\x12\x0b\n\x03\x66\x65\x64\x18\x0f \x03(\x08\x12\x0c\n\x04step\x18\x10 \x01(\x04\x12\x10\n\x08\x63opy_src\x18\x11 \x03(\r\x12\x10\n\x08\x63opy_dst\x18\x12 \x03(\r\"\xdd\x01\n\x0cSampleOutput\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\x12\x14\n\x07logprob\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12/\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x19.pagedserve.v1.TopLogprob\x12\x13\n\x0bprompt_only\x18\x05 \x01(\x08\x12\x34\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1b.pagedserve.v1.TokenLogprob\x12\r\n\x05\x65rror\x18\x07 \x01(\tB\n\n\x08_logprob\"w\n\x0f\x45xecuteResponse\x12,\n\x07outputs\x18\x01 \x03(\x0b\x32\x1b.pagedserve.v1.SampleOutput\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bincarnation\x18\x03 \x01(\t\x12\x11\n\tstep_port\x18\x04 \x01(\r2\xa4\x01\n\x08\x45xecutor\x12N\n\tModelInfo\x12\x1f.pagedserve.v1.ModelInfoRequest\x1a .pagedserve.v1.ModelInfoResponse\x12H\n\x07\x45xecute\x12\x1d.pagedserve.v1.ExecuteRequest\x1a\x1e.pagedserve.v1.ExecuteResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!pagedserve/wire/v1/executor.proto\x12\rpagedserve.v1\x1a#pagedserve/wire/v1/generation.proto\x1a\x1fpagedserve/wire/v1/memory.proto\"\x12\n\x10ModelInfoRequest\".\n\rTokenizerFile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\"\xee\x01\n\x11ModelInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x15\n\rchat_template\x18\x05 \x01(\t\x12%\n\x02kv\x18\x06 \x01(\x0b\x32\x19.pagedserve.v1.KVGeometry\x12\x35\n\x0ftokenizer_files\x18\x07 \x03(\x0b\x32\x1c.pagedserve.v1.TokenizerFile\x12\x14\n\x0cmax_num_seqs\x18\x08 \x01(\r\"\x8e\x01\n\x08SeqState\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.pagedserve.v1.SamplingParams\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x12\n\nprompt_len\x18\x04 \x01(\r\x12\x0f\n\x07history\x18\x05 \x03(\r\x12\x0e\n\x06prompt\x18\x06 \x03(\r\"\xe1\x02\n\x0e\x45xecuteRequest\x12\x12\n\npool_epoch\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\t\x12\x0e\n\x06\x66orget\x18\x05 \x03(\t\x12\x0f\n\x07seq_ids\x18\x06 \x03(\t\x12\x11\n\tstart_pos\x18\x07 \x03(\r\x12\x12\n\nnum_tokens\x18\x08 \x03(\r\x12\x11\n\ttoken_ids\x18\t \x03(\r\x12\x0e\n\x06sample\x18\n \x03(\x08\x12\x13\n\x0btable_start\x18\x0b \x03(\r\x12\x16\n\x0enum_new_blocks\x18\x0c \x03(\r\x12\x12\n\nnew_blocks\x18\r \x03(\r\x12\'\n\x06states\x18\x0e \x03(\x0b\x32\x17.pagedserve.v1.SeqState\x12\x0b\n\x03\x66\x65\x64\x18\x0f \x03(\x08\x12\x0c\n\x04step\x18\x10 \x01(\x04\x12\x10\n\x08\x63opy_src\x18\x11 \x03(\r\x12\x10\n\x08\x63opy_dst\x18\x12 \x03(\r\"\xdd\x01\n\x0cSampleOutput\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\x12\x14\n\x07logprob\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12/\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x19.pagedserve.v1.TopLogprob\x12\x13\n\x0bprompt_only\x18\x05 \x01(\x08\x12\x34\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1b.pagedserve.v1.TokenLogprob\x12\r\n\x05\x65rror\x18\x07 \x01(\tB\n\n\x08_logprob\"w\n\x0f\x45xecuteResponse\x12,\n\x07outputs\x18\x01 \x03(\x0b\x32\x1b.pagedserve.v1.SampleOutput\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x13\n\x0bincarnation\x18\x03 \x01(\t\x12\x11\n\tstep_port\x18\x04 \x01(\r2\xa4\x01\n\x08\x45xecutor\x12N\n\tModelInfo\x12\x1f.pagedserve.v1.ModelInfoRequest\x1a .pagedserve.v1.ModelInfoResponse\x12H\n\x07\x45xecute\x12\x1d.pagedserve.v1.ExecuteRequest\x1a\x1e.pagedserve.v1.ExecuteResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,15 +38,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIZERFILE']._serialized_start=142
   _globals['_TOKENIZERFILE']._serialized_end=188
   _globals['_MODELINFORESPONSE']._serialized_start=191
-  _globals['_MODELINFORESPONSE']._serialized_end=407
-  _globals['_SEQSTATE']._serialized_start=410
-  _globals['_SEQSTATE']._serialized_end=552
-  _globals['_EXECUTEREQUEST']._serialized_start=555
-  _globals['_EXECUTEREQUEST']._serialized_end=908
-  _globals['_SAMPLEOUTPUT']._serialized_start=911
-  _globals['_SAMPLEOUTPUT']._serialized_end=1132
-  _globals['_EXECUTERESPONSE']._serialized_start=1134
-  _globals['_EXECUTERESPONSE']._serialized_end=1253
-  _globals['_EXECUTOR']._serialized_start=1256
-  _globals['_EXECUTOR']._serialized_end=1420
+  _globals['_MODELINFORESPONSE']._serialized_end=429
+  _globals['_SEQSTATE']._serialized_start=432
+  _globals['_SEQSTATE']._serialized_end=574
+  _globals['_EXECUTEREQUEST']._serialized_start=577
+  _globals['_EXECUTEREQUEST']._serialized_end=930
+  _globals['_SAMPLEOUTPUT']._serialized_start=933
+  _globals['_SAMPLEOUTPUT']._serialized_end=1154
+  _globals['_EXECUTERESPONSE']._serialized_start=1156
+  _globals['_EXECUTERESPONSE']._serialized_end=1275
+  _globals['_EXECUTOR']._serialized_start=1278
+  _globals['_EXECUTOR']._serialized_end=1442
 # @@protoc_insertion_point(module_scope)

@@ -213,3 +213,43 @@ def test_rows_pick_the_batch_rows_the_logits_are_of(plain):
     assert [o.seq_id for o in out] == ["a", "c"] and out[0].token_id == logits[0].argmax().item()
     alone = sample(Sampler(), logits[1:], [seqs[2]])[0]
     assert out[1] == alone and (out[1].logprob is None) == plain
+
+
+def _sorted_truncation(logits, top_k, top_p, min_p):
+    """The definition, with a full sort per row: top-k, top-p, min-p, each on what the last left."""
+    out = torch.full_like(logits, float("-inf"))
+    for r in range(logits.shape[0]):
+        values, order = logits[r].sort(descending=True)
+        if top_k[r] > 0:
+            values[top_k[r]:] = float("-inf")
+        if top_p[r] < 1:
+            probs = values.softmax(-1)
+            values[probs.cumsum(-1) - probs >= top_p[r]] = float("-inf")
+        if min_p[r] > 0:
+            probs = values.softmax(-1)
+            values[probs < min_p[r] * probs[0]] = float("-inf")
+        out[r, order] = values
+    return out
+
+
+@pytest.mark.parametrize("vocab", [7, 3000])
+def test_truncation_matches_a_full_sort(vocab):
+    """Among candidates, with the rows whose 1,024 candidates miss top_p sorted whole: the
+    same tokens kept as the full sort's, on flat and peaked rows alike."""
+    rng = np.random.default_rng(vocab)
+    rows = 40
+    scale = np.where(np.arange(rows) % 2, 0.05, 4.0)[:, None]  # flat rows need more than 1,024 tokens
+    logits = torch.from_numpy((rng.standard_normal((rows, vocab)) * scale).astype(np.float32))
+    top_k = rng.choice([0, 0, 1, 5, 2000], rows)
+    top_p = rng.choice([1.0, 0.3, 0.9, 0.99], rows)
+    min_p = rng.choice([0.0, 0.0, 0.05, 0.5], rows)
+    got, want = apply_truncation(logits, top_k, top_p, min_p), _sorted_truncation(logits, top_k, top_p, min_p)
+    assert torch.equal(torch.isfinite(got), torch.isfinite(want))
+    assert torch.equal(got[torch.isfinite(got)], logits[torch.isfinite(got)])
+
+
+def test_truncation_sorts_whole_only_the_rows_whose_candidates_miss_top_p():
+    flat, peaked = torch.zeros(1, 5000), torch.zeros(1, 5000)
+    peaked[0, :10] = 20.0
+    t = apply_truncation(torch.cat([flat, peaked]), np.array([0, 0]), np.array([0.4501, 0.45]), np.array([0.0, 0.0]))
+    assert torch.isfinite(t).sum(-1).tolist() == [2251, 5]

@@ -28,7 +28,7 @@ def odd_value(owner, f):
     if dest(f) == "kv_offload":  # needs paged + prefix caching, which the odd values turn off
         return f.default
     if kind is float:
-        return 3.25
+        return {"gpu_memory_utilization": 0.75}.get(dest(f), 3.25)
     value = {"simulate": "llama-1b@h100"}.get(dest(f), f"/tmp/x-{dest(f)}")
     return [value, value + "-2"] if is_list else value
 
