@@ -44,22 +44,25 @@ class Sessions:
         """The key memsvc holds the session's sequence under."""
         return f"{session_id}|{seq_id}"
 
+    def internal_ids(self, session_id: str, seq_ids) -> list[str]:
+        prefix = self.internal(session_id, "")
+        return [prefix + s for s in seq_ids]
+
     def enter(self, session_id: str, plan: Plan) -> dict[str, str]:
-        """Rewrite the plan's sequence ids in place into the session's namespace; return the
-        way back for `leave`: internal key -> the session's sequence id."""
+        """Rewrite the plan's sequence ids in place into the session's namespace, but for
+        `fills` (the caller maps them with `internal_ids`); return the way back for `leave`:
+        internal key -> the session's sequence id."""
         internal = self.internal
         back = {}
         for entry in plan.entries:
             key = internal(session_id, entry.seq_id)
             back[key] = entry.seq_id
             entry.seq_id = key
-        prefix = internal(session_id, "")
-        keys = [prefix + s for s in plan.run_ids]
+        keys = self.internal_ids(session_id, plan.run_ids)
         back.update(zip(keys, plan.run_ids))
         plan.run_ids = keys
         plan.free = [internal(session_id, s) for s in plan.free]
         plan.forks = [(internal(session_id, p), internal(session_id, c)) for p, c in plan.forks]
-        plan.fills = [(internal(session_id, s), pos, t) for s, pos, t in plan.fills]
         return back
 
     def leave(self, session_id: str, plan: Plan, lost: list[str], result: ReserveResult, alive,
