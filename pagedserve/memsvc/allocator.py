@@ -154,9 +154,12 @@ class KVAllocator(ABC):
         """The id of the PENDING token at `position`; ValueError if none is pending there.
         Policies without a prefix cache keep no ids: nothing to do."""
 
-    def fill_all(self, seq_ids: list[str], positions: list[int], token_ids: list[int]) -> None:
-        """`fill` of each sequence held, in order (one no longer held is skipped)."""
-        for seq_id, position, token_id in zip(seq_ids, positions, token_ids):
+    def fill_all(self, fills: list[tuple[str, int, int]], seq_ids: list[str] | None = None) -> None:
+        """`fill` of each (seq_id, position, token_id) in order, a sequence no longer held
+        skipped; `seq_ids`: the ids to read them under where not their own (a session's)."""
+        if seq_ids is None:
+            seq_ids = [f[0] for f in fills]
+        for seq_id, (_, position, token_id) in zip(seq_ids, fills):
             if self.has_sequence(seq_id):
                 self.fill(seq_id, position, token_id)
 

@@ -14,14 +14,8 @@ table the gateway has not been told in full.
 """
 from __future__ import annotations
 
-from operator import attrgetter
-
 from pagedserve.memsvc.allocator import RunGrowth
 
-NUM_TOKENS = attrgetter("num_tokens")
-SWAPPED = attrgetter("swapped")
-SYNCED = attrgetter("synced")
-TAIL = attrgetter("tail_tokens")
 
 
 def grow_running(alloc, seq_ids: list[str], counts: list[int], tokens: list[int]) -> RunGrowth | None:
@@ -29,7 +23,7 @@ def grow_running(alloc, seq_ids: list[str], counts: list[int], tokens: list[int]
     sequence's new tokens, `counts[i]` of them for `seq_ids[i]`, in order."""
     n = len(seq_ids)
     tables = list(map(alloc._seqs.get, seq_ids))
-    if alloc.window is not None or not all(tables) or any(map(SWAPPED, tables)):
+    if alloc.window is not None or not all(tables) or True in [t.swapped for t in tables]:
         return None
     if alloc.shared_tails and alloc._may_copy():
         return None
@@ -39,29 +33,46 @@ def grow_running(alloc, seq_ids: list[str], counts: list[int], tokens: list[int]
     if most > pool.num_free and _need(tables, counts, bs) > pool.num_free:
         return None
     # -- act: nothing has changed so far --
-    starts = list(map(NUM_TOKENS, tables))
-    synced = list(map(SYNCED, tables))
-    caching = alloc.enable_prefix_caching
+    starts = [t.num_tokens for t in tables]
+    synced = [t.synced for t in tables]
     if ones:
         for table in tables:
             table.num_tokens += 1
-        grow = [(i, 1) for i, nt in enumerate(starts) if not nt % bs]
-        stale = [i for i, (s, nt) in enumerate(zip(synced, starts)) if s != nt // bs + 1]
-        full = _append(zip(map(TAIL, tables), tokens), tables, bs) if caching else ()
+        stale = []  # tables the gateway does not have as they are now: those taking a block among them
+        i = 0
+        for s, nt in zip(synced, starts):
+            if s != nt // bs + 1:
+                stale.append(i)
+            i += 1
+        grow = [(i, 1) for i in stale if not starts[i] % bs]
     else:
         for table, c in zip(tables, counts):
             table.num_tokens += c
-        grow = [(i, k) for i, (t, c) in enumerate(zip(tables, counts))
-                if (k := -(-t.num_tokens // bs) - len(t.blocks))]
+        grow = [(i, k) for i, t in enumerate(tables) if (k := -(-t.num_tokens // bs) - len(t.blocks))]
         stale = [i for i, (s, t) in enumerate(zip(synced, tables)) if s != -(-t.num_tokens // bs)]
-        full = _extend(tables, counts, tokens, bs) if caching else ()
+    full = []  # tables whose tail holds a block's worth of tokens: keyed once their blocks are in
+    if alloc.enable_prefix_caching:
+        if ones:
+            for table, token in zip(tables, tokens):
+                tail = table.tail_tokens
+                tail.append(token)
+                if len(tail) >= bs:
+                    full.append(table)
+        else:
+            at = 0
+            for table, c in zip(tables, counts):
+                tail = table.tail_tokens
+                tail += tokens[at:at + c]
+                at += c
+                if len(tail) >= bs:
+                    full.append(table)
     if grow:
         fresh = pool.allocate(sum(k for _, k in grow))
         at = 0
         for i, k in grow:
             tables[i].blocks += fresh[at:at + k]
             at += k
-    for table in full:  # once its blocks are in
+    for table in full:
         alloc._key_tail(table)
     num_new = [0] * n
     new_blocks: list[int] = []
@@ -70,28 +81,6 @@ def grow_running(alloc, seq_ids: list[str], counts: list[int], tokens: list[int]
         num_new[i] = len(blocks)
         new_blocks += blocks
     return starts, synced, num_new, new_blocks
-
-
-def _append(tails_tokens, tables, bs):
-    """Append one token to each tail; the tables whose tail then holds a full block."""
-    full = []
-    for i, (tail, token) in enumerate(tails_tokens):
-        tail.append(token)
-        if len(tail) >= bs:
-            full.append(tables[i])
-    return full
-
-
-def _extend(tables, counts, tokens, bs):
-    full = []
-    at = 0
-    for table, c in zip(tables, counts):
-        tail = table.tail_tokens
-        tail += tokens[at:at + c]
-        at += c
-        if len(tail) >= bs:
-            full.append(table)
-    return full
 
 
 def _need(tables, counts, bs) -> int:
