@@ -54,6 +54,7 @@ class Gateway:
         self.swapped: set[str] = set()
         self.next_id = 0
         self.last_stamp = 0
+        self.bad = False  # send a bad fill now and then
 
     def plan(self) -> Plan:
         rng = self.rng
@@ -63,6 +64,11 @@ class Gateway:
             self.pending[s].remove(p)
         if rng.random() < 0.1:
             rng.shuffle(fills)
+        if rng.random() < 0.05:
+            fills.append(("ghost", 3, 1))  # one memsvc does not hold: skipped
+        if self.bad and fills and rng.random() < 0.2:  # refused alike, at the same fill
+            s, p, t = rng.choice(fills)
+            fills.insert(rng.randrange(len(fills) + 1), rng.choice([(s, p, -2), (s, p + 1, 1), (s, p, 0)]))
         free = [s for s in self.running if rng.random() < 0.06]
         for s in free:
             self._forget(s)
@@ -138,7 +144,8 @@ def test_the_fast_paths_match_the_reference(seed, session, mode, caching, window
     fast, ref = (manager(r, window=window, caching=caching, mode=mode) for r in (False, True))
     gateway = Gateway(rng)
     fast_steps = 0
-    for _ in range(150):
+    for step in range(160):
+        gateway.bad = step >= 140
         plan = gateway.plan()
         got = []
         for mem in (fast, ref):
