@@ -312,13 +312,14 @@ class PagedAllocator(KVAllocator):
 
     def _key_tail(self, table: BlockTable) -> None:
         """Key the full blocks of the tail, up to the first one holding a PENDING token."""
-        bs = self.block_size
-        tail = table.tail_tokens
-        while len(tail) >= bs and PENDING not in tail[:bs]:
-            parent = table.block_keys[-1] if table.block_keys else None
-            key = block_key(parent, tail[:bs], table.salt)
-            self.unwritten.add(table, len(table.block_keys), key)
-            table.block_keys.append(key)
+        bs, tail, keys = self.block_size, table.tail_tokens, table.block_keys
+        while len(tail) >= bs:
+            tokens = tail[:bs]
+            if PENDING in tokens:
+                return
+            key = block_key(keys[-1] if keys else None, tokens, table.salt)
+            self.unwritten.add(table, len(keys), key)
+            keys.append(key)
             del tail[:bs]
 
     def begin_act(self, stamp: int) -> None:

@@ -15,6 +15,7 @@ table the gateway has not been told in full.
 from __future__ import annotations
 
 from pagedserve.memsvc.allocator import RunGrowth
+from pagedserve.wire.pending_token import PENDING
 
 
 
@@ -56,7 +57,7 @@ def grow_running(alloc, seq_ids: list[str], counts: list[int], tokens: list[int]
             for table, token in zip(tables, tokens):
                 tail = table.tail_tokens
                 tail.append(token)
-                if len(tail) >= bs:
+                if len(tail) >= bs and (len(tail) > bs or token != PENDING):  # (else its pending token holds the block back)
                     full.append(table)
         else:
             at = 0
@@ -77,9 +78,15 @@ def grow_running(alloc, seq_ids: list[str], counts: list[int], tokens: list[int]
     num_new = [0] * n
     new_blocks: list[int] = []
     for i in stale:
-        _, blocks = alloc._table_changes(tables[i])
-        num_new[i] = len(blocks)
-        new_blocks += blocks
+        table = tables[i]
+        if synced[i] == len(table.blocks) - 1:  # the block just taken alone (no window: no hole)
+            table.synced += 1
+            num_new[i] = 1
+            new_blocks.append(table.blocks[-1].block_id)
+        else:
+            _, blocks = alloc._table_changes(table)
+            num_new[i] = len(blocks)
+            new_blocks += blocks
     return starts, synced, num_new, new_blocks
 
 
