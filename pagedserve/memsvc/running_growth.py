@@ -4,8 +4,9 @@
 (the reference), in the common case where that needs no decision: every sequence is held
 on the device, none may copy its last block, and their new blocks all fit among the free
 ones (then none is refused or preempted, and allocating in plan order hands out the same
-blocks). Otherwise, or with a sliding window (its releases interleave with allocations),
-it changes nothing and answers None: the caller goes one sequence at a time.
+blocks). With a sliding window, a step that releases blocks must take none (one at a time,
+a later sequence could be handed a block an earlier one released). Otherwise it changes
+nothing and answers None: the caller goes one sequence at a time.
 
 Check, then act: the check looks at no sequence one by one unless the free blocks are
 too few for the most the step could take; the act is one pass over the sequences (their
@@ -18,22 +19,24 @@ from pagedserve.memsvc.allocator import RunGrowth
 from pagedserve.wire.pending_token import PENDING
 
 
-
 def grow_running(alloc, seq_ids: list[str], counts: list[int], tokens: list[int]) -> RunGrowth | None:
     """`alloc`: the PagedAllocator (this is its own code, split out). `tokens`: every
     sequence's new tokens, `counts[i]` of them for `seq_ids[i]`, in order."""
     n = len(seq_ids)
     tables = list(map(alloc._seqs.get, seq_ids))
-    if alloc.window is not None or not all(tables) or True in [t.swapped for t in tables]:
+    if not all(tables) or True in [t.swapped for t in tables]:
         return None
     if alloc.shared_tails and alloc._may_copy():
         return None
     bs, pool = alloc.block_size, alloc.pool
     ones = len(tokens) == n and counts.count(1) == n
     most = n if ones else n + -(-len(tokens) // bs)  # blocks_for(nt + c) - blocks_for(nt) <= ceil(c / bs)
-    if most > pool.num_free and _need(tables, counts, bs) > pool.num_free:
+    releasing = _releasing(tables, alloc.window, bs) if alloc.window is not None else ()
+    if (most > pool.num_free or releasing) and _need(tables, counts, bs) > (0 if releasing else pool.num_free):
         return None
     # -- act: nothing has changed so far --
+    for table in releasing:
+        alloc._release_outside_window(table)
     starts = [t.num_tokens for t in tables]
     synced = [t.synced for t in tables]
     if ones:
@@ -92,3 +95,9 @@ def grow_running(alloc, seq_ids: list[str], counts: list[int], tokens: list[int]
 
 def _need(tables, counts, bs) -> int:
     return sum(-(-(t.num_tokens + c) // bs) - len(t.blocks) for t, c in zip(tables, counts))
+
+
+def _releasing(tables, window: int, bs: int) -> list:
+    """The tables whose growth first frees blocks that left the window (as
+    PagedAllocator._release_outside_window decides), in order."""
+    return [t for t in tables if min(max(t.num_tokens - window + 1, 0) // bs, len(t.blocks) - 1) > t.released]
