@@ -8,10 +8,11 @@ blocks). With a sliding window, a step that releases blocks must take none (one 
 a later sequence could be handed a block an earlier one released). Otherwise it changes
 nothing and answers None: the caller goes one sequence at a time.
 
-Check, then act: the check looks at no sequence one by one unless the free blocks are
-too few for the most the step could take; the act is one pass over the sequences (their
-count and tokens), then one call per sequence that takes a block, fills one, or whose
-table the gateway has not been told in full.
+Check, then act: the check counts blocks sequence by sequence only where the free ones
+are too few for the most the step could take, or a window releases some; the act is a
+few plain passes over the sequences (counts, sync marks, tokens), then work one by one
+only for the sequences that take a block, fill one, or whose table the gateway has not
+been told in full.
 """
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def grow_running(alloc, seq_ids: list[str], counts: list[int], tokens: list[int]
     new_blocks: list[int] = []
     for i in stale:
         table = tables[i]
-        if synced[i] == len(table.blocks) - 1:  # the block just taken alone (no window: no hole)
+        if synced[i] == len(table.blocks) - 1:  # the last block alone (never a released one)
             table.synced += 1
             num_new[i] = 1
             new_blocks.append(table.blocks[-1].block_id)
