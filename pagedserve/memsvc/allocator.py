@@ -19,6 +19,8 @@ POLICIES: tuple[str, ...] = ("paged", "contiguous-max", "contiguous-pow2", "cont
 
 # what `grow_if_fits` returns: (tokens before, copies as `grow` returns them, *table_changes)
 Growth = tuple[int, list[tuple[int, int]], int, list[int]]
+# what `grow_running` returns: (start_pos, table_start, num_new_blocks, new_blocks) columns
+RunGrowth = tuple[list[int], list[int], list[int], list[int]]
 
 
 @dataclass
@@ -121,6 +123,14 @@ class KVAllocator(ABC):
             return None
         return self.num_new_blocks(seq_id, num_new_tokens)
 
+    def grow_running(self, seq_ids: list[str], counts: list[int], tokens: list[int]) -> RunGrowth | None:
+        """Every running sequence of a plan at once, in order (`counts[i]` of `tokens` for
+        `seq_ids[i]`): (start_pos, table_start, num_new_blocks, new_blocks), the columns of
+        what `grow_if_fits` gives each, where all are held, none is swapped out or copies,
+        and all fit; None, with nothing changed, otherwise or where an allocator has no such
+        path (the caller goes one sequence at a time, the reference)."""
+        return None
+
     def take_copies(self) -> list[tuple[str, int, int]]:
         """Copies the last acts decided on their own, in order, since the last call:
         (kind, src, dst) with kind "offload" (pool -> host tier, of a block an allocation
@@ -143,6 +153,15 @@ class KVAllocator(ABC):
     def fill(self, seq_id: str, position: int, token_id: int) -> None:
         """The id of the PENDING token at `position`; ValueError if none is pending there.
         Policies without a prefix cache keep no ids: nothing to do."""
+
+    def fill_all(self, fills: list[tuple[str, int, int]], seq_ids: list[str] | None = None) -> None:
+        """`fill` of each (seq_id, position, token_id) in order, a sequence no longer held
+        skipped; `seq_ids`: the ids to read them under where not their own (a session's)."""
+        if seq_ids is None:
+            seq_ids = [f[0] for f in fills]
+        for seq_id, (_, position, token_id) in zip(seq_ids, fills):
+            if self.has_sequence(seq_id):
+                self.fill(seq_id, position, token_id)
 
     @abstractmethod
     def fork(self, parent_id: str, child_id: str) -> None:

@@ -75,6 +75,19 @@ class FreeBlockQueue:
         self.remove(block)
         return block
 
+    def popleft_many(self, n: int) -> list[Block]:
+        """The first `n` blocks, taken out at once (the caller checked there are `n`)."""
+        out = []
+        block = self._head.next_free
+        for _ in range(n):
+            out.append(block)
+            block.prev_free = None
+            block, out[-1].next_free = block.next_free, None
+        self._head.next_free = block
+        block.prev_free = self._head
+        self.num_free -= n
+        return out
+
     def remove(self, block: Block) -> None:
         if block.prev_free is None or block.next_free is None:
             raise ValueError(f"block {block.block_id} is not in the free queue")
@@ -127,11 +140,11 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[Block]:
         """Pop `n` blocks from the head (LRU), evicting their keys; each gets ref count 1."""
-        if n > self.num_free:
-            raise NoFreeBlocks(f"needs {n} free blocks, {self.num_free} free")
-        out = []
-        for _ in range(n):
-            block = self.free_queue.popleft()
+        queue = self.free_queue
+        if n > queue.num_free:
+            raise NoFreeBlocks(f"needs {n} free blocks, {queue.num_free} free")
+        out = queue.popleft_many(n)
+        for block in out:
             if block.key is not None:
                 if self.on_evict is not None:
                     self.on_evict(block)
@@ -139,7 +152,6 @@ class BlockPool:
                 block.key = None
             block.ref_cnt = 1
             block.gen += 1
-            out.append(block)
         return out
 
     def free(self, blocks: Iterable[Block]) -> None:

@@ -90,7 +90,9 @@ class BlockTable:
                 f" holds {len(held)} {'host' if self.swapped else 'device'} blocks"
             )
         bs, tail = self.block_size, self.tail_tokens
-        keyed_all = len(tail) < bs or -1 in tail[:bs]  # only a pending token (-1) holds keys back
+        # only a pending token (-1) holds keys back, or being swapped out (a fill keys nothing
+        # then: its blocks are keyed at the swap-in)
+        keyed_all = self.swapped or len(tail) < bs or -1 in tail[:bs]
         if keyed and (len(self.block_keys) * bs + len(tail) != self.num_tokens or not keyed_all):
             raise IntegrityError(
                 f"sequence {self.seq_id!r}: {len(self.block_keys)} block keys and"

@@ -244,9 +244,8 @@ class MemoryManager:
     def _reserve(self, planner: StepPlanner, plan: Plan, session_id: str) -> ReserveResult:
         self._begin_offload(session_id, plan.ahead)
         lost = []
-        if session_id:
-            back = self.sessions.enter(session_id, plan)
-        self._fill(plan.fills)
+        back = self.sessions.enter(session_id, plan) if session_id else None
+        self._fill(plan.fills, session_id, back)
         if plan.forks:  # first; a parent memsvc no longer holds leaves its child lost (recompute)
             has = self.allocator.has_sequence
             for parent, child in plan.forks:
@@ -304,13 +303,11 @@ class MemoryManager:
         unsafe = [st for s, st in self._last_stamp.items() if s != session_id or ahead]
         self._last_stamp[session_id] = offload.begin(unsafe, restore_allowed=not ahead)
 
-    def _fill(self, fills: list[tuple[str, int, int]]) -> None:
-        """Token ids an earlier plan sent as pending; a sequence memsvc no longer holds (freed,
-        lost with a session or a restart) is skipped."""
-        has = self.allocator.has_sequence
-        for seq_id, position, token_id in fills:
-            if has(seq_id):
-                self.allocator.fill(seq_id, position, token_id)
+    def _fill(self, fills: list[tuple[str, int, int]], session_id: str, back) -> None:
+        """Token ids an earlier plan sent as pending, its ids in the session's namespace; a
+        sequence memsvc no longer holds (freed, lost with a session or a restart) is skipped."""
+        if fills:
+            self.allocator.fill_all(fills, self.sessions.fill_ids(session_id, fills, back) if session_id else None)
 
     def _copy(self, copies: list[tuple[str, int, int]]) -> None:
         """Perform the planner's copies in order, one copy_blocks per run of one kind; time

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 from pagedserve.memsvc.accounting import PoolSnapshot, paged_snapshot
 from pagedserve.memsvc.admission import Admission, check_request, paged_admission
-from pagedserve.memsvc.allocator import AppendResult, Growth, KVAllocator
+from pagedserve.memsvc.allocator import AppendResult, Growth, KVAllocator, RunGrowth
 from pagedserve.memsvc.block_pool import Block, BlockPool, IntegrityError, NoFreeBlocks
 from pagedserve.memsvc.block_table import BlockTable, blocks_for
 from pagedserve.memsvc.host_tier import HostEntry, HostTier
 from pagedserve.memsvc.prefix_cache import PrefixCacheStats, block_key, cacheable_blocks
 from pagedserve.memsvc.prefix_offload import PrefixOffload
+from pagedserve.memsvc.running_growth import grow_running
 from pagedserve.memsvc.swap_space import SwapSpace
 from pagedserve.memsvc.unwritten_keys import UnwrittenKeys
 from pagedserve.wire.pending_token import PENDING
@@ -60,6 +61,9 @@ class PagedAllocator(KVAllocator):
         self.prefix_stats = PrefixCacheStats()
         self.unwritten = UnwrittenKeys(self.pool)
         self._seqs: dict[str, BlockTable] = {}
+        # sequences whose partial last block another table may hold too (forks): a superset
+        # of those a growth would copy, pruned as it is checked (check_integrity)
+        self.shared_tails: set[str] = set()
         self.offload: PrefixOffload | None = None
         if num_offload_blocks and enable_prefix_caching:
             self.offload = PrefixOffload(self.pool, HostTier(num_offload_blocks), block_size)
@@ -256,6 +260,19 @@ class PagedAllocator(KVAllocator):
             )
         return self._extend(table, new_token_ids, needed, cow)
 
+    def grow_running(self, seq_ids: list[str], counts: list[int], tokens: list[int]) -> RunGrowth | None:
+        return grow_running(self, seq_ids, counts, tokens)
+
+    def _may_copy(self) -> bool:
+        """Some sequence's next growth may copy its last block: prunes `shared_tails` of
+        those whose growth cannot."""
+        seqs = self._seqs
+        for seq_id in list(self.shared_tails):
+            table = seqs.get(seq_id)
+            if table is None or table.swapped or not self._needs_cow(table, 1):
+                self.shared_tails.discard(seq_id)
+        return bool(self.shared_tails)
+
     def grow_if_fits(self, seq_id: str, new_token_ids: list[int]) -> Growth | None:
         """KVAllocator.grow_if_fits in one table lookup. The check counts the blocks free
         before the window release, as `can_append` does (the release never changes what
@@ -295,13 +312,14 @@ class PagedAllocator(KVAllocator):
 
     def _key_tail(self, table: BlockTable) -> None:
         """Key the full blocks of the tail, up to the first one holding a PENDING token."""
-        bs = self.block_size
-        tail = table.tail_tokens
-        while len(tail) >= bs and PENDING not in tail[:bs]:
-            parent = table.block_keys[-1] if table.block_keys else None
-            key = block_key(parent, tail[:bs], table.salt)
-            self.unwritten.add(table, len(table.block_keys), key)
-            table.block_keys.append(key)
+        bs, tail, keys = self.block_size, table.tail_tokens, table.block_keys
+        while len(tail) >= bs:
+            tokens = tail[:bs]
+            if PENDING in tokens:
+                return
+            key = block_key(keys[-1] if keys else None, tokens, table.salt)
+            self.unwritten.add(table, len(keys), key)
+            keys.append(key)
             del tail[:bs]
 
     def begin_act(self, stamp: int) -> None:
@@ -328,6 +346,35 @@ class PagedAllocator(KVAllocator):
         if i < bs <= len(tail) and not table.swapped:  # only then can a block become keyable
             self._key_tail(table)
 
+    def fill_all(self, fills: list[tuple[str, int, int]], seq_ids: list[str] | None = None) -> None:
+        """KVAllocator.fill_all: `fill` inline, one lookup per sequence. A pending token's
+        index from the end of the tail is position - num_tokens (the keyed blocks and the
+        tail hold every token)."""
+        seqs, bs = self._seqs, self.block_size
+        if seq_ids is None:
+            seq_ids = [f[0] for f in fills]
+        if not self.enable_prefix_caching:
+            for seq_id, (_, _, token_id) in zip(seq_ids, fills):
+                if token_id < 0 and seq_id in seqs:
+                    raise ValueError(f"token id must be >= 0, got {token_id}")
+            return
+        try:
+            for seq_id, (_, position, token_id) in zip(seq_ids, fills):
+                table = seqs.get(seq_id)
+                if table is None:
+                    continue
+                if token_id < 0:
+                    raise ValueError(f"token id must be >= 0, got {token_id}")
+                tail = table.tail_tokens
+                j = position - table.num_tokens
+                if j >= 0 or tail[j] != PENDING:  # (j < -len(tail): IndexError)
+                    raise IndexError
+                tail[j] = token_id
+                if len(tail) >= bs > len(tail) + j and not table.swapped:  # then a block may be keyable
+                    self._key_tail(table)
+        except IndexError:
+            raise ValueError(f"sequence {seq_id!r} has no pending token at position {position}") from None
+
     def fork(self, parent_id: str, child_id: str) -> None:
         parent = self._get(parent_id)
         if child_id in self._seqs:
@@ -335,6 +382,7 @@ class PagedAllocator(KVAllocator):
         child = parent.fork(child_id)
         self.pool.incref(child.live_blocks)
         self._seqs[child_id] = child
+        self.shared_tails.update((parent_id, child_id))
 
     def free(self, seq_id: str) -> None:
         table = self._get(seq_id, on_device=False)
@@ -343,6 +391,7 @@ class PagedAllocator(KVAllocator):
         else:
             self.pool.free(reversed(table.live_blocks))  # tail blocks become evictable first
         del self._seqs[seq_id]
+        self.shared_tails.discard(seq_id)
 
     # -- swapping ------------------------------------------------------------------------
 
@@ -416,6 +465,10 @@ class PagedAllocator(KVAllocator):
                     f"block {block.block_id} has ref count {block.ref_cnt} but"
                     f" {len(names)} block tables hold it {names}"
                 )
+        for t in self._seqs.values():
+            if not t.swapped and self._needs_cow(t, 1) and t.seq_id not in self.shared_tails:
+                raise IntegrityError(f"sequence {t.seq_id!r} shares its partial last block "
+                                     f"{t.blocks[-1].block_id} but is not in shared_tails")
         self.swap_space.check(host_held)
         if self.offload is not None:
             self.offload.tier.check()

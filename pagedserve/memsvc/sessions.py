@@ -24,6 +24,23 @@ class Session:
     seqs: set[str] = field(default_factory=set)  # internal ids
 
 
+@dataclass
+class Back:
+    """The way back from the internal keys of one plan to the session's ids: the running
+    sequences' `keys` are `ids` in order; `entries` maps the new sequences'."""
+
+    entries: dict[str, str]
+    keys: list[str]
+    ids: list[str]
+    _all: dict[str, str] | None = None
+
+    def all(self) -> dict[str, str]:
+        """internal key -> the session's id, for every sequence of the plan."""
+        if self._all is None:
+            self._all = {**self.entries, **dict(zip(self.keys, self.ids))}
+        return self._all
+
+
 class Sessions:
     def __init__(self, lease_s: float = 10.0):
         if lease_s <= 0:
@@ -44,26 +61,32 @@ class Sessions:
         """The key memsvc holds the session's sequence under."""
         return f"{session_id}|{seq_id}"
 
-    def enter(self, session_id: str, plan: Plan) -> dict[str, str]:
-        """Rewrite the plan's sequence ids in place into the session's namespace; return the
-        way back for `leave`: internal key -> the session's sequence id."""
+    def internal_ids(self, session_id: str, seq_ids) -> list[str]:
+        prefix = self.internal(session_id, "")
+        return [prefix + s for s in seq_ids]
+
+    def enter(self, session_id: str, plan: Plan) -> Back:
+        """Rewrite the plan's sequence ids in place into the session's namespace, but for
+        `fills` (the caller maps them: `fill_ids`); return the way back for `leave`."""
         internal = self.internal
-        back = {}
+        back = Back({}, self.internal_ids(session_id, plan.run_ids), plan.run_ids)
         for entry in plan.entries:
             key = internal(session_id, entry.seq_id)
-            back[key] = entry.seq_id
+            back.entries[key] = entry.seq_id
             entry.seq_id = key
-        prefix = internal(session_id, "")
-        keys = [prefix + s for s in plan.run_ids]
-        back.update(zip(keys, plan.run_ids))
-        plan.run_ids = keys
+        plan.run_ids = back.keys
         plan.free = [internal(session_id, s) for s in plan.free]
         plan.forks = [(internal(session_id, p), internal(session_id, c)) for p, c in plan.forks]
-        plan.fills = [(internal(session_id, s), pos, t) for s, pos, t in plan.fills]
         return back
 
+    def fill_ids(self, session_id: str, fills: list[tuple[str, int, int]], back: Back) -> list[str]:
+        """The internal keys of the fills' sequences: those `enter` made for the running
+        sequences where they are the same ids in the same order, as in a steady step."""
+        seq_ids = [f[0] for f in fills]
+        return back.keys if seq_ids == back.ids else self.internal_ids(session_id, seq_ids)
+
     def leave(self, session_id: str, plan: Plan, lost: list[str], result: ReserveResult, alive,
-              back: dict[str, str]) -> None:
+              back: Back) -> None:
         """Record what the session owns after a reserve (`lost`: running sequences memsvc no
         longer held) and map the result's ids back through `back` (what `enter` returned
         for this plan).
@@ -80,11 +103,17 @@ class Sessions:
             else:
                 seqs.discard(entry.seq_id)
         grants = result.grants
-        grants.seq_ids = list(map(back.__getitem__, grants.seq_ids))
-        for item in (*result.preempted, *result.rejected):
-            item.seq_id = back[item.seq_id]
-        result.waiting = [back[s] for s in result.waiting]
-        result.resumed = [back[s] for s in result.resumed]
+        granted, k = grants.seq_ids, len(back.keys)
+        if granted[:k] == back.keys:  # every running sequence granted, in order
+            grants.seq_ids = back.ids + [back.entries[s] for s in granted[k:]]
+        else:
+            grants.seq_ids = list(map(back.all().__getitem__, granted))
+        if result.preempted or result.rejected or result.waiting or result.resumed:
+            way = back.all()
+            for item in (*result.preempted, *result.rejected):
+                item.seq_id = way[item.seq_id]
+            result.waiting = [way[s] for s in result.waiting]
+            result.resumed = [way[s] for s in result.resumed]
 
     def own(self, session_id: str, internal_id: str) -> None:
         self.touch(session_id).seqs.add(internal_id)

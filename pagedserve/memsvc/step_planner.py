@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pagedserve.memsvc.allocator import KVAllocator, NoFreeBlocks
+from pagedserve.memsvc.allocator import KVAllocator, NoFreeBlocks, RunGrowth
 from pagedserve.memsvc.block_table import blocks_for
 from pagedserve.memsvc.preemption_policy import PreemptionPolicy
 from pagedserve.wire.pending_token import PENDING
@@ -83,9 +83,39 @@ class StepPlanner:
         self.free(plan.free)
         out = Reservation(ReserveResult())
         ids, counts = plan.run_ids, plan.run_counts
-        if plan.ahead and not self._fits_as_is(zip(ids, counts)):
+        grown = alloc.grow_running(ids, counts, plan.run_tokens) if ids else None
+        if grown is not None:  # every one fits as is: what the loop below would do
+            self._add_running(out, ids, counts, grown)
+            admitting = True
+        elif plan.ahead and not self._fits_as_is(zip(ids, counts)):
             out.result.deferred = True
             return out
+        else:
+            admitting = self._grow_each(plan, out)
+        for entry in plan.entries:
+            if admitting:
+                admitting = self._admit(entry, out)
+            else:
+                out.result.waiting.append(entry.seq_id)
+        return out
+
+    def _add_running(self, out: Reservation, ids: list[str], counts: list[int], grown: RunGrowth) -> None:
+        starts, table_starts, num_new, new_blocks = grown
+        g = out.result.grants
+        g.seq_ids += ids
+        g.start_pos += starts
+        g.num_tokens += counts
+        g.table_start += table_starts
+        g.num_new_blocks += num_new
+        g.new_blocks += new_blocks
+        g.num_cached += [0] * len(ids)
+        out.copies += self.allocator.take_copies()  # a host tier's offloads of what it evicted
+
+    def _grow_each(self, plan: Plan, out: Reservation) -> bool:
+        """Grant the running sequences one at a time, preempting from the tail; False when a
+        swapped one could not resume (then nothing new is admitted)."""
+        alloc = self.allocator
+        ids, counts = plan.run_ids, plan.run_counts
         preempted: set[str] = set()
         admitting = True
         grants, copies = out.result.grants, out.copies
@@ -127,12 +157,7 @@ class StepPlanner:
             num_new.append(len(blocks))
             new_blocks += blocks
             cached.append(0)
-        for entry in plan.entries:
-            if admitting:
-                admitting = self._admit(entry, out)
-            else:
-                out.result.waiting.append(entry.seq_id)
-        return out
+        return admitting
 
     def free(self, seq_ids: list[str]) -> None:
         """Release the sequences' blocks (one memsvc no longer holds is skipped)."""

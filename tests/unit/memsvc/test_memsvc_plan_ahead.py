@@ -45,6 +45,19 @@ def test_a_block_completed_by_a_pending_token_is_keyed_once_it_is_filled():
         a.fill("b", 5, 1)
 
 
+def test_a_fill_while_swapped_out_keys_the_block_at_the_swap_in():
+    a = PagedAllocator(8, BS, num_host_blocks=4)
+    a.add_sequence("a", [1, 2, 3], max_len=16)
+    a.append("a", [1, 2, 3, PENDING])
+    a.swap_out("a")
+    a.fill("a", 3, 9)  # the block is not on the device: nothing is keyed yet
+    assert a._seqs["a"].block_keys == []
+    a.check_integrity()
+    a.swap_in("a")
+    assert len(a._seqs["a"].block_keys) == 1
+    a.check_integrity()
+
+
 def test_a_plan_made_ahead_is_granted_with_its_pending_token_and_filled_by_the_next():
     mem = manager()
     r = mem.reserve(Plan([new("s", [1, 2, 3])]))
