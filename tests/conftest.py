@@ -4,12 +4,18 @@ by its folder. A unit test that opens the default model or starts a process fail
 (tests/support/unit_guard.py). The tiny models and other helpers live in tests/support/."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import pytest
+# A fixed compute thread count, before torch loads: the executor's core share follows the
+# machine's load (pagedserve/executor/core_share.py), and outputs one test compares between
+# runs must come from the same arithmetic (services it starts inherit this).
+os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
-from tests.support.tiny_models import TINY, TINY_ARCHS, make_tiny_model, paged_batches  # noqa: F401
-from tests.support.unit_guard import GUARD
+import pytest  # noqa: E402
+
+from tests.support.tiny_models import TINY, TINY_ARCHS, make_tiny_model, paged_batches  # noqa: F401,E402
+from tests.support.unit_guard import GUARD  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 KINDS = ("unit", "integration", "system")
