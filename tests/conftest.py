@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# A fixed compute thread count, before torch loads: the executor's core share follows the
-# machine's load (pagedserve/executor/core_share.py), and outputs one test compares between
-# runs must come from the same arithmetic (services it starts inherit this).
-os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+# A fixed compute thread count: the executor's core share follows the machine's load
+# (pagedserve/executor/core_share.py), and outputs one test compares between runs must come
+# from the same arithmetic (services it starts inherit this).
+os.environ.setdefault("PAGEDSERVE_FIXED_THREADS", "1")
 
 import pytest  # noqa: E402
 

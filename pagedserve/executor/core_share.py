@@ -9,7 +9,8 @@ least 1 and at most what it started with, once two windows in a row agree. Why: 
 OpenMP threads wait for each other at every parallel region, so one thread that another
 process keeps off its core stalls the rest (a one-sequence decode step went from 40 to
 928 ms with one core taken, BENCHMARKS.md, "Side by side with vLLM-CPU"). OMP_NUM_THREADS,
-where set, fixes the count instead. See docs/ARCHITECTURE.md, "The three services".
+or FIXED_THREADS_ENV (the tests set it: runs they compare share their arithmetic), fixes the
+count instead. See docs/ARCHITECTURE.md, "The three services".
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Callable
 
 import torch
 
+FIXED_THREADS_ENV = "PAGEDSERVE_FIXED_THREADS"
 DROP_AT = 0.6  # of a core used by others, over a window: one thread fewer
 INTERVAL_S = 0.5
 
@@ -61,8 +63,10 @@ class CoreShare:
 
     @classmethod
     def for_this_process(cls) -> "CoreShare | None":
-        """None where the count is fixed (OMP_NUM_THREADS) or /proc/stat cannot be read."""
-        if os.environ.get("OMP_NUM_THREADS") or not hasattr(os, "sched_getaffinity"):
+        """None where the count is fixed (OMP_NUM_THREADS, FIXED_THREADS_ENV) or /proc/stat
+        cannot be read."""
+        if (os.environ.get("OMP_NUM_THREADS") or os.environ.get(FIXED_THREADS_ENV)
+                or not hasattr(os, "sched_getaffinity")):
             return None
         try:
             return cls()

@@ -1,7 +1,7 @@
 """The executor's thread count follows the cores other processes leave it (pagedserve.executor.core_share)."""
 import os
 
-from pagedserve.executor.core_share import CoreShare, busy_seconds
+from pagedserve.executor.core_share import FIXED_THREADS_ENV, CoreShare, busy_seconds
 
 
 class Machine:
@@ -74,9 +74,10 @@ def test_busy_seconds_counts_the_affinity_cores_with_steal(tmp_path):
     assert busy_seconds({0, 1}, str(stat)) == (120 + 220) / tick
 
 
-def test_the_real_counters_read():
+def test_the_real_counters_read(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv(FIXED_THREADS_ENV, raising=False)
     s = CoreShare.for_this_process()
-    if os.environ.get("OMP_NUM_THREADS"):
-        assert s is None
-    else:
-        assert s is not None and s.adjust() == s.threads
+    assert s is not None and s.adjust() == s.threads
+    monkeypatch.setenv(FIXED_THREADS_ENV, "1")
+    assert CoreShare.for_this_process() is None
