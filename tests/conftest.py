@@ -7,15 +7,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
+from tests.support.tiny_models import TINY, TINY_ARCHS, make_tiny_model, paged_batches  # noqa: F401
+from tests.support.unit_guard import GUARD
+
 # A fixed compute thread count: the executor's core share follows the machine's load
 # (pagedserve/executor/core_share.py), and outputs one test compares between runs must come
 # from the same arithmetic (services it starts inherit this).
 os.environ.setdefault("PAGEDSERVE_FIXED_THREADS", "1")
-
-import pytest  # noqa: E402
-
-from tests.support.tiny_models import TINY, TINY_ARCHS, make_tiny_model, paged_batches  # noqa: F401,E402
-from tests.support.unit_guard import GUARD  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 KINDS = ("unit", "integration", "system")
