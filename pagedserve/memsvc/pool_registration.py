@@ -5,11 +5,13 @@ ValueError.
 
 A tensor-parallel group registers with `ranks` > 1: memsvc holds one pool per rank (and
 one swap space and host tier per rank) of the same block geometry, 1/ranks of the KV heads
-each (pagedserve.memsvc.kv_pool.rank_geometry); capacity and budgets count all ranks'
-bytes. A rank that holds its own pool (`holds_pool`: a rank on another node) gets none
-here, and memsvc preempts by recompute alone and keeps no host tier; the group registering
-again means those pools are new and empty, so everything memsvc held is dropped under a
-new `pool_epoch` (`new_epoch`; pagedserve.memsvc.held_pools).
+each (pagedserve.memsvc.kv_pool.rank_geometry); every decision is made once, on block ids,
+and every block copy is applied to every rank's pools (pagedserve.memsvc.pool_copies);
+capacity and budgets count all ranks' bytes. A rank that holds its own pool (`holds_pool`:
+a rank on another node) gets none here, and memsvc preempts by recompute alone and keeps
+no host tier; the group registering again means those pools are new and empty, so
+everything memsvc held is dropped under a new `pool_epoch` (`new_epoch`;
+pagedserve.memsvc.held_pools).
 
 With `MemoryConfig.shared`, the pool lives where another process can map it: a POSIX
 shared-memory segment on the CPU (`shm_pool`), a CUDA IPC allocation on a GPU named by
