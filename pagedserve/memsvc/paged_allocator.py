@@ -1,12 +1,17 @@
 """Paged allocation: per-sequence block tables over a shared BlockPool.
 
 A sequence holds ceil(num_tokens / block_size) blocks and takes a new one only when its
-last block is full. Forks share blocks (ref count + 1); a write into a shared partial last
-block copies it first (copy-on-write). Full blocks are keyed for the prefix cache as they
-fill, and become hits only once the step that writes them is confirmed to have run
-(pagedserve.memsvc.unwritten_keys); a new sequence attaches the longest cached run of its prompt's full blocks, always
-leaving at least the last prompt token to compute. Sequences can be swapped out to a
-host SwapSpace and back; every copy is returned as (src, dst) pairs for the caller to do.
+last block is full; a write into a shared partial last block copies it first
+(copy-on-write). Full blocks are keyed for the prefix cache as they fill, and become hits
+only once the step that writes them is confirmed to have run
+(pagedserve.memsvc.unwritten_keys). Every copy is returned as (src, dst) pairs for the
+caller to do.
+
+What a steady step does not run lives in modules of their own, functions of the allocator:
+a new sequence over its cached prefix (pagedserve.memsvc.prefix_admission), forks
+(pagedserve.memsvc.sequence_fork), swap out and in (pagedserve.memsvc.sequence_swap), one
+pending token's fill (pagedserve.memsvc.pending_fill). A steady step's running sequences
+grow in one pass (pagedserve.memsvc.running_growth).
 
 With a sliding `window` (every layer's; KVGeometry.window), a step that computes positions
 from p on frees the sequence's blocks that lie wholly before p - window + 1: no query of
@@ -20,13 +25,14 @@ copies are taken with `take_copies()` in the order decided.
 """
 from __future__ import annotations
 
+from pagedserve.memsvc import pending_fill, prefix_admission, sequence_fork, sequence_swap
 from pagedserve.memsvc.accounting import PoolSnapshot, paged_snapshot
-from pagedserve.memsvc.admission import Admission, check_request, paged_admission
+from pagedserve.memsvc.admission import Admission
 from pagedserve.memsvc.allocator import AppendResult, Growth, KVAllocator, RunGrowth
-from pagedserve.memsvc.block_pool import Block, BlockPool, IntegrityError, NoFreeBlocks
+from pagedserve.memsvc.block_pool import BlockPool, IntegrityError, NoFreeBlocks
 from pagedserve.memsvc.block_table import BlockTable, blocks_for
-from pagedserve.memsvc.host_tier import HostEntry, HostTier
-from pagedserve.memsvc.prefix_cache import PrefixCacheStats, block_key, cacheable_blocks
+from pagedserve.memsvc.host_tier import HostTier
+from pagedserve.memsvc.prefix_cache import PrefixCacheStats, block_key
 from pagedserve.memsvc.prefix_offload import PrefixOffload
 from pagedserve.memsvc.running_growth import grow_running
 from pagedserve.memsvc.swap_space import SwapSpace
@@ -62,7 +68,8 @@ class PagedAllocator(KVAllocator):
         self.unwritten = UnwrittenKeys(self.pool)
         self._seqs: dict[str, BlockTable] = {}
         # sequences whose partial last block another table may hold too (forks): a superset
-        # of those a growth would copy, pruned as it is checked (check_integrity)
+        # of those a growth would copy, pruned as it is checked (sequence_fork.may_copy;
+        # check_integrity)
         self.shared_tails: set[str] = set()
         self.offload: PrefixOffload | None = None
         if num_offload_blocks and enable_prefix_caching:
@@ -87,28 +94,6 @@ class PagedAllocator(KVAllocator):
         if on_device and table.swapped:
             raise ValueError(f"sequence {seq_id!r} is swapped out; swap it in first")
         return table
-
-    def _cached_prefix(self, prompt: list[int], salt: str | None, *, count: bool = False
-                       ) -> tuple[list[Block | HostEntry], list[bytes]]:
-        """The longest run of cached full prompt blocks (never the block of the last token):
-        pool blocks, and past them host-tier entries where restoring is allowed (`count`:
-        the tier counts the lookups)."""
-        hits: list[Block | HostEntry] = []
-        keys: list[bytes] = []
-        if not self.enable_prefix_caching:
-            return hits, keys
-        tier = self.offload.tier if self.offload and self.offload.restore_allowed else None
-        bs, parent = self.block_size, None
-        for i in range(cacheable_blocks(len(prompt), bs)):
-            parent = block_key(parent, prompt[i * bs : (i + 1) * bs], salt)
-            hit = self.pool.lookup(parent)
-            if hit is None and tier is not None:
-                hit = tier.lookup(parent, salt) if count else tier.peek(parent, salt)
-            if hit is None:
-                break
-            hits.append(hit)
-            keys.append(parent)
-        return hits, keys
 
     def take_copies(self) -> list[tuple[str, int, int]]:
         return self.offload.take() if self.offload else []
@@ -144,70 +129,14 @@ class PagedAllocator(KVAllocator):
 
     # -- admission and growth ------------------------------------------------------------
 
-    def admit(
-        self,
-        prompt_token_ids: list[int],
-        max_len: int,
-        salt: str | None = None,
-        *,
-        final_len: int | None = None,
-        use_cache: bool = True,
-    ) -> Admission:
-        cached, _ = self._cached_prefix(prompt_token_ids, salt) if use_cache else ([], [])
-        revived = sum(1 for b in cached if isinstance(b, Block) and b.ref_cnt == 0)  # leave the queue
-        restored = sum(1 for b in cached if not isinstance(b, Block))  # take fresh blocks
-        return paged_admission(
-            prompt_len=len(prompt_token_ids),
-            max_len=max_len,
-            block_size=self.block_size,
-            num_blocks=self.num_blocks,
-            cached_blocks=len(cached),
-            free_blocks=self.pool.num_free - revived - restored,
-        )
+    def admit(self, prompt_token_ids: list[int], max_len: int, salt: str | None = None, *,
+              final_len: int | None = None, use_cache: bool = True) -> Admission:
+        return prefix_admission.admit(self, prompt_token_ids, max_len, salt, use_cache)
 
-    def add_sequence(
-        self,
-        seq_id: str,
-        prompt_token_ids: list[int],
-        *,
-        max_len: int,
-        final_len: int | None = None,
-        salt: str | None = None,
-        use_cache: bool = True,
-    ) -> int:
-        if seq_id in self._seqs:
-            raise ValueError(f"sequence {seq_id!r} is already registered")
-        check_request(len(prompt_token_ids), max_len)
-        table = BlockTable(seq_id, self.block_size, max_len, final_len, salt)
-        hits, keys = self._cached_prefix(prompt_token_ids, salt, count=True) if use_cache else ([], [])
-        cached = self._attach(hits, keys, salt)
-        table.blocks, table.block_keys = cached, keys[:len(cached)]
-        table.num_tokens, table.written = len(cached) * self.block_size, len(cached)
-        if self.enable_prefix_caching and use_cache:
-            self.prefix_stats.record(len(prompt_token_ids), table.num_tokens)
-        self._seqs[seq_id] = table
-        return table.num_tokens
-
-    def _attach(self, hits: list[Block | HostEntry], keys: list[bytes], salt: str | None) -> list[Block]:
-        """Take the pool hits, then fresh blocks for the host hits (restored; where the pool
-        cannot give them, the prefix ends at the first host hit)."""
-        pool_hits = [b for b in hits if isinstance(b, Block)]
-        self.pool.incref(pool_hits)  # a hit takes the block out of the free queue: it is in use
-        host = [i for i, b in enumerate(hits) if not isinstance(b, Block)]
-        if not host:
-            return pool_hits
-        host_keys = [keys[i] for i in host]
-        self.offload.tier.pin(host_keys)
-        try:
-            fresh = self.pool.allocate(len(host))
-        except NoFreeBlocks:
-            self.pool.free(reversed(pool_hits[host[0]:]))
-            return pool_hits[:host[0]]
-        finally:
-            self.offload.tier.unpin(host_keys)
-        self.offload.restore(host_keys, salt, fresh)
-        it = iter(fresh)
-        return [b if isinstance(b, Block) else next(it) for b in hits]
+    def add_sequence(self, seq_id: str, prompt_token_ids: list[int], *, max_len: int,
+                     final_len: int | None = None, salt: str | None = None, use_cache: bool = True) -> int:
+        return prefix_admission.add_sequence(self, seq_id, prompt_token_ids, max_len=max_len,
+                                             final_len=final_len, salt=salt, use_cache=use_cache)
 
     def _needs_cow(self, table: BlockTable, n: int) -> bool:
         return n > 0 and table.num_tokens % self.block_size != 0 and table.blocks[-1].ref_cnt > 1
@@ -262,16 +191,6 @@ class PagedAllocator(KVAllocator):
 
     def grow_running(self, seq_ids: list[str], counts: list[int], tokens: list[int]) -> RunGrowth | None:
         return grow_running(self, seq_ids, counts, tokens)
-
-    def _may_copy(self) -> bool:
-        """Some sequence's next growth may copy its last block: prunes `shared_tails` of
-        those whose growth cannot."""
-        seqs = self._seqs
-        for seq_id in list(self.shared_tails):
-            table = seqs.get(seq_id)
-            if table is None or table.swapped or not self._needs_cow(table, 1):
-                self.shared_tails.discard(seq_id)
-        return bool(self.shared_tails)
 
     def grow_if_fits(self, seq_id: str, new_token_ids: list[int]) -> Growth | None:
         """KVAllocator.grow_if_fits in one table lookup. The check counts the blocks free
@@ -333,18 +252,7 @@ class PagedAllocator(KVAllocator):
         self.unwritten.drop_sequences(seq_ids)
 
     def fill(self, seq_id: str, position: int, token_id: int) -> None:
-        if token_id < 0:
-            raise ValueError(f"token id must be >= 0, got {token_id}")
-        table = self._get(seq_id, on_device=False)
-        if not self.enable_prefix_caching:
-            return
-        bs, tail = self.block_size, table.tail_tokens
-        i = position - len(table.block_keys) * bs
-        if not 0 <= i < len(tail) or tail[i] != PENDING:
-            raise ValueError(f"sequence {seq_id!r} has no pending token at position {position}")
-        tail[i] = token_id
-        if i < bs <= len(tail) and not table.swapped:  # only then can a block become keyable
-            self._key_tail(table)
+        pending_fill.fill(self, seq_id, position, token_id)
 
     def fill_all(self, fills: list[tuple[str, int, int]], seq_ids: list[str] | None = None) -> None:
         """KVAllocator.fill_all: `fill` inline, one lookup per sequence. A pending token's
@@ -376,13 +284,7 @@ class PagedAllocator(KVAllocator):
             raise ValueError(f"sequence {seq_id!r} has no pending token at position {position}") from None
 
     def fork(self, parent_id: str, child_id: str) -> None:
-        parent = self._get(parent_id)
-        if child_id in self._seqs:
-            raise ValueError(f"sequence {child_id!r} is already registered")
-        child = parent.fork(child_id)
-        self.pool.incref(child.live_blocks)
-        self._seqs[child_id] = child
-        self.shared_tails.update((parent_id, child_id))
+        sequence_fork.fork(self, parent_id, child_id)
 
     def free(self, seq_id: str) -> None:
         table = self._get(seq_id, on_device=False)
@@ -393,45 +295,19 @@ class PagedAllocator(KVAllocator):
         del self._seqs[seq_id]
         self.shared_tails.discard(seq_id)
 
-    # -- swapping ------------------------------------------------------------------------
+    # -- swapping (pagedserve.memsvc.sequence_swap) -------------------------------------
 
     def can_swap_out(self, seq_id: str) -> bool:
-        table = self._get(seq_id, on_device=False)
-        return not table.swapped and len(table.live_blocks) <= self.swap_space.num_free
+        return sequence_swap.can_swap_out(self, seq_id)
 
     def swap_out(self, seq_id: str) -> list[tuple[int, int]]:
-        """Move the sequence to host blocks; returns (device_block, host_block) pairs to copy
-        before any later allocation reuses the device blocks. Shared blocks are copied too
-        (and stay with their other holders)."""
-        table = self._get(seq_id)
-        live = table.live_blocks
-        host = self.swap_space.allocate(len(live))
-        pairs = [(b.block_id, h) for b, h in zip(live, host)]
-        self.pool.free(reversed(live))
-        table.blocks, table.host_blocks, table.swapped = [], host, True
-        table.synced = 0
-        return pairs
+        return sequence_swap.swap_out(self, seq_id)
 
     def can_swap_in(self, seq_id: str) -> bool:
-        table = self._get(seq_id, on_device=False)
-        return table.swapped and len(table.host_blocks) <= self.pool.num_free
+        return sequence_swap.can_swap_in(self, seq_id)
 
     def swap_in(self, seq_id: str) -> list[tuple[int, int]]:
-        """Move the sequence back into fresh device blocks; returns (host_block,
-        device_block) pairs to copy before the sequence's next step."""
-        table = self._get(seq_id, on_device=False)
-        if not table.swapped:
-            raise ValueError(f"sequence {seq_id!r} is not swapped out")
-        device = self.pool.allocate(len(table.host_blocks))
-        pairs = [(h, b.block_id) for h, b in zip(table.host_blocks, device)]
-        self.swap_space.free(table.host_blocks)
-        table.blocks, table.host_blocks, table.swapped = [None] * table.released + device, [], False
-        table.synced = 0
-        for block, key in zip(device, table.block_keys[table.released:table.written]):
-            self.pool.cache(block, key, table.salt)  # no-op where the key is still cached elsewhere
-        if self.enable_prefix_caching:
-            self._key_tail(table)  # blocks completed by a fill while swapped out
-        return pairs
+        return sequence_swap.swap_in(self, seq_id)
 
     # -- measurement and checks ----------------------------------------------------------
 

@@ -17,6 +17,7 @@ been told in full.
 from __future__ import annotations
 
 from pagedserve.memsvc.allocator import RunGrowth
+from pagedserve.memsvc.sequence_fork import may_copy
 from pagedserve.wire.pending_token import PENDING
 
 
@@ -27,7 +28,7 @@ def grow_running(alloc, seq_ids: list[str], counts: list[int], tokens: list[int]
     tables = list(map(alloc._seqs.get, seq_ids))
     if not all(tables) or True in [t.swapped for t in tables]:
         return None
-    if alloc.shared_tails and alloc._may_copy():
+    if alloc.shared_tails and may_copy(alloc):
         return None
     bs, pool = alloc.block_size, alloc.pool
     ones = len(tokens) == n and counts.count(1) == n

@@ -1,19 +1,20 @@
-"""Reserve: grant slots for one step in plan order, preempting from the tail when blocks run out."""
+"""Reserve: grant slots for one step in plan order, preempting from the tail when blocks run out.
+
+StepPlanner grants the running sequences in one pass where none needs a decision
+(`grow_running`, pagedserve.memsvc.running_growth), else one at a time (`_grow_each`, the
+reference), preempting as pagedserve.memsvc.preemption decides; then it lets swapped-out
+and new sequences in (pagedserve.memsvc.step_admission). docs/ARCHITECTURE.md, "One step".
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pagedserve.memsvc.allocator import KVAllocator, NoFreeBlocks, RunGrowth
-from pagedserve.memsvc.block_table import blocks_for
+from pagedserve.memsvc.allocator import KVAllocator, RunGrowth
+from pagedserve.memsvc.preemption import PreemptionCounts, pick_victim, preempt
 from pagedserve.memsvc.preemption_policy import PreemptionPolicy
+from pagedserve.memsvc.step_admission import admit, resume
 from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import (
-    Plan,
-    PlanEntry,
-    Preemption,
-    Rejection,
-    ReserveResult,
-)
+from pagedserve.wire.protocol import Plan, ReserveResult
 
 # pool -> pool, pool -> swap space, swap space -> pool, pool -> host tier, host tier -> pool
 COPY_KINDS = ("cow", "out", "in", "offload", "restore")
@@ -38,14 +39,6 @@ class Reservation:
 
     result: ReserveResult
     copies: list[tuple[str, int, int]] = field(default_factory=list)
-
-
-@dataclass
-class PreemptionCounts:
-    swapped_out: int = 0
-    swapped_in: int = 0
-    recomputed: int = 0
-    swap_fallbacks: int = 0
 
 
 class StepPlanner:
@@ -94,7 +87,7 @@ class StepPlanner:
             admitting = self._grow_each(plan, out)
         for entry in plan.entries:
             if admitting:
-                admitting = self._admit(entry, out)
+                admitting = admit(self, entry, out)
             else:
                 out.result.waiting.append(entry.seq_id)
         return out
@@ -136,11 +129,11 @@ class StepPlanner:
                 copies += take_copies()
             if grown is None:  # swapped out, or short of blocks
                 if self._swapped(seq_id):
-                    admitting = admitting and self._resume(seq_id, new_tokens, out)
+                    admitting = admitting and resume(self, seq_id, new_tokens, out)
                     continue
                 while not alloc.can_append(seq_id, n):
-                    victim = self._pick_victim(ids, i, preempted)
-                    self._preempt(victim, out, preempted)
+                    victim = pick_victim(self, ids, i, preempted)
+                    preempt(self, victim, out, preempted)
                     if victim == seq_id:
                         break
                 if seq_id in preempted:
@@ -180,87 +173,3 @@ class StepPlanner:
 
     def _swapped(self, seq_id: str) -> bool:
         return self.can_swap and self.allocator.is_swapped(seq_id)
-
-    def _room(self, blocks: int) -> bool:
-        """`blocks` more fit, leaving the watermark free when other sequences hold blocks."""
-        alloc = self.allocator
-        free = alloc.num_free_blocks()
-        busy = free < alloc.num_blocks
-        return blocks + (self.watermark_blocks if busy else 0) <= free
-
-    def _admit(self, entry: PlanEntry, out: Reservation) -> bool:
-        """Try to start a new sequence; False means it (and everything after it) waits."""
-        alloc = self.allocator
-        admission = alloc.admit(entry.token_ids, entry.max_len, entry.salt, final_len=entry.final_len,
-                                use_cache=not entry.skip_prefix_cache)
-        if admission.kind == "never":
-            out.result.rejected.append(Rejection(entry.seq_id, admission.reason))
-            return True
-        if admission.kind == "wait":
-            out.result.waiting.append(entry.seq_id)
-            return False
-        busy = alloc.num_free_blocks() < alloc.num_blocks
-        try:
-            cached = alloc.add_sequence(
-                entry.seq_id, entry.token_ids, max_len=entry.max_len,
-                final_len=entry.final_len, salt=entry.salt, use_cache=not entry.skip_prefix_cache,
-            )
-        except NoFreeBlocks:
-            out.result.waiting.append(entry.seq_id)
-            return False
-        out.copies.extend(alloc.take_copies())  # restores of its prefix, after what they evicted
-        limit = entry.max_new_tokens or len(entry.token_ids)
-        chunk = entry.token_ids[cached : cached + limit]
-        watermark = self.watermark_blocks if busy else 0
-        if not chunk or alloc.num_new_blocks(entry.seq_id, len(chunk)) + watermark > alloc.num_free_blocks():
-            alloc.free(entry.seq_id)
-            out.result.waiting.append(entry.seq_id)
-            return False
-        self._grant(entry.seq_id, cached, chunk, cached, out)
-        return True
-
-    def _resume(self, seq_id: str, tokens: list[int], out: Reservation) -> bool:
-        """Swap a sequence back in and grant its tokens; False (nothing changed) if no room."""
-        alloc = self.allocator
-        start = alloc.num_tokens(seq_id)
-        if not self._room(blocks_for(start + len(tokens), alloc.block_size)):
-            return False
-        pairs = alloc.swap_in(seq_id)
-        out.copies.extend(alloc.take_copies())  # offloads of blocks the swap-in evicted first
-        out.copies.extend(("in", src, dst) for src, dst in pairs)
-        self.counts.swapped_in += 1
-        out.result.resumed.append(seq_id)
-        self._grant(seq_id, start, tokens, 0, out)
-        return True
-
-    def _grant(self, seq_id: str, start: int, tokens: list[int], cached: int, out: Reservation) -> None:
-        alloc = self.allocator
-        cow = alloc.grow(seq_id, tokens)
-        out.copies.extend(alloc.take_copies())
-        if cow:
-            out.copies.extend(("cow", src, dst) for src, dst in cow)
-        out.result.grants.add(seq_id, start, len(tokens), *alloc.table_changes(seq_id), cached)
-
-    def _pick_victim(self, ids: list[str], current: int, preempted: set[str]) -> str:
-        """The running sequence latest in the plan after `current`, not preempted nor
-        swapped out; else the one at `current`."""
-        for seq_id in reversed(ids[current + 1:]):
-            if seq_id not in preempted and not self._swapped(seq_id):
-                return seq_id
-        return ids[current]
-
-    def _preempt(self, seq_id: str, out: Reservation, preempted: set[str]) -> None:
-        alloc = self.allocator
-        preempted.add(seq_id)
-        if self.can_swap:
-            blocks = len(alloc.block_table(seq_id))
-            choice = self.policy.choose(blocks, alloc.num_tokens(seq_id), alloc.can_swap_out(seq_id))
-            self.counts.swap_fallbacks += choice.fallback
-            if choice.mode == "swap":
-                out.copies.extend(("out", src, dst) for src, dst in alloc.swap_out(seq_id))
-                self.counts.swapped_out += 1
-                out.result.preempted.append(Preemption(seq_id, "swap"))
-                return
-        alloc.free(seq_id)
-        self.counts.recomputed += 1
-        out.result.preempted.append(Preemption(seq_id, "recompute"))

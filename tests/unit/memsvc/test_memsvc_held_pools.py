@@ -9,6 +9,7 @@ import pytest
 
 from pagedserve.memsvc.config import MemoryConfig
 from pagedserve.memsvc.memory_manager import MemoryManager
+from pagedserve.memsvc.pool_stats import preemption_stats
 from pagedserve.memsvc.server import MemoryService
 from pagedserve.wire import convert
 from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
@@ -35,8 +36,8 @@ def test_a_held_rank_gets_no_pool_and_its_copies_come_back_with_the_answer():
     m = manager()
     pools = m.register_executor(GEOMETRY, ranks=2, holds_pool=HOLDS)
     assert pools[1] is None and list(pools[0].shape) == [8, 2, 2, 4, 2, 8] and m.pools == [pools[0]]
-    assert m.preemption_stats()["preemption_mode"] == "recompute"
-    assert m.preemption_stats()["host_blocks"] == 0
+    assert preemption_stats(m)["preemption_mode"] == "recompute"
+    assert preemption_stats(m)["host_blocks"] == 0
     [grant] = m.reserve(Plan([PlanEntry("a", list(range(6)), True, 32)])).grants
     blocks = list(grant.new_blocks)
     pools[0][blocks[1]] = 7.0

@@ -7,6 +7,7 @@ import torch
 
 from pagedserve.memsvc.config import MemoryConfig
 from pagedserve.memsvc.memory_manager import MemoryManager
+from pagedserve.memsvc.pool_stats import host_tier_stats, preemption_stats
 from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
 from tests.support.written import Steps
 
@@ -53,7 +54,7 @@ def test_swap_out_and_in_move_every_ranks_blocks():
     m.reserve(Plan([PlanEntry("b", list(range(50, 62)), True, 24)]))
     result = m.reserve(Plan([PlanEntry("b", [1], False, 24), PlanEntry("a", [1], False, 24)]))
     assert [(p.seq_id, p.mode) for p in result.preempted] == [("a", "swap")]
-    assert m.preemption_stats()["num_swapped_out"] == 1
+    assert preemption_stats(m)["num_swapped_out"] == 1
     for r, host in enumerate(m.host_pools):
         assert any(torch.equal(host[i], before[r][0]) for i in range(host.shape[0]))
     m.free(["b"])
@@ -108,12 +109,12 @@ def test_the_host_tier_offloads_and_restores_every_ranks_blocks():
             pool[b] = float(100 * r + i)
     steps.reserve(Plan([], free=["a"]))
     steps.reserve(Plan([PlanEntry("b", list(range(50, 66)), True, 16)]))  # takes all 4 blocks: a's go out
-    assert m.host_tier_stats()["host_tier_offloaded"] == 2
+    assert host_tier_stats(m)["host_tier_offloaded"] == 2
     for r in range(2):
         pools[r].zero_()
     steps.reserve(Plan([], free=["b"]))
     [c] = steps.reserve(Plan([PlanEntry("c", prompt, True, 16)])).grants
-    assert c.num_cached_tokens == 8 and m.host_tier_stats()["host_tier_restored"] == 2
+    assert c.num_cached_tokens == 8 and host_tier_stats(m)["host_tier_restored"] == 2
     for r, pool in enumerate(pools):
         for i, b in enumerate(table(c)[:2]):
             assert pool[b].eq(100 * r + i).all(), (r, i)
