@@ -16,6 +16,11 @@ class PendingTokens:
         self.positions[seq_id] = position
         self.planned.append(seq_id)
 
+    def hold_all(self, seq_ids: list[str], positions: list[int]) -> None:
+        """`hold` of each sequence of `seq_ids` at its position of `positions`."""
+        self.positions.update(zip(seq_ids, positions))
+        self.planned += seq_ids
+
     def drop(self, seq_id: str) -> None:
         """memsvc no longer holds the sequence's blocks (preempted for recompute)."""
         self.positions.pop(seq_id, None)
@@ -30,12 +35,15 @@ class PendingTokens:
         """(seq_id, position, token_id) of the pending tokens whose ids are known now;
         sequences gone since are skipped (memsvc frees them)."""
         fills, later = [], {}
+        get = seqs.get
         for seq_id, pos in self.positions.items():
-            seq = seqs.get(seq_id)
+            seq = get(seq_id)
             if seq is None:
                 continue
-            if pos < seq.num_tokens:
-                fills.append((seq_id, pos, seq.output_token_ids[pos - len(seq.prompt_token_ids)]))
+            at = pos - len(seq.prompt_token_ids)  # in the output: pos >= the prompt's length
+            out = seq.output_token_ids
+            if at < len(out):
+                fills.append((seq_id, pos, out[at]))
             else:
                 later[seq_id] = pos  # its step failed: the state is dropped or recomputed
         self.positions, self.planned = later, []

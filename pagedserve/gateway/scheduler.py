@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import operator
 from dataclasses import dataclass
 
@@ -60,7 +61,7 @@ class SchedulerConfig:
             )
 
 
-@dataclass
+@dataclass(slots=True)
 class SeqUpdate:
     """What one step did to a sequence: a new token, and whether it finished."""
 
@@ -74,6 +75,7 @@ class SeqUpdate:
 
 
 _status = operator.attrgetter("status")
+_seq_id = operator.attrgetter("seq_id")
 
 
 def _insert(queue: list[Sequence], seq: Sequence) -> None:
@@ -99,7 +101,8 @@ class Scheduler:
         self.num_swapped_out = 0
         self.num_beam_releases = 0
         self.pending = PendingTokens()  # plan ahead: tokens memsvc holds whose ids it lacks
-        self.planned: dict[str, Sequence] | None = None
+        # a plan made ahead: its ids and their sequences then, in plan order
+        self.planned: tuple[list[str], list[Sequence]] | None = None
 
     @property
     def held(self) -> dict[str, list[Sequence]]:  # parent id -> samples forked at its fork point
@@ -159,10 +162,44 @@ class Scheduler:
         swapped-out sequences: see `can_plan_ahead`)."""
         if ahead_of is not None and not self.can_plan_ahead():
             return None
-        inflight = ahead_of.progress() if ahead_of is not None else {}
         fills = self.pending.take_fills(self.seqs)
         budget = self.config.max_num_batched_tokens
         max_seqs = self.config.max_num_seqs
+        steady = self._steady_run(ahead_of, budget, max_seqs) if ahead_of is not None else None
+        if steady is not None:
+            run_ids, run_counts, run_tokens = steady
+            budget -= len(run_ids)
+        else:
+            run_ids, run_counts, run_tokens, budget = self._run(ahead_of, budget, max_seqs)
+        entries: list[PlanEntry] = []
+        for seq in self.waiting:
+            if budget < 1 or len(run_ids) + len(entries) >= max_seqs:
+                break
+            if not self.config.enable_chunked_prefill and seq.compute_limit > budget:
+                break
+            entries.append(PlanEntry(seq.seq_id, seq.all_token_ids[: seq.compute_limit], True,
+                                     seq.max_len, max_new_tokens=budget, final_len=seq.final_len,
+                                     salt=seq.salt,
+                                     skip_prefix_cache=seq.sampling.prompt_logprobs is not None))
+            budget -= min(seq.compute_limit, budget)
+        plan = Plan(entries=entries, free=self.to_free, forks=self.forks, ahead=ahead_of is not None,
+                    fills=fills, run_ids=run_ids, run_counts=run_counts, run_tokens=run_tokens)
+        # what the answer to a plan made ahead refers to (a sequence may end, or its id be
+        # reused by a new request, before the answer is applied)
+        if plan.ahead:
+            ids = plan.seq_ids()
+            self.planned = ids, list(map(self.seqs.__getitem__, ids))
+        else:
+            self.planned = None
+        self.to_free, self.forks = [], []
+        return plan
+
+    def _run(self, ahead_of: StepDelta | None, budget: int, max_seqs: int
+             ) -> tuple[list[str], list[int], list[int], int]:
+        """The plan's running sequences (swapped-out ones to resume among them): their ids,
+        token counts and tokens (PENDING: the token `ahead_of` samples, held in `pending`),
+        and the budget left."""
+        inflight = ahead_of.progress() if ahead_of is not None else None
         run_ids: list[str] = []
         run_counts: list[int] = []
         run_tokens: list[int] = []
@@ -196,25 +233,28 @@ class Scheduler:
                 run_tokens.append(PENDING)
                 hold(seq.seq_id, computed + known)
             budget -= n
-        entries: list[PlanEntry] = []
-        for seq in self.waiting:
-            if budget < 1 or len(run_ids) + len(entries) >= max_seqs:
-                break
-            if not self.config.enable_chunked_prefill and seq.compute_limit > budget:
-                break
-            entries.append(PlanEntry(seq.seq_id, seq.all_token_ids[: seq.compute_limit], True,
-                                     seq.max_len, max_new_tokens=budget, final_len=seq.final_len,
-                                     salt=seq.salt,
-                                     skip_prefix_cache=seq.sampling.prompt_logprobs is not None))
-            budget -= min(seq.compute_limit, budget)
-        plan = Plan(entries=entries, free=self.to_free, forks=self.forks, ahead=ahead_of is not None,
-                    fills=fills, run_ids=run_ids, run_counts=run_counts, run_tokens=run_tokens)
-        # what the answer to a plan made ahead refers to (a sequence may end, or its id be
-        # reused by a new request, before the answer is applied)
-        seqs = self.seqs
-        self.planned = {s: seqs[s] for s in plan.seq_ids()} if plan.ahead else None
-        self.to_free, self.forks = [], []
-        return plan
+        return run_ids, run_counts, run_tokens, budget
+
+    def _steady_run(self, ahead_of: StepDelta, budget: int, max_seqs: int
+                    ) -> tuple[list[str], list[int], list[int]] | None:
+        """`_run` of a steady decode step planned ahead, or None where it is not one: the
+        running sequences are `ahead_of`'s, in its order, each computing there the last
+        token it knows and sampling the next, none at its fork point or its next token
+        its last; so each computes that sample next, PENDING."""
+        running = self.running
+        n = len(running)
+        if (self.swapped or n > max_seqs or n > budget or ahead_of.seqs != running
+                or ahead_of.num_tokens.count(1) != n or not all(ahead_of.sample)):
+            return None
+        ends = [p + 1 for p in ahead_of.start_pos]
+        for seq, end in zip(running, ends):
+            num_out = len(seq.output_token_ids)
+            if (end != len(seq.prompt_token_ids) + num_out or seq.fork_at is not None
+                    or num_out + 1 >= seq.sampling.max_tokens or end + 1 >= seq.max_len):
+                return None
+        run_ids = list(ahead_of.seq_ids)  # on_reserved's: seqs[i] is the sequence of seq_ids[i]
+        self.pending.hold_all(run_ids, ends)
+        return run_ids, [1] * n, [PENDING] * n
 
     def can_plan_ahead(self) -> bool:
         """No fork is due or queued, no beam search runs, nothing is swapped out: the next
@@ -254,13 +294,13 @@ class Scheduler:
             self.swapped.remove(seq)
             seq.status = SeqStatus.RUNNING
             _insert(self.running, seq)
-        inflight = ahead_of.progress() if ahead_of is not None else None
         planned, self.planned = self.planned, None
         all_seqs = self.seqs
+        planned_by_id = dict(zip(*planned)) if planned is not None and result.rejected else None
 
         def current(seq_id: str) -> Sequence | None:
             seq = all_seqs.get(seq_id)
-            return seq if planned is None or planned.get(seq_id) is seq else None
+            return seq if planned_by_id is None or planned_by_id.get(seq_id) is seq else None
 
         rejected = []
         for r in result.rejected:
@@ -274,27 +314,37 @@ class Scheduler:
             rejected.append(seq)
         g = result.grants
         seqs = list(map(all_seqs.get, g.seq_ids))
-        if planned is not None and not all(map(operator.is_, map(planned.get, g.seq_ids), seqs)):
+        if planned is None:
+            ended = not all(map(operator.is_not, seqs, itertools.repeat(None)))
+        elif g.seq_ids != planned[0] or seqs != planned[1]:  # not all granted, or some ended since
+            planned_by_id = planned_by_id or dict(zip(*planned))
             seqs = list(map(current, g.seq_ids))
+            ended = not all(map(operator.is_not, seqs, itertools.repeat(None)))
+        else:
+            ended = False
         step = StepDelta(g.seq_ids, g.start_pos, g.num_tokens, [], [], g.table_start, g.num_new_blocks,
                          g.new_blocks, seqs, pool_epoch=result.pool_epoch, copies=result.block_copies)
         cached = g.num_cached
-        if None in step.seqs:  # ended since a plan made ahead: memsvc frees it next
+        if ended:  # since a plan made ahead: memsvc frees it next
             hits = dict(zip(g.seq_ids, cached))
             step = self._without_ended(step)
             cached = [hits[s] for s in step.seq_ids]
-        if inflight is not None and self._all_fed(step, inflight):
+        if ahead_of is not None and self._all_fed(step, ahead_of):
             n = len(step.seq_ids)
             step.token_ids, step.sample = [PENDING] * n, [True] * n
         else:
-            self._tokens(step, cached, inflight)
+            self._tokens(step, cached, ahead_of.progress() if ahead_of is not None else None)
         return step, rejected
 
     @staticmethod
-    def _all_fed(step: StepDelta, inflight: dict) -> bool:
-        """Every sequence of `step` computes the one token the running step samples for it
-        (a steady decode step)."""
-        ends = [p[0] if p is not None and p[1] else None for p in map(inflight.get, step.seq_ids)]
+    def _all_fed(step: StepDelta, ahead_of: StepDelta) -> bool:
+        """Every sequence of `step` computes the one token the running step `ahead_of`
+        samples for it (a steady decode step)."""
+        if step.seq_ids == ahead_of.seq_ids and all(ahead_of.sample):  # in its order: no lookup
+            ends = list(map(operator.add, ahead_of.start_pos, ahead_of.num_tokens))
+        else:
+            inflight = ahead_of.progress()
+            ends = [p[0] if p is not None and p[1] else None for p in map(inflight.get, step.seq_ids)]
         return (step.start_pos == ends and step.num_tokens.count(1) == len(ends)
                 and SeqStatus.WAITING not in map(_status, step.seqs))
 
@@ -353,18 +403,54 @@ class Scheduler:
     def on_sampled(self, batch: StepDelta, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
         """Apply a step's outputs to the sequences it was made for (a sequence that ended
         since, its id maybe reused by a new request, gets nothing)."""
-        by_id = {o.seq_id: o for o in outputs}
         updates: list[SeqUpdate | BeamDone] = []
-        sampled = self._sampled
-        for seq_id, seq, start, n in zip(batch.seq_ids, batch.seqs, batch.start_pos, batch.num_tokens):
-            try:
-                sampled(seq_id, seq, start, start + n, by_id, updates)
-            except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
-                self._fail_alone(self.seqs.get(seq_id, seq), seq, e)
+        if not self._sampled_in_order(batch, outputs, updates):
+            by_id = {o.seq_id: o for o in outputs}
+            sampled = self._sampled
+            for seq_id, seq, start, n in zip(batch.seq_ids, batch.seqs, batch.start_pos, batch.num_tokens):
+                try:
+                    sampled(seq_id, seq, start, start + n, by_id.get(seq_id), updates)
+                except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
+                    self._fail_alone(self.seqs.get(seq_id, seq), seq, e)
         if self._failed_alone:
             updates.extend(self._failed_alone)
             self._failed_alone = []
         return updates
+
+    def _sampled_in_order(self, batch: StepDelta, outputs: list[SampleOutput], updates: list) -> bool:
+        """`on_sampled`'s loop where every sequence of `batch` has its output, in the batch's
+        order (False, nothing done, where not); a sequence that draws a plain token (no
+        error, fork point, prompt logprobs or beam search) takes it here as `_sampled`
+        would, any other goes through `_sampled`."""
+        seq_ids = batch.seq_ids
+        if self.beams or len(outputs) != len(seq_ids) or list(map(_seq_id, outputs)) != seq_ids:
+            return False
+        get, eos, sampled = self.seqs.get, self.eos_token_ids, self._sampled
+        for seq_id, source, start, n, out in zip(seq_ids, batch.seqs, batch.start_pos, batch.num_tokens,
+                                                 outputs):
+            try:
+                seq = get(seq_id)
+                if (seq is not source or seq is None or out.error or not out.sampled
+                        or seq.prompt_logprobs is not None or seq.fork_at is not None):
+                    sampled(seq_id, source, start, start + n, out, updates)
+                    continue
+                seq.num_computed = start + n
+                token, sp, output = out.token_id, seq.sampling, seq.output_token_ids
+                output.append(token)
+                if token in sp.stop_token_ids or (not sp.ignore_eos and token in eos):
+                    reason = "stop"
+                elif (len(output) >= sp.max_tokens
+                      or len(seq.prompt_token_ids) + len(output) >= seq.max_len):
+                    reason = "length"
+                else:
+                    updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs))
+                    continue
+                self.drop(seq)
+                seq.finish(reason)
+                updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, True))
+            except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
+                self._fail_alone(self.seqs.get(seq_id, source), source, e)
+        return True
 
     def _fail_alone(self, seq: Sequence | None, source, why: Exception | str) -> None:
         """End `seq` alone: the executor left it out (`why` its reason), or applying its output
@@ -380,13 +466,13 @@ class Scheduler:
         seq.error = error
         self._failed_alone.append(SeqUpdate(seq, None, finished=True, error=error))
 
-    def _sampled(self, seq_id: str, source, start: int, computed: int, by_id: dict, updates: list) -> None:
+    def _sampled(self, seq_id: str, source, start: int, computed: int, out: SampleOutput | None,
+                 updates: list) -> None:
         """One sequence's part of `on_sampled`: the step computed its tokens from `start` to
-        `computed`."""
+        `computed`; `out`, its output (None: it sampled nothing)."""
         seq = self.seqs.get(seq_id)
         if seq is None or source is not None and source is not seq:  # ended while the step ran
             return
-        out = by_id.get(seq_id)
         if out is not None and out.error:
             return self._fail_alone(seq, source, out.error)
         seq.num_computed = computed
