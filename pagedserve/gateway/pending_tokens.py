@@ -21,6 +21,17 @@ class PendingTokens:
         self.positions.update(zip(seq_ids, positions))
         self.planned += seq_ids
 
+    def take_known(self, seq_ids: list[str], positions: list[int], tokens: list[int]
+                   ) -> list[tuple[str, int, int]] | None:
+        """`take_fills` where the caller knows the pending tokens' ids: the pending tokens are
+        exactly those of `seq_ids` at `positions`, in that order, their ids `tokens`. None,
+        nothing done, where the pending tokens are others."""
+        held = self.positions
+        if len(held) != len(seq_ids) or list(held) != seq_ids or list(held.values()) != positions:
+            return None
+        self.positions, self.planned = {}, []
+        return list(zip(seq_ids, positions, tokens))
+
     def drop(self, seq_id: str) -> None:
         """memsvc no longer holds the sequence's blocks (preempted for recompute)."""
         self.positions.pop(seq_id, None)

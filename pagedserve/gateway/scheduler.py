@@ -74,7 +74,20 @@ class SeqUpdate:
     error: str | None = None  # the sequence failed alone, for this reason: its request ends
 
 
+@dataclass
+class _Took:
+    """What `on_sampled` leaves for the next plan where each sequence of its batch took a
+    plain token and none ended: the batch's sequences, in its order, the tokens they took,
+    how many tokens each holds now, and whether some one's next token is its last."""
+
+    seqs: list[Sequence]
+    tokens: list[int]
+    num_tokens: list[int]
+    last: bool
+
+
 _status = operator.attrgetter("status")
+_token_id = operator.attrgetter("token_id")
 _seq_id = operator.attrgetter("seq_id")
 
 
@@ -103,6 +116,7 @@ class Scheduler:
         self.pending = PendingTokens()  # plan ahead: tokens memsvc holds whose ids it lacks
         # a plan made ahead: its ids and their sequences then, in plan order
         self.planned: tuple[list[str], list[Sequence]] | None = None
+        self._took: _Took | None = None  # the last on_sampled's, for the next plan
 
     @property
     def held(self) -> dict[str, list[Sequence]]:  # parent id -> samples forked at its fork point
@@ -160,16 +174,19 @@ class Scheduler:
         step after it as if that batch's tokens were computed and its samples drawn (their
         ids pending), or None where that cannot be planned ahead (forks, beam search,
         swapped-out sequences: see `can_plan_ahead`)."""
+        took, self._took = self._took, None
         if ahead_of is not None and not self.can_plan_ahead():
             return None
-        fills = self.pending.take_fills(self.seqs)
         budget = self.config.max_num_batched_tokens
         max_seqs = self.config.max_num_seqs
-        steady = self._steady_run(ahead_of, budget, max_seqs) if ahead_of is not None else None
+        steady = None
+        if ahead_of is not None and took is not None:
+            steady = self._steady_run(ahead_of, took, budget, max_seqs)
         if steady is not None:
-            run_ids, run_counts, run_tokens = steady
+            fills, run_ids, run_counts, run_tokens = steady
             budget -= len(run_ids)
         else:
+            fills = self.pending.take_fills(self.seqs)
             run_ids, run_counts, run_tokens, budget = self._run(ahead_of, budget, max_seqs)
         entries: list[PlanEntry] = []
         for seq in self.waiting:
@@ -235,26 +252,29 @@ class Scheduler:
             budget -= n
         return run_ids, run_counts, run_tokens, budget
 
-    def _steady_run(self, ahead_of: StepDelta, budget: int, max_seqs: int
-                    ) -> tuple[list[str], list[int], list[int]] | None:
-        """`_run` of a steady decode step planned ahead, or None where it is not one: the
-        running sequences are `ahead_of`'s, in its order, each computing there the last
-        token it knows and sampling the next, none at its fork point or its next token
-        its last; so each computes that sample next, PENDING."""
+    def _steady_run(self, ahead_of: StepDelta, took: _Took, budget: int, max_seqs: int
+                    ) -> tuple[list[tuple[str, int, int]], list[str], list[int], list[int]] | None:
+        """The fills and `_run` of a steady decode step planned ahead, or None (nothing done)
+        where it is not one: the running sequences took their last tokens from the last
+        step (`took`), none of them its last but one, and are `ahead_of`'s, in its order,
+        each computing there the token it took and sampling the next, which it computes
+        next, PENDING; what memsvc holds pending is the tokens they took."""
         running = self.running
         n = len(running)
-        if (self.swapped or n > max_seqs or n > budget or ahead_of.seqs != running
-                or ahead_of.num_tokens.count(1) != n or not all(ahead_of.sample)):
+        if (took.last or self.swapped or n > max_seqs or n > budget or took.seqs != running
+                or ahead_of.seqs != running or ahead_of.num_tokens.count(1) != n
+                or not all(ahead_of.sample)):
             return None
-        ends = [p + 1 for p in ahead_of.start_pos]
-        for seq, end in zip(running, ends):
-            num_out = len(seq.output_token_ids)
-            if (end != len(seq.prompt_token_ids) + num_out or seq.fork_at is not None
-                    or num_out + 1 >= seq.sampling.max_tokens or end + 1 >= seq.max_len):
-                return None
+        held = ahead_of.start_pos
+        ends = [p + 1 for p in held]
+        if ends != took.num_tokens:
+            return None
         run_ids = list(ahead_of.seq_ids)  # on_reserved's: seqs[i] is the sequence of seq_ids[i]
+        fills = self.pending.take_known(run_ids, held, took.tokens)
+        if fills is None:
+            return None
         self.pending.hold_all(run_ids, ends)
-        return run_ids, [1] * n, [PENDING] * n
+        return fills, run_ids, [1] * n, [PENDING] * n
 
     def can_plan_ahead(self) -> bool:
         """No fork is due or queued, no beam search runs, nothing is swapped out: the next
@@ -404,6 +424,7 @@ class Scheduler:
         """Apply a step's outputs to the sequences it was made for (a sequence that ended
         since, its id maybe reused by a new request, gets nothing)."""
         updates: list[SeqUpdate | BeamDone] = []
+        self._took = None
         if not self._sampled_in_order(batch, outputs, updates):
             by_id = {o.seq_id: o for o in outputs}
             sampled = self._sampled
@@ -426,12 +447,15 @@ class Scheduler:
         if self.beams or len(outputs) != len(seq_ids) or list(map(_seq_id, outputs)) != seq_ids:
             return False
         get, eos, sampled = self.seqs.get, self.eos_token_ids, self._sampled
+        num_tokens: list[int] = []
+        plain, last = True, False
         for seq_id, source, start, n, out in zip(seq_ids, batch.seqs, batch.start_pos, batch.num_tokens,
                                                  outputs):
             try:
                 seq = get(seq_id)
                 if (seq is not source or seq is None or out.error or not out.sampled
                         or seq.prompt_logprobs is not None or seq.fork_at is not None):
+                    plain = False
                     sampled(seq_id, source, start, start + n, out, updates)
                     continue
                 seq.num_computed = start + n
@@ -439,17 +463,31 @@ class Scheduler:
                 output.append(token)
                 if token in sp.stop_token_ids or (not sp.ignore_eos and token in eos):
                     reason = "stop"
-                elif (len(output) >= sp.max_tokens
-                      or len(seq.prompt_token_ids) + len(output) >= seq.max_len):
-                    reason = "length"
                 else:
+                    num_out = len(output)
+                    total = len(seq.prompt_token_ids) + num_out
+                    if num_out + 1 >= sp.max_tokens or total + 1 >= seq.max_len:  # plan's rule: its
+                        # next token is its last
+                        if num_out >= sp.max_tokens or total >= seq.max_len:
+                            reason = "length"
+                            plain = False
+                            self.drop(seq)
+                            seq.finish(reason)
+                            updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, True))
+                            continue
+                        last = True
                     updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs))
+                    num_tokens.append(total)
                     continue
+                plain = False
                 self.drop(seq)
                 seq.finish(reason)
                 updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, True))
             except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
+                plain = False
                 self._fail_alone(self.seqs.get(seq_id, source), source, e)
+        if plain:
+            self._took = _Took(batch.seqs, list(map(_token_id, outputs)), num_tokens, last)
         return True
 
     def _fail_alone(self, seq: Sequence | None, source, why: Exception | str) -> None:
