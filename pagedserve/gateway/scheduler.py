@@ -76,18 +76,24 @@ class SeqUpdate:
 
 @dataclass
 class _Took:
-    """What `on_sampled` leaves for the next plan where each sequence of its batch took a
-    plain token and none ended: the batch's sequences, in its order, the tokens they took,
-    how many tokens each holds now, and whether some one's next token is its last."""
+    """What `on_sampled` leaves where each sequence of its batch took a plain token (no
+    error, fork point, prompt logprobs or beam search) and none ended: the batch's
+    sequences, in its order, the tokens they took, how many tokens each holds now, the
+    fewest tokens any of them may still take before its length ends it, and the tokens
+    that stop each. The next plan made ahead and the next `on_sampled` read it while their
+    batch's sequences are these (only `on_sampled` adds their tokens)."""
 
     seqs: list[Sequence]
     tokens: list[int]
     num_tokens: list[int]
-    last: bool
+    left: int
+    stops: list[frozenset[int]]
 
 
 _status = operator.attrgetter("status")
 _token_id = operator.attrgetter("token_id")
+_error = operator.attrgetter("error")
+_sampled_flag = operator.attrgetter("sampled")
 _seq_id = operator.attrgetter("seq_id")
 
 
@@ -116,7 +122,7 @@ class Scheduler:
         self.pending = PendingTokens()  # plan ahead: tokens memsvc holds whose ids it lacks
         # a plan made ahead: its ids and their sequences then, in plan order
         self.planned: tuple[list[str], list[Sequence]] | None = None
-        self._took: _Took | None = None  # the last on_sampled's, for the next plan
+        self._took: _Took | None = None  # the last on_sampled's
 
     @property
     def held(self) -> dict[str, list[Sequence]]:  # parent id -> samples forked at its fork point
@@ -174,7 +180,7 @@ class Scheduler:
         step after it as if that batch's tokens were computed and its samples drawn (their
         ids pending), or None where that cannot be planned ahead (forks, beam search,
         swapped-out sequences: see `can_plan_ahead`)."""
-        took, self._took = self._took, None
+        took = self._took
         if ahead_of is not None and not self.can_plan_ahead():
             return None
         budget = self.config.max_num_batched_tokens
@@ -261,7 +267,7 @@ class Scheduler:
         next, PENDING; what memsvc holds pending is the tokens they took."""
         running = self.running
         n = len(running)
-        if (took.last or self.swapped or n > max_seqs or n > budget or took.seqs != running
+        if (took.left <= 1 or self.swapped or n > max_seqs or n > budget or took.seqs != running
                 or ahead_of.seqs != running or ahead_of.num_tokens.count(1) != n
                 or not all(ahead_of.sample)):
             return None
@@ -424,8 +430,8 @@ class Scheduler:
         """Apply a step's outputs to the sequences it was made for (a sequence that ended
         since, its id maybe reused by a new request, gets nothing)."""
         updates: list[SeqUpdate | BeamDone] = []
-        self._took = None
         if not self._sampled_in_order(batch, outputs, updates):
+            self._took = None
             by_id = {o.seq_id: o for o in outputs}
             sampled = self._sampled
             for seq_id, seq, start, n in zip(batch.seq_ids, batch.seqs, batch.start_pos, batch.num_tokens):
@@ -440,17 +446,26 @@ class Scheduler:
 
     def _sampled_in_order(self, batch: StepDelta, outputs: list[SampleOutput], updates: list) -> bool:
         """`on_sampled`'s loop where every sequence of `batch` has its output, in the batch's
-        order (False, nothing done, where not); a sequence that draws a plain token (no
-        error, fork point, prompt logprobs or beam search) takes it here as `_sampled`
-        would, any other goes through `_sampled`."""
+        order (False, nothing done, where not)."""
         seq_ids = batch.seq_ids
         if self.beams or len(outputs) != len(seq_ids) or list(map(_seq_id, outputs)) != seq_ids:
             return False
-        get, eos, sampled = self.seqs.get, self.eos_token_ids, self._sampled
+        took, self._took = self._took, None
+        if took is None or not self._sampled_steady(batch, outputs, took, updates):
+            self._sampled_each(batch, outputs, updates)
+        return True
+
+    def _sampled_each(self, batch: StepDelta, outputs: list[SampleOutput], updates: list) -> None:
+        """`on_sampled` of outputs in the batch's order: a sequence that takes a plain token
+        takes it here as `_sampled` would, any other goes through `_sampled`; where every
+        one took a plain token and none ended, what they took is left in `_took`."""
+        get, sampled, eos = self.seqs.get, self._sampled, frozenset(self.eos_token_ids)
+        stop_sets: dict[int, frozenset[int]] = {}  # id(sampling) -> its stop tokens
         num_tokens: list[int] = []
-        plain, last = True, False
-        for seq_id, source, start, n, out in zip(seq_ids, batch.seqs, batch.start_pos, batch.num_tokens,
-                                                 outputs):
+        stops: list[frozenset[int]] = []
+        plain, least = True, 1 << 62
+        for seq_id, source, start, n, out in zip(batch.seq_ids, batch.seqs, batch.start_pos,
+                                                 batch.num_tokens, outputs):
             try:
                 seq = get(seq_id)
                 if (seq is not source or seq is None or out.error or not out.sampled
@@ -461,33 +476,55 @@ class Scheduler:
                 seq.num_computed = start + n
                 token, sp, output = out.token_id, seq.sampling, seq.output_token_ids
                 output.append(token)
-                if token in sp.stop_token_ids or (not sp.ignore_eos and token in eos):
-                    reason = "stop"
-                else:
-                    num_out = len(output)
-                    total = len(seq.prompt_token_ids) + num_out
-                    if num_out + 1 >= sp.max_tokens or total + 1 >= seq.max_len:  # plan's rule: its
-                        # next token is its last
-                        if num_out >= sp.max_tokens or total >= seq.max_len:
-                            reason = "length"
-                            plain = False
-                            self.drop(seq)
-                            seq.finish(reason)
-                            updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, True))
-                            continue
-                        last = True
-                    updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs))
-                    num_tokens.append(total)
+                stop = stop_sets.get(id(sp))
+                if stop is None:
+                    stop = stop_sets[id(sp)] = frozenset(sp.stop_token_ids).union(
+                        () if sp.ignore_eos else eos)
+                num_out = len(output)
+                total = len(seq.prompt_token_ids) + num_out
+                left = min(sp.max_tokens - num_out, seq.max_len - total)
+                if token in stop or left <= 0:
+                    plain = False
+                    self.drop(seq)
+                    seq.finish("stop" if token in stop else "length")
+                    updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, True))
                     continue
-                plain = False
-                self.drop(seq)
-                seq.finish(reason)
-                updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, True))
+                updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs))
+                num_tokens.append(total)
+                stops.append(stop)
+                if left < least:
+                    least = left
             except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
                 plain = False
                 self._fail_alone(self.seqs.get(seq_id, source), source, e)
         if plain:
-            self._took = _Took(batch.seqs, list(map(_token_id, outputs)), num_tokens, last)
+            self._took = _Took(batch.seqs, list(map(_token_id, outputs)), num_tokens, least, stops)
+
+    def _sampled_steady(self, batch: StepDelta, outputs: list[SampleOutput], took: _Took,
+                        updates: list) -> bool:
+        """`_sampled_each` where the batch's sequences are `took`'s, each still current, none
+        of their outputs an error, each a sampled token that neither stops it nor is past
+        its length: each takes its token, the columns of `took` say the rest. False,
+        nothing done, where not."""
+        seqs = batch.seqs
+        tokens = list(map(_token_id, outputs))
+        if (took.left <= 1 or seqs != took.seqs or list(map(self.seqs.get, batch.seq_ids)) != seqs
+                or any(map(_error, outputs)) or not all(map(_sampled_flag, outputs))
+                or any(map(operator.contains, took.stops, tokens))):
+            return False
+        ends = list(map(operator.add, batch.start_pos, batch.num_tokens))
+        plain = True
+        for seq, end, token, out in zip(seqs, ends, tokens, outputs):
+            try:
+                seq.num_computed = end
+                seq.output_token_ids.append(token)
+                updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs))
+            except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
+                plain = False
+                self._fail_alone(seq, seq, e)
+        if plain:
+            self._took = _Took(seqs, tokens, list(map((1).__add__, took.num_tokens)), took.left - 1,
+                               took.stops)
         return True
 
     def _fail_alone(self, seq: Sequence | None, source, why: Exception | str) -> None:

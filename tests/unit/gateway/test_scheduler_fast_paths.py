@@ -1,4 +1,5 @@
-"""The scheduler's steady-decode fast paths (`Scheduler._steady_run`, `_sampled_in_order`)
+"""The scheduler's steady-decode fast paths (`Scheduler._steady_run`, `_sampled_in_order`,
+`_sampled_steady`)
 give exactly what its general path gives: random workloads (chunked prefill, n > 1 forks,
 beam search, prompt logprobs, stop tokens, max_tokens and model-length ends, aborts,
 preemption by swap and by recompute, plan ahead and serial) run once as they are and once
@@ -12,13 +13,13 @@ from pagedserve.gateway.beam_search import BeamDone
 from pagedserve.gateway.scheduler import SchedulerConfig
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.wire.protocol import PromptLogprob, SampleOutput, SamplingParams
-from tests.support.fake_executor import VOCAB, FakeExecutor
+from tests.support.fake_executor import EOS, VOCAB, FakeExecutor
 from tests.support.fake_loop import expected
 
 
 class RichExecutor(FakeExecutor):
-    """The fake executor, with logprobs, top logprobs (beam search's candidates) and the
-    prompt logprobs each step asks for."""
+    """The fake executor, with an end-of-sequence token now and then, logprobs, top
+    logprobs (beam search's candidates) and the prompt logprobs each step asks for."""
 
     def execute(self, batch):
         sampled = iter(super().execute(batch))
@@ -29,6 +30,8 @@ class RichExecutor(FakeExecutor):
                        for p in batch.prompt_logprob_positions(i)]
             if batch.sample[i]:
                 o = next(sampled)
+                if o.token_id % 13 == 0:
+                    o.token_id = EOS
                 o.logprob = -(o.token_id % 7) / 4
                 o.top_logprobs = [((o.token_id + k * 37) % (VOCAB - 1), -(k + (o.token_id % 5) / 10))
                                   for k in range(8)]
@@ -40,9 +43,17 @@ class RichExecutor(FakeExecutor):
 
 
 def _workload(seed):
-    """(step at which to act, request id or None for an abort, prompt, sampling) events."""
+    """(step at which to act, request id or None for an abort, prompt, sampling) events;
+    seeds from 100 on: long plain requests decoding together, some aborted meanwhile."""
     rng = random.Random(seed)
     events = []
+    if seed >= 100:
+        for i in range(rng.randint(3, 7)):
+            sp = SamplingParams(max_tokens=40, temperature=0.0, seed=7, ignore_eos=True)
+            events.append((0, f"r{i}", [rng.randrange(1, 900) for _ in range(4)], sp))
+        for i in rng.sample(range(len(events)), 2):
+            events.append((rng.randint(4, 30), None, f"r{i}", None))
+        return sorted(events, key=lambda e: e[0])
     for i in range(rng.randint(6, 14)):
         prompt = [rng.randrange(1, 900) for _ in range(rng.randint(2, 40))]
         kind = rng.random()
@@ -58,10 +69,10 @@ def _workload(seed):
             stop = expected(prompt, 6, 7)[rng.randrange(6)]
             sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=7, stop_token_ids=[stop])
         else:
-            sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=7)
+            sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=7, ignore_eos=kind < 0.8)
         events.append((rng.randint(0, 12), f"r{i}", prompt, sp))
-    for _ in range(rng.randint(0, 3)):
-        events.append((rng.randint(1, 20), None, f"r{rng.randrange(len(events))}", None))
+    for at, request_id, _, _ in rng.sample(events, rng.randint(1, 4)):  # mostly while it runs
+        events.append((at + rng.randint(1, 10), None, request_id, None))
     return sorted(events, key=lambda e: e[0])
 
 
@@ -94,7 +105,7 @@ def _run(seed, overlap, mode, num_blocks, fast, counts):
     loop = BatchLoop(mem, ex, config)
     sched = loop.scheduler
     log = []
-    steady, in_order = sched._steady_run, sched._sampled_in_order
+    steady, in_order, chained = sched._steady_run, sched._sampled_in_order, sched._sampled_steady
     plan, on_reserved, on_sampled = sched.plan, sched.on_reserved, sched.on_sampled
 
     def steady_run(*args):
@@ -106,7 +117,12 @@ def _run(seed, overlap, mode, num_blocks, fast, counts):
         took = in_order(*args) if fast else False
         counts["in_order"] += took
         return took
+    def sampled_steady(*args):
+        took = chained(*args)
+        counts["chained"] += took
+        return took
     sched._steady_run, sched._sampled_in_order = steady_run, sampled_in_order
+    sched._sampled_steady = sampled_steady
 
     def planned(*args, **kw):
         made = plan(*args, **kw)
@@ -145,10 +161,10 @@ def _run(seed, overlap, mode, num_blocks, fast, counts):
 @pytest.mark.parametrize("overlap", [True, False], ids=["plan-ahead", "serial"])
 @pytest.mark.parametrize("mode,num_blocks", [("swap", 20), ("recompute", 20), ("auto", 200)])
 def test_fast_paths_give_what_the_general_path_gives(overlap, mode, num_blocks):
-    taken = {"steady": 0, "in_order": 0}
-    for seed in range(8):
-        general = _run(seed, overlap, mode, num_blocks, False, {"steady": 0, "in_order": 0})
+    taken = {"steady": 0, "in_order": 0, "chained": 0}
+    for seed in [*range(8), 100, 101, 102]:
+        general = _run(seed, overlap, mode, num_blocks, False, {"steady": 0, "in_order": 0, "chained": 0})
         assert _run(seed, overlap, mode, num_blocks, True, taken) == general, seed
-    assert taken["in_order"] > 0
+    assert taken["in_order"] > 0 and taken["chained"] > 0
     if overlap:
         assert taken["steady"] > 0  # the fast plan ran (plan ahead only)
