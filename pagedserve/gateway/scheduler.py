@@ -512,9 +512,9 @@ class Scheduler:
                 or any(map(_error, outputs)) or not all(map(_sampled_flag, outputs))
                 or any(map(operator.contains, took.stops, tokens))):
             return False
-        ends = list(map(operator.add, batch.start_pos, batch.num_tokens))
         plain = True
-        for seq, end, token, out in zip(seqs, ends, tokens, outputs):
+        for seq, end, token, out in zip(seqs, map(operator.add, batch.start_pos, batch.num_tokens), tokens,
+                                        outputs):
             try:
                 seq.num_computed = end
                 seq.output_token_ids.append(token)
