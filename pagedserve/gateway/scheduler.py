@@ -90,6 +90,19 @@ class _Took:
     stops: list[frozenset[int]]
 
 
+@dataclass
+class _Planned:
+    """A plan made ahead of `ahead_of`, for the answer to it: its ids and their sequences
+    then, in plan order (a sequence may end, or its id be reused by a new request, before
+    the answer is applied); where its running part was a steady decode step
+    (`Scheduler._steady_run`), the positions `ahead_of`'s tokens end at, in the same order."""
+
+    ids: list[str]
+    seqs: list[Sequence]
+    ahead_of: StepDelta
+    fed_ends: list[int] | None
+
+
 _status = operator.attrgetter("status")
 _token_id = operator.attrgetter("token_id")
 _error = operator.attrgetter("error")
@@ -121,7 +134,7 @@ class Scheduler:
         self.num_beam_releases = 0
         self.pending = PendingTokens()  # plan ahead: tokens memsvc holds whose ids it lacks
         # a plan made ahead: its ids and their sequences then, in plan order
-        self.planned: tuple[list[str], list[Sequence]] | None = None
+        self.planned: _Planned | None = None
         self._took: _Took | None = None  # the last on_sampled's
 
     @property
@@ -185,11 +198,11 @@ class Scheduler:
             return None
         budget = self.config.max_num_batched_tokens
         max_seqs = self.config.max_num_seqs
-        steady = None
+        steady = fed_ends = None
         if ahead_of is not None and took is not None:
             steady = self._steady_run(ahead_of, took, budget, max_seqs)
         if steady is not None:
-            fills, run_ids, run_counts, run_tokens = steady
+            fills, run_ids, run_counts, run_tokens, fed_ends = steady
             budget -= len(run_ids)
         else:
             fills = self.pending.take_fills(self.seqs)
@@ -207,11 +220,9 @@ class Scheduler:
             budget -= min(seq.compute_limit, budget)
         plan = Plan(entries=entries, free=self.to_free, forks=self.forks, ahead=ahead_of is not None,
                     fills=fills, run_ids=run_ids, run_counts=run_counts, run_tokens=run_tokens)
-        # what the answer to a plan made ahead refers to (a sequence may end, or its id be
-        # reused by a new request, before the answer is applied)
         if plan.ahead:
             ids = plan.seq_ids()
-            self.planned = ids, list(map(self.seqs.__getitem__, ids))
+            self.planned = _Planned(ids, list(map(self.seqs.__getitem__, ids)), ahead_of, fed_ends)
         else:
             self.planned = None
         self.to_free, self.forks = [], []
@@ -259,8 +270,9 @@ class Scheduler:
         return run_ids, run_counts, run_tokens, budget
 
     def _steady_run(self, ahead_of: StepDelta, took: _Took, budget: int, max_seqs: int
-                    ) -> tuple[list[tuple[str, int, int]], list[str], list[int], list[int]] | None:
-        """The fills and `_run` of a steady decode step planned ahead, or None (nothing done)
+                    ) -> tuple[list[tuple[str, int, int]], list[str], list[int], list[int], list[int]] | None:
+        """The fills and `_run` of a steady decode step planned ahead, and where `ahead_of`'s
+        tokens end, or None (nothing done)
         where it is not one: the running sequences took their last tokens from the last
         step (`took`), none of them its last but one, and are `ahead_of`'s, in its order,
         each computing there the token it took and sampling the next, which it computes
@@ -280,7 +292,7 @@ class Scheduler:
         if fills is None:
             return None
         self.pending.hold_all(run_ids, ends)
-        return fills, run_ids, [1] * n, [PENDING] * n
+        return fills, run_ids, [1] * n, [PENDING] * n, ends
 
     def can_plan_ahead(self) -> bool:
         """No fork is due or queued, no beam search runs, nothing is swapped out: the next
@@ -322,7 +334,7 @@ class Scheduler:
             _insert(self.running, seq)
         planned, self.planned = self.planned, None
         all_seqs = self.seqs
-        planned_by_id = dict(zip(*planned)) if planned is not None and result.rejected else None
+        planned_by_id = dict(zip(planned.ids, planned.seqs)) if planned is not None and result.rejected else None
 
         def current(seq_id: str) -> Sequence | None:
             seq = all_seqs.get(seq_id)
@@ -340,14 +352,17 @@ class Scheduler:
             rejected.append(seq)
         g = result.grants
         seqs = list(map(all_seqs.get, g.seq_ids))
+        fed_ends = None
         if planned is None:
             ended = not all(map(operator.is_not, seqs, itertools.repeat(None)))
-        elif g.seq_ids != planned[0] or seqs != planned[1]:  # not all granted, or some ended since
-            planned_by_id = planned_by_id or dict(zip(*planned))
+        elif g.seq_ids != planned.ids or seqs != planned.seqs:  # not all granted, or some ended since
+            planned_by_id = planned_by_id or dict(zip(planned.ids, planned.seqs))
             seqs = list(map(current, g.seq_ids))
             ended = not all(map(operator.is_not, seqs, itertools.repeat(None)))
         else:
             ended = False
+            if planned.ahead_of is ahead_of:
+                fed_ends = planned.fed_ends
         step = StepDelta(g.seq_ids, g.start_pos, g.num_tokens, [], [], g.table_start, g.num_new_blocks,
                          g.new_blocks, seqs, pool_epoch=result.pool_epoch, copies=result.block_copies)
         cached = g.num_cached
@@ -355,7 +370,7 @@ class Scheduler:
             hits = dict(zip(g.seq_ids, cached))
             step = self._without_ended(step)
             cached = [hits[s] for s in step.seq_ids]
-        if ahead_of is not None and self._all_fed(step, ahead_of):
+        if ahead_of is not None and self._all_fed(step, ahead_of, fed_ends):
             n = len(step.seq_ids)
             step.token_ids, step.sample = [PENDING] * n, [True] * n
         else:
@@ -363,12 +378,13 @@ class Scheduler:
         return step, rejected
 
     @staticmethod
-    def _all_fed(step: StepDelta, ahead_of: StepDelta) -> bool:
+    def _all_fed(step: StepDelta, ahead_of: StepDelta, ends: list[int] | None = None) -> bool:
         """Every sequence of `step` computes the one token the running step `ahead_of`
-        samples for it (a steady decode step)."""
-        if step.seq_ids == ahead_of.seq_ids and all(ahead_of.sample):  # in its order: no lookup
+        samples for it (a steady decode step). `ends`: where `ahead_of`'s tokens end, each
+        sampling, in `step`'s order, where the plan knew it."""
+        if ends is None and step.seq_ids == ahead_of.seq_ids and all(ahead_of.sample):  # no lookup
             ends = list(map(operator.add, ahead_of.start_pos, ahead_of.num_tokens))
-        else:
+        elif ends is None:
             inflight = ahead_of.progress()
             ends = [p[0] if p is not None and p[1] else None for p in map(inflight.get, step.seq_ids)]
         return (step.start_pos == ends and step.num_tokens.count(1) == len(ends)
