@@ -88,6 +88,7 @@ class _Took:
     num_tokens: list[int]
     left: int
     stops: list[frozenset[int]]
+    removals: int  # Scheduler._removals then: while it stays, the sequences are current
 
 
 @dataclass
@@ -101,6 +102,7 @@ class _Planned:
     seqs: list[Sequence]
     ahead_of: StepDelta
     fed_ends: list[int] | None
+    removals: int  # Scheduler._removals then: while it stays, `seqs` are current
 
 
 _status = operator.attrgetter("status")
@@ -136,6 +138,7 @@ class Scheduler:
         # a plan made ahead: its ids and their sequences then, in plan order
         self.planned: _Planned | None = None
         self._took: _Took | None = None  # the last on_sampled's
+        self._removals = 0  # sequences taken out of `seqs` so far (`_remove`)
 
     @property
     def held(self) -> dict[str, list[Sequence]]:  # parent id -> samples forked at its fork point
@@ -222,7 +225,11 @@ class Scheduler:
                     fills=fills, run_ids=run_ids, run_counts=run_counts, run_tokens=run_tokens)
         if plan.ahead:
             ids = plan.seq_ids()
-            self.planned = _Planned(ids, list(map(self.seqs.__getitem__, ids)), ahead_of, fed_ends)
+            if steady is not None and not entries:  # the running sequences, current (`_steady_run`)
+                planned = list(self.running)
+            else:
+                planned = list(map(self.seqs.__getitem__, ids))
+            self.planned = _Planned(ids, planned, ahead_of, fed_ends, self._removals)
         else:
             self.planned = None
         self.to_free, self.forks = [], []
@@ -272,14 +279,15 @@ class Scheduler:
     def _steady_run(self, ahead_of: StepDelta, took: _Took, budget: int, max_seqs: int
                     ) -> tuple[list[tuple[str, int, int]], list[str], list[int], list[int], list[int]] | None:
         """The fills and `_run` of a steady decode step planned ahead, and where `ahead_of`'s
-        tokens end, or None (nothing done)
-        where it is not one: the running sequences took their last tokens from the last
-        step (`took`), none of them its last but one, and are `ahead_of`'s, in its order,
-        each computing there the token it took and sampling the next, which it computes
-        next, PENDING; what memsvc holds pending is the tokens they took."""
+        tokens end; None (nothing done) where it is not one: the running sequences took
+        their last tokens from the last step (`took`), none of them its last but one, none
+        taken out of `seqs` since, and are `ahead_of`'s, in its order, each computing there
+        the token it took and sampling the next, which it computes next, PENDING; what
+        memsvc holds pending is the tokens they took."""
         running = self.running
         n = len(running)
-        if (took.left <= 1 or self.swapped or n > max_seqs or n > budget or took.seqs != running
+        if (took.left <= 1 or took.removals != self._removals or self.swapped or n > max_seqs
+                or n > budget or took.seqs != running
                 or ahead_of.seqs != running or ahead_of.num_tokens.count(1) != n
                 or not all(ahead_of.sample)):
             return None
@@ -345,14 +353,16 @@ class Scheduler:
             seq = current(r.seq_id)
             if seq is None:  # aborted since a plan made ahead
                 continue
-            del self.seqs[r.seq_id]
+            self._remove(r.seq_id)
             self.waiting.remove(seq)
             seq.finish("error", r.reason)
             self._end_held(r.seq_id, "error", r.reason)
             rejected.append(seq)
         g = result.grants
-        seqs = list(map(all_seqs.get, g.seq_ids))
         fed_ends = None
+        seqs = self._granted_as_planned(planned, g.seq_ids)
+        if seqs is None:
+            seqs = list(map(all_seqs.get, g.seq_ids))
         if planned is None:
             ended = not all(map(operator.is_not, seqs, itertools.repeat(None)))
         elif g.seq_ids != planned.ids or seqs != planned.seqs:  # not all granted, or some ended since
@@ -376,6 +386,13 @@ class Scheduler:
         else:
             self._tokens(step, cached, ahead_of.progress() if ahead_of is not None else None)
         return step, rejected
+
+    def _granted_as_planned(self, planned: _Planned | None, seq_ids: list[str]) -> list[Sequence] | None:
+        """The sequences of `seq_ids` where they are the plan's (`planned`) and none left
+        `seqs` since: those it found then (else None)."""
+        if planned is not None and planned.removals == self._removals and seq_ids == planned.ids:
+            return planned.seqs
+        return None
 
     @staticmethod
     def _all_fed(step: StepDelta, ahead_of: StepDelta, ends: list[int] | None = None) -> bool:
@@ -514,7 +531,8 @@ class Scheduler:
                 plain = False
                 self._fail_alone(self.seqs.get(seq_id, source), source, e)
         if plain:
-            self._took = _Took(batch.seqs, list(map(_token_id, outputs)), num_tokens, least, stops)
+            self._took = _Took(batch.seqs, list(map(_token_id, outputs)), num_tokens, least, stops,
+                               self._removals)
 
     def _sampled_steady(self, batch: StepDelta, outputs: list[SampleOutput], took: _Took,
                         updates: list) -> bool:
@@ -524,7 +542,7 @@ class Scheduler:
         nothing done, where not."""
         seqs = batch.seqs
         tokens = list(map(_token_id, outputs))
-        if (took.left <= 1 or seqs != took.seqs or list(map(self.seqs.get, batch.seq_ids)) != seqs
+        if (took.left <= 1 or seqs != took.seqs or took.removals != self._removals
                 or any(map(_error, outputs)) or not all(map(_sampled_flag, outputs))
                 or any(map(operator.contains, took.stops, tokens))):
             return False
@@ -540,7 +558,7 @@ class Scheduler:
                 self._fail_alone(seq, seq, e)
         if plain:
             self._took = _Took(seqs, tokens, list(map((1).__add__, took.num_tokens)), took.left - 1,
-                               took.stops)
+                               took.stops, self._removals)
         return True
 
     def _fail_alone(self, seq: Sequence | None, source, why: Exception | str) -> None:
@@ -618,7 +636,7 @@ class Scheduler:
         for queue in (self.waiting, self.running, self.swapped):
             if seq in queue:
                 queue.remove(seq)
-        del self.seqs[seq.seq_id]
+        self._remove(seq.seq_id)
         if seq.status in (SeqStatus.RUNNING, SeqStatus.SWAPPED):
             self.to_free.append(seq.seq_id)
 
@@ -629,8 +647,15 @@ class Scheduler:
         self.to_free.append(seq.seq_id)
         seq.status, seq.num_computed = SeqStatus.WAITING, 0
 
+    def _remove(self, seq_id: str) -> None:
+        """Take a sequence out of `seqs` (the one place: while `_removals` stays, every
+        sequence found in `seqs` once is still there)."""
+        del self.seqs[seq_id]
+        self._removals += 1
+
     def _end_held(self, parent_id: str, reason: str, error: str | None = None) -> None:
         """The samples a parent holds end with it, before they fork."""
         for sample in self._holds.take(parent_id):
-            self.seqs.pop(sample.seq_id, None)
+            if sample.seq_id in self.seqs:
+                self._remove(sample.seq_id)
             sample.finish(reason, error)

@@ -1,9 +1,9 @@
 """The scheduler's steady-decode fast paths (`Scheduler._steady_run`, `_sampled_in_order`,
-`_sampled_steady`)
-give exactly what its general path gives: random workloads (chunked prefill, n > 1 forks,
-beam search, prompt logprobs, stop tokens, max_tokens and model-length ends, aborts,
-preemption by swap and by recompute, plan ahead and serial) run once as they are and once
-with the fast paths declined, and every plan, batch, update and delta must be the same."""
+`_sampled_steady`, `_granted_as_planned`) give exactly what its general path gives: random
+workloads (chunked prefill, n > 1 forks, beam search, prompt logprobs, stop tokens,
+max_tokens and model-length ends, aborts between steps and within one, preemption by swap
+and by recompute, plan ahead and serial) run once as they are and once with the fast paths
+declined, and every plan, batch, update and delta must be the same."""
 import random
 
 import pytest
@@ -122,6 +122,8 @@ def _run(seed, overlap, mode, num_blocks, fast, counts):
         counts["chained"] += took
         return took
     sched._steady_run, sched._sampled_in_order = steady_run, sampled_in_order
+    if not fast:
+        sched._granted_as_planned = lambda *args: None
     sched._sampled_steady = sampled_steady
 
     def planned(*args, **kw):
@@ -139,12 +141,21 @@ def _run(seed, overlap, mode, num_blocks, fast, counts):
         log.append(("updates", [_snapshot_update(u) for u in updates]))
         return updates
     sched.plan, sched.on_reserved, sched.on_sampled = planned, reserved, sampled
+    within, deltas_of = [], loop._deltas
+
+    def deltas(updates):  # as a stop string's abort: between a plan made ahead and its answer
+        while within:
+            loop.abort(within.pop())
+        return deltas_of(updates)
+    loop._deltas = deltas
     events = _workload(seed)
     step = 0
     while events or loop.has_work():
         while events and events[0][0] <= step:
-            _, request_id, prompt, sp = events.pop(0)
-            if request_id is None:
+            at, request_id, prompt, sp = events.pop(0)
+            if request_id is None and at % 2:
+                within.append(prompt)
+            elif request_id is None:
                 loop.abort(prompt)
             else:
                 loop.add_request(request_id, prompt, sp)
