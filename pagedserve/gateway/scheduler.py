@@ -32,6 +32,7 @@ from pagedserve.wire.protocol import (
     PromptLogprob,
     ReserveResult,
     SampleOutput,
+    SamplingParams,
 )
 from pagedserve.wire.settings import setting
 from pagedserve.wire.step_delta import StepDelta
@@ -257,7 +258,7 @@ class Scheduler:
             if step is not None:
                 computed, samples = step
                 if samples:
-                    if len(out) + 1 >= seq.sampling.max_tokens or num_tokens + 1 >= seq.max_len:
+                    if seq.tokens_left() <= 1:
                         continue  # its next token is its last
                     limit += 1
             n = min(limit - computed, budget)
@@ -492,7 +493,7 @@ class Scheduler:
         """`on_sampled` of outputs in the batch's order: a sequence that takes a plain token
         takes it here as `_sampled` would, any other goes through `_sampled`; where every
         one took a plain token and none ended, what they took is left in `_took`."""
-        get, sampled, eos = self.seqs.get, self._sampled, frozenset(self.eos_token_ids)
+        get, sampled = self.seqs.get, self._sampled
         stop_sets: dict[int, frozenset[int]] = {}  # id(sampling) -> its stop tokens
         num_tokens: list[int] = []
         stops: list[frozenset[int]] = []
@@ -511,11 +512,8 @@ class Scheduler:
                 output.append(token)
                 stop = stop_sets.get(id(sp))
                 if stop is None:
-                    stop = stop_sets[id(sp)] = frozenset(sp.stop_token_ids).union(
-                        () if sp.ignore_eos else eos)
-                num_out = len(output)
-                total = len(seq.prompt_token_ids) + num_out
-                left = min(sp.max_tokens - num_out, seq.max_len - total)
+                    stop = stop_sets[id(sp)] = self._stop_tokens(sp)
+                left = seq.tokens_left()
                 if token in stop or left <= 0:
                     plain = False
                     self.drop(seq)
@@ -523,7 +521,7 @@ class Scheduler:
                     updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, True))
                     continue
                 updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs))
-                num_tokens.append(total)
+                num_tokens.append(len(seq.prompt_token_ids) + len(output))
                 stops.append(stop)
                 if left < least:
                     least = left
@@ -601,8 +599,7 @@ class Scheduler:
         output.append(token)
         if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.eos_token_ids):
             reason = "stop"
-        elif (len(output) >= sp.max_tokens
-              or len(seq.prompt_token_ids) + len(output) >= seq.max_len):
+        elif seq.tokens_left() <= 0:
             reason = "length"
         else:
             reason = None
@@ -611,6 +608,10 @@ class Scheduler:
             seq.finish(reason)
         first = seq.prompt_logprobs if len(output) == 1 else None
         updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, bool(reason), first))
+
+    def _stop_tokens(self, sp: SamplingParams) -> frozenset[int]:
+        """The tokens that stop a sequence sampled so, as `_sampled` tells them."""
+        return frozenset(sp.stop_token_ids).union(() if sp.ignore_eos else self.eos_token_ids)
 
     def _prompt_logprobs(self, seq: Sequence, start: int, out: SampleOutput | None) -> None:
         """Keep a step's prompt logprobs (once: a recompute's again are skipped); once every

@@ -59,6 +59,10 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
+    def tokens_left(self) -> int:
+        """Tokens it may take before its length ends it (`sampling.max_tokens`, `max_len`)."""
+        return min(self.sampling.max_tokens - len(self.output_token_ids), self.max_len - self.num_tokens)
+
     @property
     def compute_limit(self) -> int:
         """Tokens to have in the cache before the next sample (the fork point, while one is due)."""
