@@ -12,6 +12,12 @@ in `forks` and travel in the next plan (`Plan.forks`): memsvc makes them before 
 anything. The scheduler holds no block table: memsvc's grants (pagedserve.wire.protocol.Grants) go on
 as the step's columns (pagedserve.wire.step_delta), block-table changes included, and whoever runs
 the model applies them and derives the slots.
+
+A steady decode step (every running sequence computes the token it sampled last and samples
+the next) has fast paths over columns: `_sampled_steady` and `_sampled_each` (on_sampled),
+`_steady_run` (plan made ahead), `_granted_as_planned` and `_all_fed`'s ends (on_reserved).
+Each checks the step is one, else declines, and gives what the general path gives
+(tests/unit/gateway/test_scheduler_fast_paths.py runs both on random workloads).
 """
 from __future__ import annotations
 
@@ -136,8 +142,7 @@ class Scheduler:
         self.num_swapped_out = 0
         self.num_beam_releases = 0
         self.pending = PendingTokens()  # plan ahead: tokens memsvc holds whose ids it lacks
-        # a plan made ahead: its ids and their sequences then, in plan order
-        self.planned: _Planned | None = None
+        self.planned: _Planned | None = None  # the last plan, made ahead, for the answer to it
         self._took: _Took | None = None  # the last on_sampled's
         self._removals = 0  # sequences taken out of `seqs` so far (`_remove`)
 
