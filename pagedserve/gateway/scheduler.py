@@ -12,11 +12,18 @@ in `forks` and travel in the next plan (`Plan.forks`): memsvc makes them before 
 anything. The scheduler holds no block table: memsvc's grants (pagedserve.wire.protocol.Grants) go on
 as the step's columns (pagedserve.wire.step_delta), block-table changes included, and whoever runs
 the model applies them and derives the slots.
+
+A steady decode step (every running sequence computes the token it sampled last and samples
+the next) has fast paths over columns: `_sampled_steady` and `_sampled_each` (on_sampled),
+`_steady_run` (plan made ahead), `_granted_as_planned` and `_all_fed`'s ends (on_reserved).
+Each checks the step is one, else declines, and gives what the general path gives
+(tests/unit/gateway/test_scheduler_fast_paths.py runs both on random workloads).
 """
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import operator
 from dataclasses import dataclass
 
@@ -31,6 +38,7 @@ from pagedserve.wire.protocol import (
     PromptLogprob,
     ReserveResult,
     SampleOutput,
+    SamplingParams,
 )
 from pagedserve.wire.settings import setting
 from pagedserve.wire.step_delta import StepDelta
@@ -72,7 +80,7 @@ class SchedulerConfig:
         return dataclasses.replace(self, max_num_seqs=executor_batch or CPU_MAX_NUM_SEQS)
 
 
-@dataclass
+@dataclass(slots=True)
 class SeqUpdate:
     """What one step did to a sequence: a new token, and whether it finished."""
 
@@ -85,7 +93,42 @@ class SeqUpdate:
     error: str | None = None  # the sequence failed alone, for this reason: its request ends
 
 
+@dataclass
+class _Took:
+    """What `on_sampled` leaves where each sequence of its batch took a plain token (no
+    error, fork point, prompt logprobs or beam search) and none ended: the batch's
+    sequences, in its order, the tokens they took, how many tokens each holds now, the
+    fewest tokens any of them may still take before its length ends it, and the tokens
+    that stop each. The next plan made ahead and the next `on_sampled` read it while their
+    batch's sequences are these (only `on_sampled` adds their tokens)."""
+
+    seqs: list[Sequence]
+    tokens: list[int]
+    num_tokens: list[int]
+    left: int
+    stops: list[frozenset[int]]
+    removals: int  # Scheduler._removals then: while it stays, the sequences are current
+
+
+@dataclass
+class _Planned:
+    """A plan made ahead of `ahead_of`, for the answer to it: its ids and their sequences
+    then, in plan order (a sequence may end, or its id be reused by a new request, before
+    the answer is applied); where its running part was a steady decode step
+    (`Scheduler._steady_run`), the positions `ahead_of`'s tokens end at, in the same order."""
+
+    ids: list[str]
+    seqs: list[Sequence]
+    ahead_of: StepDelta
+    fed_ends: list[int] | None
+    removals: int  # Scheduler._removals then: while it stays, `seqs` are current
+
+
 _status = operator.attrgetter("status")
+_token_id = operator.attrgetter("token_id")
+_error = operator.attrgetter("error")
+_sampled_flag = operator.attrgetter("sampled")
+_seq_id = operator.attrgetter("seq_id")
 
 
 def _insert(queue: list[Sequence], seq: Sequence) -> None:
@@ -111,7 +154,9 @@ class Scheduler:
         self.num_swapped_out = 0
         self.num_beam_releases = 0
         self.pending = PendingTokens()  # plan ahead: tokens memsvc holds whose ids it lacks
-        self.planned: dict[str, Sequence] | None = None
+        self.planned: _Planned | None = None  # the last plan, made ahead, for the answer to it
+        self._took: _Took | None = None  # the last on_sampled's
+        self._removals = 0  # sequences taken out of `seqs` so far (`_remove`)
 
     @property
     def held(self) -> dict[str, list[Sequence]]:  # parent id -> samples forked at its fork point
@@ -169,12 +214,51 @@ class Scheduler:
         step after it as if that batch's tokens were computed and its samples drawn (their
         ids pending), or None where that cannot be planned ahead (forks, beam search,
         swapped-out sequences: see `can_plan_ahead`)."""
+        took = self._took
         if ahead_of is not None and not self.can_plan_ahead():
             return None
-        inflight = ahead_of.progress() if ahead_of is not None else {}
-        fills = self.pending.take_fills(self.seqs)
         budget = self.config.max_num_batched_tokens
         max_seqs = self.config.max_num_seqs
+        steady = fed_ends = None
+        if ahead_of is not None and took is not None:
+            steady = self._steady_run(ahead_of, took, budget, max_seqs)
+        if steady is not None:
+            fills, run_ids, run_counts, run_tokens, fed_ends = steady
+            budget -= len(run_ids)
+        else:
+            fills = self.pending.take_fills(self.seqs)
+            run_ids, run_counts, run_tokens, budget = self._run(ahead_of, budget, max_seqs)
+        entries: list[PlanEntry] = []
+        for seq in self.waiting:
+            if budget < 1 or len(run_ids) + len(entries) >= max_seqs:
+                break
+            if not self.config.enable_chunked_prefill and seq.compute_limit > budget:
+                break
+            entries.append(PlanEntry(seq.seq_id, seq.all_token_ids[: seq.compute_limit], True,
+                                     seq.max_len, max_new_tokens=budget, final_len=seq.final_len,
+                                     salt=seq.salt,
+                                     skip_prefix_cache=seq.sampling.prompt_logprobs is not None))
+            budget -= min(seq.compute_limit, budget)
+        plan = Plan(entries=entries, free=self.to_free, forks=self.forks, ahead=ahead_of is not None,
+                    fills=fills, run_ids=run_ids, run_counts=run_counts, run_tokens=run_tokens)
+        if plan.ahead:
+            ids = plan.seq_ids()
+            if steady is not None and not entries:  # the running sequences, current (`_steady_run`)
+                planned = list(self.running)
+            else:
+                planned = list(map(self.seqs.__getitem__, ids))
+            self.planned = _Planned(ids, planned, ahead_of, fed_ends, self._removals)
+        else:
+            self.planned = None
+        self.to_free, self.forks = [], []
+        return plan
+
+    def _run(self, ahead_of: StepDelta | None, budget: int, max_seqs: int
+             ) -> tuple[list[str], list[int], list[int], int]:
+        """The plan's running sequences (swapped-out ones to resume among them): their ids,
+        token counts and tokens (PENDING: the token `ahead_of` samples, held in `pending`),
+        and the budget left."""
+        inflight = ahead_of.progress() if ahead_of is not None else None
         run_ids: list[str] = []
         run_counts: list[int] = []
         run_tokens: list[int] = []
@@ -191,7 +275,7 @@ class Scheduler:
             if step is not None:
                 computed, samples = step
                 if samples:
-                    if len(out) + 1 >= seq.sampling.max_tokens or num_tokens + 1 >= seq.max_len:
+                    if seq.tokens_left() <= 1:
                         continue  # its next token is its last
                     limit += 1
             n = min(limit - computed, budget)
@@ -208,25 +292,33 @@ class Scheduler:
                 run_tokens.append(PENDING)
                 hold(seq.seq_id, computed + known)
             budget -= n
-        entries: list[PlanEntry] = []
-        for seq in self.waiting:
-            if budget < 1 or len(run_ids) + len(entries) >= max_seqs:
-                break
-            if not self.config.enable_chunked_prefill and seq.compute_limit > budget:
-                break
-            entries.append(PlanEntry(seq.seq_id, seq.all_token_ids[: seq.compute_limit], True,
-                                     seq.max_len, max_new_tokens=budget, final_len=seq.final_len,
-                                     salt=seq.salt,
-                                     skip_prefix_cache=seq.sampling.prompt_logprobs is not None))
-            budget -= min(seq.compute_limit, budget)
-        plan = Plan(entries=entries, free=self.to_free, forks=self.forks, ahead=ahead_of is not None,
-                    fills=fills, run_ids=run_ids, run_counts=run_counts, run_tokens=run_tokens)
-        # what the answer to a plan made ahead refers to (a sequence may end, or its id be
-        # reused by a new request, before the answer is applied)
-        seqs = self.seqs
-        self.planned = {s: seqs[s] for s in plan.seq_ids()} if plan.ahead else None
-        self.to_free, self.forks = [], []
-        return plan
+        return run_ids, run_counts, run_tokens, budget
+
+    def _steady_run(self, ahead_of: StepDelta, took: _Took, budget: int, max_seqs: int
+                    ) -> tuple[list[tuple[str, int, int]], list[str], list[int], list[int], list[int]] | None:
+        """The fills and `_run` of a steady decode step planned ahead, and where `ahead_of`'s
+        tokens end; None (nothing done) where it is not one: the running sequences took
+        their last tokens from the last step (`took`), none of them its last but one, none
+        taken out of `seqs` since, and are `ahead_of`'s, in its order, each computing there
+        the token it took and sampling the next, which it computes next, PENDING; what
+        memsvc holds pending is the tokens they took."""
+        running = self.running
+        n = len(running)
+        if (took.left <= 1 or took.removals != self._removals or self.swapped or n > max_seqs
+                or n > budget or took.seqs != running
+                or ahead_of.seqs != running or ahead_of.num_tokens.count(1) != n
+                or not all(ahead_of.sample)):
+            return None
+        held = ahead_of.start_pos
+        ends = [p + 1 for p in held]
+        if ends != took.num_tokens:
+            return None
+        run_ids = list(ahead_of.seq_ids)  # on_reserved's: seqs[i] is the sequence of seq_ids[i]
+        fills = self.pending.take_known(run_ids, held, took.tokens)
+        if fills is None:
+            return None
+        self.pending.hold_all(run_ids, ends)
+        return fills, run_ids, [1] * n, [PENDING] * n, ends
 
     def can_plan_ahead(self) -> bool:
         """No fork is due or queued, no beam search runs, nothing is swapped out: the next
@@ -266,47 +358,70 @@ class Scheduler:
             self.swapped.remove(seq)
             seq.status = SeqStatus.RUNNING
             _insert(self.running, seq)
-        inflight = ahead_of.progress() if ahead_of is not None else None
         planned, self.planned = self.planned, None
         all_seqs = self.seqs
+        planned_by_id = dict(zip(planned.ids, planned.seqs)) if planned is not None and result.rejected else None
 
         def current(seq_id: str) -> Sequence | None:
             seq = all_seqs.get(seq_id)
-            return seq if planned is None or planned.get(seq_id) is seq else None
+            return seq if planned_by_id is None or planned_by_id.get(seq_id) is seq else None
 
         rejected = []
         for r in result.rejected:
             seq = current(r.seq_id)
             if seq is None:  # aborted since a plan made ahead
                 continue
-            del self.seqs[r.seq_id]
+            self._remove(r.seq_id)
             self.waiting.remove(seq)
             seq.finish("error", r.reason)
             self._end_held(r.seq_id, "error", r.reason)
             rejected.append(seq)
         g = result.grants
-        seqs = list(map(all_seqs.get, g.seq_ids))
-        if planned is not None and not all(map(operator.is_, map(planned.get, g.seq_ids), seqs)):
+        fed_ends = None
+        seqs = self._granted_as_planned(planned, g.seq_ids)
+        if seqs is None:
+            seqs = list(map(all_seqs.get, g.seq_ids))
+        if planned is None:
+            ended = not all(map(operator.is_not, seqs, itertools.repeat(None)))
+        elif g.seq_ids != planned.ids or seqs != planned.seqs:  # not all granted, or some ended since
+            planned_by_id = planned_by_id or dict(zip(planned.ids, planned.seqs))
             seqs = list(map(current, g.seq_ids))
+            ended = not all(map(operator.is_not, seqs, itertools.repeat(None)))
+        else:
+            ended = False
+            if planned.ahead_of is ahead_of:
+                fed_ends = planned.fed_ends
         step = StepDelta(g.seq_ids, g.start_pos, g.num_tokens, [], [], g.table_start, g.num_new_blocks,
                          g.new_blocks, seqs, pool_epoch=result.pool_epoch, copies=result.block_copies)
         cached = g.num_cached
-        if None in step.seqs:  # ended since a plan made ahead: memsvc frees it next
+        if ended:  # since a plan made ahead: memsvc frees it next
             hits = dict(zip(g.seq_ids, cached))
             step = self._without_ended(step)
             cached = [hits[s] for s in step.seq_ids]
-        if inflight is not None and self._all_fed(step, inflight):
+        if ahead_of is not None and self._all_fed(step, ahead_of, fed_ends):
             n = len(step.seq_ids)
             step.token_ids, step.sample = [PENDING] * n, [True] * n
         else:
-            self._tokens(step, cached, inflight)
+            self._tokens(step, cached, ahead_of.progress() if ahead_of is not None else None)
         return step, rejected
 
+    def _granted_as_planned(self, planned: _Planned | None, seq_ids: list[str]) -> list[Sequence] | None:
+        """The sequences of `seq_ids` where they are the plan's (`planned`) and none left
+        `seqs` since: those it found then (else None)."""
+        if planned is not None and planned.removals == self._removals and seq_ids == planned.ids:
+            return planned.seqs
+        return None
+
     @staticmethod
-    def _all_fed(step: StepDelta, inflight: dict) -> bool:
-        """Every sequence of `step` computes the one token the running step samples for it
-        (a steady decode step)."""
-        ends = [p[0] if p is not None and p[1] else None for p in map(inflight.get, step.seq_ids)]
+    def _all_fed(step: StepDelta, ahead_of: StepDelta, ends: list[int] | None = None) -> bool:
+        """Every sequence of `step` computes the one token the running step `ahead_of`
+        samples for it (a steady decode step). `ends`: where `ahead_of`'s tokens end, each
+        sampling, in `step`'s order, where the plan knew it."""
+        if ends is None and step.seq_ids == ahead_of.seq_ids and all(ahead_of.sample):  # no lookup
+            ends = list(map(operator.add, ahead_of.start_pos, ahead_of.num_tokens))
+        elif ends is None:
+            inflight = ahead_of.progress()
+            ends = [p[0] if p is not None and p[1] else None for p in map(inflight.get, step.seq_ids)]
         return (step.start_pos == ends and step.num_tokens.count(1) == len(ends)
                 and SeqStatus.WAITING not in map(_status, step.seqs))
 
@@ -365,18 +480,101 @@ class Scheduler:
     def on_sampled(self, batch: StepDelta, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
         """Apply a step's outputs to the sequences it was made for (a sequence that ended
         since, its id maybe reused by a new request, gets nothing)."""
-        by_id = {o.seq_id: o for o in outputs}
         updates: list[SeqUpdate | BeamDone] = []
-        sampled = self._sampled
-        for seq_id, seq, start, n in zip(batch.seq_ids, batch.seqs, batch.start_pos, batch.num_tokens):
-            try:
-                sampled(seq_id, seq, start, start + n, by_id, updates)
-            except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
-                self._fail_alone(self.seqs.get(seq_id, seq), seq, e)
+        if not self._sampled_in_order(batch, outputs, updates):
+            self._took = None
+            by_id = {o.seq_id: o for o in outputs}
+            sampled = self._sampled
+            for seq_id, seq, start, n in zip(batch.seq_ids, batch.seqs, batch.start_pos, batch.num_tokens):
+                try:
+                    sampled(seq_id, seq, start, start + n, by_id.get(seq_id), updates)
+                except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
+                    self._fail_alone(self.seqs.get(seq_id, seq), seq, e)
         if self._failed_alone:
             updates.extend(self._failed_alone)
             self._failed_alone = []
         return updates
+
+    def _sampled_in_order(self, batch: StepDelta, outputs: list[SampleOutput], updates: list) -> bool:
+        """`on_sampled`'s loop where every sequence of `batch` has its output, in the batch's
+        order (False, nothing done, where not)."""
+        seq_ids = batch.seq_ids
+        if self.beams or len(outputs) != len(seq_ids) or list(map(_seq_id, outputs)) != seq_ids:
+            return False
+        took, self._took = self._took, None
+        if took is None or not self._sampled_steady(batch, outputs, took, updates):
+            self._sampled_each(batch, outputs, updates)
+        return True
+
+    def _sampled_each(self, batch: StepDelta, outputs: list[SampleOutput], updates: list) -> None:
+        """`on_sampled` of outputs in the batch's order: a sequence that takes a plain token
+        takes it here as `_sampled` would, any other goes through `_sampled`; where every
+        one took a plain token and none ended, what they took is left in `_took`."""
+        get, sampled = self.seqs.get, self._sampled
+        stop_sets: dict[int, frozenset[int]] = {}  # id(sampling) -> its stop tokens
+        num_tokens: list[int] = []
+        stops: list[frozenset[int]] = []
+        plain, least = True, 1 << 62
+        for seq_id, source, start, n, out in zip(batch.seq_ids, batch.seqs, batch.start_pos,
+                                                 batch.num_tokens, outputs):
+            try:
+                seq = get(seq_id)
+                if (seq is not source or seq is None or out.error or not out.sampled
+                        or seq.prompt_logprobs is not None or seq.fork_at is not None):
+                    plain = False
+                    sampled(seq_id, source, start, start + n, out, updates)
+                    continue
+                seq.num_computed = start + n
+                token, sp, output = out.token_id, seq.sampling, seq.output_token_ids
+                output.append(token)
+                stop = stop_sets.get(id(sp))
+                if stop is None:
+                    stop = stop_sets[id(sp)] = self._stop_tokens(sp)
+                left = seq.tokens_left()
+                if token in stop or left <= 0:
+                    plain = False
+                    self.drop(seq)
+                    seq.finish("stop" if token in stop else "length")
+                    updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, True))
+                    continue
+                updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs))
+                num_tokens.append(len(seq.prompt_token_ids) + len(output))
+                stops.append(stop)
+                if left < least:
+                    least = left
+            except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
+                plain = False
+                self._fail_alone(self.seqs.get(seq_id, source), source, e)
+        if plain:
+            self._took = _Took(batch.seqs, list(map(_token_id, outputs)), num_tokens, least, stops,
+                               self._removals)
+
+    def _sampled_steady(self, batch: StepDelta, outputs: list[SampleOutput], took: _Took,
+                        updates: list) -> bool:
+        """`_sampled_each` where the batch's sequences are `took`'s, each still current, none
+        of their outputs an error, each a sampled token that neither stops it nor is past
+        its length: each takes its token, the columns of `took` say the rest. False,
+        nothing done, where not."""
+        seqs = batch.seqs
+        tokens = list(map(_token_id, outputs))
+        if (took.left <= 1 or seqs != took.seqs or took.removals != self._removals
+                or any(map(_error, outputs)) or not all(map(_sampled_flag, outputs))
+                or any(map(operator.contains, took.stops, tokens))):
+            return False
+        plain = True
+        for seq, end, token, out in zip(seqs, map(operator.add, batch.start_pos, batch.num_tokens), tokens,
+                                        outputs):
+            try:
+                seq.num_computed = end
+                seq.output_token_ids.append(token)
+                updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs))
+            except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
+                plain = False
+                self._fail_alone(seq, seq, e)
+        if plain:
+            self._took = _Took(seqs, tokens, list(map((1).__add__, took.num_tokens)), took.left - 1,
+                               took.stops, self._removals)
+        return True
 
     def _fail_alone(self, seq: Sequence | None, source, why: Exception | str) -> None:
         """End `seq` alone: the executor left it out (`why` its reason), or applying its output
@@ -392,13 +590,13 @@ class Scheduler:
         seq.error = error
         self._failed_alone.append(SeqUpdate(seq, None, finished=True, error=error))
 
-    def _sampled(self, seq_id: str, source, start: int, computed: int, by_id: dict, updates: list) -> None:
+    def _sampled(self, seq_id: str, source, start: int, computed: int, out: SampleOutput | None,
+                 updates: list) -> None:
         """One sequence's part of `on_sampled`: the step computed its tokens from `start` to
-        `computed`."""
+        `computed`; `out`, its output (None: it sampled nothing)."""
         seq = self.seqs.get(seq_id)
         if seq is None or source is not None and source is not seq:  # ended while the step ran
             return
-        out = by_id.get(seq_id)
         if out is not None and out.error:
             return self._fail_alone(seq, source, out.error)
         seq.num_computed = computed
@@ -418,8 +616,7 @@ class Scheduler:
         output.append(token)
         if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.eos_token_ids):
             reason = "stop"
-        elif (len(output) >= sp.max_tokens
-              or len(seq.prompt_token_ids) + len(output) >= seq.max_len):
+        elif seq.tokens_left() <= 0:
             reason = "length"
         else:
             reason = None
@@ -428,6 +625,10 @@ class Scheduler:
             seq.finish(reason)
         first = seq.prompt_logprobs if len(output) == 1 else None
         updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, bool(reason), first))
+
+    def _stop_tokens(self, sp: SamplingParams) -> frozenset[int]:
+        """The tokens that stop a sequence sampled so, as `_sampled` tells them."""
+        return frozenset(sp.stop_token_ids).union(() if sp.ignore_eos else self.eos_token_ids)
 
     def _prompt_logprobs(self, seq: Sequence, start: int, out: SampleOutput | None) -> None:
         """Keep a step's prompt logprobs (once: a recompute's again are skipped); once every
@@ -453,7 +654,7 @@ class Scheduler:
         for queue in (self.waiting, self.running, self.swapped):
             if seq in queue:
                 queue.remove(seq)
-        del self.seqs[seq.seq_id]
+        self._remove(seq.seq_id)
         if seq.status in (SeqStatus.RUNNING, SeqStatus.SWAPPED):
             self.to_free.append(seq.seq_id)
 
@@ -464,8 +665,15 @@ class Scheduler:
         self.to_free.append(seq.seq_id)
         seq.status, seq.num_computed = SeqStatus.WAITING, 0
 
+    def _remove(self, seq_id: str) -> None:
+        """Take a sequence out of `seqs` (the one place: while `_removals` stays, every
+        sequence found in `seqs` once is still there)."""
+        del self.seqs[seq_id]
+        self._removals += 1
+
     def _end_held(self, parent_id: str, reason: str, error: str | None = None) -> None:
         """The samples a parent holds end with it, before they fork."""
         for sample in self._holds.take(parent_id):
-            self.seqs.pop(sample.seq_id, None)
+            if sample.seq_id in self.seqs:
+                self._remove(sample.seq_id)
             sample.finish(reason, error)

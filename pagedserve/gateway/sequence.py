@@ -15,7 +15,7 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # one object per sequence: queues find and remove it by identity
 class Sequence:
     seq_id: str
     request_id: str
@@ -58,6 +58,10 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def tokens_left(self) -> int:
+        """Tokens it may take before its length ends it (`sampling.max_tokens`, `max_len`)."""
+        return min(self.sampling.max_tokens - len(self.output_token_ids), self.max_len - self.num_tokens)
 
     @property
     def compute_limit(self) -> int:

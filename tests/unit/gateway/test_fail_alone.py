@@ -100,18 +100,20 @@ def test_a_sequence_left_out_ends_alone_and_the_others_give_their_tokens(overlap
     assert mem.stats().snapshot["blocks_referenced"] == 0
 
 
-def test_an_output_the_gateway_cannot_apply_ends_its_request_alone(monkeypatch):
+class _FaultyOutput(list):
+    def append(self, token):
+        raise OverflowError("Numerical result out of range")
+
+
+@pytest.mark.parametrize("in_order", [True, False], ids=["in-order", "by-id"])
+def test_an_output_the_gateway_cannot_apply_ends_its_request_alone(monkeypatch, in_order):
     ex = FakeExecutor(4)
     loop, mem = loop_with(ex, overlap=False)
     loop.add_request("a", [5, 6, 7], greedy(8))
     loop.add_request("b", [8, 9, 10], greedy(8))
-    sampled = loop.scheduler._sampled
-
-    def flaky(seq_id, *args):
-        if seq_id == "b/0":
-            raise OverflowError("Numerical result out of range")
-        return sampled(seq_id, *args)
-    monkeypatch.setattr(loop.scheduler, "_sampled", flaky)
+    loop.scheduler.seqs["b/0"].output_token_ids = _FaultyOutput()
+    if not in_order:  # the general path: outputs looked up by id
+        monkeypatch.setattr(loop.scheduler, "_sampled_in_order", lambda *args: False)
     out, errors = drain(loop)
     assert out["a"] == expected([5, 6, 7], 8, 7)
     assert errors["b"][0] == "refused" and "OverflowError" in errors["b"][1]
