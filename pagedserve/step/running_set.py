@@ -49,8 +49,9 @@ class Applied:
 
 
 class RunningSet:
-    def __init__(self, block_size: int, rows: int = 64, width: int = 32):
+    def __init__(self, block_size: int, rows: int = 64, width: int = 32, fast: bool = True):
         self.block_size = block_size
+        self.fast = fast  # False: no step takes a shortcut (tests check that both agree)
         self.row_of: dict[str, int] = {}
         self.held: list[Held | None] = [None] * rows
         self.free = list(range(rows - 1, -1, -1))
@@ -67,12 +68,14 @@ class RunningSet:
         self.left_out: dict[str, str] = {}  # seq id -> why the executor left it out of a step
         self._gen = 0
         self._checked = (None, 0, "")  # the last sampling parameters checked: (them, flags, error)
+        self._last: tuple | None = None  # the last step's (ids, rows, held): see `_rows`
 
     def __len__(self) -> int:
         return len(self.row_of)
 
     def _grow(self, rows: int = 0, width: int = 0) -> None:
         old_rows, old_width = self.tables.shape
+        self._last = None
         rows, width = max(rows, old_rows), max(width, old_width)
         if width > old_width:
             t = np.zeros((old_rows, width), dtype=np.int32)
@@ -91,6 +94,7 @@ class RunningSet:
     def admit(self, seq_id: str, sampling, seed: int, prompt_len: int = 0, history: list[int] | None = None,
               prompt: list[int] | None = None, table: list[int] | None = None) -> int:
         """Hold a sequence (again: its state and table replaced, its last sample kept)."""
+        self._last = None
         r = self.row_of.get(seq_id)
         if r is None:
             if not self.free:
@@ -122,6 +126,7 @@ class RunningSet:
             r = self.row_of.pop(seq_id, None)
             self.left_out.pop(seq_id, None)
             if r is not None:
+                self._last = None
                 self.held[r] = None
                 self.table_len[r] = 0
                 self.free.append(r)
@@ -136,6 +141,21 @@ class RunningSet:
             self.tables[r, end:old] = 0
         self.table_len[r] = end
 
+    def _rows(self, ids: list[str]) -> tuple[np.ndarray, list]:
+        """The rows of `ids` and what they hold; StateLost for an id not held. The last
+        step's answer is kept until a row changes hands, as most steps name the same ids."""
+        last = self._last
+        if last is not None and self.fast and last[0] == ids:
+            return last[1], last[2]
+        try:
+            row_list = list(map(self.row_of.__getitem__, ids))
+        except KeyError as e:
+            raise StateLost(f"{STATE_LOST}: sequence {e.args[0]!r} is unknown to this executor: "
+                            "send its state") from None
+        rows, held = np.array(row_list, dtype=np.int64), list(map(self.held.__getitem__, row_list))
+        self._last = (ids[:], rows, held)
+        return rows, held
+
     def apply(self, seq_ids: list[str], start_pos, num_tokens, tokens, fed, sample, table_start,
               num_new_blocks, new_blocks, **batch_fields) -> Applied:
         """The StepBatch of one step's columns; its table changes applied. `tokens`: the
@@ -143,77 +163,79 @@ class RunningSet:
         sequence computes one token, PENDING until `fill`. `batch_fields`: the StepBatch's
         pool_epoch, forget, step, copies. StateLost for an unknown id;
         ValueError for a change that does not fit."""
-        try:
-            row_list = list(map(self.row_of.__getitem__, seq_ids))
-        except KeyError as e:
-            raise StateLost(f"{STATE_LOST}: sequence {e.args[0]!r} is unknown to this executor: "
-                            "send its state") from None
-        rows = np.array(row_list, dtype=np.int64)
+        ids = list(seq_ids)
+        rows, held = self._rows(ids)
+        b = len(ids)
         start = np.asarray(start_pos, dtype=np.int64)
         n = np.asarray(num_tokens, dtype=np.int64)
         tstart = np.asarray(table_start, dtype=np.int64)
         nnew = np.asarray(num_new_blocks, dtype=np.int64)
-        if len(start) != len(rows) or len(n) != len(rows) or len(tstart) != len(rows) or len(nnew) != len(rows):
-            raise ValueError(f"{len(rows)} sequences, but the step's columns have other lengths")
-        if len(rows) and (n.min() < 1 or start.min() < 0):
+        fed = np.asarray(fed, dtype=bool) if fed is not None and len(fed) else None
+        if (len(start) != b or len(n) != b or len(tstart) != b or len(nnew) != b
+                or fed is not None and len(fed) != b):
+            raise ValueError(f"{b} sequences, but the step's columns have other lengths")
+        if b and (n.min() < 1 or start.min() < 0):
             i = int(np.flatnonzero((n < 1) | (start < 0))[0])
-            raise ValueError(f"sequence {seq_ids[i]}: {n[i]} tokens at position {start[i]}: "
+            raise ValueError(f"sequence {ids[i]}: {n[i]} tokens at position {start[i]}: "
                              "a step computes at least one token at a position >= 0")
         if nnew.sum() != len(new_blocks):
             raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
-        changed = np.flatnonzero((nnew > 0) | (tstart != self.table_len[rows]))
+        lens = self.table_len[rows]
+        changed = np.flatnonzero((nnew > 0) | (tstart != lens))
         if len(changed):
             ends = np.cumsum(nnew)
             blocks = np.asarray(new_blocks, dtype=np.int64)
             for i in changed:
                 r, ts = rows[i], int(tstart[i])
                 if ts > self.table_len[r]:
-                    raise ValueError(f"sequence {seq_ids[i]}: block table change at {ts}, "
+                    raise ValueError(f"sequence {ids[i]}: block table change at {ts}, "
                                      f"but it holds {self.table_len[r]} blocks")
                 self._set_table(r, ts, blocks[ends[i] - nnew[i]:ends[i]])
+            lens = self.table_len[rows]
         total = int(n.sum())
-        fed_i = np.flatnonzero(fed) if fed is not None and len(fed) else np.zeros(0, dtype=np.int64)
-        if len(fed_i) and (n[fed_i] != 1).any():
+        decode = total == b  # one token each (n >= 1)
+        fed_i = np.flatnonzero(fed) if fed is not None else np.zeros(0, dtype=np.int64)
+        if len(fed_i) and not decode and (n[fed_i] != 1).any():
             i = int(fed_i[n[fed_i] != 1][0])
-            raise ValueError(f"sequence {seq_ids[i]}: a fed step computes one token, not {n[i]}")
+            raise ValueError(f"sequence {ids[i]}: a fed step computes one token, not {n[i]}")
         if total - len(fed_i) != len(tokens):
             raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
-        bs = self.block_size
-        if total == len(rows):  # one token each: a decode step
-            token_rows, pos = rows, start
-            token_ids = np.full(total, PENDING, dtype=np.int64)
-            if len(fed_i) < total:
-                known = np.ones(total, dtype=bool)
-                known[fed_i] = False
-                token_ids[known] = tokens
+        token_ids = np.full(total, PENDING, dtype=np.int64)
+        if decode:
+            token_rows, pos, first = rows, start, None
         else:
             first = np.cumsum(n) - n
             token_rows = np.repeat(rows, n)
             pos = np.arange(total, dtype=np.int64) - np.repeat(first - start, n)
-            token_ids = np.full(total, PENDING, dtype=np.int64)
-            known = np.ones(total, dtype=bool)
-            known[first[fed_i]] = False
-            token_ids[known] = tokens
-        index = pos // bs
-        lens = self.table_len[rows]
-        short = index >= self.table_len[token_rows]
+        if len(fed_i) < total:
+            if len(fed_i):
+                known = np.ones(total, dtype=bool)
+                known[fed_i if decode else first[fed_i]] = False
+                token_ids[known] = tokens
+            else:
+                token_ids[:] = tokens
+        bs = self.block_size
+        index, within = np.divmod(pos, bs)
+        short = index >= (lens if decode else self.table_len[token_rows])
         if short.any():
             t = int(np.flatnonzero(short)[0])
-            i = t if total == len(rows) else int(np.searchsorted(np.cumsum(n), t, side="right"))
+            i = t if decode else int(np.searchsorted(np.cumsum(n), t, side="right"))
             end = int(start[i] + n[i])
-            raise ValueError(f"sequence {seq_ids[i]}: {lens[i]} blocks in its table, "
+            raise ValueError(f"sequence {ids[i]}: {lens[i]} blocks in its table, "
                              f"{-(-end // bs)} needed for {end} tokens")
-        slots = self.tables[token_rows, index].astype(np.int64) * bs + pos % bs
-        width = int(lens.max()) if len(rows) else 0
+        slots = self.tables[token_rows, index].astype(np.int64) * bs + within
+        width = int(lens.max()) if b else 0
         flags = self.flags[rows]
-        batch = StepBatch(list(seq_ids), start, n, token_ids, np.asarray(sample, dtype=bool),
-                          slots, self.tables[rows, :width], lens, list(map(self.held.__getitem__, row_list)), flags,
+        batch = StepBatch(ids, start, n, token_ids, np.asarray(sample, dtype=bool), slots,
+                          self.tables[rows, :width], lens, list(held), flags,
                           temperature=self.temperature[rows], top_k=self.top_k[rows], top_p=self.top_p[rows],
                           min_p=self.min_p[rows], **batch_fields)
-        if (flags & FLAG_HISTORY).any():
+        some = int(np.bitwise_or.reduce(flags)) if b else 0
+        if some & FLAG_HISTORY:
             self._histories(batch)
-        for i in np.flatnonzero(flags & FLAG_INVALID):
-            batch.errors[int(i)] = batch.held[i].error
+        if some & FLAG_INVALID:
+            for i in np.flatnonzero(flags & FLAG_INVALID):
+                batch.errors[int(i)] = held[i].error
         return Applied(batch, rows, self.gen[rows], fed_i)
 
     @staticmethod
@@ -241,14 +263,18 @@ class RunningSet:
                 batch.errors[i] = f"left out of an earlier step: {self.left_out[batch.seq_ids[i]]}"
                 batch.token_ids[batch.starts[i]] = 0
             fed = np.delete(fed, out)
-        rows = step.rows[fed]
-        wrong = self.last_pos[rows] != batch.start_pos[fed]
+        if self.fast and len(fed) == len(batch.token_ids) == batch.num_seqs:
+            sel = at = slice(None)  # every row fed, one token each
+        else:
+            sel, at = fed, batch.starts[fed]
+        rows = step.rows[sel]
+        wrong = self.last_pos[rows] != batch.start_pos[sel]
         if wrong.any():
             i = int(fed[np.flatnonzero(wrong)[0]])
             raise FedTokenUnknown(f"{FED_UNKNOWN}: sequence {batch.seq_ids[i]!r} at position "
                                   f"{batch.start_pos[i]}: send its token")
         tokens = self.last_token[rows]
-        batch.token_ids[batch.starts[fed]] = tokens
+        batch.token_ids[at] = tokens
         if batch.histories:
             for k in np.flatnonzero(batch.flags[fed] & FLAG_HISTORY):
                 i = int(fed[k])
@@ -262,10 +288,12 @@ class RunningSet:
         batch = step.batch
         if not outputs:
             return
-        reporting = np.flatnonzero(batch.reports())
-        tokens = np.fromiter((o.token_id for o in outputs), dtype=np.int64, count=len(outputs))
-        rows = step.rows[reporting]
-        keep = batch.sample[reporting] & (self.gen[rows] == step.gens[reporting])
+        reports = batch.reports()
+        reporting = np.flatnonzero(reports)
+        at = slice(None) if self.fast and len(reporting) == len(reports) else reporting  # all report
+        tokens = np.array([o.token_id for o in outputs], dtype=np.int64)
+        rows = step.rows[at]
+        keep = batch.sample[at] & (self.gen[rows] == step.gens[at])
         errors = [k for k, o in enumerate(outputs) if o.error]
         for k in errors:
             keep[k] = False
@@ -273,6 +301,9 @@ class RunningSet:
             if seq_id in self.row_of and self.gen[rows[k]] == step.gens[reporting[k]]:
                 self.left_out[seq_id] = outputs[k].error
                 self.last_pos[rows[k]] = -1
-        ends = batch.start_pos[reporting] + batch.num_tokens[reporting]
-        self.last_pos[rows[keep]] = ends[keep]
-        self.last_token[rows[keep]] = tokens[keep]
+        ends = batch.start_pos[at] + batch.num_tokens[at]
+        if self.fast and keep.all():
+            self.last_pos[rows], self.last_token[rows] = ends, tokens
+        else:
+            self.last_pos[rows[keep]] = ends[keep]
+            self.last_token[rows[keep]] = tokens[keep]
