@@ -104,7 +104,7 @@ class SequenceStates:
                           list(state.prompt))
         if len(m.copy_src) != len(m.copy_dst):
             raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
-        applied = running.apply(m.seq_ids, m.start_pos, m.num_tokens, m.token_ids, m.fed, m.sample,
+        applied = running.apply(convert.split_ids(m.seq_ids, m.joined_seq_ids), m.start_pos, m.num_tokens, m.token_ids, m.fed, m.sample,
                                 m.table_start, m.num_new_blocks, m.new_blocks, pool_epoch=m.pool_epoch,
                                 forget=list(m.forget), copies=list(zip(m.copy_src, m.copy_dst)))
         return Expanded(applied, session)

@@ -40,7 +40,7 @@ class ZeroCostExecutor:
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         self.num_steps += 1
         token, ids, sample = self.token_id, batch.seq_ids, batch.sample
-        if batch.errors or (batch.flags & FLAG_PROMPT_LOGPROBS).any():
+        if batch.errors or batch.some_flags & FLAG_PROMPT_LOGPROBS:
             return [_output(batch, i, token) for i in np.flatnonzero(batch.reports()).tolist()]
         return list(map(SampleOutput, itertools.compress(ids, sample.tolist()), itertools.repeat(token)))
 

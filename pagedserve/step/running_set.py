@@ -42,10 +42,28 @@ def columns_of(sp) -> tuple[float, int, float, float]:
 class Applied:
     """A step made from the running set: the batch, and the rows it came from."""
 
-    __slots__ = ("batch", "rows", "gens", "fed")
+    __slots__ = ("batch", "rows", "gens", "fed", "owners")
 
-    def __init__(self, batch: StepBatch, rows: np.ndarray, gens: np.ndarray, fed: np.ndarray):
+    def __init__(self, batch: StepBatch, rows: np.ndarray, gens: np.ndarray, fed: np.ndarray, owners: int = -1):
         self.batch, self.rows, self.gens, self.fed = batch, rows, gens, fed
+        self.owners = owners  # RunningSet._owners when it was made: no row changed hands since while equal
+
+
+class StepRows:
+    """The rows of one step's ids and what they hold (read-only arrays): the running set
+    hands the same to each step that names the same ids, until a row changes."""
+
+    __slots__ = ("ids", "rows", "held", "flags", "some", "temperature", "top_k", "top_p", "min_p", "gen")
+
+    def __init__(self, running: "RunningSet", ids: list[str], rows: list[int]):
+        self.ids = ids
+        self.rows = np.array(rows, dtype=np.int64)
+        self.held = list(map(running.held.__getitem__, rows))
+        for name in ("flags", "temperature", "top_k", "top_p", "min_p", "gen"):
+            setattr(self, name, getattr(running, name)[self.rows])
+        for a in (self.rows, self.flags, self.temperature, self.top_k, self.top_p, self.min_p, self.gen):
+            a.flags.writeable = False
+        self.some = int(np.bitwise_or.reduce(self.flags)) if len(rows) else 0  # every row's flags
 
 
 class RunningSet:
@@ -67,21 +85,22 @@ class RunningSet:
         self.min_p = np.zeros(rows, dtype=np.float32)
         self.left_out: dict[str, str] = {}  # seq id -> why the executor left it out of a step
         self._gen = 0
+        self._owners = 0  # counts rows given to a sequence or taken from one
         self._checked = (None, 0, "")  # the last sampling parameters checked: (them, flags, error)
-        self._last: tuple | None = None  # the last step's (ids, rows, held): see `_rows`
+        self._last: StepRows | None = None  # the last step's: see `_rows`
 
     def __len__(self) -> int:
         return len(self.row_of)
 
     def _grow(self, rows: int = 0, width: int = 0) -> None:
         old_rows, old_width = self.tables.shape
-        self._last = None
         rows, width = max(rows, old_rows), max(width, old_width)
         if width > old_width:
             t = np.zeros((old_rows, width), dtype=np.int32)
             t[:, :old_width] = self.tables
             self.tables = t
         if rows > old_rows:
+            self._last = None
             extra = rows - old_rows
             self.tables = np.concatenate([self.tables, np.zeros((extra, width), dtype=np.int32)])
             for name, fill in (("table_len", 0), ("last_pos", -1), ("last_token", 0), ("gen", 0), ("flags", 0),
@@ -100,6 +119,7 @@ class RunningSet:
             if not self.free:
                 self._grow(rows=2 * len(self.held))
             r = self.row_of[seq_id] = self.free.pop()
+            self._owners += 1
             self._gen += 1
             self.gen[r] = self._gen
             self.last_pos[r] = -1
@@ -127,6 +147,7 @@ class RunningSet:
             self.left_out.pop(seq_id, None)
             if r is not None:
                 self._last = None
+                self._owners += 1
                 self.held[r] = None
                 self.table_len[r] = 0
                 self.free.append(r)
@@ -141,20 +162,49 @@ class RunningSet:
             self.tables[r, end:old] = 0
         self.table_len[r] = end
 
-    def _rows(self, ids: list[str]) -> tuple[np.ndarray, list]:
-        """The rows of `ids` and what they hold; StateLost for an id not held. The last
-        step's answer is kept until a row changes hands, as most steps name the same ids."""
+    def _rows(self, ids: list[str]) -> StepRows:
+        """The rows of `ids`; StateLost for an id not held. The last step's are kept until
+        a row changes hands, as most steps name the same ids."""
         last = self._last
-        if last is not None and self.fast and last[0] == ids:
-            return last[1], last[2]
+        if last is not None and self.fast and last.ids == ids:
+            return last
         try:
-            row_list = list(map(self.row_of.__getitem__, ids))
+            rows = list(map(self.row_of.__getitem__, ids))
         except KeyError as e:
             raise StateLost(f"{STATE_LOST}: sequence {e.args[0]!r} is unknown to this executor: "
                             "send its state") from None
-        rows, held = np.array(row_list, dtype=np.int64), list(map(self.held.__getitem__, row_list))
-        self._last = (ids[:], rows, held)
-        return rows, held
+        self._last = StepRows(self, ids[:], rows)
+        return self._last
+
+    def _change_tables(self, ids: list[str], rows: np.ndarray, tstart: np.ndarray, nnew: np.ndarray,
+                       new_blocks) -> None:
+        """From `tstart[i]` on, row i's table is its `nnew[i]` blocks of `new_blocks`;
+        ValueError, before any change, for a change that does not fit."""
+        if nnew.sum() != len(new_blocks):
+            raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
+        changed = np.flatnonzero((nnew > 0) | (tstart != self.table_len[rows]))
+        if not len(changed):
+            return
+        r, ts, k = rows[changed], tstart[changed], nnew[changed]
+        old = self.table_len[r]
+        bad = np.flatnonzero(ts > old)
+        if len(bad):
+            i = bad[0]
+            raise ValueError(f"sequence {ids[changed[i]]}: block table change at {ts[i]}, "
+                             f"but it holds {old[i]} blocks")
+        if len(set(r.tolist())) < len(r):
+            twice = next(ids[i] for i in changed if (r == rows[i]).sum() > 1)
+            raise ValueError(f"sequence {twice}: twice in one step that changes its block table")
+        end = ts + k
+        top = int(end.max())
+        if top > self.tables.shape[1]:
+            self._grow(width=max(top, 2 * self.tables.shape[1]))
+        if len(new_blocks):
+            first = np.cumsum(k) - k
+            self.tables[np.repeat(r, k), np.arange(len(new_blocks)) - np.repeat(first - ts, k)] = new_blocks
+        for i in np.flatnonzero(end < old):  # cut back (recompute)
+            self.tables[r[i], end[i]:old[i]] = 0
+        self.table_len[r] = end
 
     def apply(self, seq_ids: list[str], start_pos, num_tokens, tokens, fed, sample, table_start,
               num_new_blocks, new_blocks, **batch_fields) -> Applied:
@@ -164,8 +214,8 @@ class RunningSet:
         pool_epoch, forget, step, copies. StateLost for an unknown id;
         ValueError for a change that does not fit."""
         ids = list(seq_ids)
-        rows, held = self._rows(ids)
-        b = len(ids)
+        at = self._rows(ids)
+        rows, b = at.rows, len(ids)
         start = np.asarray(start_pos, dtype=np.int64)
         n = np.asarray(num_tokens, dtype=np.int64)
         tstart = np.asarray(table_start, dtype=np.int64)
@@ -178,29 +228,20 @@ class RunningSet:
             i = int(np.flatnonzero((n < 1) | (start < 0))[0])
             raise ValueError(f"sequence {ids[i]}: {n[i]} tokens at position {start[i]}: "
                              "a step computes at least one token at a position >= 0")
-        if nnew.sum() != len(new_blocks):
-            raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
         lens = self.table_len[rows]
-        changed = np.flatnonzero((nnew > 0) | (tstart != lens))
-        if len(changed):
-            ends = np.cumsum(nnew)
-            blocks = np.asarray(new_blocks, dtype=np.int64)
-            for i in changed:
-                r, ts = rows[i], int(tstart[i])
-                if ts > self.table_len[r]:
-                    raise ValueError(f"sequence {ids[i]}: block table change at {ts}, "
-                                     f"but it holds {self.table_len[r]} blocks")
-                self._set_table(r, ts, blocks[ends[i] - nnew[i]:ends[i]])
+        if len(new_blocks) or nnew.any() or (tstart != lens).any():
+            self._change_tables(ids, rows, tstart, nnew, new_blocks)
             lens = self.table_len[rows]
         total = int(n.sum())
         decode = total == b  # one token each (n >= 1)
-        fed_i = np.flatnonzero(fed) if fed is not None else np.zeros(0, dtype=np.int64)
+        fed_i = fed.nonzero()[0] if fed is not None else np.zeros(0, dtype=np.int64)
         if len(fed_i) and not decode and (n[fed_i] != 1).any():
             i = int(fed_i[n[fed_i] != 1][0])
             raise ValueError(f"sequence {ids[i]}: a fed step computes one token, not {n[i]}")
         if total - len(fed_i) != len(tokens):
             raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
-        token_ids = np.full(total, PENDING, dtype=np.int64)
+        token_ids = np.empty(total, dtype=np.int64)
+        token_ids.fill(PENDING)
         if decode:
             token_rows, pos, first = rows, start, None
         else:
@@ -215,7 +256,7 @@ class RunningSet:
             else:
                 token_ids[:] = tokens
         bs = self.block_size
-        index, within = np.divmod(pos, bs)
+        index, slots = np.divmod(pos, bs)
         short = index >= (lens if decode else self.table_len[token_rows])
         if short.any():
             t = int(np.flatnonzero(short)[0])
@@ -223,20 +264,17 @@ class RunningSet:
             end = int(start[i] + n[i])
             raise ValueError(f"sequence {ids[i]}: {lens[i]} blocks in its table, "
                              f"{-(-end // bs)} needed for {end} tokens")
-        slots = self.tables[token_rows, index].astype(np.int64) * bs + within
+        slots += self.tables[token_rows, index] * np.int64(bs)
         width = int(lens.max()) if b else 0
-        flags = self.flags[rows]
         batch = StepBatch(ids, start, n, token_ids, np.asarray(sample, dtype=bool), slots,
-                          self.tables[rows, :width], lens, list(held), flags,
-                          temperature=self.temperature[rows], top_k=self.top_k[rows], top_p=self.top_p[rows],
-                          min_p=self.min_p[rows], **batch_fields)
-        some = int(np.bitwise_or.reduce(flags)) if b else 0
-        if some & FLAG_HISTORY:
+                          self.tables[rows, :width], lens, list(at.held), at.flags, temperature=at.temperature,
+                          top_k=at.top_k, top_p=at.top_p, min_p=at.min_p, _some=at.some, **batch_fields)
+        if at.some & FLAG_HISTORY:
             self._histories(batch)
-        if some & FLAG_INVALID:
-            for i in np.flatnonzero(flags & FLAG_INVALID):
-                batch.errors[int(i)] = held[i].error
-        return Applied(batch, rows, self.gen[rows], fed_i)
+        if at.some & FLAG_INVALID:
+            for i in np.flatnonzero(at.flags & FLAG_INVALID):
+                batch.errors[int(i)] = at.held[i].error
+        return Applied(batch, rows, at.gen, fed_i, self._owners)
 
     @staticmethod
     def _histories(batch: StepBatch) -> None:
@@ -289,20 +327,26 @@ class RunningSet:
         if not outputs:
             return
         reports = batch.reports()
-        reporting = np.flatnonzero(reports)
-        at = slice(None) if self.fast and len(reporting) == len(reports) else reporting  # all report
+        everyone = self.fast and np.count_nonzero(reports) == len(reports)
+        reporting = None if everyone else np.flatnonzero(reports)
+        at = slice(None) if everyone else reporting
         tokens = np.array([o.token_id for o in outputs], dtype=np.int64)
         rows = step.rows[at]
-        keep = batch.sample[at] & (self.gen[rows] == step.gens[at])
-        errors = [k for k, o in enumerate(outputs) if o.error]
-        for k in errors:
+        if everyone and step.owners == self._owners and not batch.errors and not batch.some_flags & FLAG_PROMPT_LOGPROBS:
+            keep = None  # every row sampled, and none changed hands since the step was made
+        else:
+            keep = batch.sample[at] & (self.gen[rows] == step.gens[at])
+        for k in [k for k, o in enumerate(outputs) if o.error]:
+            if keep is None:
+                keep = np.ones(len(outputs), dtype=bool)
             keep[k] = False
-            seq_id = batch.seq_ids[reporting[k]]
-            if seq_id in self.row_of and self.gen[rows[k]] == step.gens[reporting[k]]:
+            i = k if reporting is None else reporting[k]
+            seq_id = batch.seq_ids[i]
+            if seq_id in self.row_of and self.gen[rows[k]] == step.gens[i]:
                 self.left_out[seq_id] = outputs[k].error
                 self.last_pos[rows[k]] = -1
         ends = batch.start_pos[at] + batch.num_tokens[at]
-        if self.fast and keep.all():
+        if keep is None:
             self.last_pos[rows], self.last_token[rows] = ends, tokens
         else:
             self.last_pos[rows[keep]] = ends[keep]

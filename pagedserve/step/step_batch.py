@@ -61,6 +61,7 @@ class StepBatch:
     step: int = 0
     copies: list[tuple[int, int]] = field(default_factory=list)
     _starts: np.ndarray | None = field(default=None, repr=False, compare=False)
+    _some: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
@@ -74,6 +75,13 @@ class StepBatch:
             np.cumsum(self.num_tokens, out=s[1:])
             self._starts = s
         return self._starts
+
+    @property
+    def some_flags(self) -> int:
+        """The FLAG_* bits of any row (every row's flags or'ed): what no row asks is skipped."""
+        if self._some is None:
+            self._some = int(np.bitwise_or.reduce(self.flags)) if len(self.flags) else 0
+        return self._some
 
     def tokens_of(self, i: int) -> np.ndarray:
         s = self.starts
@@ -107,8 +115,9 @@ class StepBatch:
         out = self.sample.copy()
         for i in self.errors:
             out[i] = True
-        for i in np.flatnonzero(self.flags & FLAG_PROMPT_LOGPROBS):
-            out[i] |= bool(self.prompt_logprob_positions(int(i)))
+        if self.some_flags & FLAG_PROMPT_LOGPROBS:
+            for i in np.flatnonzero(self.flags & FLAG_PROMPT_LOGPROBS):
+                out[i] |= bool(self.prompt_logprob_positions(int(i)))
         return out
 
     def columns(self) -> tuple:
