@@ -268,7 +268,7 @@ class RunningSet:
         width = int(lens.max()) if b else 0
         batch = StepBatch(ids, start, n, token_ids, np.asarray(sample, dtype=bool), slots,
                           self.tables[rows, :width], lens, list(at.held), at.flags, temperature=at.temperature,
-                          top_k=at.top_k, top_p=at.top_p, min_p=at.min_p, _some=at.some, **batch_fields)
+                          top_k=at.top_k, top_p=at.top_p, min_p=at.min_p, **batch_fields)
         if at.some & FLAG_HISTORY:
             self._histories(batch)
         if at.some & FLAG_INVALID:

@@ -61,7 +61,6 @@ class StepBatch:
     step: int = 0
     copies: list[tuple[int, int]] = field(default_factory=list)
     _starts: np.ndarray | None = field(default=None, repr=False, compare=False)
-    _some: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
@@ -79,9 +78,10 @@ class StepBatch:
     @property
     def some_flags(self) -> int:
         """The FLAG_* bits of any row (every row's flags or'ed): what no row asks is skipped."""
-        if self._some is None:
-            self._some = int(np.bitwise_or.reduce(self.flags)) if len(self.flags) else 0
-        return self._some
+        some = self.__dict__.get("_some")  # (not a field: made once, when first asked)
+        if some is None:
+            some = self._some = int(np.bitwise_or.reduce(self.flags)) if len(self.flags) else 0
+        return some
 
     def tokens_of(self, i: int) -> np.ndarray:
         s = self.starts
