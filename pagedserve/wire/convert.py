@@ -227,9 +227,10 @@ def prompt_logprobs_from_proto(entries) -> list[PromptLogprob]:
 
 def outputs_to_proto(outputs: list[SampleOutput], incarnation: str = "") -> executor_pb2.ExecuteResponse:
     """Tokens alone (packed) when every output is a sampled token without logprobs."""
-    if all(o.logprob is None and not o.top_logprobs and o.sampled and not o.prompt_logprobs
-           and not o.error for o in outputs):
-        return executor_pb2.ExecuteResponse(tokens=[o.token_id for o in outputs], incarnation=incarnation)
+    tokens = [o.token_id for o in outputs if o.logprob is None and o.sampled and not o.top_logprobs
+              and not o.prompt_logprobs and not o.error]
+    if len(tokens) == len(outputs):
+        return executor_pb2.ExecuteResponse(tokens=tokens, incarnation=incarnation)
     SO, TL = executor_pb2.SampleOutput, generation_pb2.TopLogprob
     return executor_pb2.ExecuteResponse(outputs=[
         SO(seq_id=o.seq_id, token_id=o.token_id if o.sampled else 0, logprob=o.logprob,
@@ -249,7 +250,7 @@ def outputs_from_proto(m: executor_pb2.ExecuteResponse, sampled_ids: list[str] |
         if sampled_ids is None or len(sampled_ids) != len(m.tokens):
             raise ValueError(f"the executor sent {len(m.tokens)} tokens for "
                              f"{'?' if sampled_ids is None else len(sampled_ids)} sampled sequences")
-        return [SampleOutput(i, t) for i, t in zip(sampled_ids, m.tokens)]
+        return list(map(SampleOutput, sampled_ids, m.tokens))
     return [
         SampleOutput(o.seq_id, -1 if o.prompt_only else o.token_id,
                      o.logprob if o.HasField("logprob") else None,
