@@ -7,9 +7,12 @@ memsvc), its last sampled token and that token's position (the feed: a step may 
 columns, and its constant state (`Held`). `apply` takes one step's columns (ids, start
 positions, token counts, the tokens not fed, table changes: from `table_start[i]` on, the
 table is the sequence's `num_new_blocks[i]` blocks of `new_blocks`) and makes the StepBatch
-with array operations over the batch; only rows whose table changed, or that keep a token
-history, are visited one by one. `fill` puts the fed tokens in place just before the pass,
-`record` keeps what it sampled. See docs/ARCHITECTURE.md, "One step".
+with array operations over the batch (table changes in one scatter, refused whole before
+any change); only rows that keep a token history are visited one by one. `fill` puts the fed tokens in place just before the pass,
+`record` keeps what it sampled. A steady decode step takes shortcuts (the last step's rows
+kept while no row changes hands, pagedserve.step.step_rows; every row fed; every row reporting)
+that give what the general path gives (`fast=False` takes none: the tests compare the two).
+See docs/ARCHITECTURE.md, "One step".
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import numpy as np
 
 from pagedserve.step.step_batch import (FLAG_GUIDED, FLAG_HISTORY, FLAG_INVALID, FLAG_PLAIN,
                                         FLAG_PROMPT_LOGPROBS, Held, StepBatch)
+from pagedserve.step.step_rows import StepRows
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.step_delta import STATE_LOST
 from pagedserve.wire.step_feed import FED_UNKNOWN, FedTokenUnknown
@@ -47,23 +51,6 @@ class Applied:
     def __init__(self, batch: StepBatch, rows: np.ndarray, gens: np.ndarray, fed: np.ndarray, owners: int = -1):
         self.batch, self.rows, self.gens, self.fed = batch, rows, gens, fed
         self.owners = owners  # RunningSet._owners when it was made: no row changed hands since while equal
-
-
-class StepRows:
-    """The rows of one step's ids and what they hold (read-only arrays): the running set
-    hands the same to each step that names the same ids, until a row changes."""
-
-    __slots__ = ("ids", "rows", "held", "flags", "some", "temperature", "top_k", "top_p", "min_p", "gen")
-
-    def __init__(self, running: "RunningSet", ids: list[str], rows: list[int]):
-        self.ids = ids
-        self.rows = np.array(rows, dtype=np.int64)
-        self.held = list(map(running.held.__getitem__, rows))
-        for name in ("flags", "temperature", "top_k", "top_p", "min_p", "gen"):
-            setattr(self, name, getattr(running, name)[self.rows])
-        for a in (self.rows, self.flags, self.temperature, self.top_k, self.top_p, self.min_p, self.gen):
-            a.flags.writeable = False
-        self.some = int(np.bitwise_or.reduce(self.flags)) if len(rows) else 0  # every row's flags
 
 
 class RunningSet:
