@@ -94,7 +94,9 @@ class SequenceStates:
                             f"one the state was sent to ({m.incarnation[:8]}): send every sequence's state")
         session = self._session(m.session_id)
         running = session.running
-        running.forget(m.forget)
+        forget = list(m.forget)
+        if forget:
+            running.forget(forget)
         prev, sp = None, None
         for state in m.states:
             if prev is None or state.sampling != prev:
@@ -104,9 +106,9 @@ class SequenceStates:
                           list(state.prompt))
         if len(m.copy_src) != len(m.copy_dst):
             raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
-        applied = running.apply(m.seq_ids, m.start_pos, m.num_tokens, m.token_ids, m.fed, m.sample,
-                                m.table_start, m.num_new_blocks, m.new_blocks, pool_epoch=m.pool_epoch,
-                                forget=list(m.forget), copies=list(zip(m.copy_src, m.copy_dst)))
+        applied = running.apply(convert.split_ids(m.seq_ids, m.joined_seq_ids), m.start_pos, m.num_tokens,
+                                m.token_ids, m.fed, m.sample, m.table_start, m.num_new_blocks, m.new_blocks,
+                                pool_epoch=m.pool_epoch, forget=forget, copies=list(zip(m.copy_src, m.copy_dst)))
         return Expanded(applied, session)
 
     @staticmethod

@@ -11,6 +11,8 @@ the gateway detokenizes real text.
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from pagedserve.step.step_batch import FLAG_PROMPT_LOGPROBS, StepBatch
@@ -38,9 +40,9 @@ class ZeroCostExecutor:
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         self.num_steps += 1
         token, ids, sample = self.token_id, batch.seq_ids, batch.sample
-        if batch.errors or (batch.flags & FLAG_PROMPT_LOGPROBS).any():
+        if batch.errors or batch.some_flags & FLAG_PROMPT_LOGPROBS:
             return [_output(batch, i, token) for i in np.flatnonzero(batch.reports()).tolist()]
-        return [SampleOutput(ids[i], token) for i in np.flatnonzero(sample).tolist()]
+        return list(map(SampleOutput, itertools.compress(ids, sample.tolist()), itertools.repeat(token)))
 
 
 def _output(batch: StepBatch, i: int, token: int) -> SampleOutput:

@@ -7,9 +7,12 @@ memsvc), its last sampled token and that token's position (the feed: a step may 
 columns, and its constant state (`Held`). `apply` takes one step's columns (ids, start
 positions, token counts, the tokens not fed, table changes: from `table_start[i]` on, the
 table is the sequence's `num_new_blocks[i]` blocks of `new_blocks`) and makes the StepBatch
-with array operations over the batch; only rows whose table changed, or that keep a token
-history, are visited one by one. `fill` puts the fed tokens in place just before the pass,
-`record` keeps what it sampled. See docs/ARCHITECTURE.md, "One step".
+with array operations over the batch (table changes in one scatter, refused whole before
+any change); only rows that keep a token history are visited one by one. `fill` puts the fed tokens in place just before the pass,
+`record` keeps what it sampled. A steady decode step takes shortcuts (the last step's rows
+kept while no row changes hands, pagedserve.step.step_rows; every row fed; every row reporting)
+that give what the general path gives (`fast=False` takes none: the tests compare the two).
+See docs/ARCHITECTURE.md, "One step".
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import numpy as np
 
 from pagedserve.step.step_batch import (FLAG_GUIDED, FLAG_HISTORY, FLAG_INVALID, FLAG_PLAIN,
                                         FLAG_PROMPT_LOGPROBS, Held, StepBatch)
+from pagedserve.step.step_rows import StepRows
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.step_delta import STATE_LOST
 from pagedserve.wire.step_feed import FED_UNKNOWN, FedTokenUnknown
@@ -42,15 +46,17 @@ def columns_of(sp) -> tuple[float, int, float, float]:
 class Applied:
     """A step made from the running set: the batch, and the rows it came from."""
 
-    __slots__ = ("batch", "rows", "gens", "fed")
+    __slots__ = ("batch", "rows", "gens", "fed", "owners")
 
-    def __init__(self, batch: StepBatch, rows: np.ndarray, gens: np.ndarray, fed: np.ndarray):
+    def __init__(self, batch: StepBatch, rows: np.ndarray, gens: np.ndarray, fed: np.ndarray, owners: int = -1):
         self.batch, self.rows, self.gens, self.fed = batch, rows, gens, fed
+        self.owners = owners  # RunningSet._owners when it was made: no row changed hands since while equal
 
 
 class RunningSet:
-    def __init__(self, block_size: int, rows: int = 64, width: int = 32):
+    def __init__(self, block_size: int, rows: int = 64, width: int = 32, fast: bool = True):
         self.block_size = block_size
+        self.fast = fast  # False: no step takes a shortcut (tests check that both agree)
         self.row_of: dict[str, int] = {}
         self.held: list[Held | None] = [None] * rows
         self.free = list(range(rows - 1, -1, -1))
@@ -66,7 +72,9 @@ class RunningSet:
         self.min_p = np.zeros(rows, dtype=np.float32)
         self.left_out: dict[str, str] = {}  # seq id -> why the executor left it out of a step
         self._gen = 0
+        self._owners = 0  # counts rows given to a sequence or taken from one
         self._checked = (None, 0, "")  # the last sampling parameters checked: (them, flags, error)
+        self._last: StepRows | None = None  # the last step's: see `_rows`
 
     def __len__(self) -> int:
         return len(self.row_of)
@@ -79,6 +87,7 @@ class RunningSet:
             t[:, :old_width] = self.tables
             self.tables = t
         if rows > old_rows:
+            self._last = None
             extra = rows - old_rows
             self.tables = np.concatenate([self.tables, np.zeros((extra, width), dtype=np.int32)])
             for name, fill in (("table_len", 0), ("last_pos", -1), ("last_token", 0), ("gen", 0), ("flags", 0),
@@ -91,11 +100,13 @@ class RunningSet:
     def admit(self, seq_id: str, sampling, seed: int, prompt_len: int = 0, history: list[int] | None = None,
               prompt: list[int] | None = None, table: list[int] | None = None) -> int:
         """Hold a sequence (again: its state and table replaced, its last sample kept)."""
+        self._last = None
         r = self.row_of.get(seq_id)
         if r is None:
             if not self.free:
                 self._grow(rows=2 * len(self.held))
             r = self.row_of[seq_id] = self.free.pop()
+            self._owners += 1
             self._gen += 1
             self.gen[r] = self._gen
             self.last_pos[r] = -1
@@ -122,6 +133,8 @@ class RunningSet:
             r = self.row_of.pop(seq_id, None)
             self.left_out.pop(seq_id, None)
             if r is not None:
+                self._last = None
+                self._owners += 1
                 self.held[r] = None
                 self.table_len[r] = 0
                 self.free.append(r)
@@ -136,6 +149,50 @@ class RunningSet:
             self.tables[r, end:old] = 0
         self.table_len[r] = end
 
+    def _rows(self, ids: list[str]) -> StepRows:
+        """The rows of `ids`; StateLost for an id not held. The last step's are kept until
+        a row changes hands, as most steps name the same ids."""
+        last = self._last
+        if last is not None and self.fast and last.ids == ids:
+            return last
+        try:
+            rows = list(map(self.row_of.__getitem__, ids))
+        except KeyError as e:
+            raise StateLost(f"{STATE_LOST}: sequence {e.args[0]!r} is unknown to this executor: "
+                            "send its state") from None
+        self._last = StepRows(self, ids[:], rows)
+        return self._last
+
+    def _change_tables(self, ids: list[str], rows: np.ndarray, tstart: np.ndarray, nnew: np.ndarray,
+                       new_blocks) -> None:
+        """From `tstart[i]` on, row i's table is its `nnew[i]` blocks of `new_blocks`;
+        ValueError, before any change, for a change that does not fit."""
+        if nnew.sum() != len(new_blocks):
+            raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
+        changed = np.flatnonzero((nnew > 0) | (tstart != self.table_len[rows]))
+        if not len(changed):
+            return
+        r, ts, k = rows[changed], tstart[changed], nnew[changed]
+        old = self.table_len[r]
+        bad = np.flatnonzero(ts > old)
+        if len(bad):
+            i = bad[0]
+            raise ValueError(f"sequence {ids[changed[i]]}: block table change at {ts[i]}, "
+                             f"but it holds {old[i]} blocks")
+        if len(set(r.tolist())) < len(r):
+            twice = next(ids[i] for i in changed if (r == rows[i]).sum() > 1)
+            raise ValueError(f"sequence {twice}: twice in one step that changes its block table")
+        end = ts + k
+        top = int(end.max())
+        if top > self.tables.shape[1]:
+            self._grow(width=max(top, 2 * self.tables.shape[1]))
+        if len(new_blocks):
+            first = np.cumsum(k) - k
+            self.tables[np.repeat(r, k), np.arange(len(new_blocks)) - np.repeat(first - ts, k)] = new_blocks
+        for i in np.flatnonzero(end < old):  # cut back (recompute)
+            self.tables[r[i], end[i]:old[i]] = 0
+        self.table_len[r] = end
+
     def apply(self, seq_ids: list[str], start_pos, num_tokens, tokens, fed, sample, table_start,
               num_new_blocks, new_blocks, **batch_fields) -> Applied:
         """The StepBatch of one step's columns; its table changes applied. `tokens`: the
@@ -143,78 +200,68 @@ class RunningSet:
         sequence computes one token, PENDING until `fill`. `batch_fields`: the StepBatch's
         pool_epoch, forget, step, copies. StateLost for an unknown id;
         ValueError for a change that does not fit."""
-        try:
-            row_list = list(map(self.row_of.__getitem__, seq_ids))
-        except KeyError as e:
-            raise StateLost(f"{STATE_LOST}: sequence {e.args[0]!r} is unknown to this executor: "
-                            "send its state") from None
-        rows = np.array(row_list, dtype=np.int64)
+        ids = list(seq_ids)
+        at = self._rows(ids)
+        rows, b = at.rows, len(ids)
         start = np.asarray(start_pos, dtype=np.int64)
         n = np.asarray(num_tokens, dtype=np.int64)
         tstart = np.asarray(table_start, dtype=np.int64)
         nnew = np.asarray(num_new_blocks, dtype=np.int64)
-        if len(start) != len(rows) or len(n) != len(rows) or len(tstart) != len(rows) or len(nnew) != len(rows):
-            raise ValueError(f"{len(rows)} sequences, but the step's columns have other lengths")
-        if len(rows) and (n.min() < 1 or start.min() < 0):
+        fed = np.asarray(fed, dtype=bool) if fed is not None and len(fed) else None
+        if (len(start) != b or len(n) != b or len(tstart) != b or len(nnew) != b
+                or fed is not None and len(fed) != b):
+            raise ValueError(f"{b} sequences, but the step's columns have other lengths")
+        if b and (n.min() < 1 or start.min() < 0):
             i = int(np.flatnonzero((n < 1) | (start < 0))[0])
-            raise ValueError(f"sequence {seq_ids[i]}: {n[i]} tokens at position {start[i]}: "
+            raise ValueError(f"sequence {ids[i]}: {n[i]} tokens at position {start[i]}: "
                              "a step computes at least one token at a position >= 0")
-        if nnew.sum() != len(new_blocks):
-            raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
-        changed = np.flatnonzero((nnew > 0) | (tstart != self.table_len[rows]))
-        if len(changed):
-            ends = np.cumsum(nnew)
-            blocks = np.asarray(new_blocks, dtype=np.int64)
-            for i in changed:
-                r, ts = rows[i], int(tstart[i])
-                if ts > self.table_len[r]:
-                    raise ValueError(f"sequence {seq_ids[i]}: block table change at {ts}, "
-                                     f"but it holds {self.table_len[r]} blocks")
-                self._set_table(r, ts, blocks[ends[i] - nnew[i]:ends[i]])
+        lens = self.table_len[rows]
+        if len(new_blocks) or nnew.any() or (tstart != lens).any():
+            self._change_tables(ids, rows, tstart, nnew, new_blocks)
+            lens = self.table_len[rows]
         total = int(n.sum())
-        fed_i = np.flatnonzero(fed) if fed is not None and len(fed) else np.zeros(0, dtype=np.int64)
-        if len(fed_i) and (n[fed_i] != 1).any():
+        decode = total == b  # one token each (n >= 1)
+        fed_i = fed.nonzero()[0] if fed is not None else np.zeros(0, dtype=np.int64)
+        if len(fed_i) and not decode and (n[fed_i] != 1).any():
             i = int(fed_i[n[fed_i] != 1][0])
-            raise ValueError(f"sequence {seq_ids[i]}: a fed step computes one token, not {n[i]}")
+            raise ValueError(f"sequence {ids[i]}: a fed step computes one token, not {n[i]}")
         if total - len(fed_i) != len(tokens):
             raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
-        bs = self.block_size
-        if total == len(rows):  # one token each: a decode step
-            token_rows, pos = rows, start
-            token_ids = np.full(total, PENDING, dtype=np.int64)
-            if len(fed_i) < total:
-                known = np.ones(total, dtype=bool)
-                known[fed_i] = False
-                token_ids[known] = tokens
+        token_ids = np.empty(total, dtype=np.int64)
+        token_ids.fill(PENDING)
+        if decode:
+            token_rows, pos, first = rows, start, None
         else:
             first = np.cumsum(n) - n
             token_rows = np.repeat(rows, n)
             pos = np.arange(total, dtype=np.int64) - np.repeat(first - start, n)
-            token_ids = np.full(total, PENDING, dtype=np.int64)
-            known = np.ones(total, dtype=bool)
-            known[first[fed_i]] = False
-            token_ids[known] = tokens
-        index = pos // bs
-        lens = self.table_len[rows]
-        short = index >= self.table_len[token_rows]
+        if len(fed_i) < total:
+            if len(fed_i):
+                known = np.ones(total, dtype=bool)
+                known[fed_i if decode else first[fed_i]] = False
+                token_ids[known] = tokens
+            else:
+                token_ids[:] = tokens
+        bs = self.block_size
+        index, slots = np.divmod(pos, bs)
+        short = index >= (lens if decode else self.table_len[token_rows])
         if short.any():
             t = int(np.flatnonzero(short)[0])
-            i = t if total == len(rows) else int(np.searchsorted(np.cumsum(n), t, side="right"))
+            i = t if decode else int(np.searchsorted(np.cumsum(n), t, side="right"))
             end = int(start[i] + n[i])
-            raise ValueError(f"sequence {seq_ids[i]}: {lens[i]} blocks in its table, "
+            raise ValueError(f"sequence {ids[i]}: {lens[i]} blocks in its table, "
                              f"{-(-end // bs)} needed for {end} tokens")
-        slots = self.tables[token_rows, index].astype(np.int64) * bs + pos % bs
-        width = int(lens.max()) if len(rows) else 0
-        flags = self.flags[rows]
-        batch = StepBatch(list(seq_ids), start, n, token_ids, np.asarray(sample, dtype=bool),
-                          slots, self.tables[rows, :width], lens, list(map(self.held.__getitem__, row_list)), flags,
-                          temperature=self.temperature[rows], top_k=self.top_k[rows], top_p=self.top_p[rows],
-                          min_p=self.min_p[rows], **batch_fields)
-        if (flags & FLAG_HISTORY).any():
+        slots += self.tables[token_rows, index] * np.int64(bs)
+        width = int(lens.max()) if b else 0
+        batch = StepBatch(ids, start, n, token_ids, np.asarray(sample, dtype=bool), slots,
+                          self.tables[rows, :width], lens, list(at.held), at.flags, temperature=at.temperature,
+                          top_k=at.top_k, top_p=at.top_p, min_p=at.min_p, **batch_fields)
+        if at.some & FLAG_HISTORY:
             self._histories(batch)
-        for i in np.flatnonzero(flags & FLAG_INVALID):
-            batch.errors[int(i)] = batch.held[i].error
-        return Applied(batch, rows, self.gen[rows], fed_i)
+        if at.some & FLAG_INVALID:
+            for i in np.flatnonzero(at.flags & FLAG_INVALID):
+                batch.errors[int(i)] = at.held[i].error
+        return Applied(batch, rows, at.gen, fed_i, self._owners)
 
     @staticmethod
     def _histories(batch: StepBatch) -> None:
@@ -241,14 +288,18 @@ class RunningSet:
                 batch.errors[i] = f"left out of an earlier step: {self.left_out[batch.seq_ids[i]]}"
                 batch.token_ids[batch.starts[i]] = 0
             fed = np.delete(fed, out)
-        rows = step.rows[fed]
-        wrong = self.last_pos[rows] != batch.start_pos[fed]
+        if self.fast and len(fed) == len(batch.token_ids) == batch.num_seqs:
+            sel = at = slice(None)  # every row fed, one token each
+        else:
+            sel, at = fed, batch.starts[fed]
+        rows = step.rows[sel]
+        wrong = self.last_pos[rows] != batch.start_pos[sel]
         if wrong.any():
             i = int(fed[np.flatnonzero(wrong)[0]])
             raise FedTokenUnknown(f"{FED_UNKNOWN}: sequence {batch.seq_ids[i]!r} at position "
                                   f"{batch.start_pos[i]}: send its token")
         tokens = self.last_token[rows]
-        batch.token_ids[batch.starts[fed]] = tokens
+        batch.token_ids[at] = tokens
         if batch.histories:
             for k in np.flatnonzero(batch.flags[fed] & FLAG_HISTORY):
                 i = int(fed[k])
@@ -262,17 +313,28 @@ class RunningSet:
         batch = step.batch
         if not outputs:
             return
-        reporting = np.flatnonzero(batch.reports())
-        tokens = np.fromiter((o.token_id for o in outputs), dtype=np.int64, count=len(outputs))
-        rows = step.rows[reporting]
-        keep = batch.sample[reporting] & (self.gen[rows] == step.gens[reporting])
-        errors = [k for k, o in enumerate(outputs) if o.error]
-        for k in errors:
+        reports = batch.reports()
+        everyone = self.fast and np.count_nonzero(reports) == len(reports)
+        reporting = None if everyone else np.flatnonzero(reports)
+        at = slice(None) if everyone else reporting
+        tokens = np.array([o.token_id for o in outputs], dtype=np.int64)
+        rows = step.rows[at]
+        if everyone and step.owners == self._owners and not batch.errors and not batch.some_flags & FLAG_PROMPT_LOGPROBS:
+            keep = None  # every row sampled, and none changed hands since the step was made
+        else:
+            keep = batch.sample[at] & (self.gen[rows] == step.gens[at])
+        for k in [k for k, o in enumerate(outputs) if o.error]:
+            if keep is None:
+                keep = np.ones(len(outputs), dtype=bool)
             keep[k] = False
-            seq_id = batch.seq_ids[reporting[k]]
-            if seq_id in self.row_of and self.gen[rows[k]] == step.gens[reporting[k]]:
+            i = k if reporting is None else reporting[k]
+            seq_id = batch.seq_ids[i]
+            if seq_id in self.row_of and self.gen[rows[k]] == step.gens[i]:
                 self.left_out[seq_id] = outputs[k].error
                 self.last_pos[rows[k]] = -1
-        ends = batch.start_pos[reporting] + batch.num_tokens[reporting]
-        self.last_pos[rows[keep]] = ends[keep]
-        self.last_token[rows[keep]] = tokens[keep]
+        ends = batch.start_pos[at] + batch.num_tokens[at]
+        if keep is None:
+            self.last_pos[rows], self.last_token[rows] = ends, tokens
+        else:
+            self.last_pos[rows[keep]] = ends[keep]
+            self.last_token[rows[keep]] = tokens[keep]

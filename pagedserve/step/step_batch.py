@@ -75,6 +75,14 @@ class StepBatch:
             self._starts = s
         return self._starts
 
+    @property
+    def some_flags(self) -> int:
+        """The FLAG_* bits of any row (every row's flags or'ed): what no row asks is skipped."""
+        some = self.__dict__.get("_some")  # (not a field: made once, when first asked)
+        if some is None:
+            some = self._some = int(np.bitwise_or.reduce(self.flags)) if len(self.flags) else 0
+        return some
+
     def tokens_of(self, i: int) -> np.ndarray:
         s = self.starts
         return self.token_ids[s[i]:s[i + 1]]
@@ -107,8 +115,9 @@ class StepBatch:
         out = self.sample.copy()
         for i in self.errors:
             out[i] = True
-        for i in np.flatnonzero(self.flags & FLAG_PROMPT_LOGPROBS):
-            out[i] |= bool(self.prompt_logprob_positions(int(i)))
+        if self.some_flags & FLAG_PROMPT_LOGPROBS:
+            for i in np.flatnonzero(self.flags & FLAG_PROMPT_LOGPROBS):
+                out[i] |= bool(self.prompt_logprob_positions(int(i)))
         return out
 
     def columns(self) -> tuple:

@@ -2,8 +2,10 @@
 
 Runs on every step for every sequence, so it stays close to the metal: messages are built
 with keyword constructors (repeated fields filled from lists in C) and read back with
-`list(...)`; sequences that share a SamplingParams share one message going out, and
-consecutive equal sampling messages share one SamplingParams coming back.
+`list(...)`; a column of sequence ids travels as one string, the ids joined by newlines
+(`join_ids`, `split_ids`; in its repeated field when an id holds a newline); sequences that
+share a SamplingParams share one message going out, and consecutive equal sampling
+messages share one SamplingParams coming back.
 
 Proto3 conventions at this boundary: an empty string means None for optional text
 (chat_template); SamplingParams fields follow the comments in generation.proto (0 means
@@ -29,6 +31,23 @@ from pagedserve.wire.protocol import (
 )
 from pagedserve.wire.sampling_fields import DEFAULTS
 from pagedserve.wire.v1 import executor_pb2, generation_pb2, memory_pb2
+
+# -- id columns ----------------------------------------------------------------------------
+
+
+def join_ids(ids: list[str]) -> tuple[list[str], str]:
+    """(repeated, joined): a column of ids for its two proto fields. Joined by newlines
+    unless an id holds one (or the column is [""], which would join to nothing)."""
+    joined = "\n".join(ids)
+    if joined and joined.count("\n") == len(ids) - 1:
+        return [], joined
+    return ids, ""
+
+
+def split_ids(repeated, joined: str) -> list[str]:
+    """The column `join_ids` sent."""
+    return joined.split("\n") if joined else list(repeated)
+
 
 # -- sampling and geometry ---------------------------------------------------------------
 
@@ -106,13 +125,15 @@ def model_info_from_proto(m: executor_pb2.ModelInfoResponse, tokenizer_dir: str 
 
 
 def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest:
-    fills = plan.fills
+    fill_ids, positions, tokens = zip(*plan.fills) if plan.fills else ((), (), ())
+    fill_ids, joined_fills = join_ids(list(fill_ids))
+    run_ids, joined_runs = join_ids(plan.run_ids)
     return memory_pb2.ReserveRequest(
         session_id=session_id, free=plan.free, step_tokens=plan.step_tokens, step_seconds=plan.step_seconds,
         fork_parents=[p for p, _ in plan.forks], fork_children=[c for _, c in plan.forks],
-        ahead=plan.ahead, fill_seq_ids=[f[0] for f in fills], fill_positions=[f[1] for f in fills],
-        fill_token_ids=[f[2] for f in fills],
-        run_seq_ids=plan.run_ids, run_num_tokens=plan.run_counts, run_token_ids=plan.run_tokens,
+        ahead=plan.ahead, fill_seq_ids=fill_ids, joined_fill_seq_ids=joined_fills, fill_positions=positions,
+        fill_token_ids=tokens, run_seq_ids=run_ids, joined_run_seq_ids=joined_runs,
+        run_num_tokens=plan.run_counts, run_token_ids=plan.run_tokens,
         entries=[memory_pb2.PlanEntry(seq_id=e.seq_id, token_ids=e.token_ids, max_len=e.max_len,
                                       max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt,
                                       skip_prefix_cache=e.skip_prefix_cache) for e in plan.entries],
@@ -122,10 +143,12 @@ def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest
 
 def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
     """ValueError where the packed arrays do not agree in length."""
-    ids, counts, tokens = list(m.run_seq_ids), list(m.run_num_tokens), list(m.run_token_ids)
+    ids = split_ids(m.run_seq_ids, m.joined_run_seq_ids)
+    counts, tokens = list(m.run_num_tokens), list(m.run_token_ids)
     if len(counts) != len(ids) or sum(counts) != len(tokens):
         raise ValueError("run_seq_ids, run_num_tokens and run_token_ids do not agree")
-    if not len(m.fill_seq_ids) == len(m.fill_positions) == len(m.fill_token_ids):
+    fill_ids = split_ids(m.fill_seq_ids, m.joined_fill_seq_ids)
+    if not len(fill_ids) == len(m.fill_positions) == len(m.fill_token_ids):
         raise ValueError("fill_seq_ids, fill_positions and fill_token_ids must have the same length")
     if len(m.fork_parents) != len(m.fork_children):
         raise ValueError("fork_parents and fork_children must have the same length")
@@ -135,16 +158,17 @@ def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
                for e in m.entries]
     return Plan(entries=entries, free=list(m.free), step_tokens=m.step_tokens,
                 step_seconds=m.step_seconds, forks=list(zip(m.fork_parents, m.fork_children)),
-                ahead=m.ahead, fills=list(zip(m.fill_seq_ids, m.fill_positions, m.fill_token_ids)),
+                ahead=m.ahead, fills=list(zip(fill_ids, m.fill_positions, m.fill_token_ids)),
                 written=m.written, void=m.void, failed=list(m.failed),
                 run_ids=ids, run_counts=counts, run_tokens=tokens)
 
 
 def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
     g = r.grants
+    ids, joined = join_ids(g.seq_ids)
     return memory_pb2.ReserveResponse(
-        grant_seq_ids=g.seq_ids, grant_start_pos=g.start_pos, grant_num_tokens=g.num_tokens,
-        grant_table_start=g.table_start, grant_num_new_blocks=g.num_new_blocks,
+        grant_seq_ids=ids, joined_grant_seq_ids=joined, grant_start_pos=g.start_pos,
+        grant_num_tokens=g.num_tokens, grant_table_start=g.table_start, grant_num_new_blocks=g.num_new_blocks,
         grant_new_blocks=g.new_blocks, grant_num_cached=g.num_cached,
         preempted=[memory_pb2.Preemption(seq_id=p.seq_id, mode=p.mode) for p in r.preempted],
         rejected=[memory_pb2.Rejection(seq_id=x.seq_id, reason=x.reason) for x in r.rejected],
@@ -158,9 +182,9 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
     """ValueError where the packed arrays do not agree in length."""
     if len(m.copy_src) != len(m.copy_dst):
         raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
-    grants = Grants(list(m.grant_seq_ids), list(m.grant_start_pos), list(m.grant_num_tokens),
-                    list(m.grant_table_start), list(m.grant_num_new_blocks), list(m.grant_new_blocks),
-                    list(m.grant_num_cached))
+    grants = Grants(split_ids(m.grant_seq_ids, m.joined_grant_seq_ids), list(m.grant_start_pos),
+                    list(m.grant_num_tokens), list(m.grant_table_start), list(m.grant_num_new_blocks),
+                    list(m.grant_new_blocks), list(m.grant_num_cached))
     grants.check()
     return ReserveResult(
         grants=grants,
@@ -203,9 +227,10 @@ def prompt_logprobs_from_proto(entries) -> list[PromptLogprob]:
 
 def outputs_to_proto(outputs: list[SampleOutput], incarnation: str = "") -> executor_pb2.ExecuteResponse:
     """Tokens alone (packed) when every output is a sampled token without logprobs."""
-    if all(o.logprob is None and not o.top_logprobs and o.sampled and not o.prompt_logprobs
-           and not o.error for o in outputs):
-        return executor_pb2.ExecuteResponse(tokens=[o.token_id for o in outputs], incarnation=incarnation)
+    tokens = [o.token_id for o in outputs if o.logprob is None and o.sampled and not o.top_logprobs
+              and not o.prompt_logprobs and not o.error]
+    if len(tokens) == len(outputs):
+        return executor_pb2.ExecuteResponse(tokens=tokens, incarnation=incarnation)
     SO, TL = executor_pb2.SampleOutput, generation_pb2.TopLogprob
     return executor_pb2.ExecuteResponse(outputs=[
         SO(seq_id=o.seq_id, token_id=o.token_id if o.sampled else 0, logprob=o.logprob,
@@ -225,7 +250,7 @@ def outputs_from_proto(m: executor_pb2.ExecuteResponse, sampled_ids: list[str] |
         if sampled_ids is None or len(sampled_ids) != len(m.tokens):
             raise ValueError(f"the executor sent {len(m.tokens)} tokens for "
                              f"{'?' if sampled_ids is None else len(sampled_ids)} sampled sequences")
-        return [SampleOutput(i, t) for i, t in zip(sampled_ids, m.tokens)]
+        return list(map(SampleOutput, sampled_ids, m.tokens))
     return [
         SampleOutput(o.seq_id, -1 if o.prompt_only else o.token_id,
                      o.logprob if o.HasField("logprob") else None,

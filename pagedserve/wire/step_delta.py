@@ -160,9 +160,10 @@ def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: 
             nnew.append(len(new))
             newb += new
     fed, tokens = fed_and_known(step)
+    ids, joined = convert.join_ids(ids)
     return executor_pb2.ExecuteRequest(
         pool_epoch=step.pool_epoch, session_id=session_id, incarnation=incarnation,
-        forget=forget, seq_ids=ids, start_pos=step.start_pos, num_tokens=step.num_tokens, token_ids=tokens,
-        sample=step.sample, table_start=tstarts, num_new_blocks=nnew, new_blocks=newb, states=states,
-        fed=fed, step=step.step,
+        forget=forget, seq_ids=ids, joined_seq_ids=joined, start_pos=step.start_pos, num_tokens=step.num_tokens,
+        token_ids=tokens, sample=step.sample, table_start=tstarts, num_new_blocks=nnew, new_blocks=newb,
+        states=states, fed=fed, step=step.step,
         copy_src=[c[0] for c in step.copies], copy_dst=[c[1] for c in step.copies])

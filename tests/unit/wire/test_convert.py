@@ -82,7 +82,7 @@ def test_a_plans_running_sequences_travel_in_columns():
         PlanEntry("late/0", [8], False, 20),  # (not produced by the gateway: it goes with the running)
     ], ahead=True, fills=[("r/0", 4, 11)])
     msg = wire(convert.plan_to_proto(plan))
-    assert list(msg.run_seq_ids) == ["r/0", "r/1", "r/2", "late/0"]
+    assert msg.joined_run_seq_ids == "r/0\nr/1\nr/2\nlate/0" and not msg.run_seq_ids
     assert list(msg.run_token_ids) == [1, PENDING, 3, 4, 5, 8] and list(msg.run_num_tokens) == [1, 1, 3, 1]
     assert [e.seq_id for e in msg.entries] == ["n/0"]
     assert convert.plan_from_proto(msg) == plan

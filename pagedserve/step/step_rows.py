@@ -1,0 +1,25 @@
+"""The rows of one step's sequences in the running set (pagedserve.step.running_set) and what
+they hold: the running set hands the same StepRows to each step that names the same ids, in
+the same order, until a row changes hands, so a steady step looks up no id and gathers no
+sampling column.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class StepRows:
+    """The rows of one step's ids and what they hold (read-only arrays): the running set
+    hands the same to each step that names the same ids, until a row changes."""
+
+    __slots__ = ("ids", "rows", "held", "flags", "some", "temperature", "top_k", "top_p", "min_p", "gen")
+
+    def __init__(self, running, ids: list[str], rows: list[int]):
+        self.ids = ids
+        self.rows = np.array(rows, dtype=np.int64)
+        self.held = list(map(running.held.__getitem__, rows))
+        for name in ("flags", "temperature", "top_k", "top_p", "min_p", "gen"):
+            setattr(self, name, getattr(running, name)[self.rows])
+        for a in (self.rows, self.flags, self.temperature, self.top_k, self.top_p, self.min_p, self.gen):
+            a.flags.writeable = False
+        self.some = int(np.bitwise_or.reduce(self.flags)) if len(rows) else 0  # every row's flags
