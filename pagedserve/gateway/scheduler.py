@@ -30,67 +30,18 @@ from dataclasses import dataclass
 from pagedserve.gateway.beam_search import BeamDone, Beams, BeamSearch
 from pagedserve.gateway.pending_tokens import PendingTokens
 from pagedserve.gateway.samples import SampleHolds
+from pagedserve.gateway.scheduler_config import SchedulerConfig
+from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.sequence import SeqStatus, Sequence
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.protocol import (
     Plan,
     PlanEntry,
-    PromptLogprob,
     ReserveResult,
     SampleOutput,
     SamplingParams,
 )
-from pagedserve.wire.settings import setting
 from pagedserve.wire.step_delta import StepDelta
-
-
-CPU_MAX_NUM_SEQS = 64  # --max-num-seqs where the executor names no batch of its own
-
-
-@dataclass
-class SchedulerConfig:
-    """The batching loop's limits: flags of the gateway (and of the engine), plus fields set
-    in process (no flag)."""
-
-    max_num_seqs: int | None = setting(None, "sequences per step (off: the batch the executor is "
-                                       "built for, 256 on a GPU (its largest CUDA graph); "
-                                       f"{CPU_MAX_NUM_SEQS} on a CPU)")
-    max_num_batched_tokens: int = setting(2048, "tokens per step; longer prompts are prefilled "
-                                          "in chunks")
-    overlap: bool = setting(True, "while the executor runs a step: detokenize, apply stop strings "
-                            "and stream the last step's tokens, and plan and reserve the next step "
-                            "(a stop string then ends its sequence one step later; the extra token "
-                            "is dropped); --no-overlap: one phase after the other")
-    enable_chunked_prefill: bool = True
-    plan_ahead: bool = True  # with overlap: also plan and reserve step N + 1 while step N runs
-
-    def __post_init__(self) -> None:
-        if self.max_num_seqs is not None and self.max_num_seqs < 1:
-            raise ValueError(f"--max-num-seqs must be positive, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(
-                f"--max-num-batched-tokens must be positive, got {self.max_num_batched_tokens}"
-            )
-
-    def resolved(self, executor_batch: int = 0) -> "SchedulerConfig":
-        """With --max-num-seqs, where not given, the batch the executor is built for
-        (ModelInfo.max_num_seqs; 0: none named, CPU_MAX_NUM_SEQS)."""
-        if self.max_num_seqs is not None:
-            return self
-        return dataclasses.replace(self, max_num_seqs=executor_batch or CPU_MAX_NUM_SEQS)
-
-
-@dataclass(slots=True)
-class SeqUpdate:
-    """What one step did to a sequence: a new token, and whether it finished."""
-
-    seq: Sequence
-    token_id: int | None
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
-    finished: bool = False
-    prompt_logprobs: list[PromptLogprob] | None = None  # with the first token, when asked
-    error: str | None = None  # the sequence failed alone, for this reason: its request ends
 
 
 @dataclass
