@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagedserve.executor.config import ExecutorConfig
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.memsvc.config import MemoryConfig
 from pagedserve.wire.settings import add_flags, from_args, to_argv
 

@@ -127,7 +127,7 @@ def build_loop(memsvc: str, executor: str, batch: int, input_len: int, kind: str
     from pagedserve.gateway.metrics import GatewayMetrics
     from pagedserve.gateway.remote import RemoteExecutorClient, RemoteMemoryClient
     from pagedserve.gateway.request_telemetry import RequestTelemetry
-    from pagedserve.gateway.scheduler import SchedulerConfig
+    from pagedserve.gateway.scheduler_config import SchedulerConfig
     from pagedserve.gateway.step_retry import StepRetry
     from pagedserve.gateway.step_telemetry import ObservedExecutor, ObservedMemory
     from pagedserve.gateway.tokenizer import load_tokenizer

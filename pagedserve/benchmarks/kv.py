@@ -28,7 +28,7 @@ import random
 from pagedserve.executor.config import ExecutorConfig
 from pagedserve.gateway.batch_loop import BatchLoop
 from pagedserve.memsvc.config import MemoryConfig
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.memsvc import POLICIES, make_allocator
 from pagedserve.benchmarks.sim_memory import SimMemory
 from pagedserve.wire.protocol import KVGeometry, ModelInfo, SampleOutput, SamplingParams

@@ -84,7 +84,7 @@ def window(corpus: list[int], rng: random.Random, length: int) -> list[int]:
 
 def parallel_sampling_saving(requests, n: int, block_size: int, max_model_len: int) -> float:
     from pagedserve.gateway.batch_loop import BatchLoop
-    from pagedserve.gateway.scheduler import SchedulerConfig
+    from pagedserve.gateway.scheduler_config import SchedulerConfig
     from pagedserve.memsvc import PagedAllocator
     from pagedserve.wire.protocol import SamplingParams
 

@@ -169,7 +169,7 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict[str, list[dict]]
     split loops), against the same services: per kind, one result per round."""
     from pagedserve.gateway.batch_loop import BatchLoop
     from pagedserve.gateway.remote import RemoteExecutorClient, RemoteMemoryClient
-    from pagedserve.gateway.scheduler import SchedulerConfig
+    from pagedserve.gateway.scheduler_config import SchedulerConfig
     from pagedserve.engine import LLMEngine
     from pagedserve.engine_config import EngineConfig
     from pagedserve.serve_cmd import free_port, service_specs

@@ -139,7 +139,7 @@ def measure(batch: int, input_len: int, output_len: int) -> dict:
     from pagedserve.executor.model_source import default_model_dir
     from pagedserve.executor.zero_cost import ZeroCostExecutor
     from pagedserve.gateway.batch_loop import BatchLoop
-    from pagedserve.gateway.scheduler import SchedulerConfig
+    from pagedserve.gateway.scheduler_config import SchedulerConfig
     from pagedserve.gateway.tokenizer import load_tokenizer
     from pagedserve.memsvc.config import MemoryConfig
     from pagedserve.memsvc.memory_manager import MemoryManager

@@ -23,7 +23,9 @@ from pagedserve.gateway.beam_search import BeamDone
 from pagedserve.gateway.in_process import step_clients
 from pagedserve.gateway.overlap import InFlight, Overlap
 from pagedserve.gateway.requests import Requests
-from pagedserve.gateway.scheduler import Scheduler, SchedulerConfig, SeqUpdate
+from pagedserve.gateway.scheduler import Scheduler
+from pagedserve.gateway.scheduler_config import SchedulerConfig
+from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.step_times import StepTimes
 from pagedserve.gateway.write_report import WriteReport
 from pagedserve.wire.clients import ExecutorClient, MemoryClient

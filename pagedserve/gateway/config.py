@@ -1,12 +1,12 @@
 """The gateway's settings: a dataclass whose fields are its flags (pagedserve.wire.settings); the
-batching loop's are its nested `SchedulerConfig` (pagedserve.gateway.scheduler), the grammar budget's
+batching loop's are its nested `SchedulerConfig` (pagedserve.gateway.scheduler_config), the grammar budget's
 its nested `GrammarBudget` (pagedserve.gateway.grammar_budget)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from pagedserve.gateway.grammar_budget import GrammarBudget
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.rpc.internal_auth import check_token, internal_token_setting
 from pagedserve.rpc.metrics import metrics_port_setting
 from pagedserve.rpc.tls import TlsConfig

@@ -19,7 +19,7 @@ def replica_set(config: GatewayConfig, service, tls=None, token: str | None = No
     from pagedserve.gateway.replica_set import ReplicaSet
     from pagedserve.gateway.router import Router
 
-    from pagedserve.gateway.scheduler import CPU_MAX_NUM_SEQS
+    from pagedserve.gateway.scheduler_config import CPU_MAX_NUM_SEQS
 
     # (the replicas' executors may differ: the queue's scale is the flag or the CPU's default)
     router = Router(config.routing, block_size=16, max_num_seqs=config.scheduler.max_num_seqs or CPU_MAX_NUM_SEQS,

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from pagedserve.gateway.beam_search import BeamDone, BeamSearch, beam_sampling
 from pagedserve.gateway.output_stream import OutputStream
-from pagedserve.gateway.scheduler import Scheduler, SeqUpdate
+from pagedserve.gateway.scheduler import Scheduler
+from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.sequence import Sequence
 from pagedserve.wire import convert
 from pagedserve.wire.protocol import Delta, ModelInfo, SamplingParams

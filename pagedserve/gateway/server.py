@@ -62,7 +62,7 @@ from pagedserve.gateway.request_limits import utf8_size
 from pagedserve.gateway.request_guard import DecodeGuard
 from pagedserve.gateway.request_stream import RequestStream, StreamError
 from pagedserve.gateway.request_telemetry import RequestTelemetry
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.gateway.step_retry import StepRetry
 from pagedserve.gateway.step_runner import StepRunner, describe
 from pagedserve.gateway.step_telemetry import ObservedExecutor, ObservedMemory

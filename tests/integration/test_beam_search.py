@@ -96,7 +96,7 @@ def reference_beams(prompt: list[int], sp: SamplingParams) -> list[list[int]]:
 ])
 def test_beams_fork_and_free_blocks_through_memsvc(mode, num_blocks, host_blocks, releases, overlap):
     from pagedserve.gateway.batch_loop import BatchLoop
-    from pagedserve.gateway.scheduler import SchedulerConfig
+    from pagedserve.gateway.scheduler_config import SchedulerConfig
 
     ex = BeamFakeExecutor(4)
     mem = MemoryManager(MemoryConfig(num_blocks=num_blocks, preemption_mode=mode, num_host_blocks=host_blocks))

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.wire.v1 import generation_pb2 as pb
 from tests.support.gateway_harness import GatewayThread, Serialized, collect, greedy, in_process
 

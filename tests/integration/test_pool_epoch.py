@@ -9,7 +9,8 @@ import pytest
 
 from pagedserve.executor.server import ExecutorService, register
 from pagedserve.gateway.remote import RemoteExecutorClient, RemoteMemoryClient
-from pagedserve.gateway.scheduler import Scheduler, SchedulerConfig
+from pagedserve.gateway.scheduler import Scheduler
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.gateway.sequence import Sequence
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.memsvc.server import MemoryService

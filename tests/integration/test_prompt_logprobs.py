@@ -82,7 +82,7 @@ def served(tmp_path_factory):
     """A gateway (gRPC and OpenAI HTTP) over a tiny Llama in process."""
     from pagedserve.executor import Executor
     from pagedserve.gateway.openai.server import start_openai
-    from pagedserve.gateway.scheduler import SchedulerConfig
+    from pagedserve.gateway.scheduler_config import SchedulerConfig
     from pagedserve.gateway.server import Backend
     from pagedserve.gateway.tokenizer import load_tokenizer
     from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
@@ -203,7 +203,7 @@ def test_across_the_wire_with_chunks_and_a_cached_prompt(tmp_path):
     from pagedserve.executor.server import ExecutorService, register
     from pagedserve.gateway.batch_loop import BatchLoop
     from pagedserve.gateway.remote import RemoteExecutorClient, RemoteMemoryClient
-    from pagedserve.gateway.scheduler import SchedulerConfig
+    from pagedserve.gateway.scheduler_config import SchedulerConfig
     from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
     from pagedserve.memsvc.server import MemoryService
     from pagedserve.wire.v1 import executor_pb2_grpc, memory_pb2_grpc

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from pagedserve.gateway.openai.server import start_openai
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.gateway.server import Backend
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from tests.support.gateway_harness import GatewayThread

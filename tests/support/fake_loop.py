@@ -3,7 +3,7 @@ it to the end and to compute the tokens the fake executor must produce."""
 import random
 
 from pagedserve.gateway.batch_loop import BatchLoop
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.wire.protocol import SamplingParams
 from tests.support.fake_executor import FakeExecutor, reference_next

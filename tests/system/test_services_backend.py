@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from pagedserve.gateway.batch_loop import BatchLoop
 from pagedserve.gateway.remote import RemoteExecutorClient, RemoteMemoryClient
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.gateway.tokenizer import load_tokenizer
 from pagedserve.wire import convert
 from pagedserve.gateway.sequence import Sequence

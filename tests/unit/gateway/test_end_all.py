@@ -5,7 +5,7 @@ import threading
 import time
 
 from pagedserve.gateway.batch_loop import BatchLoop
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.gateway.step_runner import BackendError, StepRunner
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.wire.protocol import SamplingParams

@@ -4,7 +4,7 @@ the others give exactly their tokens (pagedserve.gateway.write_report, pagedserv
 import pytest
 
 from pagedserve.gateway.batch_loop import BatchLoop
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.executor.seq_screen import run_screened
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from tests.support.fake_executor import FakeExecutor

@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagedserve.gateway.openai.server import start_openai
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.gateway.server import SERVICE
 from pagedserve.gateway.tokenizer import load_tokenizer
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager

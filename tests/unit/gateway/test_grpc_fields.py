@@ -6,7 +6,7 @@ where it sits, through the real gRPC server."""
 import grpc
 import pytest
 
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.wire import convert
 from pagedserve.wire.v1 import generation_pb2 as pb

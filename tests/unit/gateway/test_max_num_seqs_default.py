@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from pagedserve.gateway.scheduler import CPU_MAX_NUM_SEQS, SchedulerConfig
+from pagedserve.gateway.scheduler_config import CPU_MAX_NUM_SEQS, SchedulerConfig
 from pagedserve.wire import convert
 from pagedserve.wire.protocol import KVGeometry, ModelInfo
 

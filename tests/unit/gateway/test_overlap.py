@@ -10,7 +10,7 @@ import pytest
 
 from pagedserve.gateway.batch_loop import BatchLoop
 from pagedserve.gateway.in_process import InProcessExecutor, step_clients
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.gateway.step_retry import StepRetry
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.wire.protocol import SamplingParams

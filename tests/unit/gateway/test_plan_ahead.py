@@ -4,7 +4,7 @@ tokens memsvc keys once their ids come, a Reserve that fails while a step runs).
 import pytest
 
 from pagedserve.gateway.batch_loop import BatchLoop
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.wire.protocol import SamplingParams
 from tests.support.fake_executor import FakeExecutor

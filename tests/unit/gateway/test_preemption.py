@@ -6,7 +6,7 @@ import pytest
 
 from pagedserve.gateway.batch_loop import BatchLoop
 from pagedserve.gateway.requests import derive_seed
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.memsvc.cost_model import CostModel
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.memsvc.preemption_policy import PreemptionPolicy

@@ -7,7 +7,7 @@ import pytest
 
 from pagedserve.gateway.batch_loop import BatchLoop
 from pagedserve.gateway.requests import derive_seed
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.gateway.sequence import Sequence
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.wire.protocol import PromptLogprob, SampleOutput, SamplingParams

@@ -2,7 +2,7 @@
 import pytest
 
 from pagedserve.gateway.batch_loop import BatchLoop
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from tests.support.fake_executor import FakeExecutor
 from tests.support.fake_loop import expected, greedy

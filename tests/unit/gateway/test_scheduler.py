@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pagedserve.gateway.scheduler import Scheduler, SchedulerConfig
+from pagedserve.gateway.scheduler import Scheduler
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.gateway.sequence import Sequence, SeqStatus
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.protocol import (

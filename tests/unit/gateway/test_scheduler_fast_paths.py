@@ -10,7 +10,7 @@ import pytest
 
 from pagedserve.gateway.batch_loop import BatchLoop
 from pagedserve.gateway.beam_search import BeamDone
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.wire.protocol import PromptLogprob, SampleOutput, SamplingParams
 from tests.support.fake_executor import EOS, VOCAB, FakeExecutor

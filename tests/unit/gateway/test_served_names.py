@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from pagedserve.gateway.openai.server import start_openai
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.wire.protocol import KVGeometry, ModelInfo
 from pagedserve.wire.served_names import named, names_of, serves

@@ -3,7 +3,7 @@ where the forward pass takes every core; as configured (overlapped by default) o
 where the step runs on the device while the loop works. Outputs are the same either way
 (tests/unit/gateway/test_overlap.py runs every workload through every loop)."""
 from pagedserve.engine import loop_settings
-from pagedserve.gateway.scheduler import SchedulerConfig
+from pagedserve.gateway.scheduler_config import SchedulerConfig
 
 
 def test_a_cpu_engine_runs_the_serial_loop_whatever_is_configured():
