@@ -29,7 +29,8 @@ from concurrent.futures import Future
 
 from pagedserve.benchmarks.workloads import random_prompt_ids
 from pagedserve.wire.clients import ExecutorClient, MemoryClient, Sent
-from pagedserve.wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput, SamplingParams
+from pagedserve.wire.protocol import ModelInfo, PoolStats, SampleOutput, SamplingParams
+from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
 
 

@@ -29,13 +29,8 @@ from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.step_times import StepTimes
 from pagedserve.gateway.write_report import WriteReport
 from pagedserve.wire.clients import ExecutorClient, MemoryClient
-from pagedserve.wire.protocol import (
-    Delta,
-    Plan,
-    ReserveResult,
-    SampleOutput,
-    SamplingParams,
-)
+from pagedserve.wire.protocol import Delta, SampleOutput, SamplingParams
+from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
 
 

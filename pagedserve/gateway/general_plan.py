@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import PlanEntry
+from pagedserve.wire.reserve_messages import PlanEntry
 from pagedserve.wire.step_delta import StepDelta
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from pagedserve.gateway.seq_queue import insert
 from pagedserve.gateway.sequence import SeqStatus, Sequence
 from pagedserve.gateway.step_records import Planned
 from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import Rejection
+from pagedserve.wire.reserve_messages import Rejection
 from pagedserve.wire.step_delta import StepDelta
 
 if TYPE_CHECKING:

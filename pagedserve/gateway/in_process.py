@@ -19,7 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from pagedserve.wire.clients import ExecutorClient, MemoryClient, call_now
 from pagedserve.step.local_engine import LocalEngine
-from pagedserve.wire.protocol import ModelInfo, Plan, PoolStats, ReserveResult, SampleOutput
+from pagedserve.wire.protocol import ModelInfo, PoolStats, SampleOutput
+from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.step_feed import FED_UNKNOWN, FedTokenUnknown

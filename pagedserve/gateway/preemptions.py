@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from pagedserve.gateway.seq_queue import insert
 from pagedserve.gateway.sequence import SeqStatus
-from pagedserve.wire.protocol import ReserveResult
+from pagedserve.wire.reserve_messages import ReserveResult
 
 if TYPE_CHECKING:
     from pagedserve.gateway.scheduler import Scheduler

@@ -29,13 +29,8 @@ from pagedserve.rpc.step_channel import StepChannelSlot
 from pagedserve.rpc.tracing import trace_metadata
 from pagedserve.wire import convert
 from pagedserve.wire.clients import ExecutorClient, MemoryClient, Sent
-from pagedserve.wire.protocol import (
-    ModelInfo,
-    Plan,
-    PoolStats,
-    ReserveResult,
-    SampleOutput,
-)
+from pagedserve.wire.protocol import ModelInfo, PoolStats, SampleOutput
+from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import STATE_LOST, StepDelta, encode_delta
 from pagedserve.wire.step_feed import StepOrder
 from pagedserve.wire.v1 import (

@@ -13,7 +13,7 @@ then forks the others from it (pagedserve.gateway.samples; memsvc Fork: the prom
 the partial last one copied on write). Beam search (pagedserve.gateway.beam_search) forks a beam for
 each extra continuation of a parent and frees the beams that are pruned. Forks are queued
 in `forks` and travel in the next plan (`Plan.forks`): memsvc makes them before it frees
-anything. The scheduler holds no block table: memsvc's grants (pagedserve.wire.protocol.Grants) go on
+anything. The scheduler holds no block table: memsvc's grants (pagedserve.wire.reserve_messages.Grants) go on
 as the step's columns (pagedserve.wire.step_delta), block-table changes included, and whoever runs
 the model applies them and derives the slots. See docs/ARCHITECTURE.md, "One step".
 """
@@ -29,7 +29,8 @@ from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.sequence import SeqStatus, Sequence
 from pagedserve.gateway.step_records import Planned, Took
 from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import Plan, ReserveResult, SampleOutput
+from pagedserve.wire.protocol import SampleOutput
+from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
 
 

@@ -17,13 +17,8 @@ from concurrent.futures import Future
 import grpc
 
 from pagedserve.wire.clients import ExecutorClient, MemoryClient, Sent
-from pagedserve.wire.protocol import (
-    ModelInfo,
-    Plan,
-    PoolStats,
-    ReserveResult,
-    SampleOutput,
-)
+from pagedserve.wire.protocol import ModelInfo, PoolStats, SampleOutput
+from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
 
 log = logging.getLogger("pagedserve.gateway")

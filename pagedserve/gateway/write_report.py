@@ -9,7 +9,7 @@ memsvc process that gave it: a step reserved in another pool never counts as wri
 """
 from __future__ import annotations
 
-from pagedserve.wire.protocol import Plan, ReserveResult
+from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
 
 

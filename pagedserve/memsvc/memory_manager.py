@@ -38,7 +38,8 @@ from pagedserve.memsvc.preemption_policy import PreemptionPolicy
 from pagedserve.memsvc.sessions import Sessions
 from pagedserve.memsvc.step_planner import StepPlanner, check_plan
 from pagedserve.memsvc.step_stamps import StepStamps
-from pagedserve.wire.protocol import KVGeometry, Plan, PoolStats, Preemption, ReserveResult
+from pagedserve.wire.protocol import KVGeometry, PoolStats
+from pagedserve.wire.reserve_messages import Plan, Preemption, ReserveResult
 
 
 def _without(plan: Plan, gone: set[str]) -> Plan:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pagedserve.wire.protocol import Preemption
+from pagedserve.wire.reserve_messages import Preemption
 
 if TYPE_CHECKING:
     from pagedserve.memsvc.step_planner import Reservation, StepPlanner

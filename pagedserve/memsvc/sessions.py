@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pagedserve.wire.protocol import Plan, ReserveResult
+from pagedserve.wire.reserve_messages import Plan, ReserveResult
 
 
 @dataclass

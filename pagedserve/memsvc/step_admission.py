@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from pagedserve.memsvc.allocator import NoFreeBlocks
 from pagedserve.memsvc.block_table import blocks_for
-from pagedserve.wire.protocol import PlanEntry, Rejection
+from pagedserve.wire.reserve_messages import PlanEntry, Rejection
 
 if TYPE_CHECKING:
     from pagedserve.memsvc.step_planner import Reservation, StepPlanner

@@ -14,7 +14,7 @@ from pagedserve.memsvc.preemption import PreemptionCounts, pick_victim, preempt
 from pagedserve.memsvc.preemption_policy import PreemptionPolicy
 from pagedserve.memsvc.step_admission import admit, resume
 from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import Plan, ReserveResult
+from pagedserve.wire.reserve_messages import Plan, ReserveResult
 
 # pool -> pool, pool -> swap space, swap space -> pool, pool -> host tier, host tier -> pool
 COPY_KINDS = ("cow", "out", "in", "offload", "restore")

@@ -19,13 +19,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from pagedserve.wire.protocol import (
-    ModelInfo,
-    Plan,
-    PoolStats,
-    ReserveResult,
-    SampleOutput,
-)
+from pagedserve.wire.protocol import ModelInfo, PoolStats, SampleOutput
+from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
 
 
@@ -36,7 +31,7 @@ class MemoryClient(ABC):
     def reserve(self, plan: Plan) -> Future[ReserveResult]:
         """Fork `plan.forks` (parent, child) and free `plan.free`, then grant slots to the
         plan's running sequences (`run_ids`) and its new `entries`, in that order (priority
-        order). The grants come in columns (pagedserve.wire.protocol.Grants), each carrying the change
+        order). The grants come in columns (pagedserve.wire.reserve_messages.Grants), each carrying the change
         to its sequence's block table since its last grant (`table_start`, `new_blocks`).
 
         Every running entry is granted, preempted (mode "swap" or "recompute") or, when

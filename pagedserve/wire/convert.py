@@ -1,4 +1,5 @@
-"""Protobuf <-> dataclass conversion for the messages of pagedserve/wire/protocol.py.
+"""Protobuf <-> dataclass conversion for the messages of pagedserve/wire/protocol.py and
+pagedserve/wire/reserve_messages.py.
 
 Runs on every step for every sequence, so it stays close to the metal: messages are built
 with keyword constructors (repeated fields filled from lists in C) and read back with
@@ -16,19 +17,14 @@ from __future__ import annotations
 import dataclasses
 
 from pagedserve.wire.protocol import (
-    Grants,
     KVGeometry,
     ModelInfo,
-    Plan,
-    PlanEntry,
     PoolStats,
-    Preemption,
     PromptLogprob,
-    Rejection,
-    ReserveResult,
     SampleOutput,
     SamplingParams,
 )
+from pagedserve.wire.reserve_messages import Grants, Plan, PlanEntry, Preemption, Rejection, ReserveResult
 from pagedserve.wire.sampling_fields import DEFAULTS
 from pagedserve.wire.v1 import executor_pb2, generation_pb2, memory_pb2
 

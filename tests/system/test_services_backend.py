@@ -16,7 +16,8 @@ from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.gateway.tokenizer import load_tokenizer
 from pagedserve.wire import convert
 from pagedserve.gateway.sequence import Sequence
-from pagedserve.wire.protocol import Plan, PlanEntry, SamplingParams
+from pagedserve.wire.protocol import SamplingParams
+from pagedserve.wire.reserve_messages import Plan, PlanEntry
 from pagedserve.wire.step_delta import StepDelta
 from pagedserve.wire.v1 import memory_pb2, memory_pb2_grpc
 from tests.support.backend_procs import ServiceProcess, free_port

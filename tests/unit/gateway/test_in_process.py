@@ -9,7 +9,7 @@ import pytest
 from pagedserve.gateway.in_process import InProcessExecutor, InProcessMemory, step_clients
 from tests.support.fake_executor import FakeExecutor
 from pagedserve.wire.clients import ExecutorClient, MemoryClient
-from pagedserve.wire.protocol import Plan
+from pagedserve.wire.reserve_messages import Plan
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.step_delta import StepDelta
 from pagedserve.wire.step_feed import FedTokenUnknown, lost_feed

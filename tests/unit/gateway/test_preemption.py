@@ -10,7 +10,8 @@ from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.memsvc.cost_model import CostModel
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.memsvc.preemption_policy import PreemptionPolicy
-from pagedserve.wire.protocol import Plan, PlanEntry, SamplingParams
+from pagedserve.wire.protocol import SamplingParams
+from pagedserve.wire.reserve_messages import Plan, PlanEntry
 from tests.support.fake_executor import FakeExecutor
 from tests.support.fake_loop import expected, prompts, run_all
 

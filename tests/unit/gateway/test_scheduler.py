@@ -13,9 +13,8 @@ from pagedserve.gateway.scheduler import Scheduler
 from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.gateway.sequence import Sequence, SeqStatus
 from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import (
-    Grant, Grants, Plan, Preemption, Rejection, ReserveResult, SampleOutput, SamplingParams,
-)
+from pagedserve.wire.protocol import SampleOutput, SamplingParams
+from pagedserve.wire.reserve_messages import Grant, Grants, Plan, Preemption, Rejection, ReserveResult
 
 BS = 4  # block size of every test
 EOS = 2

@@ -7,7 +7,8 @@ import pytest
 
 from pagedserve.gateway.step_retry import PoolChanged, StepRetry
 from pagedserve.wire.clients import ExecutorClient, MemoryClient, call_now
-from pagedserve.wire.protocol import Plan, ReserveResult, SampleOutput
+from pagedserve.wire.protocol import SampleOutput
+from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
 
 

@@ -12,7 +12,8 @@ from pagedserve.memsvc.memory_manager import MemoryManager
 from pagedserve.memsvc.pool_stats import preemption_stats
 from pagedserve.memsvc.server import MemoryService
 from pagedserve.wire import convert
-from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.wire.protocol import KVGeometry
+from pagedserve.wire.reserve_messages import Plan, PlanEntry
 from pagedserve.wire.v1 import memory_pb2
 from tests.support.servicer_context import Aborted, Context
 

@@ -13,7 +13,8 @@ from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.memsvc.cost_model import CostModel
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.memsvc.server import MemoryService
-from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.wire.protocol import KVGeometry
+from pagedserve.wire.reserve_messages import Plan, PlanEntry
 from tests.support.fake_executor import FakeExecutor
 from tests.support.fake_loop import expected, greedy, run_all
 

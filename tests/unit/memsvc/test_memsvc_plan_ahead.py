@@ -6,7 +6,8 @@ from pagedserve.memsvc import PagedAllocator
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.wire import convert
 from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.wire.protocol import KVGeometry
+from pagedserve.wire.reserve_messages import Plan, PlanEntry
 from tests.support.written import ran
 
 BS = 4

@@ -203,7 +203,7 @@ def test_use_cache_false_attaches_nothing_and_its_blocks_are_cached_for_others()
 
 def test_a_plan_entry_that_skips_the_prefix_cache():
     from pagedserve.memsvc.step_planner import StepPlanner
-    from pagedserve.wire.protocol import Plan, PlanEntry
+    from pagedserve.wire.reserve_messages import Plan, PlanEntry
 
     a = PagedAllocator(16, BS)
     planner = StepPlanner(a)

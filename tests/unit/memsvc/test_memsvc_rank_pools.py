@@ -8,7 +8,8 @@ import torch
 from pagedserve.memsvc.config import MemoryConfig
 from pagedserve.memsvc.memory_manager import MemoryManager
 from pagedserve.memsvc.pool_stats import host_tier_stats, preemption_stats
-from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.wire.protocol import KVGeometry
+from pagedserve.wire.reserve_messages import Plan, PlanEntry
 from tests.support.written import Steps
 
 GEOMETRY = KVGeometry(num_layers=2, num_kv_heads=4, head_size=8, block_size=4)  # 2 ranks x 2 heads

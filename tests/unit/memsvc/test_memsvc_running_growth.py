@@ -14,7 +14,8 @@ from pagedserve.memsvc.allocator import KVAllocator
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.memsvc.step_stamps import StepStamps
 from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.wire.protocol import KVGeometry
+from pagedserve.wire.reserve_messages import Plan, PlanEntry
 
 BS = 4
 PREFIXES = [[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [2, 2, 2, 2]]

@@ -1,6 +1,7 @@
 """Sessions: per-gateway namespaces of sequence ids, leases, and freeing what lapsed."""
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
-from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.wire.protocol import KVGeometry
+from pagedserve.wire.reserve_messages import Plan, PlanEntry
 
 
 def manager(num_blocks=16, lease=10.0):

@@ -2,7 +2,8 @@
 session's running tables whole, to resend an executor that lost its state, and a forked
 sequence's first grant carries its whole table."""
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
-from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.wire.protocol import KVGeometry
+from pagedserve.wire.reserve_messages import Plan, PlanEntry
 
 BS = 4
 

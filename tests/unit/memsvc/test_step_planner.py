@@ -8,7 +8,7 @@ from pagedserve.memsvc.paged_allocator import PagedAllocator
 from pagedserve.memsvc.preemption_policy import PreemptionPolicy
 from pagedserve.memsvc.step_planner import StepPlanner, check_plan
 from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import Plan, PlanEntry
+from pagedserve.wire.reserve_messages import Plan, PlanEntry
 
 BS = 4
 

@@ -13,7 +13,8 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
-from pagedserve.wire.protocol import KVGeometry, Plan, PlanEntry
+from pagedserve.wire.protocol import KVGeometry
+from pagedserve.wire.reserve_messages import Plan, PlanEntry
 
 BS = 4
 MAX_LEN = 20  # prompt and output of one sequence: 5 of the pool's 12 blocks

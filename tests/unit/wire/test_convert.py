@@ -10,8 +10,21 @@ import pytest
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
 from pagedserve.wire import convert
 from pagedserve.wire.protocol import (
-    Grant, Grants, KVGeometry, ModelInfo, Plan, PlanEntry, PoolStats, Preemption, PromptLogprob, Rejection,
-    ReserveResult, SampleOutput, SamplingParams,
+    KVGeometry,
+    ModelInfo,
+    PoolStats,
+    PromptLogprob,
+    SampleOutput,
+    SamplingParams,
+)
+from pagedserve.wire.reserve_messages import (
+    Grant,
+    Grants,
+    Plan,
+    PlanEntry,
+    Preemption,
+    Rejection,
+    ReserveResult,
 )
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.v1 import executor_pb2, generation_pb2, memory_pb2

@@ -7,8 +7,8 @@ import pytest
 
 from pagedserve.wire import convert
 from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import (Grants, Plan, PlanEntry, Preemption, PromptLogprob, Rejection, ReserveResult,
-                                      SampleOutput)
+from pagedserve.wire.protocol import PromptLogprob, SampleOutput
+from pagedserve.wire.reserve_messages import Grants, Plan, PlanEntry, Preemption, Rejection, ReserveResult
 from pagedserve.wire.v1 import executor_pb2
 
 U32 = 2**32 - 1
