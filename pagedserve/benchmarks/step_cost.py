@@ -56,16 +56,16 @@ class WireMemory(MemoryClient):
 
     def __init__(self, manager, parts: _Parts | None = None):
         parts = parts or _Parts(timed=False)
-        from pagedserve.wire import convert
+        from pagedserve.wire import step_convert
         from pagedserve.wire.v1 import memory_pb2
 
         t = parts.timed
         self.manager = manager
-        self._plan_to = t("plan to proto", convert.plan_to_proto)
-        self._plan_from = t("plan from proto", convert.plan_from_proto)
+        self._plan_to = t("plan to proto", step_convert.plan_to_proto)
+        self._plan_from = t("plan from proto", step_convert.plan_from_proto)
         self._reserve = t("memsvc reserve", manager.reserve)
-        self._result_to = t("result to proto", convert.reserve_result_to_proto)
-        self._result_from = t("result from proto", convert.reserve_result_from_proto)
+        self._result_to = t("result to proto", step_convert.reserve_result_to_proto)
+        self._result_from = t("result from proto", step_convert.reserve_result_from_proto)
         self._request, self._response = memory_pb2.ReserveRequest, memory_pb2.ReserveResponse
 
     def reserve(self, plan):
@@ -98,7 +98,7 @@ class WireExecutor(ExecutorClient):
     def __init__(self, executor, parts: _Parts | None = None):
         parts = parts or _Parts(timed=False)
         from pagedserve.executor.sequence_state import SequenceStates
-        from pagedserve.wire import convert
+        from pagedserve.wire import step_convert
         from pagedserve.wire.step_delta import encode_delta
         from pagedserve.wire.step_feed import StepOrder
         from pagedserve.wire.v1 import executor_pb2
@@ -109,8 +109,8 @@ class WireExecutor(ExecutorClient):
         self._encode = t("step encode", encode_delta)
         self._expand = t("executor expand", self.states.expand)
         self._run = t("zero-cost execute", executor.execute)
-        self._outputs_to = t("outputs to proto", convert.outputs_to_proto)
-        self._outputs_from = t("outputs from proto", convert.outputs_from_proto)
+        self._outputs_to = t("outputs to proto", step_convert.outputs_to_proto)
+        self._outputs_from = t("outputs from proto", step_convert.outputs_from_proto)
         self._request, self._response = executor_pb2.ExecuteRequest, executor_pb2.ExecuteResponse
 
     def model_info(self):

@@ -21,7 +21,7 @@ import time
 import uuid
 
 from pagedserve.step.running_set import Applied, RunningSet, StateLost
-from pagedserve.wire import convert
+from pagedserve.wire import convert, step_convert
 from pagedserve.wire.step_delta import STATE_LOST
 from pagedserve.wire.step_feed import StepOrder
 
@@ -106,7 +106,7 @@ class SequenceStates:
                           list(state.prompt))
         if len(m.copy_src) != len(m.copy_dst):
             raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
-        applied = running.apply(convert.split_ids(m.seq_ids, m.joined_seq_ids), m.start_pos, m.num_tokens,
+        applied = running.apply(step_convert.split_ids(m.seq_ids, m.joined_seq_ids), m.start_pos, m.num_tokens,
                                 m.token_ids, m.fed, m.sample, m.table_start, m.num_new_blocks, m.new_blocks,
                                 pool_epoch=m.pool_epoch, forget=forget, copies=list(zip(m.copy_src, m.copy_dst)))
         return Expanded(applied, session)

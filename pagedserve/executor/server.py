@@ -57,7 +57,7 @@ from pagedserve.executor.metrics import ExecutorMetrics
 from pagedserve.executor.sequence_state import SequenceStates, StateLost
 from pagedserve.executor.step_merger import StepMerger, launch_of
 from pagedserve.wire.step_feed import FedTokenUnknown
-from pagedserve.wire import convert
+from pagedserve.wire import convert, step_convert
 from pagedserve.rpc import internal_auth, peer_auth
 from pagedserve.rpc.grpc_service import Service, get_logger, open_channel, stop_on_signals, wait
 from pagedserve.rpc.heap import freeze_heap
@@ -159,7 +159,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         if span.is_recording():
             span.set_attributes({"pagedserve.batch.sequences": batch.num_seqs,
                                  "pagedserve.batch.tokens": tokens, "pagedserve.forward_seconds": seconds})
-        response = convert.outputs_to_proto(outputs, self.states.incarnation)
+        response = step_convert.outputs_to_proto(outputs, self.states.incarnation)
         response.step_port = self.step_port
         return response
 

@@ -27,7 +27,7 @@ import grpc
 from pagedserve.rpc.grpc_service import open_channel
 from pagedserve.rpc.step_channel import StepChannelSlot
 from pagedserve.rpc.tracing import trace_metadata
-from pagedserve.wire import convert
+from pagedserve.wire import convert, step_convert
 from pagedserve.wire.clients import ExecutorClient, MemoryClient, Sent
 from pagedserve.wire.protocol import ModelInfo, PoolStats, SampleOutput
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
@@ -58,11 +58,11 @@ class RemoteMemoryClient(MemoryClient):
             threading.Thread(target=self._heartbeat, name="memsvc-heartbeat", daemon=True).start()
 
     def reserve(self, plan: Plan) -> Future[ReserveResult]:
-        request = convert.plan_to_proto(plan, self.session_id)
+        request = step_convert.plan_to_proto(plan, self.session_id)
         self._last_call = time.monotonic()
         answer = self._steps.start("Reserve", self.stub.Reserve, request, memory_pb2.ReserveResponse,
                                    self.timeout)
-        return Sent(lambda: convert.reserve_result_from_proto(answer()))
+        return Sent(lambda: step_convert.reserve_result_from_proto(answer()))
 
     def tables(self, seq_ids: list[str]) -> list[list[int]]:
         response = self.stub.Tables(memory_pb2.TablesRequest(session_id=self.session_id, seq_ids=seq_ids),
@@ -189,7 +189,7 @@ class RemoteExecutorClient(ExecutorClient):
                     if self.incarnation:  # answered by another process than the one holding our state
                         self._sent.clear()
                     self.incarnation = response.incarnation
-            return convert.outputs_from_proto(response, step.sampled_ids())
+            return step_convert.outputs_from_proto(response, step.sampled_ids())
         return result, resyncs
 
     def close(self) -> None:

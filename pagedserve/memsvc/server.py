@@ -47,7 +47,7 @@ from pagedserve.memsvc.block_watch import BlockChanges, BlockWatch
 from pagedserve.memsvc.config import MemsvcConfig
 from pagedserve.memsvc.memory_manager import MemoryManager
 from pagedserve.memsvc.metrics import MemsvcMetrics
-from pagedserve.wire import convert
+from pagedserve.wire import convert, step_convert
 from pagedserve.rpc import internal_auth, peer_auth
 from pagedserve.rpc.grpc_service import Service, get_logger, stop_on_signals, wait
 from pagedserve.rpc.heap import freeze_heap
@@ -138,7 +138,7 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
 
     def Reserve(self, request, context):
         session = _session(request, context)
-        plan = self._call(context, convert.plan_from_proto, request)
+        plan = self._call(context, step_convert.plan_from_proto, request)
         result = self._reserve(context, self.manager.reserve, plan, session)
 
         def attributes():  # a pass over the step: only when the span is kept
@@ -149,7 +149,7 @@ class MemoryService(memory_pb2_grpc.MemoryManagerServicer):
                     "pagedserve.cached_tokens": sum(grants.num_cached),
                     "pagedserve.preemptions.swap": modes.count("swap"),
                     "pagedserve.preemptions.recompute": modes.count("recompute")}
-        response = convert.reserve_result_to_proto(result)
+        response = step_convert.reserve_result_to_proto(result)
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attributes({"pagedserve.session": session, **attributes(),

@@ -1,12 +1,7 @@
-"""Protobuf <-> dataclass conversion for the messages of pagedserve/wire/protocol.py and
-pagedserve/wire/reserve_messages.py.
-
-Runs on every step for every sequence, so it stays close to the metal: messages are built
-with keyword constructors (repeated fields filled from lists in C) and read back with
-`list(...)`; a column of sequence ids travels as one string, the ids joined by newlines
-(`join_ids`, `split_ids`; in its repeated field when an id holds a newline); sequences that
-share a SamplingParams share one message going out, and consecutive equal sampling
-messages share one SamplingParams coming back.
+"""Protobuf <-> dataclass conversion for the messages of pagedserve/wire/protocol.py but a
+step's (those are in pagedserve/wire/step_convert.py): sampling parameters, the KV geometry,
+model info, block tables, prompt logprobs and pool stats. SamplingParams go field by field,
+by name, so a field missing from the proto fails at import.
 
 Proto3 conventions at this boundary: an empty string means None for optional text
 (chat_template); SamplingParams fields follow the comments in generation.proto (0 means
@@ -16,34 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from pagedserve.wire.protocol import (
-    KVGeometry,
-    ModelInfo,
-    PoolStats,
-    PromptLogprob,
-    SampleOutput,
-    SamplingParams,
-)
-from pagedserve.wire.reserve_messages import Grants, Plan, PlanEntry, Preemption, Rejection, ReserveResult
+from pagedserve.wire.protocol import KVGeometry, ModelInfo, PoolStats, PromptLogprob, SamplingParams
 from pagedserve.wire.sampling_fields import DEFAULTS
 from pagedserve.wire.v1 import executor_pb2, generation_pb2, memory_pb2
-
-# -- id columns ----------------------------------------------------------------------------
-
-
-def join_ids(ids: list[str]) -> tuple[list[str], str]:
-    """(repeated, joined): a column of ids for its two proto fields. Joined by newlines
-    unless an id holds one (or the column is [""], which would join to nothing)."""
-    joined = "\n".join(ids)
-    if joined and joined.count("\n") == len(ids) - 1:
-        return [], joined
-    return ids, ""
-
-
-def split_ids(repeated, joined: str) -> list[str]:
-    """The column `join_ids` sent."""
-    return joined.split("\n") if joined else list(repeated)
-
 
 # -- sampling and geometry ---------------------------------------------------------------
 
@@ -117,84 +87,6 @@ def model_info_from_proto(m: executor_pb2.ModelInfoResponse, tokenizer_dir: str 
     )
 
 
-# -- Reserve -----------------------------------------------------------------------------
-
-
-def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest:
-    fill_ids, positions, tokens = zip(*plan.fills) if plan.fills else ((), (), ())
-    fill_ids, joined_fills = join_ids(list(fill_ids))
-    run_ids, joined_runs = join_ids(plan.run_ids)
-    return memory_pb2.ReserveRequest(
-        session_id=session_id, free=plan.free, step_tokens=plan.step_tokens, step_seconds=plan.step_seconds,
-        fork_parents=[p for p, _ in plan.forks], fork_children=[c for _, c in plan.forks],
-        ahead=plan.ahead, fill_seq_ids=fill_ids, joined_fill_seq_ids=joined_fills, fill_positions=positions,
-        fill_token_ids=tokens, run_seq_ids=run_ids, joined_run_seq_ids=joined_runs,
-        run_num_tokens=plan.run_counts, run_token_ids=plan.run_tokens,
-        entries=[memory_pb2.PlanEntry(seq_id=e.seq_id, token_ids=e.token_ids, max_len=e.max_len,
-                                      max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt,
-                                      skip_prefix_cache=e.skip_prefix_cache) for e in plan.entries],
-        written=plan.written, void=plan.void, failed=plan.failed,
-    )
-
-
-def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
-    """ValueError where the packed arrays do not agree in length."""
-    ids = split_ids(m.run_seq_ids, m.joined_run_seq_ids)
-    counts, tokens = list(m.run_num_tokens), list(m.run_token_ids)
-    if len(counts) != len(ids) or sum(counts) != len(tokens):
-        raise ValueError("run_seq_ids, run_num_tokens and run_token_ids do not agree")
-    fill_ids = split_ids(m.fill_seq_ids, m.joined_fill_seq_ids)
-    if not len(fill_ids) == len(m.fill_positions) == len(m.fill_token_ids):
-        raise ValueError("fill_seq_ids, fill_positions and fill_token_ids must have the same length")
-    if len(m.fork_parents) != len(m.fork_children):
-        raise ValueError("fork_parents and fork_children must have the same length")
-    entries = [PlanEntry(e.seq_id, list(e.token_ids), True, e.max_len, e.max_new_tokens,
-                         e.final_len if e.HasField("final_len") else None,
-                         e.salt if e.HasField("salt") else None, e.skip_prefix_cache)
-               for e in m.entries]
-    return Plan(entries=entries, free=list(m.free), step_tokens=m.step_tokens,
-                step_seconds=m.step_seconds, forks=list(zip(m.fork_parents, m.fork_children)),
-                ahead=m.ahead, fills=list(zip(fill_ids, m.fill_positions, m.fill_token_ids)),
-                written=m.written, void=m.void, failed=list(m.failed),
-                run_ids=ids, run_counts=counts, run_tokens=tokens)
-
-
-def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
-    g = r.grants
-    ids, joined = join_ids(g.seq_ids)
-    return memory_pb2.ReserveResponse(
-        grant_seq_ids=ids, joined_grant_seq_ids=joined, grant_start_pos=g.start_pos,
-        grant_num_tokens=g.num_tokens, grant_table_start=g.table_start, grant_num_new_blocks=g.num_new_blocks,
-        grant_new_blocks=g.new_blocks, grant_num_cached=g.num_cached,
-        preempted=[memory_pb2.Preemption(seq_id=p.seq_id, mode=p.mode) for p in r.preempted],
-        rejected=[memory_pb2.Rejection(seq_id=x.seq_id, reason=x.reason) for x in r.rejected],
-        waiting=r.waiting, resumed=r.resumed, pool_epoch=r.pool_epoch, deferred=r.deferred,
-        copy_src=[c[0] for c in r.block_copies], copy_dst=[c[1] for c in r.block_copies],
-        stamp=r.stamp,
-    )
-
-
-def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
-    """ValueError where the packed arrays do not agree in length."""
-    if len(m.copy_src) != len(m.copy_dst):
-        raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
-    grants = Grants(split_ids(m.grant_seq_ids, m.joined_grant_seq_ids), list(m.grant_start_pos),
-                    list(m.grant_num_tokens), list(m.grant_table_start), list(m.grant_num_new_blocks),
-                    list(m.grant_new_blocks), list(m.grant_num_cached))
-    grants.check()
-    return ReserveResult(
-        grants=grants,
-        preempted=[Preemption(p.seq_id, p.mode) for p in m.preempted],
-        rejected=[Rejection(x.seq_id, x.reason) for x in m.rejected],
-        waiting=list(m.waiting),
-        resumed=list(m.resumed),
-        pool_epoch=m.pool_epoch,
-        deferred=m.deferred,
-        block_copies=list(zip(m.copy_src, m.copy_dst)),
-        stamp=m.stamp,
-    )
-
-
 def tables_from_proto(m: memory_pb2.TablesResponse, n: int) -> list[list[int]]:
     """`n` block tables; ValueError where the packed arrays do not agree."""
     if len(m.num_blocks) != n or sum(m.num_blocks) != len(m.blocks):
@@ -219,41 +111,6 @@ def prompt_logprobs_to_proto(entries: list[PromptLogprob]) -> list[generation_pb
 def prompt_logprobs_from_proto(entries) -> list[PromptLogprob]:
     return [PromptLogprob(e.token_id, e.logprob, e.rank, [(t.token_id, t.logprob) for t in e.top])
             for e in entries]
-
-
-def outputs_to_proto(outputs: list[SampleOutput], incarnation: str = "") -> executor_pb2.ExecuteResponse:
-    """Tokens alone (packed) when every output is a sampled token without logprobs."""
-    tokens = [o.token_id for o in outputs if o.logprob is None and o.sampled and not o.top_logprobs
-              and not o.prompt_logprobs and not o.error]
-    if len(tokens) == len(outputs):
-        return executor_pb2.ExecuteResponse(tokens=tokens, incarnation=incarnation)
-    SO, TL = executor_pb2.SampleOutput, generation_pb2.TopLogprob
-    return executor_pb2.ExecuteResponse(outputs=[
-        SO(seq_id=o.seq_id, token_id=o.token_id if o.sampled else 0, logprob=o.logprob,
-           top_logprobs=[TL(token_id=t, logprob=lp) for t, lp in o.top_logprobs] if o.top_logprobs else None,
-           prompt_only=not o.sampled,
-           prompt_logprobs=prompt_logprobs_to_proto(o.prompt_logprobs) if o.prompt_logprobs else None,
-           error=o.error)
-        for o in outputs
-    ], incarnation=incarnation)
-
-
-def outputs_from_proto(m: executor_pb2.ExecuteResponse, sampled_ids: list[str] | None = None
-                       ) -> list[SampleOutput]:
-    """`sampled_ids`: the ids of the batch's sequences with sample set, in order (for a
-    response that carries tokens alone). A prompt-only output has token_id -1."""
-    if m.tokens:
-        if sampled_ids is None or len(sampled_ids) != len(m.tokens):
-            raise ValueError(f"the executor sent {len(m.tokens)} tokens for "
-                             f"{'?' if sampled_ids is None else len(sampled_ids)} sampled sequences")
-        return list(map(SampleOutput, sampled_ids, m.tokens))
-    return [
-        SampleOutput(o.seq_id, -1 if o.prompt_only else o.token_id,
-                     o.logprob if o.HasField("logprob") else None,
-                     [(t.token_id, t.logprob) for t in o.top_logprobs], not o.prompt_only,
-                     prompt_logprobs_from_proto(o.prompt_logprobs), o.error)
-        for o in m.outputs
-    ]
 
 
 # -- Stats -------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from pagedserve.wire import convert
+from pagedserve.wire import convert, step_convert
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.protocol import SamplingParams
 from pagedserve.wire.v1 import executor_pb2
@@ -160,7 +160,7 @@ def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: 
             nnew.append(len(new))
             newb += new
     fed, tokens = fed_and_known(step)
-    ids, joined = convert.join_ids(ids)
+    ids, joined = step_convert.join_ids(ids)
     return executor_pb2.ExecuteRequest(
         pool_epoch=step.pool_epoch, session_id=session_id, incarnation=incarnation,
         forget=forget, seq_ids=ids, joined_seq_ids=joined, start_pos=step.start_pos, num_tokens=step.num_tokens,

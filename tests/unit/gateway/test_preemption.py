@@ -178,13 +178,13 @@ class _OverTheWire:
         self.mem, self.session = mem, session
 
     def reserve(self, plan):
-        from pagedserve.wire import convert
+        from pagedserve.wire import step_convert
 
-        request = convert.plan_to_proto(plan, self.session)
+        request = step_convert.plan_to_proto(plan, self.session)
         request = type(request).FromString(request.SerializeToString())
-        result = self.mem.reserve(convert.plan_from_proto(request), request.session_id)
-        response = convert.reserve_result_to_proto(result)
-        return convert.reserve_result_from_proto(type(response).FromString(response.SerializeToString()))
+        result = self.mem.reserve(step_convert.plan_from_proto(request), request.session_id)
+        response = step_convert.reserve_result_to_proto(result)
+        return step_convert.reserve_result_from_proto(type(response).FromString(response.SerializeToString()))
 
     def fork(self, parent_id, child_id):
         self.mem.fork(parent_id, child_id, self.session)

@@ -11,7 +11,7 @@ from pagedserve.memsvc.config import MemoryConfig
 from pagedserve.memsvc.memory_manager import MemoryManager
 from pagedserve.memsvc.pool_stats import preemption_stats
 from pagedserve.memsvc.server import MemoryService
-from pagedserve.wire import convert
+from pagedserve.wire import convert, step_convert
 from pagedserve.wire.protocol import KVGeometry
 from pagedserve.wire.reserve_messages import Plan, PlanEntry
 from pagedserve.wire.v1 import memory_pb2
@@ -71,12 +71,12 @@ def test_the_copies_survive_the_wire():
     m = manager()
     m.register_executor(GEOMETRY, ranks=2, holds_pool=HOLDS)
     _, result = forked(m)
-    back = convert.reserve_result_from_proto(convert.reserve_result_to_proto(result))
+    back = step_convert.reserve_result_from_proto(step_convert.reserve_result_to_proto(result))
     assert back.block_copies == result.block_copies and len(back.block_copies) == 1
-    bad = convert.reserve_result_to_proto(result)
+    bad = step_convert.reserve_result_to_proto(result)
     bad.copy_dst.append(3)
     with pytest.raises(ValueError, match="copy_src has 1 blocks, copy_dst 2"):
-        convert.reserve_result_from_proto(bad)
+        step_convert.reserve_result_from_proto(bad)
 
 
 def test_registering_again_starts_a_new_epoch_with_nothing_held():

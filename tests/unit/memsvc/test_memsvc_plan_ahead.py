@@ -4,7 +4,7 @@ import pytest
 
 from pagedserve.memsvc import PagedAllocator
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
-from pagedserve.wire import convert
+from pagedserve.wire import step_convert
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.protocol import KVGeometry
 from pagedserve.wire.reserve_messages import Plan, PlanEntry
@@ -117,14 +117,14 @@ def test_an_unknown_or_swapped_sequence_defers_and_bad_plans_are_refused():
 
 def test_ahead_fields_cross_the_wire():
     plan = Plan([decode("s", [7], pending=True)], free=["x"], ahead=True, fills=[("s", 3, 9)])
-    back = convert.plan_from_proto(convert.plan_to_proto(plan, "g"))
+    back = step_convert.plan_from_proto(step_convert.plan_to_proto(plan, "g"))
     assert back.ahead and back.fills == [("s", 3, 9)] and back.run_tokens == [7, PENDING]
     mem = manager()
     mem.reserve(Plan([new("s", [1, 2, 3])]))
     r = mem.reserve(Plan([decode("s", pending=True)], ahead=True))
-    assert convert.reserve_result_from_proto(convert.reserve_result_to_proto(r)) == r
+    assert step_convert.reserve_result_from_proto(step_convert.reserve_result_to_proto(r)) == r
     deferred = mem.reserve(Plan([decode("nope", pending=True)], ahead=True))
-    assert convert.reserve_result_from_proto(convert.reserve_result_to_proto(deferred)).deferred
+    assert step_convert.reserve_result_from_proto(step_convert.reserve_result_to_proto(deferred)).deferred
 
 
 def test_fills_are_read_in_the_sessions_namespace():

@@ -8,7 +8,7 @@ import typing
 import pytest
 
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager
-from pagedserve.wire import convert
+from pagedserve.wire import convert, step_convert
 from pagedserve.wire.protocol import (
     KVGeometry,
     ModelInfo,
@@ -81,9 +81,9 @@ def test_plan():
         PlanEntry("c/0", [], False, 10),
         PlanEntry("d/0", [4, 5], True, 10, skip_prefix_cache=True),
     ], free=["x/0", "y/1"], forks=[("b/0", "b/1"), ("b/0", "b/2")])
-    msg = wire(convert.plan_to_proto(plan, "session-1"))
+    msg = wire(step_convert.plan_to_proto(plan, "session-1"))
     assert msg.session_id == "session-1"
-    assert convert.plan_from_proto(msg) == plan
+    assert step_convert.plan_from_proto(msg) == plan
 
 
 def test_a_plans_running_sequences_travel_in_columns():
@@ -94,14 +94,14 @@ def test_a_plans_running_sequences_travel_in_columns():
         PlanEntry("r/2", [3, 4, 5], False, 0), PlanEntry("n/0", [6, 7], True, 30, max_new_tokens=2),
         PlanEntry("late/0", [8], False, 20),  # (not produced by the gateway: it goes with the running)
     ], ahead=True, fills=[("r/0", 4, 11)])
-    msg = wire(convert.plan_to_proto(plan))
+    msg = wire(step_convert.plan_to_proto(plan))
     assert msg.joined_run_seq_ids == "r/0\nr/1\nr/2\nlate/0" and not msg.run_seq_ids
     assert list(msg.run_token_ids) == [1, PENDING, 3, 4, 5, 8] and list(msg.run_num_tokens) == [1, 1, 3, 1]
     assert [e.seq_id for e in msg.entries] == ["n/0"]
-    assert convert.plan_from_proto(msg) == plan
+    assert step_convert.plan_from_proto(msg) == plan
     msg.run_num_tokens[0] = 2
     with pytest.raises(ValueError, match="do not agree"):
-        convert.plan_from_proto(msg)
+        step_convert.plan_from_proto(msg)
 
 
 def test_reserve_result():
@@ -111,27 +111,27 @@ def test_reserve_result():
         rejected=[Rejection("e/0", "too long")], waiting=["f/0", "g/0"], resumed=["h/0"],
         pool_epoch="0123abcd",
     )
-    assert convert.reserve_result_from_proto(wire(convert.reserve_result_to_proto(r))) == r
-    assert convert.reserve_result_from_proto(memory_pb2.ReserveResponse()) == ReserveResult()
+    assert step_convert.reserve_result_from_proto(wire(step_convert.reserve_result_to_proto(r))) == r
+    assert step_convert.reserve_result_from_proto(memory_pb2.ReserveResponse()) == ReserveResult()
 
 
 def test_sample_outputs():
     outs = [SampleOutput("a/0", 5), SampleOutput("b/0", 0, -0.5, [(0, -0.5), (3, -1.25)])]
-    assert convert.outputs_from_proto(wire(convert.outputs_to_proto(outs))) == outs
-    assert convert.outputs_from_proto(executor_pb2.ExecuteResponse()) == []
+    assert step_convert.outputs_from_proto(wire(step_convert.outputs_to_proto(outs))) == outs
+    assert step_convert.outputs_from_proto(executor_pb2.ExecuteResponse()) == []
     plain = [SampleOutput("a/0", 5), SampleOutput("b/0", 0)]
-    msg = wire(convert.outputs_to_proto(plain, "inc"))
+    msg = wire(step_convert.outputs_to_proto(plain, "inc"))
     assert list(msg.tokens) == [5, 0] and not msg.outputs and msg.incarnation == "inc"
-    assert convert.outputs_from_proto(msg, ["a/0", "b/0"]) == plain
+    assert step_convert.outputs_from_proto(msg, ["a/0", "b/0"]) == plain
 
 
 def test_sample_outputs_with_prompt_logprobs():
     entries = [PromptLogprob(7, -1.5, 3, [(2, -0.25), (9, -1.0)]), PromptLogprob(8, -0.125, 1)]
     outs = [SampleOutput("a/0", -1, sampled=False, prompt_logprobs=entries),
             SampleOutput("b/0", 4, prompt_logprobs=entries[1:]), SampleOutput("c/0", 5)]
-    msg = wire(convert.outputs_to_proto(outs))
+    msg = wire(step_convert.outputs_to_proto(outs))
     assert not msg.tokens and [o.prompt_only for o in msg.outputs] == [True, False, False]
-    assert convert.outputs_from_proto(msg, ["b/0", "c/0"]) == outs
+    assert step_convert.outputs_from_proto(msg, ["b/0", "c/0"]) == outs
 
 
 def test_stats_from_a_memory_manager():
@@ -234,10 +234,10 @@ ROUND_TRIPS = {
     "KVGeometry": (KVGeometry, lambda x: convert.geometry_from_proto(wire(convert.geometry_to_proto(x)))),
     "ModelInfo": (ModelInfo, lambda x: convert.model_info_from_proto(wire(convert.model_info_to_proto(x)),
                                                                      x.tokenizer_dir)),
-    "Plan": (Plan, lambda x: convert.plan_from_proto(wire(convert.plan_to_proto(x)))),
-    "ReserveResult": (ReserveResult, lambda x: convert.reserve_result_from_proto(
-        wire(convert.reserve_result_to_proto(x)))),
-    "SampleOutput": (SampleOutput, lambda x: convert.outputs_from_proto(wire(convert.outputs_to_proto([x])))[0]),
+    "Plan": (Plan, lambda x: step_convert.plan_from_proto(wire(step_convert.plan_to_proto(x)))),
+    "ReserveResult": (ReserveResult, lambda x: step_convert.reserve_result_from_proto(
+        wire(step_convert.reserve_result_to_proto(x)))),
+    "SampleOutput": (SampleOutput, lambda x: step_convert.outputs_from_proto(wire(step_convert.outputs_to_proto([x])))[0]),
 }
 
 
@@ -253,10 +253,10 @@ def test_every_field_of_a_message_round_trips(name):
 
 def test_the_grant_columns_go_as_they_are_and_must_agree():
     g = Grants(["a", "b", "c"], [9, 16, 4], [1, 1, 1], [2, 1, 1], [0, 2, 1], [7, 8, 3], [0, 0, 0])
-    m = wire(convert.reserve_result_to_proto(ReserveResult(g, pool_epoch="e")))
-    back = convert.reserve_result_from_proto(m)
+    m = wire(step_convert.reserve_result_to_proto(ReserveResult(g, pool_epoch="e")))
+    back = step_convert.reserve_result_from_proto(m)
     assert back.grants == g and back.pool_epoch == "e"
     assert list(back.grants)[1] == Grant("b", 16, 1, 1, [7, 8], 0)
     m.grant_new_blocks.append(4)
     with pytest.raises(ValueError, match="do not agree"):
-        convert.reserve_result_from_proto(m)
+        step_convert.reserve_result_from_proto(m)

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from pagedserve.wire import convert
+from pagedserve.wire import step_convert
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.protocol import PromptLogprob, SampleOutput
 from pagedserve.wire.reserve_messages import Grants, Plan, PlanEntry, Preemption, Rejection, ReserveResult
@@ -75,17 +75,17 @@ def outputs(rng: random.Random) -> list[SampleOutput]:
 def test_random_step_messages_round_trip(seed):
     rng = random.Random(seed)
     p = plan(rng)
-    assert convert.plan_from_proto(wire(convert.plan_to_proto(p, "s"))) == p
+    assert step_convert.plan_from_proto(wire(step_convert.plan_to_proto(p, "s"))) == p
     r = result(rng)
-    assert convert.reserve_result_from_proto(wire(convert.reserve_result_to_proto(r))) == r
+    assert step_convert.reserve_result_from_proto(wire(step_convert.reserve_result_to_proto(r))) == r
     o = outputs(rng)
     sampled = [x.seq_id for x in o]
-    assert convert.outputs_from_proto(wire(convert.outputs_to_proto(o, "inc")), sampled) == o
+    assert step_convert.outputs_from_proto(wire(step_convert.outputs_to_proto(o, "inc")), sampled) == o
 
 
 @pytest.mark.parametrize("column", [[], [""], ["", ""], ["a"], ["a\nb", "c"], ["\n"], ["a", ""], ["é", "ü/1"]])
 def test_an_id_column_comes_back_as_it_went(column):
-    repeated, joined = convert.join_ids(column)
+    repeated, joined = step_convert.join_ids(column)
     assert not (repeated and joined)
     m = wire(executor_pb2.ExecuteRequest(seq_ids=repeated, joined_seq_ids=joined))
-    assert convert.split_ids(m.seq_ids, m.joined_seq_ids) == column
+    assert step_convert.split_ids(m.seq_ids, m.joined_seq_ids) == column
