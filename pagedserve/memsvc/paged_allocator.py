@@ -25,15 +25,16 @@ copies are taken with `take_copies()` in the order decided.
 """
 from __future__ import annotations
 
-from pagedserve.memsvc import pending_fill, prefix_admission, sequence_fork, sequence_swap
+from pagedserve.memsvc import pending_fill, prefix_admission, sequence_fork, sequence_growth, sequence_swap
 from pagedserve.memsvc.accounting import PoolSnapshot, paged_snapshot
 from pagedserve.memsvc.admission import Admission
 from pagedserve.memsvc.allocator import AppendResult, Growth, KVAllocator, RunGrowth
-from pagedserve.memsvc.block_pool import BlockPool, IntegrityError, NoFreeBlocks
+from pagedserve.memsvc.block_pool import BlockPool
 from pagedserve.memsvc.block_table import BlockTable, blocks_for
 from pagedserve.memsvc.host_tier import HostTier
 from pagedserve.memsvc.prefix_cache import PrefixCacheStats, block_key
 from pagedserve.memsvc.prefix_offload import PrefixOffload
+from pagedserve.memsvc.paged_integrity import check_paged_integrity
 from pagedserve.memsvc.running_growth import grow_running
 from pagedserve.memsvc.swap_space import SwapSpace
 from pagedserve.memsvc.unwritten_keys import UnwrittenKeys
@@ -157,77 +158,25 @@ class PagedAllocator(KVAllocator):
             return None
         return blocks_for(table.num_tokens + num_new_tokens, self.block_size) - len(table.blocks)
 
+    # -- one sequence's growth (pagedserve.memsvc.sequence_growth) ------------------------
+
     def _release_outside_window(self, table: BlockTable) -> None:
-        """Free the blocks wholly before the window of the next position to compute."""
-        if self.window is None:
-            return
-        first_needed = table.num_tokens - self.window + 1
-        upto = min(max(first_needed, 0) // self.block_size, len(table.blocks) - 1)
-        if upto <= table.released:
-            return
-        gone = table.blocks[table.released:upto]
-        table.blocks[table.released:upto] = [None] * len(gone)
-        table.released = upto
-        self.blocks_released += len(gone)
-        self.pool.free(gone)
+        sequence_growth.release_outside_window(self, table)
 
     def append(self, seq_id: str, new_token_ids: list[int]) -> AppendResult:
-        start = self._get(seq_id).num_tokens
-        copies = self.grow(seq_id, new_token_ids)
-        return AppendResult(self._seqs[seq_id].slots(start, len(new_token_ids)), copies)
+        return sequence_growth.append(self, seq_id, new_token_ids)
 
     def grow(self, seq_id: str, new_token_ids: list[int]) -> list[tuple[int, int]]:
-        table = self._get(seq_id)
-        self._release_outside_window(table)
-        n = len(new_token_ids)
-        cow = self._needs_cow(table, n)
-        needed = blocks_for(table.num_tokens + n, self.block_size) - len(table.blocks) + cow
-        if needed > self.pool.num_free:
-            raise NoFreeBlocks(
-                f"sequence {seq_id!r} needs {needed} blocks for {n} more tokens,"
-                f" {self.pool.num_free} free"
-            )
-        return self._extend(table, new_token_ids, needed, cow)
+        return sequence_growth.grow(self, seq_id, new_token_ids)
 
     def grow_running(self, seq_ids: list[str], counts: list[int], tokens: list[int]) -> RunGrowth | None:
         return grow_running(self, seq_ids, counts, tokens)
 
     def grow_if_fits(self, seq_id: str, new_token_ids: list[int]) -> Growth | None:
-        """KVAllocator.grow_if_fits in one table lookup. The check counts the blocks free
-        before the window release, as `can_append` does (the release never changes what
-        the growth needs: it keeps the last block)."""
-        table = self._get(seq_id, on_device=False)
-        if table.swapped:
-            return None
-        num_tokens, n = table.num_tokens, len(new_token_ids)
-        cow = self._needs_cow(table, n)
-        needed = blocks_for(num_tokens + n, self.block_size) - len(table.blocks) + cow
-        if needed > self.pool.num_free:
-            return None
-        self._release_outside_window(table)
-        copies = self._extend(table, new_token_ids, needed, cow)
-        return (num_tokens, copies, *self._table_changes(table))
+        return sequence_growth.grow_if_fits(self, seq_id, new_token_ids)
 
-    def _extend(self, table: BlockTable, new_token_ids: list[int], needed: int,
-                cow: bool) -> list[tuple[int, int]]:
-        """The act of `grow`, once the caller has checked that `needed` blocks are free."""
-        copies: list[tuple[int, int]] = []
-        if cow:
-            src = table.blocks[-1]
-            (dst,) = self.pool.allocate(1)
-            self.pool.free([src])  # still held by the other sharers
-            table.blocks[-1] = dst
-            table.synced = min(table.synced, len(table.blocks) - 1)
-            copies.append((src.block_id, dst.block_id))
-            needed -= 1
-        if needed:
-            table.blocks.extend(self.pool.allocate(needed))
-        table.num_tokens += len(new_token_ids)
-        if self.enable_prefix_caching:
-            table.tail_tokens.extend(new_token_ids)
-            if len(table.tail_tokens) >= self.block_size:
-                self._key_tail(table)
-        return copies
+    def _extend(self, table: BlockTable, new_token_ids: list[int], needed: int, cow: bool) -> list[tuple[int, int]]:
+        return sequence_growth.extend(self, table, new_token_ids, needed, cow)
 
     def _key_tail(self, table: BlockTable) -> None:
         """Key the full blocks of the tail, up to the first one holding a PENDING token."""
@@ -324,27 +273,4 @@ class PagedAllocator(KVAllocator):
         )
 
     def check_integrity(self) -> None:
-        self.pool.check()
-        holders: dict[int, list[str]] = {}
-        host_held: list[int] = []
-        for t in self._seqs.values():
-            t.check(keyed=self.enable_prefix_caching)
-            host_held.extend(t.host_blocks)
-            for b in t.live_blocks:
-                if self.pool.blocks[b.block_id] is not b:
-                    raise IntegrityError(f"sequence {t.seq_id!r} holds a foreign block {b.block_id}")
-                holders.setdefault(b.block_id, []).append(t.seq_id)
-        for block in self.pool.blocks:
-            names = holders.get(block.block_id, [])
-            if block.ref_cnt != len(names):
-                raise IntegrityError(
-                    f"block {block.block_id} has ref count {block.ref_cnt} but"
-                    f" {len(names)} block tables hold it {names}"
-                )
-        for t in self._seqs.values():
-            if not t.swapped and self._needs_cow(t, 1) and t.seq_id not in self.shared_tails:
-                raise IntegrityError(f"sequence {t.seq_id!r} shares its partial last block "
-                                     f"{t.blocks[-1].block_id} but is not in shared_tails")
-        self.swap_space.check(host_held)
-        if self.offload is not None:
-            self.offload.tier.check()
+        check_paged_integrity(self)
