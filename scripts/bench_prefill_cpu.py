@@ -24,7 +24,8 @@ from pagedserve.kernels.paged_attention_ref import _prefill
 from tests.unit.kernels.test_kernels_attention import make_batch
 
 CASES = {"8 x 128": [(128, 128)] * 8, "4 x 100 after 200 cached": [(300, 100)] * 4, "1 x 512": [(512, 512)],
-         "4 x 512": [(512, 512)] * 4, "1 x 1024": [(1024, 1024)], "1 x 2048": [(2048, 2048)]}
+         "4 x 512": [(512, 512)] * 4, "1 x 1024": [(1024, 1024)], "1 x 2048": [(2048, 2048)],
+         "1 x 4096": [(4096, 4096)]}
 
 
 def measure(specs, repeats: int) -> dict:

@@ -40,7 +40,7 @@ SOURCE = EXP_NEG + VEC + r"""
 #define DR 4
 #endif
 #define M (MV * VL)
-#define NK 32  // keys per online-softmax step (a multiple of NR)
+#define NK 64  // keys per online-softmax step (a multiple of NR)
 
 // Scores of NR keys (rows kp[0..NR)) against the tile: s[n][m] = sum_d k_n[d] qt[d][m]; keys
 // past a row's position (key0 + n > pos) are -inf when `mask`; mx: the running max per row.
