@@ -43,8 +43,9 @@ def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start
               and paged_prefill_cpu.native_available())
     if native:
         paged_prefill_cpu.paged_prefill(qq, k_cache, v_cache, plan.tables, plan.chunks, plan.items, scale, target)
-    for b, start, end, length in (plan.long if native else plan.prefills):
-        _prefill(qq, k_cache, v_cache, block_tables[b], length, start, end, scale, gqa, target)
+    if not native:
+        for b, start, end, length in plan.prefills:
+            _prefill(qq, k_cache, v_cache, block_tables[b], length, start, end, scale, gqa, target)
     if target is not out:
         out.copy_(target)
     return out
@@ -53,17 +54,15 @@ def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start
 class _Plan:
     """What paged_attention_cpu derives from a step's metadata, the same for every layer:
     decode (int32 tables, int32 lens, int64 q rows) or None; prefills (b, start, end, length),
-    and for the prefill kernel those up to MAX_CHUNK queries as an int64 tensor `chunks` with
-    its work items (or None), the longer ones as `long`, and the int32 tables."""
+    and for the prefill kernel the same as an int64 tensor `chunks` with its work items (or
+    None), and the int32 tables."""
 
     def __init__(self, decode, prefills, tables, kv_heads: int, num_heads: int):
         self.decode, self.prefills, self.tables = decode, prefills, tables
         self.chunks = self.items = None
-        short = [p for p in prefills if p[2] - p[1] <= paged_prefill_cpu.MAX_CHUNK]
-        self.long = [p for p in prefills if p[2] - p[1] > paged_prefill_cpu.MAX_CHUNK]
-        if short:
-            self.chunks = torch.tensor(short, dtype=torch.int64)
-            self.items = paged_prefill_cpu.work_items(short, kv_heads, num_heads // kv_heads)
+        if prefills:
+            self.chunks = torch.tensor(prefills, dtype=torch.int64)
+            self.items = paged_prefill_cpu.work_items(prefills, kv_heads, num_heads // kv_heads)
 
 
 def _plan(block_tables, seq_lens, query_start_loc, kv_heads: int, num_heads: int) -> _Plan:

@@ -1,15 +1,20 @@
 """The prefill attention kernel of the CPU path, in C++: every prompt chunk of a step in one
 call, float32, reading each sequence's K/V in place from its blocks of the pool.
 
-paged_prefill(q, k_cache, v_cache, block_tables, chunks, scale, out): `chunks` [n, 4] int64
-rows (b, start, end, length): the queries q[start:end] of sequence b, whose context is
+paged_prefill(q, k_cache, v_cache, block_tables, chunks, items, scale, out): `chunks` [n, 4]
+int64 rows (b, start, end, length): the queries q[start:end] of sequence b, whose context is
 `length` tokens (the last end - start of them are the chunk's own; those before, its cached
-prefix), attend causally over block_tables[b]. Work is split over (chunk, query tile of 16,
-kv head) on torch's OpenMP threads, the GIL released (ctypes); within a tile each key and
-value row is read once for all the tile's queries and the heads sharing it (GQA), with an
-online softmax per query, so no K/V is gathered and no score matrix larger than a block is
-held (each block's K is transposed once per tile, so scores vectorize over its keys). Built as pagedserve/kernels/paged_decode_cpu.py is (pagedserve/kernels/native_build.py); tested against the
-torch reference through pagedserve/kernels/paged_cpu.py (tests/unit/kernels/test_kernels_cpu.py).
+prefix), attend causally over block_tables[b]; any chunk length. Work items (work_items) are
+tiles of 32 rows (16 on AVX2) of a chunk's (query, head) pairs for one kv head, on torch's
+OpenMP threads, the GIL released (ctypes). A tile is register-tiled like a small GEMM: its
+queries held transposed, Q.K^T and P.V computed as micro-kernels whose accumulators stay in
+vector registers while each K and V row is read once for the whole tile, with an online
+softmax down the rows, 64 keys a step; keys past every row's position are never computed.
+Built as pagedserve/kernels/paged_decode_cpu.py is (pagedserve/kernels/native_build.py;
+AVX-512 or AVX2 as -march gives); tested against the torch reference through
+pagedserve/kernels/paged_cpu.py (tests/unit/kernels/test_kernels_cpu.py,
+tests/unit/kernels/test_prefill_cpu.py; the AVX2 build in
+tests/integration/test_prefill_cpu_avx2.py); measured by scripts/bench_prefill_cpu.py.
 """
 from __future__ import annotations
 
@@ -19,10 +24,6 @@ import torch
 
 from pagedserve.kernels import native_build
 from pagedserve.kernels.paged_decode_cpu import EXP_NEG, VEC
-
-# chunks of more queries go to SDPA (pagedserve/kernels/paged_attention_ref.py), faster there: 1 x 1,024
-# tokens 0.74x of it, 1 x 512 1.22x, 8 x 128 6.5x (docs/benchmark-history.md, issue 44)
-MAX_CHUNK = 512
 
 SOURCE = EXP_NEG + VEC + r"""
 // Prefill attention over the paged KV pool: causal, each chunk after its cached prefix.
