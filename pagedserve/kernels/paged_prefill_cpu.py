@@ -5,7 +5,7 @@ paged_prefill(q, k_cache, v_cache, block_tables, chunks, items, scale, out): `ch
 int64 rows (b, start, end, length): the queries q[start:end] of sequence b, whose context is
 `length` tokens (the last end - start of them are the chunk's own; those before, its cached
 prefix), attend causally over block_tables[b]; any chunk length. Work items (work_items) are
-tiles of 32 rows (16 on AVX2) of a chunk's (query, head) pairs for one kv head, on torch's
+tiles of 48 rows (24 on AVX2) of a chunk's (query, head) pairs for one kv head, on torch's
 OpenMP threads, the GIL released (ctypes). A tile is register-tiled like a small GEMM: its
 queries held transposed, Q.K^T and P.V computed as micro-kernels whose accumulators stay in
 vector registers while each K and V row is read once for the whole tile, with an online
@@ -31,12 +31,11 @@ SOURCE = EXP_NEG + VEC + r"""
 // a vector spans M / MV rows and the softmax over a key runs down the rows, lane by lane.
 // MV vectors of rows; NR keys per step of Q.K^T and DR value columns per step of P.V: their
 // accumulators (NR * MV, DR * MV vectors) stay in registers (32 on AVX-512, 16 below).
+#define MV 3  // 3 better than 2 or 4 (tiles of 48 rows on AVX-512, 24 on AVX2: docs/benchmark-history.md)
 #if VL == 16
-#define MV 2
 #define NR 8
 #define DR 8
 #else
-#define MV 2
 #define NR 4
 #define DR 4
 #endif

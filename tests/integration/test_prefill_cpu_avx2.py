@@ -1,5 +1,5 @@
 """The prefill kernel's tests (tests/unit/kernels/test_prefill_cpu.py) on the AVX2-only build
-(-march=haswell: 8-wide vectors, tiles of 16 rows, the path of CPUs without AVX-512), compiled here."""
+(-march=haswell: 8-wide vectors, tiles of 24 rows, the path of CPUs without AVX-512), compiled here."""
 import pytest
 
 from pagedserve.kernels import paged_prefill_cpu
@@ -14,7 +14,7 @@ def build(monkeypatch):
     paged_prefill_cpu._native.reset()
     if not paged_prefill_cpu.native_available():
         pytest.skip("the prefill kernel does not build for -march=haswell here")
-    assert paged_prefill_cpu._native.get().paged_prefill_tile_rows() == 16
+    assert paged_prefill_cpu._native.get().paged_prefill_tile_rows() == 24
     yield "haswell"
     monkeypatch.undo()
     paged_prefill_cpu._native.reset()
