@@ -162,8 +162,10 @@ static void prefill_tile(const float* q, int64_t q_st, int64_t q_sh, const float
     const int64_t lo = pos0 + first / group, hi = pos0 + (first + rows - 1) / group;
     const int64_t koff = kvh * sh;
     for (int64_t base = 0; base <= hi; base += NK) {
+        // this step's K and V rows, NR at a time: those past the last row's position repeat its
+        // last key's (never read past the context), masked
         const int64_t cnt = std::min<int64_t>(NK, (hi + 1 - base + NR - 1) / NR * NR);
-        for (int64_t n = 0, j = base / bs, t = base % bs; n < cnt; ++n) {  // keys past the last row's position: its last key, masked
+        for (int64_t n = 0, j = base / bs, t = base % bs; n < cnt; ++n) {
             if (base + n > hi) {
                 kp[n] = kp[n - 1];
                 vp[n] = vp[n - 1];
