@@ -44,43 +44,64 @@ SOURCE = EXP_NEG + VEC + r"""
 
 // Scores of NR keys (rows kp[0..NR)) against the tile: s[n][m] = sum_d k_n[d] qt[d][m]; keys
 // past a row's position (key0 + n > pos) are -inf when `mask`; mx: the running max per row.
+// Vectors of rows below V0 lie wholly before key0 (rows go by position): -inf, not computed.
+template <int V0>
 static inline void scores_nr(const float* qt, const float* const* kp, int64_t D, float key0, bool mask,
                              const vec* pos, vec* mx, float* s) {
     vec a[NR][MV] = {};
     for (int64_t d = 0; d < D; ++d) {
         vec qv[MV];
-        for (int i = 0; i < MV; ++i) qv[i] = vload(qt + d * M + i * VL);
+        for (int i = V0; i < MV; ++i) qv[i] = vload(qt + d * M + i * VL);
         for (int n = 0; n < NR; ++n) {
             const float kd = kp[n][d];
-            for (int i = 0; i < MV; ++i) a[n][i] += qv[i] * kd;
+            for (int i = V0; i < MV; ++i) a[n][i] += qv[i] * kd;
         }
     }
     const vec ninf = vec{} - INFINITY;
     for (int n = 0; n < NR; ++n)
         for (int i = 0; i < MV; ++i) {
-            vec x = a[n][i];
+            vec x = i < V0 ? ninf : a[n][i];
             if (mask) x = pos[i] < key0 + n ? ninf : x;
             mx[i] = x > mx[i] ? x : mx[i];
             vstore(s + n * M + i * VL, x);
         }
 }
 
-// ot[d][m] = alpha[m] ot[d][m] + sum_n v_n[d] p[n][m] for R value columns from d0.
-template <int R>
-static inline void pv_cols(const float* p, const float* const* vp, int64_t cnt, int64_t d0, const vec* alpha,
-                           float* ot) {
-    vec a[R][MV];
-    for (int r = 0; r < R; ++r)
-        for (int i = 0; i < MV; ++i) a[r][i] = vload(ot + (d0 + r) * M + i * VL) * alpha[i];
-    for (int64_t n = 0; n < cnt; ++n) {
+// scores_nr<v0> for a v0 known at run time (below MV).
+template <int V>
+static inline void scores_from(int v0, const float* qt, const float* const* kp, int64_t D, float key0,
+                               bool mask, const vec* pos, vec* mx, float* s) {
+    if constexpr (V + 1 < MV) {
+        if (v0 > V) return scores_from<V + 1>(v0, qt, kp, D, key0, mask, pos, mx, s);
+    }
+    scores_nr<V>(qt, kp, D, key0, mask, pos, mx, s);
+}
+
+// a[r][i] += sum_n v_n[d0 + r] p[n][i-th vector] over the keys seg[V] .. seg[V + 1] - 1, whose
+// probabilities are 0 for the vectors of rows below V; then the next segment.
+template <int R, int V>
+static inline void pv_segments(vec (&a)[R][MV], const float* p, const float* const* vp, const int64_t* seg,
+                               int64_t d0) {
+    for (int64_t n = seg[V]; n < seg[V + 1]; ++n) {
         vec pn[MV];
-        for (int i = 0; i < MV; ++i) pn[i] = vload(p + n * M + i * VL);
+        for (int i = V; i < MV; ++i) pn[i] = vload(p + n * M + i * VL);
         const float* vr = vp[n] + d0;
         for (int r = 0; r < R; ++r) {
             const float vd = vr[r];
-            for (int i = 0; i < MV; ++i) a[r][i] += pn[i] * vd;
+            for (int i = V; i < MV; ++i) a[r][i] += pn[i] * vd;
         }
     }
+    if constexpr (V + 1 < MV) pv_segments<R, V + 1>(a, p, vp, seg, d0);
+}
+
+// ot[d][m] = alpha[m] ot[d][m] + sum_n v_n[d] p[n][m] for R value columns from d0.
+template <int R>
+static inline void pv_cols(const float* p, const float* const* vp, const int64_t* seg, int64_t d0,
+                           const vec* alpha, float* ot) {
+    vec a[R][MV];
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < MV; ++i) a[r][i] = vload(ot + (d0 + r) * M + i * VL) * alpha[i];
+    pv_segments<R, 0>(a, p, vp, seg, d0);
     for (int r = 0; r < R; ++r)
         for (int i = 0; i < MV; ++i) vstore(ot + (d0 + r) * M + i * VL, a[r][i]);
 }
@@ -154,7 +175,9 @@ static void prefill_tile(const float* q, int64_t q_st, int64_t q_sh, const float
     }
     std::fill(ot, ot + D * M, 0.f);
     vec pos[MV], mrun[MV], lrun[MV];
+    int64_t last_pos[MV];  // the last position of each vector's rows
     for (int i = 0; i < MV; ++i) {
+        last_pos[i] = static_cast<int64_t>(posf[i * VL + VL - 1]);
         pos[i] = vload(posf + i * VL);
         mrun[i] = vec{} - INFINITY;
         lrun[i] = vec{};
@@ -179,8 +202,16 @@ static void prefill_tile(const float* q, int64_t q_st, int64_t q_sh, const float
         const bool mask = base + cnt - 1 > lo;  // a key past some row's position
         vec mx[MV];
         for (int i = 0; i < MV; ++i) mx[i] = vec{} - INFINITY;
-        for (int64_t n = 0; n < cnt; n += NR)
-            scores_nr(qt, kp + n, D, static_cast<float>(base + n), mask, pos, mx, sc + n * M);
+        // seg[v]: the first key from which the vectors of rows below v lie wholly before each
+        // group of NR keys (rows go by position, so v0 only grows)
+        int64_t seg[MV + 1];
+        seg[0] = 0;
+        int v0 = 0;
+        for (int64_t n = 0; n < cnt; n += NR) {
+            while (mask && v0 + 1 < MV && last_pos[v0] < base + n) seg[++v0] = n;
+            scores_from<0>(v0, qt, kp + n, D, static_cast<float>(base + n), mask, pos, mx, sc + n * M);
+        }
+        for (int v = v0 + 1; v <= MV; ++v) seg[v] = cnt;
         vec alpha[MV], sum[MV];
         for (int i = 0; i < MV; ++i) {  // every row sees key 0, in the first step: mrun finite after it
             const vec mn = mx[i] > mrun[i] ? mx[i] : mrun[i];
@@ -198,8 +229,8 @@ static void prefill_tile(const float* q, int64_t q_st, int64_t q_sh, const float
             }
         for (int i = 0; i < MV; ++i) lrun[i] = lrun[i] * alpha[i] + sum[i];
         int64_t d0 = 0;
-        for (; d0 + DR <= D; d0 += DR) pv_cols<DR>(sc, vp, cnt, d0, alpha, ot);
-        for (; d0 < D; ++d0) pv_cols<1>(sc, vp, cnt, d0, alpha, ot);
+        for (; d0 + DR <= D; d0 += DR) pv_cols<DR>(sc, vp, seg, d0, alpha, ot);
+        for (; d0 < D; ++d0) pv_cols<1>(sc, vp, seg, d0, alpha, ot);
     }
     float inv[M];
     for (int i = 0; i < MV; ++i) vstore(inv + i * VL, 1.f / lrun[i]);
