@@ -24,7 +24,8 @@ from pagedserve.kernels.paged_attention_ref import _prefill
 from tests.unit.kernels.test_kernels_attention import make_batch
 
 CASES = {"8 x 128": [(128, 128)] * 8, "4 x 100 after 200 cached": [(300, 100)] * 4, "1 x 512": [(512, 512)],
-         "1 x 1024": [(1024, 1024)]}
+         "4 x 512": [(512, 512)] * 4, "1 x 1024": [(1024, 1024)], "1 x 2048": [(2048, 2048)],
+         "1 x 4096": [(4096, 4096)]}
 
 
 def measure(specs, repeats: int) -> dict:
@@ -32,7 +33,7 @@ def measure(specs, repeats: int) -> dict:
     q, kc, vc, bt = args["q"], args["k_cache"], args["v_cache"], args["block_tables"]
     starts, lens = args["query_start_loc"].tolist(), args["seq_lens"].tolist()
     chunks = [(b, starts[b], starts[b + 1], lens[b]) for b in range(len(specs))]
-    table, items = torch.tensor(chunks, dtype=torch.int64), paged_prefill_cpu.work_items(chunks, 3)
+    table, items = torch.tensor(chunks, dtype=torch.int64), paged_prefill_cpu.work_items(chunks, 3, 3)
     old_out, new_out = torch.empty_like(q), torch.empty_like(q)
 
     def old():

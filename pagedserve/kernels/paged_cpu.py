@@ -32,7 +32,7 @@ def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start
     if out is None:
         out = torch.empty_like(q)
     plan = _memo(("attention", query_start_loc, seq_lens, block_tables),
-                 lambda: _plan(block_tables, seq_lens, query_start_loc, k_cache.shape[2]))
+                 lambda: _plan(block_tables, seq_lens, query_start_loc, k_cache.shape[2], q.shape[1]))
     gqa = q.shape[1] != k_cache.shape[2]
     qq = q if q.stride(2) == 1 else q.contiguous()
     target = out if out.stride(2) == 1 else torch.empty_like(qq)
@@ -43,8 +43,9 @@ def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start
               and paged_prefill_cpu.native_available())
     if native:
         paged_prefill_cpu.paged_prefill(qq, k_cache, v_cache, plan.tables, plan.chunks, plan.items, scale, target)
-    for b, start, end, length in (plan.long if native else plan.prefills):
-        _prefill(qq, k_cache, v_cache, block_tables[b], length, start, end, scale, gqa, target)
+    if not native:
+        for b, start, end, length in plan.prefills:
+            _prefill(qq, k_cache, v_cache, block_tables[b], length, start, end, scale, gqa, target)
     if target is not out:
         out.copy_(target)
     return out
@@ -53,20 +54,18 @@ def paged_attention_cpu(q, k_cache, v_cache, block_tables, seq_lens, query_start
 class _Plan:
     """What paged_attention_cpu derives from a step's metadata, the same for every layer:
     decode (int32 tables, int32 lens, int64 q rows) or None; prefills (b, start, end, length),
-    and for the prefill kernel those up to MAX_CHUNK queries as an int64 tensor `chunks` with
-    its work items (or None), the longer ones as `long`, and the int32 tables."""
+    and for the prefill kernel the same as an int64 tensor `chunks` with its work items (or
+    None), and the int32 tables."""
 
-    def __init__(self, decode, prefills, tables, kv_heads: int):
+    def __init__(self, decode, prefills, tables, kv_heads: int, num_heads: int):
         self.decode, self.prefills, self.tables = decode, prefills, tables
         self.chunks = self.items = None
-        short = [p for p in prefills if p[2] - p[1] <= paged_prefill_cpu.MAX_CHUNK]
-        self.long = [p for p in prefills if p[2] - p[1] > paged_prefill_cpu.MAX_CHUNK]
-        if short:
-            self.chunks = torch.tensor(short, dtype=torch.int64)
-            self.items = paged_prefill_cpu.work_items(short, kv_heads)
+        if prefills:
+            self.chunks = torch.tensor(prefills, dtype=torch.int64)
+            self.items = paged_prefill_cpu.work_items(prefills, kv_heads, num_heads // kv_heads)
 
 
-def _plan(block_tables, seq_lens, query_start_loc, kv_heads: int) -> _Plan:
+def _plan(block_tables, seq_lens, query_start_loc, kv_heads: int, num_heads: int) -> _Plan:
     starts = query_start_loc.tolist()
     q_lens = [end - start for start, end in zip(starts, starts[1:])]
     lens = seq_lens.tolist()
@@ -81,7 +80,7 @@ def _plan(block_tables, seq_lens, query_start_loc, kv_heads: int) -> _Plan:
         decode = (tables.index_select(0, index), seq_lens.to(torch.int32).index_select(0, index),
                   torch.tensor([starts[b] for b in decodes], dtype=torch.int64))
     prefills = [(b, starts[b], starts[b + 1], lens[b]) for b, n in enumerate(q_lens) if n > 1]
-    return _Plan(decode, prefills, tables, kv_heads)
+    return _Plan(decode, prefills, tables, kv_heads, num_heads)
 
 
 _memo_entry: tuple | None = None

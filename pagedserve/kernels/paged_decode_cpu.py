@@ -58,7 +58,75 @@ static inline float exp_neg(float x) {
 
 """
 
-SOURCE = EXP_NEG + r"""
+# vectors of the widest width the target has (VL floats), their loads and stores, a horizontal
+# sum, and exp_neg on a vector; shared with pagedserve/kernels/paged_prefill_cpu.py
+VEC = r"""
+#if defined(__AVX512F__)
+#define VL 16
+#elif defined(__AVX__)
+#define VL 8
+#else
+#define VL 4
+#endif
+typedef float vec __attribute__((vector_size(VL * 4)));
+typedef float vec8 __attribute__((vector_size(32)));
+typedef float vec4 __attribute__((vector_size(16)));
+static inline vec vload(const float* p) { vec x; __builtin_memcpy(&x, p, sizeof x); return x; }
+static inline void vstore(float* p, vec x) { __builtin_memcpy(p, &x, sizeof x); }
+// A tree of shuffles and adds (a plain loop over the lanes is a serial chain of scalar adds:
+// without -ffast-math the compiler may not reorder them).
+static inline float hsum4(vec4 x) {
+    x += __builtin_shufflevector(x, x, 2, 3, 0, 1);
+    return x[0] + x[1];
+}
+static inline float hsum8(vec8 x) {
+    return hsum4(__builtin_shufflevector(x, x, 0, 1, 2, 3) + __builtin_shufflevector(x, x, 4, 5, 6, 7));
+}
+static inline float hsum(vec x) {
+#if VL == 16
+    return hsum8(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15));
+#elif VL == 8
+    return hsum8(x);
+#else
+    return hsum4(x);
+#endif
+}
+
+typedef int32_t ivec __attribute__((vector_size(VL * 4)));
+typedef uint16_t hvec __attribute__((vector_size(VL * 2)));
+static inline vec vload_kv(const float* p) { return vload(p); }
+static inline vec vload_kv(const uint16_t* p) {
+    hvec h;
+    __builtin_memcpy(&h, p, sizeof h);
+    const ivec bits = __builtin_convertvector(h, ivec) << 16;
+    vec x;
+    __builtin_memcpy(&x, &bits, sizeof x);
+    return x;
+}
+static const float iota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+// exp_neg on a vector (x <= 0): the same polynomial, n rounded by adding 1.5 * 2^23.
+static inline vec exp_neg_v(vec x) {
+    const vec lo = vec{} - 80.0f;
+    x = x < lo ? lo : x;
+    const vec n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+    const vec r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+    vec p = vec{} + 1.f / 720;
+    p = p * r + 1.f / 120;
+    p = p * r + 1.f / 24;
+    p = p * r + 1.f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.f;
+    p = p * r + 1.f;
+    const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+    vec two_n;
+    __builtin_memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n;
+}
+
+"""
+
+SOURCE = EXP_NEG + VEC + r"""
 // Each of `heads` rows of `len` scores replaced by its softmax, in place.
 static void softmax_rows(float* scores, int64_t heads, int64_t len) {
     for (int64_t h = 0; h < heads; ++h) {
@@ -149,69 +217,6 @@ static void decode_one(const float* q, int64_t q_sh, const T* k, const T* v, int
     });
     for (int64_t h = 0; h < num_heads; ++h)
         for (int64_t d = 0; d < hd; ++d) out[h * o_sh + d] = acc[h * hd + d];
-}
-
-#if defined(__AVX512F__)
-#define VL 16
-#elif defined(__AVX__)
-#define VL 8
-#else
-#define VL 4
-#endif
-typedef float vec __attribute__((vector_size(VL * 4)));
-typedef float vec8 __attribute__((vector_size(32)));
-typedef float vec4 __attribute__((vector_size(16)));
-static inline vec vload(const float* p) { vec x; __builtin_memcpy(&x, p, sizeof x); return x; }
-static inline void vstore(float* p, vec x) { __builtin_memcpy(p, &x, sizeof x); }
-// A tree of shuffles and adds (a plain loop over the lanes is a serial chain of scalar adds:
-// without -ffast-math the compiler may not reorder them).
-static inline float hsum4(vec4 x) {
-    x += __builtin_shufflevector(x, x, 2, 3, 0, 1);
-    return x[0] + x[1];
-}
-static inline float hsum8(vec8 x) {
-    return hsum4(__builtin_shufflevector(x, x, 0, 1, 2, 3) + __builtin_shufflevector(x, x, 4, 5, 6, 7));
-}
-static inline float hsum(vec x) {
-#if VL == 16
-    return hsum8(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
-                 __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15));
-#elif VL == 8
-    return hsum8(x);
-#else
-    return hsum4(x);
-#endif
-}
-
-typedef int32_t ivec __attribute__((vector_size(VL * 4)));
-typedef uint16_t hvec __attribute__((vector_size(VL * 2)));
-static inline vec vload_kv(const float* p) { return vload(p); }
-static inline vec vload_kv(const uint16_t* p) {
-    hvec h;
-    __builtin_memcpy(&h, p, sizeof h);
-    const ivec bits = __builtin_convertvector(h, ivec) << 16;
-    vec x;
-    __builtin_memcpy(&x, &bits, sizeof x);
-    return x;
-}
-static const float iota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-// exp_neg on a vector (x <= 0): the same polynomial, n rounded by adding 1.5 * 2^23.
-static inline vec exp_neg_v(vec x) {
-    const vec lo = vec{} - 80.0f;
-    x = x < lo ? lo : x;
-    const vec n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-    const vec r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-    vec p = vec{} + 1.f / 720;
-    p = p * r + 1.f / 120;
-    p = p * r + 1.f / 24;
-    p = p * r + 1.f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.f;
-    p = p * r + 1.f;
-    const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
-    vec two_n;
-    __builtin_memcpy(&two_n, &bits, sizeof two_n);
-    return p * two_n;
 }
 
 // decode_one for a head size D and G query heads per kv head known at compile time, in one

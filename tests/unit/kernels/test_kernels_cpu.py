@@ -36,7 +36,7 @@ def test_prefill_takes_the_native_kernel(monkeypatch):
     [(37, 1), (5, 1), (1, 1), (33, 1), (160, 1), (16, 1)] * 3,  # decodes only, split across threads
     [(37, 1), (64, 64), (5, 1), (50, 13), (90, 2), (1, 1)],  # mixed with prefill chunks
     [(200, 200), (45, 30), (17, 17), (130, 70), (33, 33), (16, 2)],  # prefills only: across tiles and blocks
-    [(600, 600), (700, 40)],  # one chunk past MAX_CHUNK (SDPA) beside one within it (the kernel)
+    [(600, 600), (700, 40)],  # a chunk of 600 queries beside one after a cached prefix
 ])
 @pytest.mark.parametrize("num_kv_heads,group,head_size", [(3, 3, 64), (2, 1, 16), (1, 4, 128), (1, 10, 64), (2, 8, 128)])
 @pytest.mark.parametrize("padding", ["negative", "random"])
