@@ -12,6 +12,7 @@ from pagedserve.executor import tp_broadcast
 from pagedserve.step.step_batch import FLAG_INVALID, Held, StepBatch
 from pagedserve.step.whole_seqs import Seq, batch_of
 from pagedserve.wire.protocol import SamplingParams
+from tests.support.step_batches import assert_same_batch
 
 EXECUTOR = Path(tp_broadcast.__file__).resolve().parent
 
@@ -40,22 +41,8 @@ HELD = ("seq_id", "sampling", "seed", "prompt", "flags", "error")
 
 
 def same(a: StepBatch, b: StepBatch) -> bool:
-    """Every field equal, as each rank reads it (arrays by value and dtype; prompt and
-    output through prompt_of and output_of)."""
-    for f in dataclasses.fields(StepBatch):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if f.name == "_starts":
-            continue
-        if f.name == "held":
-            assert [[getattr(h, k) for k in HELD] for h in x] == [[getattr(h, k) for k in HELD] for h in y]
-        elif f.name == "histories":
-            assert set(x) == set(y)
-            assert [(a.prompt_of(i), a.output_of(i)) for i in range(a.num_seqs)] == \
-                [(b.prompt_of(i), b.output_of(i)) for i in range(b.num_seqs)]
-        elif isinstance(x, np.ndarray):
-            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
-        else:
-            assert x == y, f.name
+    """Every field equal, as each rank reads it (prompt and output through prompt_of and output_of)."""
+    assert_same_batch(a, b, HELD, histories_as_read=True)
     return True
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from pagedserve.step.running_set import RunningSet
 from pagedserve.step.step_batch import StepBatch
-from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.protocol import SampleOutput, SamplingParams
+from tests.support.step_batches import assert_same_batch
 
 BS = 4
 SAMPLINGS = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0),
@@ -31,16 +31,7 @@ class Seq:
 
 
 def assert_same(a: StepBatch, b: StepBatch):
-    for f in dataclasses.fields(StepBatch):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if f.name == "_starts":
-            continue
-        if f.name == "held":
-            assert [[getattr(h, k) for k in HELD] for h in x] == [[getattr(h, k) for k in HELD] for h in y]
-        elif isinstance(x, np.ndarray):
-            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
-        else:
-            assert x == y, f.name
+    assert_same_batch(a, b, HELD)
 
 
 def outcome(fn, *args):
