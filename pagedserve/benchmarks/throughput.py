@@ -227,15 +227,18 @@ def run_engine_part(args, reqs: list[BenchRequest], cpu: dict):
           f"{one['decode_steps']}); weight-read floor {one['floor_s'] * 1e3:.1f} ms "
           f"({weight_bytes / 1e6:.0f} MB of weights / {bandwidth / 1e9:.1f} GB/s copy bandwidth): "
           f"{one['over_floor']:.2f}x the floor")
-    # a decode token also reads its context's K/V (mean context of the decode steps); on a CPU
-    # the matmuls and attention run one after the other, so their times add
+    # the run's ceiling (issue 44): every computed token's FLOPs at the measured matmul rate,
+    # plus each decode token's read of its context's K/V (mean context of the decode steps) at
+    # the copy bandwidth; on a CPU the matmuls and attention run one after the other: times add
     context = sum(r.prompt_len + r.output_len / 2 for r in reqs) / len(reqs)
-    kv_s = context * info.kv.bytes_per_token / bandwidth
-    c["kv_bytes_per_token"], c["mean_decode_context"] = info.kv.bytes_per_token, context
-    c["ceiling_with_kv_tokens_per_s"] = 1 / (1 / c["ceiling_tokens_per_s"] + kv_s)
-    e["share_of_ceiling_with_kv"] = e["output_tokens_per_s"] / c["ceiling_with_kv_tokens_per_s"]
-    print(f"ceiling, K/V {c['ceiling_with_kv_tokens_per_s']:8.1f} tok/s  (each token also reads "
-          f"{context:.0f} tokens of K/V, {context * info.kv.bytes_per_token / 1e6:.1f} MB at the copy "
-          f"bandwidth); engine at {e['share_of_ceiling_with_kv']:.0%} of it")
+    computed = prompt_tokens + e["output_tokens"]
+    matmul_s = computed * c["flops_per_token"] / c["matmul_flops_per_s"]
+    kv_s = e["output_tokens"] * context * info.kv.bytes_per_token / bandwidth
+    c.update(kv_bytes_per_token=info.kv.bytes_per_token, mean_decode_context=context,
+             run_matmul_s=matmul_s, run_kv_s=kv_s, run_ceiling_output_tokens_per_s=e["output_tokens"] / (matmul_s + kv_s))
+    e["share_of_run_ceiling"] = (matmul_s + kv_s) / e["seconds"]
+    print(f"run ceiling  {c['run_ceiling_output_tokens_per_s']:8.1f} tok/s  ({computed} computed tokens' matmuls "
+          f"{matmul_s:.1f} s + decode K/V reads {kv_s:.1f} s at {context:.0f} tokens of context); engine at "
+          f"{e['share_of_run_ceiling']:.0%} of it")
     result["load_avg"] = os.getloadavg()
     return result, engine
