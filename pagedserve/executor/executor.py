@@ -144,10 +144,11 @@ class Executor:
         if found is None:
             return 0
         log.info("%s", found.describe(utilization))
-        if not found.budget(utilization):
+        budget = found.budget(utilization)
+        if not budget:
             log.warning("no room for a new KV pool at --gpu-memory-utilization %s; a pool memsvc "
                         "holds already serves as it is, and memsvc refuses to make one", utilization)
-        return found.budget(utilization)
+        return budget
 
     def execute(self, batch: StepBatch) -> list[SampleOutput]:
         """Run one step: one SampleOutput per sequence that reports (samples, or returns
