@@ -31,11 +31,12 @@ SESSION_IDLE_S = 600.0
 class _Session:
     """One gateway's running set and the order of its steps."""
 
-    __slots__ = ("running", "order")
+    __slots__ = ("running", "order", "changing")
 
     def __init__(self, block_size: int):
         self.running = RunningSet(block_size)
         self.order = StepOrder(joined=True)
+        self.changing = threading.Lock()  # a retry goes out of order: never two expands at once
 
 
 class Expanded:
@@ -93,7 +94,11 @@ class SequenceStates:
             raise StateLost(f"{STATE_LOST}: this executor process ({self.incarnation[:8]}) is not the "
                             f"one the state was sent to ({m.incarnation[:8]}): send every sequence's state")
         session = self._session(m.session_id)
-        running = session.running
+        with session.changing:
+            return Expanded(self._apply(session.running, m), session)
+
+    @staticmethod
+    def _apply(running: RunningSet, m) -> Applied:
         forget = list(m.forget)
         if forget:
             running.forget(forget)
@@ -106,10 +111,9 @@ class SequenceStates:
                           list(state.prompt))
         if len(m.copy_src) != len(m.copy_dst):
             raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
-        applied = running.apply(step_convert.split_ids(m.seq_ids, m.joined_seq_ids), m.start_pos, m.num_tokens,
-                                m.token_ids, m.fed, m.sample, m.table_start, m.num_new_blocks, m.new_blocks,
-                                pool_epoch=m.pool_epoch, forget=forget, copies=list(zip(m.copy_src, m.copy_dst)))
-        return Expanded(applied, session)
+        return running.apply(step_convert.split_ids(m.seq_ids, m.joined_seq_ids), m.start_pos, m.num_tokens,
+                             m.token_ids, m.fed, m.sample, m.table_start, m.num_new_blocks, m.new_blocks,
+                             pool_epoch=m.pool_epoch, forget=forget, copies=list(zip(m.copy_src, m.copy_dst)))
 
     @staticmethod
     def fill(step: Expanded) -> None:

@@ -122,7 +122,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             context.abort(grpc.StatusCode.ABORTED, "this step was reserved in a KV pool that is "
                           "gone (memsvc restarted): reserve it again")
         order = self.states.order(request.session_id)
-        order.wait_turn(request.step)
+        order.wait_turn(request.step, request.first_step)
         try:
             step = self.states.expand(request)
         except BaseException as e:

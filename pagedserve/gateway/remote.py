@@ -121,6 +121,7 @@ class RemoteExecutorClient(ExecutorClient):
         self._encoded = StepOrder()  # steps are encoded in their order: `sent` says
         # what the executor holds once the steps before have run
         self.num_resyncs = 0
+        self._first = 0  # the first step sent since the last answer named an incarnation
         self.timeout = timeout
         self.info_timeout = info_timeout
         self.channel = open_channel(address, tls, token)
@@ -160,6 +161,7 @@ class RemoteExecutorClient(ExecutorClient):
                 self._sent.clear()
                 self.incarnation = ""
                 self.num_resyncs += 1
+                self._first = 0
             return self._send(step)[0]()
         return Sent(result)
 
@@ -171,6 +173,9 @@ class RemoteExecutorClient(ExecutorClient):
         try:
             with self._lock:
                 request = encode_delta(step, self._sent, self.session_id, self.incarnation, self.tables)
+                if not self.incarnation:  # no answer yet: the executor's order starts at our first step
+                    self._first = self._first or step.step
+                    request.first_step = self._first
                 resyncs = self.num_resyncs
         finally:
             self._encoded.passed(step.step)

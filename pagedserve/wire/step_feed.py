@@ -36,8 +36,10 @@ class StepOrder:
     """Steps numbered 1, 2, ... by one caller go through `wait_turn` in that order: step k
     waits until k - 1 has been let through (`passed`), at most `wait_s`; a number at or
     below one already let through (a retry) or 0 (unordered) goes at once. `joined`: the
-    caller numbered steps before this object existed (a restarted executor), so the first
-    step heard of goes at once."""
+    caller numbered steps before this object existed (a restarted executor, a new session):
+    the first step heard of names where the order starts (`first`: the caller's first step
+    since it last held no state here; 0: that step itself), so a later step that comes
+    first still waits for the ones before it."""
 
     def __init__(self, wait_s: float = ORDER_WAIT_S, joined: bool = False):
         self.wait_s = wait_s
@@ -45,12 +47,13 @@ class StepOrder:
         self.last = 0
         self._cond = threading.Condition()
 
-    def wait_turn(self, step: int) -> None:
+    def wait_turn(self, step: int, first: int = 0) -> None:
         if step <= 0:
             return
         with self._cond:
-            if self.last == 0 and self.joined:
-                return
+            if self.joined:
+                self.joined = False
+                self.last = max(self.last, min(first or step, step) - 1)
             self._cond.wait_for(lambda: self.last >= step - 1, self.wait_s)
 
     def passed(self, step: int) -> None:

@@ -1,5 +1,7 @@
 """The step message: the gateway's delta (pagedserve.wire.step_delta) and the executor's state
 (pagedserve.executor.sequence_state) together give the model runner the full StepBatch."""
+import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -172,6 +174,37 @@ def test_a_request_lost_on_the_way_can_run_again():
     want = expected(step("a", [3, 4, 5], 2, [1, 2]))
     same(link.run(d)[0], want)
     same(link.states.expand(wire(request)).batch, want)  # and a re-run of the same one is the same
+
+
+def test_a_new_sessions_two_steps_in_flight_run_in_their_order_whichever_comes_first():
+    """The gateway sends step 2 before step 1 is answered: each must see the table the one
+    before it left, also when step 2 arrives first (it once ran at once, beside step 1's
+    admission: 'block table change at 2, but it holds 0 blocks')."""
+    states, sent = SequenceStates(BS), set()
+    a = Src([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3])
+    first = wire(encode_delta(columns([delta("a", [1, 2, 3, 4, 5, 6, 7, 8], 0, 0, [1, 2], a)], step=1),
+                              sent, "s1", ""))
+    second = wire(encode_delta(columns([delta("a", [9], 8, 2, [3], a)], step=2), sent, "s1", ""))
+    first.first_step = second.first_step = 1
+    order = states.order("s1")
+    order.wait_s = 30.0
+    batches = {}
+
+    def run(request):
+        order.wait_turn(request.step, request.first_step)
+        try:
+            batches[request.step] = states.expand(request).batch
+        finally:
+            order.passed(request.step)
+
+    late = threading.Thread(target=run, args=(second,))
+    late.start()
+    time.sleep(0.05)
+    assert not batches  # step 2 waits for step 1
+    run(first)
+    late.join(30)
+    same(batches[1], expected(step("a", [1, 2, 3, 4, 5, 6, 7, 8], 0, [1, 2])))
+    same(batches[2], expected(step("a", [9], 8, [1, 2, 3])))
 
 
 def test_sessions_are_separate_and_bad_changes_refused():

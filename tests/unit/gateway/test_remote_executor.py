@@ -87,6 +87,15 @@ def test_a_later_step_handed_over_first_is_encoded_after_the_earlier_one(client)
     assert (second.step, len(second.states)) == (2, 0)  # a's state went with step 1
 
 
+def test_until_the_executor_answers_each_step_names_the_first_one_sent(client):
+    a = Seq([1, 2, 3], [5, 6])
+    first = client.step(one("a", [1, 2, 3], 0, True, 0, [5], a, step=1))
+    second = client.step(one("a", [PENDING], 3, True, 1, [6], a, step=2))
+    first.result(), second.result()
+    client.step(one("a", [PENDING], 4, True, 2, [], a, step=3)).result()
+    assert [r.first_step for r in client.stub.requests] == [1, 1, 0]  # then its order holds
+
+
 def test_after_a_failure_every_state_and_whole_table_goes_again(client):
     a = Seq([1, 2, 3], [5])
     client.step(one("a", [1, 2, 3], 0, True, 0, [5], a, step=1)).result()

@@ -49,6 +49,27 @@ def test_steps_pass_in_their_order_and_retries_or_unordered_ones_at_once():
     assert seen == [1, 2, 1, 0]
     joined = StepOrder(wait_s=5.0, joined=True)
     joined.wait_turn(57)  # the first step a restarted executor hears of goes at once
+    seen.clear()
+    nxt = threading.Thread(target=lambda: (joined.wait_turn(58), seen.append(58)))
+    nxt.start()
+    time.sleep(0.05)
+    assert seen == []  # and the order starts there: 58 waits for 57
+    joined.passed(57)
+    nxt.join(5)
+    assert seen == [58]
+
+
+def test_a_new_sessions_later_step_that_comes_first_waits_for_the_callers_first():
+    joined, seen = StepOrder(wait_s=5.0, joined=True), []
+    second = threading.Thread(target=lambda: (joined.wait_turn(2, first=1), seen.append(2)))
+    second.start()
+    time.sleep(0.05)
+    assert seen == []
+    joined.wait_turn(1, first=1)
+    seen.append(1)
+    joined.passed(1)
+    second.join(5)
+    assert seen == [1, 2]
 
 
 def test_local_engine_runs_steps_in_order_and_feeds_itself():
