@@ -15,7 +15,8 @@ Contract (what the rest of pagedserve may rely on):
   tokenizer directory and the KVGeometry the pool must have.
 - `attach_pool(pool)`: the pool is block-major `[num_blocks, num_layers, 2, block_size,
   num_kv_heads, head_size]` in the model dtype, owned by memsvc. May be called again.
-- `execute(StepBatch) -> list[SampleOutput]` (pagedserve.step.step_batch): for each sequence,
+- `execute(StepBatch) -> StepOutputs` (pagedserve.step.step_batch, pagedserve.wire.step_outputs; a list of
+  SampleOutput is taken too): for each sequence,
   the K/V of its tokens (positions start_pos..) are written to its slots, attention reads the
   context through its block table, and each sequence with sample=True gets one token, in batch order. Sampling
   randomness depends only on (seed, position of the new token); see pagedserve.executor.sampler for

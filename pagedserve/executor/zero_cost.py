@@ -17,6 +17,7 @@ import numpy as np
 
 from pagedserve.step.step_batch import FLAG_PROMPT_LOGPROBS, StepBatch
 from pagedserve.wire.protocol import KVGeometry, ModelInfo, PromptLogprob, SampleOutput
+from pagedserve.wire.step_outputs import StepOutputs
 
 FIXED_TOKEN = 260  # " the" in the default model's tokenizer
 VOCAB = 49152  # the default model's vocabulary
@@ -37,12 +38,13 @@ class ZeroCostExecutor:
     def attach_pool(self, pool) -> None:
         pass
 
-    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+    def execute(self, batch: StepBatch) -> StepOutputs | list[SampleOutput]:
         self.num_steps += 1
         token, ids, sample = self.token_id, batch.seq_ids, batch.sample
         if batch.errors or batch.some_flags & FLAG_PROMPT_LOGPROBS:
             return [_output(batch, i, token) for i in np.flatnonzero(batch.reports()).tolist()]
-        return list(map(SampleOutput, itertools.compress(ids, sample.tolist()), itertools.repeat(token)))
+        ids = list(itertools.compress(ids, sample.tolist()))
+        return StepOutputs(ids, [token] * len(ids))
 
 
 def _output(batch: StepBatch, i: int, token: int) -> SampleOutput:

@@ -7,7 +7,6 @@ none ended. A sequence whose output cannot be applied ends alone (seq_end.fail_a
 docs/ARCHITECTURE.md, "One step"."""
 from __future__ import annotations
 
-import operator
 from typing import TYPE_CHECKING
 
 from pagedserve.gateway import prompt_logprobs, seq_end
@@ -16,12 +15,10 @@ from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.step_records import Took
 from pagedserve.wire.protocol import SampleOutput, SamplingParams
 from pagedserve.wire.step_delta import StepDelta
+from pagedserve.wire.step_outputs import StepOutputs
 
 if TYPE_CHECKING:
     from pagedserve.gateway.scheduler import Scheduler
-
-_token_id = operator.attrgetter("token_id")
-
 
 def by_id(sched: Scheduler, batch: StepDelta, outputs: list[SampleOutput], updates: list) -> None:
     """Each sequence of `batch` takes its output, found by id (none: it sampled nothing)."""
@@ -33,7 +30,7 @@ def by_id(sched: Scheduler, batch: StepDelta, outputs: list[SampleOutput], updat
             seq_end.fail_alone(sched, sched.seqs.get(seq_id, seq), seq, e)
 
 
-def each(sched: Scheduler, batch: StepDelta, outputs: list[SampleOutput], updates: list) -> None:
+def each(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, updates: list) -> None:
     """`on_sampled` of outputs in the batch's order: a sequence that takes a plain token
     takes it here as `one` would, any other goes through `one`; where every one took a
     plain token and none ended, what they took is left in `sched.took`."""
@@ -73,7 +70,7 @@ def each(sched: Scheduler, batch: StepDelta, outputs: list[SampleOutput], update
             plain = False
             seq_end.fail_alone(sched, sched.seqs.get(seq_id, source), source, e)
     if plain:
-        sched.took = Took(batch.seqs, list(map(_token_id, outputs)), num_tokens, least, stops,
+        sched.took = Took(batch.seqs, list(outputs.tokens), num_tokens, least, stops,
                           sched.removals)
 
 

@@ -30,6 +30,7 @@ from pagedserve.gateway.sequence import SeqStatus, Sequence
 from pagedserve.gateway.step_records import Planned, Took
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.protocol import SampleOutput
+from pagedserve.wire.step_outputs import StepOutputs
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
 
@@ -170,10 +171,11 @@ class Scheduler:
             granted_step.tokens(self, step, cached, ahead_of.progress() if ahead_of is not None else None)
         return step, rejected
 
-    def on_sampled(self, batch: StepDelta, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
+    def on_sampled(self, batch: StepDelta, outputs: StepOutputs | list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
         """Apply a step's outputs to the sequences it was made for (a sequence that ended
         since, its id maybe reused by a new request, gets nothing)."""
         updates: list[SeqUpdate | BeamDone] = []
+        outputs = StepOutputs.of(outputs)
         if not self._sampled_in_order(batch, outputs, updates):
             self.took = None
             general_sampled.by_id(self, batch, outputs, updates)
@@ -193,10 +195,10 @@ class Scheduler:
     def _all_fed(self, step: StepDelta, ahead_of: StepDelta, ends: list[int] | None = None) -> bool:
         return steady_decode.all_fed(step, ahead_of, ends)
 
-    def _sampled_in_order(self, batch: StepDelta, outputs: list[SampleOutput], updates: list) -> bool:
+    def _sampled_in_order(self, batch: StepDelta, outputs: StepOutputs, updates: list) -> bool:
         return steady_decode.sampled_in_order(self, batch, outputs, updates)
 
-    def _sampled_steady(self, batch: StepDelta, outputs: list[SampleOutput], took: Took, updates: list) -> bool:
+    def _sampled_steady(self, batch: StepDelta, outputs: StepOutputs, took: Took, updates: list) -> bool:
         return steady_decode.sampled_steady(self, batch, outputs, took, updates)
 
     # for beam search (pagedserve.gateway.beam_search.BeamHost)

@@ -15,17 +15,13 @@ from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.sequence import SeqStatus, Sequence
 from pagedserve.gateway.step_records import Planned, Took
 from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import SampleOutput
 from pagedserve.wire.step_delta import StepDelta
+from pagedserve.wire.step_outputs import StepOutputs
 
 if TYPE_CHECKING:
     from pagedserve.gateway.scheduler import Scheduler
 
 _status = operator.attrgetter("status")
-_token_id = operator.attrgetter("token_id")
-_error = operator.attrgetter("error")
-_sampled_flag = operator.attrgetter("sampled")
-_seq_id = operator.attrgetter("seq_id")
 
 
 def steady_run(sched: Scheduler, ahead_of: StepDelta, took: Took, budget: int, max_seqs: int
@@ -76,11 +72,10 @@ def all_fed(step: StepDelta, ahead_of: StepDelta, ends: list[int] | None = None)
             and SeqStatus.WAITING not in map(_status, step.seqs))
 
 
-def sampled_in_order(sched: Scheduler, batch: StepDelta, outputs: list[SampleOutput], updates: list) -> bool:
+def sampled_in_order(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, updates: list) -> bool:
     """`on_sampled`'s loop where every sequence of `batch` has its output, in the batch's
     order (False, nothing done, where not)."""
-    seq_ids = batch.seq_ids
-    if sched.beams or len(outputs) != len(seq_ids) or list(map(_seq_id, outputs)) != seq_ids:
+    if sched.beams or outputs.seq_ids != batch.seq_ids:
         return False
     took, sched.took = sched.took, None
     if took is None or not sched._sampled_steady(batch, outputs, took, updates):
@@ -88,25 +83,25 @@ def sampled_in_order(sched: Scheduler, batch: StepDelta, outputs: list[SampleOut
     return True
 
 
-def sampled_steady(sched: Scheduler, batch: StepDelta, outputs: list[SampleOutput], took: Took,
+def sampled_steady(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, took: Took,
                    updates: list) -> bool:
     """`general_sampled.each` where the batch's sequences are `took`'s, each still current,
-    none of their outputs an error, each a sampled token that neither stops it nor is past
-    its length: each takes its token, the columns of `took` say the rest. False, nothing
-    done, where not."""
+    each output a sampled token alone (StepOutputs.more empty) that neither stops its
+    sequence nor is past its length: each takes its token, the columns of `took` say the
+    rest. False, nothing done, where not."""
     seqs = batch.seqs
-    tokens = list(map(_token_id, outputs))
+    tokens, more = outputs.tokens, outputs.more
     if (took.left <= 1 or seqs != took.seqs or took.removals != sched.removals
-            or any(map(_error, outputs)) or not all(map(_sampled_flag, outputs))
+            or any(o.error or not o.sampled for o in more.values())
             or any(map(operator.contains, took.stops, tokens))):
         return False
     plain = True
-    for seq, end, token, out in zip(seqs, map(operator.add, batch.start_pos, batch.num_tokens), tokens,
-                                    outputs):
+    for k, (seq, end, token) in enumerate(zip(seqs, map(operator.add, batch.start_pos, batch.num_tokens), tokens)):
         try:
             seq.num_computed = end
             seq.output_token_ids.append(token)
-            updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs))
+            out = more.get(k) if more else None
+            updates.append(SeqUpdate(seq, token) if out is None else SeqUpdate(seq, token, out.logprob, out.top_logprobs))
         except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
             plain = False
             seq_end.fail_alone(sched, seq, seq, e)

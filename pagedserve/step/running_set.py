@@ -24,6 +24,7 @@ from pagedserve.step.step_rows import StepRows
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.step_delta import STATE_LOST
 from pagedserve.wire.step_feed import FED_UNKNOWN, FedTokenUnknown
+from pagedserve.wire.step_outputs import StepOutputs
 
 
 class StateLost(LookupError):
@@ -309,7 +310,8 @@ class RunningSet:
                 (output if output else prompt)[-1] = token
 
     def record(self, step: Applied, outputs) -> None:
-        """Keep what the step sampled (`outputs`: one per row that reports, in order)."""
+        """Keep what the step sampled (`outputs`: one per row that reports, in order;
+        pagedserve.wire.step_outputs)."""
         batch = step.batch
         if not outputs:
             return
@@ -317,20 +319,21 @@ class RunningSet:
         everyone = self.fast and np.count_nonzero(reports) == len(reports)
         reporting = None if everyone else np.flatnonzero(reports)
         at = slice(None) if everyone else reporting
-        tokens = np.array([o.token_id for o in outputs], dtype=np.int64)
+        outputs = StepOutputs.of(outputs)
+        tokens = np.array(outputs.tokens, dtype=np.int64)
         rows = step.rows[at]
         if everyone and step.owners == self._owners and not batch.errors and not batch.some_flags & FLAG_PROMPT_LOGPROBS:
             keep = None  # every row sampled, and none changed hands since the step was made
         else:
             keep = batch.sample[at] & (self.gen[rows] == step.gens[at])
-        for k in [k for k, o in enumerate(outputs) if o.error]:
+        for k, error in outputs.errors().items():
             if keep is None:
                 keep = np.ones(len(outputs), dtype=bool)
             keep[k] = False
             i = k if reporting is None else reporting[k]
             seq_id = batch.seq_ids[i]
             if seq_id in self.row_of and self.gen[rows[k]] == step.gens[i]:
-                self.left_out[seq_id] = outputs[k].error
+                self.left_out[seq_id] = error
                 self.last_pos[rows[k]] = -1
         ends = batch.start_pos[at] + batch.num_tokens[at]
         if keep is None:

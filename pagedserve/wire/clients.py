@@ -19,7 +19,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from pagedserve.wire.protocol import ModelInfo, PoolStats, SampleOutput
+from pagedserve.wire.protocol import ModelInfo, PoolStats
+from pagedserve.wire.step_outputs import StepOutputs
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
 
@@ -70,11 +71,11 @@ class ExecutorClient(ABC):
         and where its tokenizer is. Constant for the executor's life."""
 
     @abstractmethod
-    def step(self, step: StepDelta) -> Future[list[SampleOutput]]:
+    def step(self, step: StepDelta) -> Future[StepOutputs]:
         """Run one step (pagedserve.wire.step_delta: per sequence the tokens to compute and the change
-        to its block table): write each sequence's K/V into its slots and answer one
-        SampleOutput per sequence that reports (it samples, or has prompt logprobs to
-        return for its step: pagedserve.step.step_batch.StepBatch.reports), in step order. Steps run in the order of
+        to its block table): write each sequence's K/V into its slots and answer its
+        outputs (pagedserve.wire.step_outputs: one per sequence that reports (it samples, or has prompt logprobs to
+        return for its step: pagedserve.step.step_batch.StepBatch.reports), in step order). Steps run in the order of
         `step.step` (pagedserve.wire.step_feed.StepOrder), whatever order they come in; a token PENDING
         (pagedserve.wire.pending_token) is the one the executor sampled for the sequence last step
         (FedTokenUnknown, or FAILED_PRECONDITION across processes, when it does not hold

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pagedserve.wire.convert import prompt_logprobs_from_proto, prompt_logprobs_to_proto
 from pagedserve.wire.protocol import SampleOutput
+from pagedserve.wire.step_outputs import StepOutputs
 from pagedserve.wire.reserve_messages import Grants, Plan, PlanEntry, Preemption, Rejection, ReserveResult
 from pagedserve.wire.v1 import executor_pb2, generation_pb2, memory_pb2
 
@@ -112,12 +113,11 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
 # -- Execute's outputs ---------------------------------------------------------------
 
 
-def outputs_to_proto(outputs: list[SampleOutput], incarnation: str = "") -> executor_pb2.ExecuteResponse:
-    """Tokens alone (packed) when every output is a sampled token without logprobs."""
-    tokens = [o.token_id for o in outputs if o.logprob is None and o.sampled and not o.top_logprobs
-              and not o.prompt_logprobs and not o.error]
-    if len(tokens) == len(outputs):
-        return executor_pb2.ExecuteResponse(tokens=tokens, incarnation=incarnation)
+def outputs_to_proto(outputs: StepOutputs | list[SampleOutput], incarnation: str = "") -> executor_pb2.ExecuteResponse:
+    """Tokens alone (packed) when no output carries more than its sampled token."""
+    outputs = StepOutputs.of(outputs)
+    if not outputs.more:
+        return executor_pb2.ExecuteResponse(tokens=outputs.tokens, incarnation=incarnation)
     SO, TL = executor_pb2.SampleOutput, generation_pb2.TopLogprob
     return executor_pb2.ExecuteResponse(outputs=[
         SO(seq_id=o.seq_id, token_id=o.token_id if o.sampled else 0, logprob=o.logprob,
@@ -129,19 +129,18 @@ def outputs_to_proto(outputs: list[SampleOutput], incarnation: str = "") -> exec
     ], incarnation=incarnation)
 
 
-def outputs_from_proto(m: executor_pb2.ExecuteResponse, sampled_ids: list[str] | None = None
-                       ) -> list[SampleOutput]:
+def outputs_from_proto(m: executor_pb2.ExecuteResponse, sampled_ids: list[str] | None = None) -> StepOutputs:
     """`sampled_ids`: the ids of the batch's sequences with sample set, in order (for a
     response that carries tokens alone). A prompt-only output has token_id -1."""
     if m.tokens:
         if sampled_ids is None or len(sampled_ids) != len(m.tokens):
             raise ValueError(f"the executor sent {len(m.tokens)} tokens for "
                              f"{'?' if sampled_ids is None else len(sampled_ids)} sampled sequences")
-        return list(map(SampleOutput, sampled_ids, m.tokens))
-    return [
+        return StepOutputs(sampled_ids, list(m.tokens))
+    return StepOutputs.of([
         SampleOutput(o.seq_id, -1 if o.prompt_only else o.token_id,
                      o.logprob if o.HasField("logprob") else None,
                      [(t.token_id, t.logprob) for t in o.top_logprobs], not o.prompt_only,
                      prompt_logprobs_from_proto(o.prompt_logprobs), o.error)
         for o in m.outputs
-    ]
+    ])
