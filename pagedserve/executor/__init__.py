@@ -15,12 +15,13 @@ Contract (what the rest of pagedserve may rely on):
   tokenizer directory and the KVGeometry the pool must have.
 - `attach_pool(pool)`: the pool is block-major `[num_blocks, num_layers, 2, block_size,
   num_kv_heads, head_size]` in the model dtype, owned by memsvc. May be called again.
-- `execute(StepBatch) -> StepOutputs` (pagedserve.step.step_batch, pagedserve.wire.step_outputs; a list of
-  SampleOutput is taken too): for each sequence,
-  the K/V of its tokens (positions start_pos..) are written to its slots, attention reads the
-  context through its block table, and each sequence with sample=True gets one token, in batch order. Sampling
-  randomness depends only on (seed, position of the new token); see pagedserve.executor.sampler for
-  the order of penalties, temperature and truncation and what logprobs mean. Stop rules
+- `execute(StepBatch) -> StepOutputs` (pagedserve.step.step_batch, pagedserve.wire.step_outputs:
+  a step's outputs in columns, a SampleOutput made only for an entry that carries more than
+  its token): for each sequence, the K/V of its tokens (positions start_pos..) are written
+  to its slots, attention reads the context through its block table, and each sequence
+  with sample=True gets one token, in batch order. Sampling randomness depends only on
+  (seed, position of the new token); see pagedserve.executor.sampler for the order of
+  penalties, temperature and truncation and what logprobs mean. Stop rules
   (EOS, stop ids, ignore_eos) belong to the gateway; nothing is masked here. A sequence
   whose sampling asks for prompt_logprobs also gets, for the prompt positions of its step,
   the logprob, rank and top k of each next prompt token (pagedserve.executor.prompt_logprobs): on its

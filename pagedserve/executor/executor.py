@@ -19,7 +19,8 @@ from pagedserve.executor.sharding import ShardPlan
 from pagedserve.executor import tensor_parallel, tp_pools
 from pagedserve.executor.weights import parse_dtype
 from pagedserve.step.step_batch import StepBatch
-from pagedserve.wire.protocol import KVGeometry, ModelInfo, SampleOutput
+from pagedserve.wire.protocol import KVGeometry, ModelInfo
+from pagedserve.wire.step_outputs import StepOutputs
 
 log = logging.getLogger(__name__)
 
@@ -150,9 +151,9 @@ class Executor:
                         "holds already serves as it is, and memsvc refuses to make one", utilization)
         return budget
 
-    def execute(self, batch: StepBatch) -> list[SampleOutput]:
-        """Run one step: one SampleOutput per sequence that reports (samples, or returns
-        prompt logprobs: StepBatch.reports), in batch order."""
+    def execute(self, batch: StepBatch) -> StepOutputs:
+        """Run one step: one output per sequence that reports (samples, returns prompt
+        logprobs, or was left out: StepBatch.reports), in batch order."""
         if self.runner is None:
             raise RuntimeError("no KV pool attached: call attach_pool first")
         if self.leader is not None:

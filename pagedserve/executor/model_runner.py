@@ -15,6 +15,7 @@ from pagedserve.executor.staging import Staging
 from pagedserve.kernels import copy_blocks
 from pagedserve.step.step_batch import StepBatch
 from pagedserve.wire.protocol import SampleOutput
+from pagedserve.wire.step_outputs import StepOutputs
 
 
 class ModelRunner:
@@ -84,18 +85,18 @@ class ModelRunner:
         """What each sequence must be to run: batch.errors names each one that is not."""
         screen(batch, self.config.vocab_size, self.kv_pool.shape[0], self.kv_pool.shape[3])
 
-    def execute(self, batch: StepBatch) -> list[SampleOutput]:
-        """One SampleOutput per sequence that `reports` (samples, or scores prompt tokens:
-        pagedserve.executor.prompt_logprobs), in batch order. A sequence whose tokens, slots, blocks or
-        sampling parameters are out of range is left out of the pass and reports an error
-        instead (pagedserve.executor.seq_screen). Returns only once the step's writes to the pool are
+    def execute(self, batch: StepBatch) -> StepOutputs:
+        """One output (pagedserve.wire.step_outputs) per sequence that `reports` (samples, or
+        scores prompt tokens: pagedserve.executor.prompt_logprobs), in batch order. A sequence
+        whose tokens, slots, blocks or sampling parameters are out of range is left out of the
+        pass and reports an error instead (pagedserve.executor.seq_screen). Returns only once the step's writes to the pool are
         done on the device (pagedserve.executor.device_wait)."""
         if not batch.num_seqs:
             raise ValueError("empty StepBatch")
         return run_screened(batch, self._check, self._execute)
 
     @torch.inference_mode()
-    def _execute(self, batch: StepBatch) -> list[SampleOutput]:
+    def _execute(self, batch: StepBatch) -> StepOutputs:
         sampled = np.flatnonzero(batch.sample)
         if self.guided is not None:
             if batch.forget:
@@ -105,13 +106,14 @@ class ModelRunner:
         # grammar masks depend only on the tokens already known: computed during the forward pass
         pending = self.guided.prepare(batch, sampled) if self.guided is not None else None
         hidden, meta = self._hidden(batch, checked=True)
-        outputs = []
+        outputs = StepOutputs([], [])
         if meta.sample_indices.numel():
             logits = self.model.compute_logits(hidden[meta.sample_indices])
             failed = self.guided.apply(logits, pending) if pending is not None else {}
             outputs = self.sampler(logits, batch, sampled)
             for k, why in failed.items():
-                outputs[k] = SampleOutput(batch.seq_ids[sampled[k]], -1, sampled=False, error=f"its grammar: {why}")
+                outputs.tokens[k] = -1
+                outputs.more[k] = SampleOutput(outputs.seq_ids[k], -1, sampled=False, error=f"its grammar: {why}")
         if scoring is None:
             if not outputs:  # nothing was read back to the host, so nothing has waited yet
                 wait_for_device(self.kv_pool.device)

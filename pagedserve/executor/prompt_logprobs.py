@@ -17,6 +17,7 @@ import numpy as np
 
 from pagedserve.step.step_batch import FLAG_PROMPT_LOGPROBS, StepBatch
 from pagedserve.wire.protocol import PromptLogprob, SampleOutput
+from pagedserve.wire.step_outputs import StepOutputs
 
 ROWS = 256
 
@@ -80,19 +81,36 @@ class PromptScoring:
         return out
 
 
-def attach(batch: StepBatch, sampled: list[SampleOutput], scores: dict[int, list[PromptLogprob]]
-           ) -> list[SampleOutput]:
-    """One output per sequence that reports, in batch order: the sampled ones (one per
-    sequence with sample set, in order) with their prompt logprobs, and prompt-only ones."""
-    out = []
-    it = iter(sampled)
-    for i, sample in enumerate(batch.sample.tolist()):
-        entries = scores.get(i)
-        if sample:
-            o = next(it)
+def attach(batch: StepBatch, sampled: StepOutputs, scores: dict[int, list[PromptLogprob]]) -> StepOutputs:
+    """One output per sequence that reports, in batch order: the sampled ones (`sampled`, one
+    per sequence with sample set, in order) with their prompt logprobs, and prompt-only ones.
+    Where every scored sequence samples, `sampled` itself, its entries added in place."""
+    sample = batch.sample
+    if all(sample[i] for i in scores):
+        entry = np.cumsum(sample) - 1  # batch index -> its entry in `sampled`
+        for i, entries in scores.items():
             if entries:
+                k = int(entry[i])
+                o = sampled.more.get(k) or SampleOutput(sampled.seq_ids[k], sampled.tokens[k])
                 o.prompt_logprobs = entries
-            out.append(o)
+                sampled.more[k] = o
+        return sampled
+    ids, tokens, more = [], [], {}  # a prompt-only entry goes between: the columns built anew
+    k = 0
+    for i, samples in enumerate(sample.tolist()):
+        entries = scores.get(i)
+        if samples:
+            o = sampled.more.get(k)
+            if entries:
+                o = o or SampleOutput(sampled.seq_ids[k], sampled.tokens[k])
+                o.prompt_logprobs = entries
+            if o is not None:
+                more[len(ids)] = o
+            ids.append(sampled.seq_ids[k])
+            tokens.append(sampled.tokens[k])
+            k += 1
         elif entries:
-            out.append(SampleOutput(batch.seq_ids[i], -1, sampled=False, prompt_logprobs=entries))
-    return out
+            more[len(ids)] = SampleOutput(batch.seq_ids[i], -1, sampled=False, prompt_logprobs=entries)
+            ids.append(batch.seq_ids[i])
+            tokens.append(-1)
+    return StepOutputs(ids, tokens, more)

@@ -30,6 +30,7 @@ import numpy as np
 
 from pagedserve.step.step_batch import FLAG_PLAIN, StepBatch
 from pagedserve.wire.protocol import SampleOutput
+from pagedserve.wire.step_outputs import StepOutputs
 
 _MASK64 = (1 << 64) - 1
 _C1, _C2, _C3 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -166,22 +167,22 @@ def uniforms(seeds, positions) -> np.ndarray:
 
 
 class Sampler:
-    """__call__(logits [S, vocab], batch, rows) -> one SampleOutput per row of `logits`, the
-    batch's rows `rows` in order. `eos_token_ids`: the model's end-of-sequence tokens,
+    """__call__(logits [S, vocab], batch, rows) -> StepOutputs (pagedserve.wire.step_outputs),
+    one entry per row of `logits`, the batch's rows `rows` in order; a row that asks for
+    logprobs is in its `more`. `eos_token_ids`: the model's end-of-sequence tokens,
     masked with min_tokens. The batch's columns are read on the host; the device is read
     back once, for the tokens and logprobs (and for a top-p row, see apply_truncation)."""
 
     def __init__(self, eos_token_ids=()):
         self.eos_token_ids = list(eos_token_ids)
 
-    def __call__(self, logits: torch.Tensor, batch: StepBatch, rows: np.ndarray) -> list[SampleOutput]:
+    def __call__(self, logits: torch.Tensor, batch: StepBatch, rows: np.ndarray) -> StepOutputs:
         assert logits.shape[0] == len(rows), (logits.shape, len(rows))
-        ids = batch.seq_ids
+        ids = list(map(batch.seq_ids.__getitem__, rows.tolist()))
         if (batch.flags[rows] & FLAG_PLAIN).all():
             # the common serving case: one max over the batch (faster than argmax on a CPU,
             # the same first index), no copy of the logits
-            tokens = logits.max(-1).indices.tolist()
-            return [SampleOutput(ids[i], t) for i, t in zip(rows.tolist(), tokens)]
+            return StepOutputs(ids, logits.max(-1).indices.tolist())
         params = [batch.held[i].sampling for i in rows]
         logits = logits.to(torch.float32, copy=True)
         if any(p.logit_bias for p in params):
@@ -212,13 +213,14 @@ class Sampler:
             u = torch.from_numpy(u).to(dev)
             picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
             tokens[at] = picked[:, 0].clamp_(max=logits.shape[-1] - 1)
-        out = [SampleOutput(ids[i], t) for i, t in zip(rows.tolist(), tokens.tolist())]
+        out = StepOutputs(ids, tokens.tolist())
         self._logprobs(logits, tokens, params, out)
         return out
 
     @staticmethod
-    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list, out: list[SampleOutput]) -> None:
-        """The chosen token's logprob and the top n, for the rows that ask, in one pass."""
+    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list, out: StepOutputs) -> None:
+        """The chosen token's logprob and the top n, for the rows that ask, in one pass:
+        each such row's entry in `out.more`."""
         asked = [k for k, p in enumerate(params) if p.logprobs is not None]
         if not asked:
             return
@@ -230,6 +232,5 @@ class Sampler:
         values, top = values.tolist(), top.tolist()
         for j, k in enumerate(asked):
             n = params[k].logprobs
-            out[k].logprob = chosen[j]
-            if n:
-                out[k].top_logprobs = [(t, v) for t, v in zip(top[j][:n], values[j][:n]) if v != float("-inf")]
+            top_n = [(t, v) for t, v in zip(top[j][:n], values[j][:n]) if v != float("-inf")] if n else []
+            out.more[k] = SampleOutput(out.seq_ids[k], out.tokens[k], chosen[j], top_n)

@@ -16,6 +16,7 @@ import numpy as np
 
 from pagedserve.step.step_batch import StepBatch
 from pagedserve.wire.protocol import SampleOutput
+from pagedserve.wire.step_outputs import StepOutputs
 
 SEQ_FAULTS = (ValueError, IndexError, OverflowError, TypeError, KeyError)
 
@@ -49,15 +50,26 @@ def screen(batch: StepBatch, vocab_size: int | None, num_blocks: int | None, blo
 
 
 def run_screened(batch: StepBatch, check: Callable[[StepBatch], None],
-                 run: Callable[[StepBatch], list[SampleOutput]]) -> list[SampleOutput]:
+                 run: Callable[[StepBatch], StepOutputs | list[SampleOutput]]) -> StepOutputs:
     """`run(batch)` without the sequences that fail `check` (which sets batch.errors): one
-    output per sequence that reports, in batch order, an error output for each one left out."""
+    output per sequence that reports, in batch order, an error output (in `more`, token -1)
+    for each one left out."""
     check(batch)
     if not batch.errors:
-        return run(batch)
+        return StepOutputs.of(run(batch))
     errors = batch.errors
-    reports = batch.reports()
+    reporting = np.flatnonzero(batch.reports()).tolist()
     kept = np.array([i for i in range(batch.num_seqs) if i not in errors], dtype=np.int64)
-    outputs = iter(run(batch.select(kept)) if len(kept) else ())
-    return [SampleOutput(batch.seq_ids[i], -1, sampled=False, error=errors[i]) if i in errors else next(outputs)
-            for i in np.flatnonzero(reports)]
+    ran = StepOutputs.of(run(batch.select(kept)) if len(kept) else ())
+    ran_at = [k for k, i in enumerate(reporting) if i not in errors]  # entry of each of `ran`'s
+    if len(ran) != len(ran_at):
+        raise RuntimeError(f"the step answered {len(ran)} outputs for the {len(ran_at)} sequences "
+                           "left in it that report")
+    tokens = [-1] * len(reporting)
+    for k, token in zip(ran_at, ran.tokens):
+        tokens[k] = token
+    more = {ran_at[j]: o for j, o in ran.more.items()}
+    for k, i in enumerate(reporting):
+        if i in errors:
+            more[k] = SampleOutput(batch.seq_ids[i], -1, sampled=False, error=errors[i])
+    return StepOutputs([batch.seq_ids[i] for i in reporting], tokens, more)

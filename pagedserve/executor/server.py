@@ -8,8 +8,9 @@ Service contract:
 - ModelInfo: name, maximum length (capped by --max-model-len), vocabulary size, EOS ids,
   chat template, KV geometry, and the tokenizer files themselves, so a gateway on another
   host needs no copy of the model. UNAVAILABLE until SERVING.
-- Execute runs one step and returns one SampleOutput per sequence with sample=True (or
-  with prompt logprobs to report), in batch order. A step carries only what changed per
+- Execute runs one step and returns one output per sequence with sample=True (or with
+  prompt logprobs or an error to report), in batch order (pagedserve.wire.step_outputs;
+  tokens alone, packed, where none carries more: pagedserve.wire.step_convert). A step carries only what changed per
   sequence: the executor keeps each running sequence's block table, sampling parameters,
   (for penalties) token history and (for prompt logprobs) prompt
   (pagedserve.executor.sequence_state), scoped by the gateway's session; a request that relies on

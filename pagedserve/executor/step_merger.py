@@ -4,9 +4,10 @@ while the last one still runs on the device.
 Several gateways may drive one executor. Each Execute call hands its StepBatch to
 `StepMerger.run`; passes are launched from one model thread, and batches that arrive while
 one runs queue up, and the next pass takes all of them at once: their sequences are
-concatenated into one StepBatch, and the outputs (one per sequence that `reports`, in batch
-order) are split back to the callers by position, so equal sequence ids from different
-gateways never mix. A pass that raises fails every call merged into it.
+concatenated into one StepBatch, and the outputs (pagedserve.wire.step_outputs: one per
+sequence that `reports`, in batch order) are split back to the callers by position (slices
+of the columns), so equal sequence ids from different gateways never mix. A pass that
+raises fails every call merged into it.
 
 A launch (`Launched`) hands back the pass's outputs and when the device will have finished
 it. An executor that computes on the CPU finishes inside the launch; one whose device runs
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pagedserve.step.step_batch import StepBatch, concat
-from pagedserve.wire.protocol import SampleOutput
+from pagedserve.wire.step_outputs import StepOutputs
 
 ACTIVE_S = 1.0  # a caller heard from within this long is expected at the next pass
 LAUNCH_MARGIN_S = 1e-3  # behind a running pass, stop gathering this long before it ends
@@ -39,12 +40,12 @@ LAUNCH_MARGIN_S = 1e-3  # behind a running pass, stop gathering this long before
 class Launched:
     """A launched pass: its outputs, the device seconds it takes, and when (time.monotonic)
     the device will have finished it (0: finished already)."""
-    outputs: list[SampleOutput]
+    outputs: StepOutputs
     seconds: float = 0.0
     ends_at: float = 0.0
 
 
-def launch_of(execute: Callable[[StepBatch], list[SampleOutput]]) -> Callable[[StepBatch], Launched]:
+def launch_of(execute: Callable[[StepBatch], StepOutputs]) -> Callable[[StepBatch], Launched]:
     """A launch for an executor that computes inside `execute`: finished when it returns."""
     def launch(batch: StepBatch) -> Launched:
         start = time.perf_counter()
@@ -82,7 +83,7 @@ class StepMerger:
         self._thread: threading.Thread | None = None
 
     def run(self, batch: StepBatch, caller: str = "", before: Callable[[], None] | None = None,
-            after: Callable[[list[SampleOutput]], None] | None = None) -> tuple[list[SampleOutput], float]:
+            after: Callable[[StepOutputs], None] | None = None) -> tuple[StepOutputs, float]:
         done: Future = Future()
         with self._cond:
             if self._thread is None:
@@ -149,6 +150,7 @@ class StepMerger:
             self.num_merged += len(ready)
             if self.on_merged is not None:
                 self.on_merged(len(ready))
+        outputs = StepOutputs.of(launched.outputs)
         at, row, finished = 0, 0, []
         for w in ready:
             if merged is not w.batch:  # the sequences the pass left out, back to their own batch
@@ -156,7 +158,7 @@ class StepMerger:
                 b.errors.update({i - row: e for i, e in merged.errors.items() if row <= i < row + b.num_seqs})
                 row += b.num_seqs
             n = int(w.batch.reports().sum())
-            mine = launched.outputs[at:at + n]
+            mine = outputs if len(ready) == 1 and n == len(outputs) else _part(outputs, at, at + n)
             at += n
             try:
                 if w.after is not None:
@@ -175,3 +177,9 @@ class StepMerger:
             time.sleep(left)
         for w, mine in finished:
             w.done.set_result((mine, launched.seconds))
+
+
+def _part(outputs: StepOutputs, start: int, stop: int) -> StepOutputs:
+    """Entries start..stop-1 of `outputs`, numbered from 0."""
+    more = {k - start: o for k, o in outputs.more.items() if start <= k < stop} if outputs.more else None
+    return StepOutputs(outputs.seq_ids[start:stop], outputs.tokens[start:stop], more)

@@ -38,11 +38,11 @@ class ZeroCostExecutor:
     def attach_pool(self, pool) -> None:
         pass
 
-    def execute(self, batch: StepBatch) -> StepOutputs | list[SampleOutput]:
+    def execute(self, batch: StepBatch) -> StepOutputs:
         self.num_steps += 1
         token, ids, sample = self.token_id, batch.seq_ids, batch.sample
         if batch.errors or batch.some_flags & FLAG_PROMPT_LOGPROBS:
-            return [_output(batch, i, token) for i in np.flatnonzero(batch.reports()).tolist()]
+            return StepOutputs.of(_output(batch, i, token) for i in np.flatnonzero(batch.reports()).tolist())
         ids = list(itertools.compress(ids, sample.tolist()))
         return StepOutputs(ids, [token] * len(ids))
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 
 from pagedserve.step.running_set import RunningSet
-from pagedserve.wire.protocol import SampleOutput
 from pagedserve.wire.step_delta import StepDelta, fed_and_known
 from pagedserve.wire.step_feed import StepOrder
+from pagedserve.wire.step_outputs import StepOutputs
 
 
 class LocalEngine:
@@ -31,13 +31,13 @@ class LocalEngine:
     def model_info(self):
         return self.inner.model_info()
 
-    def execute(self, step: StepDelta) -> list[SampleOutput]:
+    def execute(self, step: StepDelta) -> StepOutputs:
         self.order.wait_turn(step.step)
         with self._lock:
             try:
                 applied = self._apply(step)
                 self.running.fill(applied)
-                outputs = self.inner.execute(applied.batch)
+                outputs = StepOutputs.of(self.inner.execute(applied.batch))
                 self.running.record(applied, outputs)
                 return outputs
             finally:

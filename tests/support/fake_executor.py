@@ -13,7 +13,8 @@ import time
 import torch
 
 from pagedserve.step.step_batch import StepBatch
-from pagedserve.wire.protocol import KVGeometry, ModelInfo, SampleOutput
+from pagedserve.wire.protocol import KVGeometry, ModelInfo
+from pagedserve.wire.step_outputs import StepOutputs
 
 VOCAB = 1000
 EOS = 999
@@ -37,19 +38,20 @@ class FakeExecutor:
     def model_info(self) -> ModelInfo:
         return self.info
 
-    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+    def execute(self, batch: StepBatch) -> StepOutputs:
         bs = self.info.kv.block_size
         for tok, slot in zip(batch.token_ids.tolist(), batch.slot_mapping.tolist()):
             self.pool[slot // bs, 0, 0, slot % bs, 0, 0] = float(tok)
         self.num_executed_tokens += len(batch.token_ids)
-        outs = []
+        ids, tokens = [], []
         pool_k = self.pool[:, 0, 0, :, 0, 0]
         for i in batch.sample.nonzero()[0].tolist():
             n = int(batch.start_pos[i] + batch.num_tokens[i])
             table = batch.block_tables[i]
             context = [int(pool_k[table[p // bs], p % bs]) for p in range(n)]
-            outs.append(SampleOutput(batch.seq_ids[i], reference_next(context, batch.held[i].seed)))
-        return outs
+            ids.append(batch.seq_ids[i])
+            tokens.append(reference_next(context, batch.held[i].seed))
+        return StepOutputs(ids, tokens)
 
 
 class SlowExecutor(FakeExecutor):
@@ -59,6 +61,6 @@ class SlowExecutor(FakeExecutor):
         super().__init__(*args, **kw)
         self.delay = delay
 
-    def execute(self, batch: StepBatch) -> list[SampleOutput]:
+    def execute(self, batch: StepBatch) -> StepOutputs:
         time.sleep(self.delay)
         return super().execute(batch)

@@ -253,3 +253,18 @@ def test_truncation_sorts_whole_only_the_rows_whose_candidates_miss_top_p():
     peaked[0, :10] = 20.0
     t = apply_truncation(torch.cat([flat, peaked]), np.array([0, 0]), np.array([0.4501, 0.45]), np.array([0.0, 0.0]))
     assert torch.isfinite(t).sum(-1).tolist() == [2251, 5]
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_outputs_are_columns_and_only_a_row_with_logprobs_is_kept_whole(plain):
+    """StepOutputs: every row's id and token in the columns; `more` holds exactly the rows
+    that ask for logprobs (none on a plain greedy step), their tokens the same as in the column."""
+    asks = SamplingParams(temperature=0.0 if plain else 1.0, logprobs=2)
+    seqs = [seq(SamplingParams(temperature=0.0), seq_id="a"), seq(asks, seq_id="b"),
+            seq(SamplingParams(temperature=0.0 if plain else 0.8), seed=3, seq_id="c")]
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(5))
+    out = sample(Sampler(), logits, seqs)
+    assert out.seq_ids == ["a", "b", "c"] and out.tokens == [o.token_id for o in out]
+    assert sorted(out.more) == [1] and out.more[1].token_id == out.tokens[1] and len(out.more[1].top_logprobs) == 2
+    greedy = sample(Sampler(), logits, [seq(SamplingParams(temperature=0.0), seq_id=s) for s in "abc"])
+    assert not greedy.more and greedy.tokens == logits.argmax(-1).tolist()

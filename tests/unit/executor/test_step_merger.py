@@ -9,6 +9,7 @@ from pagedserve.executor.step_merger import Launched, StepMerger, launch_of
 from pagedserve.step.step_batch import StepBatch
 from pagedserve.step.whole_seqs import Seq, batch_of
 from pagedserve.wire.protocol import SampleOutput, SamplingParams
+from pagedserve.wire.step_outputs import StepOutputs
 
 BS = 4
 
@@ -244,3 +245,15 @@ def test_a_merged_pass_hands_each_caller_the_rows_it_left_out():
     assert batches["g0"].errors == {1: "ValueError: bad0"} and batches["g1"].errors == {0: "ValueError: bad1"}
     assert [(o.seq_id, o.error) for o in results["g0"]] == [("0/0", ""), ("bad0", "ValueError: bad0")]
     assert [(o.seq_id, o.error) for o in results["g1"]] == [("bad1", "ValueError: bad1"), ("0/2", "")]
+    # each caller's part is columns of its own, `more` numbered from its first entry
+    assert results["g0"].tokens == [5, -1] and results["g0"].errors() == {1: "ValueError: bad0"}
+    assert results["g1"].tokens == [-1, 5] and results["g1"].errors() == {0: "ValueError: bad1"}
+
+
+def test_one_caller_gets_the_pass_outputs_as_they_are_and_merged_callers_slices():
+    outs = StepOutputs(["a", "b", "c"], [1, 2, 3], {1: SampleOutput("b", 2, -0.5)})
+    merger = StepMerger(lambda b: Launched(outs))
+    assert merger.run(batch(step("a"), step("b"), step("c")))[0] is outs
+    part = step_merger._part(outs, 1, 3)
+    assert part.seq_ids == ["b", "c"] and part.tokens == [2, 3] and part.more == {0: SampleOutput("b", 2, -0.5)}
+    assert part == [SampleOutput("b", 2, -0.5), SampleOutput("c", 3)] and not step_merger._part(outs, 2, 3).more
