@@ -102,8 +102,8 @@ def test_the_watcher_dumps_when_asked(tmp_path):
     clock.hooked = "x"
     import threading
 
+    (tmp_path / "hook.json.go").touch()  # before the watcher looks: else it may see the dump first
     threading.Thread(target=clock.watch, daemon=True).start()
-    (tmp_path / "hook.json.go").touch()
     data = steady.wait_for_dump(tmp_path / "hook.json", timeout=10)
     assert data["steps"] == [] and data["go_step"] == 0 and not (tmp_path / "hook.json.dump").exists()
 
