@@ -25,7 +25,7 @@ copies are taken with `take_copies()` in the order decided.
 """
 from __future__ import annotations
 
-from pagedserve.memsvc import pending_fill, prefix_admission, sequence_fork, sequence_growth, sequence_swap
+from pagedserve.memsvc import pending_fill, prefix_admission, sequence_fork, sequence_growth, sequence_swap, steady_fills
 from pagedserve.memsvc.accounting import PoolSnapshot, paged_snapshot
 from pagedserve.memsvc.admission import Admission
 from pagedserve.memsvc.allocator import AppendResult, Growth, KVAllocator, RunGrowth
@@ -36,6 +36,7 @@ from pagedserve.memsvc.prefix_cache import PrefixCacheStats, block_key
 from pagedserve.memsvc.prefix_offload import PrefixOffload
 from pagedserve.memsvc.paged_integrity import check_paged_integrity
 from pagedserve.memsvc.running_growth import grow_running
+from pagedserve.memsvc.steady_fills import SteadyFills
 from pagedserve.memsvc.swap_space import SwapSpace
 from pagedserve.memsvc.unwritten_keys import UnwrittenKeys
 from pagedserve.wire.pending_token import PENDING
@@ -169,8 +170,12 @@ class PagedAllocator(KVAllocator):
     def grow(self, seq_id: str, new_token_ids: list[int]) -> list[tuple[int, int]]:
         return sequence_growth.grow(self, seq_id, new_token_ids)
 
-    def grow_running(self, seq_ids: list[str], counts: list[int], tokens: list[int]) -> RunGrowth | None:
-        return grow_running(self, seq_ids, counts, tokens)
+    def grow_running(self, seq_ids: list[str], counts: list[int], tokens: list[int],
+                     fills: SteadyFills | None = None) -> RunGrowth | None:
+        return grow_running(self, seq_ids, counts, tokens, fills)
+
+    def steady_fills(self, seq_ids: list[str], positions, token_ids) -> SteadyFills | None:
+        return steady_fills.check(self, seq_ids, positions, token_ids) if self.enable_prefix_caching else None
 
     def grow_if_fits(self, seq_id: str, new_token_ids: list[int]) -> Growth | None:
         return sequence_growth.grow_if_fits(self, seq_id, new_token_ids)
