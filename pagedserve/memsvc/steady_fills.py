@@ -29,13 +29,13 @@ def check(alloc, seq_ids: list[str], positions, token_ids) -> SteadyFills | None
     of seq_ids[i]."""
     n = len(seq_ids)
     tables = list(map(alloc._seqs.get, seq_ids))
-    if not all(tables) or True in [t.swapped for t in tables] or min(token_ids) < 0:
+    if not all(tables) or min(token_ids) < 0:
         return None
     starts = [t.num_tokens for t in tables]
     if list(map(sub, starts, positions)).count(1) != n:
         return None
-    try:
-        if [t.tail_tokens[-1] for t in tables].count(PENDING) != n:
+    try:  # (a swapped-out table counts as True, never PENDING)
+        if [t.swapped or t.tail_tokens[-1] for t in tables].count(PENDING) != n:
             return None
     except IndexError:  # an empty tail: no pending token there
         return None
