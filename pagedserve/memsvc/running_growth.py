@@ -10,9 +10,10 @@ nothing and answers None: the caller goes one sequence at a time.
 
 Check, then act: the check counts blocks sequence by sequence only where the free ones
 are too few for the most the step could take, or a window releases some; the act is a
-few plain passes over the sequences (counts, sync marks, tokens), then work one by one
-only for the sequences that take a block, fill one, or whose table the gateway has not
-been told in full.
+few plain passes over the sequences (counts, sync marks, tokens; in a one-token step one
+loop, which also applies the step's checked fills, pagedserve.memsvc.steady_fills), then
+work one by one only for the sequences that take a block, fill one, or whose table the
+gateway has not been told in full.
 """
 from __future__ import annotations
 
