@@ -123,12 +123,22 @@ class KVAllocator(ABC):
             return None
         return self.num_new_blocks(seq_id, num_new_tokens)
 
-    def grow_running(self, seq_ids: list[str], counts: list[int], tokens: list[int]) -> RunGrowth | None:
+    def grow_running(self, seq_ids: list[str], counts: list[int], tokens: list[int],
+                     fills=None) -> RunGrowth | None:
         """Every running sequence of a plan at once, in order (`counts[i]` of `tokens` for
         `seq_ids[i]`): (start_pos, table_start, num_new_blocks, new_blocks), the columns of
         what `grow_if_fits` gives each, where all are held, none is swapped out or copies,
         and all fit; None, with nothing changed, otherwise or where an allocator has no such
-        path (the caller goes one sequence at a time, the reference)."""
+        path (the caller goes one sequence at a time, the reference). `fills`: what
+        `steady_fills` answered for these sequences, applied first (not where it answers
+        None: the caller applies them then)."""
+        return None
+
+    def steady_fills(self, seq_ids: list[str], positions, token_ids):
+        """Where fill i (`positions[i]`, `token_ids[i]`) is the id of the PENDING last token
+        of `seq_ids[i]`, each held on the device: those fills, checked, for `grow_running`
+        to apply in its pass (pagedserve.memsvc.steady_fills); None, with nothing changed,
+        otherwise or where an allocator has no such path (the caller uses `fill_all`)."""
         return None
 
     def take_copies(self) -> list[tuple[str, int, int]]:

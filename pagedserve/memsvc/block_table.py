@@ -11,7 +11,7 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-@dataclass
+@dataclass(slots=True)
 class BlockTable:
     """A sequence's blocks in position order: token at position p lives in
     blocks[p // block_size] at offset p % block_size.

@@ -112,7 +112,9 @@ class MemoryManager:
             begin_offload(self, offload, session_id, plan.ahead)
         lost = []
         back = self.sessions.enter(session_id, plan) if session_id else None
-        self._fill(plan.fills, session_id, back)
+        steady = self._steady_fills(plan, back)  # else the fills go first, one by one
+        if steady is None:
+            self._fill(plan.fills, session_id, back)
         if plan.forks:  # first; a parent memsvc no longer holds leaves its child lost (recompute)
             has = self.allocator.has_sequence
             for parent, child in plan.forks:
@@ -123,14 +125,14 @@ class MemoryManager:
             plan.forks = []
         if session_id:
             has = self.allocator.has_sequence
-            lost = [] if plan.ahead else [s for s in plan.run_ids if not has(s)]
+            lost = [] if plan.ahead or steady else [s for s in plan.run_ids if not has(s)]
             if lost:  # (a plan made ahead that names them is deferred instead)
                 plan = _without(plan, set(lost))
             held_back = [e.seq_id for e in plan.entries] if plan.entries and over_share(self, session_id) else []
             if held_back:  # this session holds its share of a shared pool: no new sequence now
                 plan.entries = []
         self.policy.costs.observe_step(plan.step_tokens, plan.step_seconds)
-        reservation = planner.reserve(plan)
+        reservation = planner.reserve(plan, steady)
         self._copy(reservation.copies)
         result = reservation.result
         result.pool_epoch = self.pool_epoch
@@ -155,6 +157,20 @@ class MemoryManager:
         sequence memsvc no longer holds (freed, lost with a session or a restart) is skipped."""
         if fills:
             self.allocator.fill_all(fills, self.sessions.fill_ids(session_id, fills, back) if session_id else None)
+
+    def _steady_fills(self, plan: Plan, back):
+        """The fills of a steady step, checked for the growth to apply in its pass over the
+        running tables (pagedserve.memsvc.steady_fills): one per running sequence, in plan
+        order, no fork, no free of a running one; None otherwise."""
+        fills, ids = plan.fills, plan.run_ids
+        if not fills or len(fills) != len(ids) or plan.forks:
+            return None
+        fill_ids, positions, token_ids = zip(*fills)
+        if list(fill_ids) != (ids if back is None else back.ids):
+            return None
+        if plan.free and not set(plan.free).isdisjoint(ids):
+            return None
+        return self.allocator.steady_fills(ids, positions, token_ids)
 
     def _copy(self, copies: list[tuple[str, int, int]]) -> None:
         if copies:

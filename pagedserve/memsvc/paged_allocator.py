@@ -25,7 +25,7 @@ copies are taken with `take_copies()` in the order decided.
 """
 from __future__ import annotations
 
-from pagedserve.memsvc import pending_fill, prefix_admission, sequence_fork, sequence_growth, sequence_swap
+from pagedserve.memsvc import pending_fill, prefix_admission, sequence_fork, sequence_growth, sequence_swap, steady_fills
 from pagedserve.memsvc.accounting import PoolSnapshot, paged_snapshot
 from pagedserve.memsvc.admission import Admission
 from pagedserve.memsvc.allocator import AppendResult, Growth, KVAllocator, RunGrowth
@@ -34,8 +34,10 @@ from pagedserve.memsvc.block_table import BlockTable, blocks_for
 from pagedserve.memsvc.host_tier import HostTier
 from pagedserve.memsvc.prefix_cache import PrefixCacheStats, block_key
 from pagedserve.memsvc.prefix_offload import PrefixOffload
+from pagedserve.memsvc.prompt_keys import PromptKeys
 from pagedserve.memsvc.paged_integrity import check_paged_integrity
 from pagedserve.memsvc.running_growth import grow_running
+from pagedserve.memsvc.steady_fills import SteadyFills
 from pagedserve.memsvc.swap_space import SwapSpace
 from pagedserve.memsvc.unwritten_keys import UnwrittenKeys
 from pagedserve.wire.pending_token import PENDING
@@ -67,6 +69,7 @@ class PagedAllocator(KVAllocator):
         self.swap_space = SwapSpace(num_host_blocks)
         self.prefix_stats = PrefixCacheStats()
         self.unwritten = UnwrittenKeys(self.pool)
+        self.prompt_keys = PromptKeys(block_size)
         self._seqs: dict[str, BlockTable] = {}
         # sequences whose partial last block another table may hold too (forks): a superset
         # of those a growth would copy, pruned as it is checked (sequence_fork.may_copy;
@@ -169,8 +172,12 @@ class PagedAllocator(KVAllocator):
     def grow(self, seq_id: str, new_token_ids: list[int]) -> list[tuple[int, int]]:
         return sequence_growth.grow(self, seq_id, new_token_ids)
 
-    def grow_running(self, seq_ids: list[str], counts: list[int], tokens: list[int]) -> RunGrowth | None:
-        return grow_running(self, seq_ids, counts, tokens)
+    def grow_running(self, seq_ids: list[str], counts: list[int], tokens: list[int],
+                     fills: SteadyFills | None = None) -> RunGrowth | None:
+        return grow_running(self, seq_ids, counts, tokens, fills)
+
+    def steady_fills(self, seq_ids: list[str], positions, token_ids) -> SteadyFills | None:
+        return steady_fills.check(self, seq_ids, positions, token_ids) if self.enable_prefix_caching else None
 
     def grow_if_fits(self, seq_id: str, new_token_ids: list[int]) -> Growth | None:
         return sequence_growth.grow_if_fits(self, seq_id, new_token_ids)
@@ -179,13 +186,16 @@ class PagedAllocator(KVAllocator):
         return sequence_growth.extend(self, table, new_token_ids, needed, cow)
 
     def _key_tail(self, table: BlockTable) -> None:
-        """Key the full blocks of the tail, up to the first one holding a PENDING token."""
-        bs, tail, keys = self.block_size, table.tail_tokens, table.block_keys
+        """Key the full blocks of the tail, up to the first one holding a PENDING token (those
+        of the prompt admitted last were computed already: pagedserve.memsvc.prompt_keys)."""
+        bs, tail, keys, walked = self.block_size, table.tail_tokens, table.block_keys, self.prompt_keys
         while len(tail) >= bs:
             tokens = tail[:bs]
             if PENDING in tokens:
                 return
-            key = block_key(keys[-1] if keys else None, tokens, table.salt)
+            parent = keys[-1] if keys else None
+            key = len(keys) < len(walked.keys) and walked.known(len(keys), parent, tokens, table.salt)
+            key = key or block_key(parent, tokens, table.salt)
             self.unwritten.add(table, len(keys), key)
             keys.append(key)
             del tail[:bs]

@@ -16,7 +16,7 @@ from pagedserve.memsvc.admission import Admission, check_request, paged_admissio
 from pagedserve.memsvc.block_pool import Block, NoFreeBlocks
 from pagedserve.memsvc.block_table import BlockTable
 from pagedserve.memsvc.host_tier import HostEntry
-from pagedserve.memsvc.prefix_cache import block_key, cacheable_blocks
+from pagedserve.memsvc.prefix_cache import cacheable_blocks
 
 if TYPE_CHECKING:
     from pagedserve.memsvc.paged_allocator import PagedAllocator
@@ -63,9 +63,10 @@ def cached_prefix(alloc: PagedAllocator, prompt: list[int], salt: str | None, *,
     if not alloc.enable_prefix_caching:
         return hits, keys
     tier = alloc.offload.tier if alloc.offload and alloc.offload.restore_allowed else None
-    bs, parent = alloc.block_size, None
-    for i in range(cacheable_blocks(len(prompt), bs)):
-        parent = block_key(parent, prompt[i * bs : (i + 1) * bs], salt)
+    walk = alloc.prompt_keys
+    walk.start(prompt, salt)
+    for i in range(cacheable_blocks(len(prompt), alloc.block_size)):
+        parent = walk.block(i)
         hit = alloc.pool.lookup(parent)
         if hit is None and tier is not None:
             hit = tier.lookup(parent, salt) if count else tier.peek(parent, salt)

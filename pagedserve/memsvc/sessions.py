@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 
@@ -22,6 +23,8 @@ class Session:
     session_id: str
     last_seen: float
     seqs: set[str] = field(default_factory=set)  # internal ids
+    # the running ids of its last plan and their internal keys: most plans name the same
+    run: tuple[list[str], list[str]] = ((), ())
 
 
 @dataclass
@@ -69,7 +72,7 @@ class Sessions:
         """Rewrite the plan's sequence ids in place into the session's namespace, but for
         `fills` (the caller maps them: `fill_ids`); return the way back for `leave`."""
         internal = self.internal
-        back = Back({}, self.internal_ids(session_id, plan.run_ids), plan.run_ids)
+        back = Back({}, self._run_keys(session_id, plan.run_ids), plan.run_ids)
         for entry in plan.entries:
             key = internal(session_id, entry.seq_id)
             back.entries[key] = entry.seq_id
@@ -79,10 +82,21 @@ class Sessions:
         plan.forks = [(internal(session_id, p), internal(session_id, c)) for p, c in plan.forks]
         return back
 
+    def _run_keys(self, session_id: str, run_ids: list[str]) -> list[str]:
+        """`internal_ids` of a plan's running ids: the last plan's where it named the same."""
+        session = self.by_id.get(session_id)
+        if session is None:
+            return self.internal_ids(session_id, run_ids)
+        ids, keys = session.run
+        if ids != run_ids:
+            keys = self.internal_ids(session_id, run_ids)
+            session.run = (list(run_ids), keys)
+        return list(keys)  # (the plan's own list: the caller may change it)
+
     def fill_ids(self, session_id: str, fills: list[tuple[str, int, int]], back: Back) -> list[str]:
         """The internal keys of the fills' sequences: those `enter` made for the running
         sequences where they are the same ids in the same order, as in a steady step."""
-        seq_ids = [f[0] for f in fills]
+        seq_ids = list(map(itemgetter(0), fills))
         return back.keys if seq_ids == back.ids else self.internal_ids(session_id, seq_ids)
 
     def leave(self, session_id: str, plan: Plan, lost: list[str], result: ReserveResult, alive,

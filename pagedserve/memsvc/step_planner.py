@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pagedserve.memsvc.allocator import KVAllocator, RunGrowth
 from pagedserve.memsvc.preemption import PreemptionCounts, pick_victim, preempt
 from pagedserve.memsvc.preemption_policy import PreemptionPolicy
+from pagedserve.memsvc.steady_fills import SteadyFills
+from pagedserve.memsvc.steady_fills import apply as apply_fills
 from pagedserve.memsvc.step_admission import admit, resume
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
@@ -68,7 +70,9 @@ class StepPlanner:
         self.counts = PreemptionCounts()
         self.can_swap = allocator.supports_swap
 
-    def reserve(self, plan: Plan) -> Reservation:
+    def reserve(self, plan: Plan, fills: SteadyFills | None = None) -> Reservation:
+        """`fills`: the plan's fills, checked (pagedserve.memsvc.steady_fills), where the
+        caller left them to the running growth."""
         alloc = self.allocator
         check_plan(plan)
         for parent, child in plan.forks:
@@ -76,7 +80,9 @@ class StepPlanner:
         self.free(plan.free)
         out = Reservation(ReserveResult())
         ids, counts = plan.run_ids, plan.run_counts
-        grown = alloc.grow_running(ids, counts, plan.run_tokens) if ids else None
+        grown = alloc.grow_running(ids, counts, plan.run_tokens, fills) if ids else None
+        if grown is None and fills is not None:
+            apply_fills(alloc, fills)
         if grown is not None:  # every one fits as is: what the loop below would do
             self._add_running(out, ids, counts, grown)
             admitting = True

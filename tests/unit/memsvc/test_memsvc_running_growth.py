@@ -30,6 +30,7 @@ def manager(reference: bool, *, window: int, caching: bool, mode: str) -> Memory
     if reference:  # one sequence at a time: the paths the fast ones must match
         alloc = mem.allocator
         alloc.grow_running = lambda *args: None
+        alloc.steady_fills = lambda *args: None
         alloc.fill_all = functools.partial(KVAllocator.fill_all, alloc)
     return mem
 
@@ -48,8 +49,9 @@ def state(mem: MemoryManager):
 class Gateway:
     """A random gateway: what it believes of each sequence, and the plans it sends."""
 
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, steady: bool = False):
         self.rng = rng
+        self.steady = steady  # mostly every pending token filled, in running order (a steady step)
         self.running: list[str] = []  # priority order
         self.pending: dict[str, list[int]] = {}  # positions of tokens sent as PENDING
         self.swapped: set[str] = set()
@@ -59,8 +61,11 @@ class Gateway:
 
     def plan(self) -> Plan:
         rng = self.rng
-        ahead = rng.random() < 0.6
-        fills = [(s, p, rng.randrange(3)) for s, ps in self.pending.items() for p in ps if rng.random() < 0.85]
+        ahead = rng.random() < (0.95 if self.steady else 0.6)
+        if self.steady and rng.random() < 0.9:
+            fills = [(s, p, rng.randrange(3)) for s in self.running for p in self.pending.get(s, ())]
+        else:
+            fills = [(s, p, rng.randrange(3)) for s, ps in self.pending.items() for p in ps if rng.random() < 0.85]
         for s, p, _ in fills:
             self.pending[s].remove(p)
         if rng.random() < 0.1:
@@ -70,7 +75,7 @@ class Gateway:
         if self.bad and fills and rng.random() < 0.2:  # refused alike, at the same fill
             s, p, t = rng.choice(fills)
             fills.insert(rng.randrange(len(fills) + 1), rng.choice([(s, p, -2), (s, p + 1, 1), (s, p, 0)]))
-        free = [s for s in self.running if rng.random() < 0.06]
+        free = [s for s in self.running if rng.random() < (0.01 if self.steady else 0.06)]
         for s in free:
             self._forget(s)
         forks = []
@@ -82,12 +87,12 @@ class Gateway:
                 self.running.append(child)
         entries = []
         for s in self.running:
-            n = 1 if rng.random() < 0.8 else rng.randrange(0, 5)
+            n = 1 if rng.random() < (0.98 if self.steady else 0.8) else rng.randrange(0, 5)
             tokens = [rng.randrange(3) for _ in range(n)]
-            if ahead and tokens and rng.random() < 0.7:
+            if ahead and tokens and rng.random() < (0.95 if self.steady else 0.7):
                 tokens[-1] = PENDING
             entries.append(PlanEntry(s, tokens, False, 64))
-        for _ in range(rng.choice([0, 0, 0, 1, 2])):
+        for _ in range(rng.choice([0] * 12 + [1, 2] if self.steady else [0, 0, 0, 1, 2])):
             prompt = rng.choice(PREFIXES) + [rng.randrange(3) for _ in range(rng.randrange(1, 7))]
             entries.append(PlanEntry(self._new_id(), prompt, True, 64, salt=rng.choice([None, None, "x"])))
         return Plan(entries, free=free, forks=forks, ahead=ahead, fills=fills, written=self.last_stamp)
@@ -139,12 +144,16 @@ def _untouched_plan(plan: Plan) -> Plan:
 @pytest.mark.parametrize("caching", [True, False])
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
 @pytest.mark.parametrize("session", ["", "g"])
+@pytest.mark.parametrize("steady", [False, True])
 @pytest.mark.parametrize("seed", range(3))
-def test_the_fast_paths_match_the_reference(seed, session, mode, caching, window):
-    rng = random.Random(seed * 1000 + len(session) * 10 + (mode == "swap") * 3 + caching + window)
+def test_the_fast_paths_match_the_reference(seed, steady, session, mode, caching, window):
+    rng = random.Random(seed * 1000 + steady * 500 + len(session) * 10 + (mode == "swap") * 3 + caching + window)
     fast, ref = (manager(r, window=window, caching=caching, mode=mode) for r in (False, True))
-    gateway = Gateway(rng)
+    gateway = Gateway(rng, steady)
     fast_steps = 0
+    checked = []  # the steady fills the fast manager's check let through
+    check = fast.allocator.steady_fills
+    fast.allocator.steady_fills = lambda *args: checked.append(check(*args)) or checked[-1]
     for step in range(160):
         gateway.bad = step >= 140
         plan = gateway.plan()
@@ -163,6 +172,8 @@ def test_the_fast_paths_match_the_reference(seed, session, mode, caching, window
         gateway.heard(plan, got[0])
         fast_steps += bool(plan.run_ids) and not got[0].deferred
     assert fast_steps > 20
+    if steady and caching:  # the steady fills were taken often
+        assert sum(c is not None for c in checked) > 10
 
 
 def test_the_fast_path_serves_the_steady_step():
@@ -178,3 +189,38 @@ def test_the_fast_path_serves_the_steady_step():
         assert not r.deferred and [g.start_pos for g in r.grants] == [5 + step] * 3
         fills = [(f"s{i}", 5 + step, step % 3) for i in range(3)]
         mem.check_integrity()
+
+
+@pytest.mark.parametrize("bad", ["position", "token", "twice", "unknown", "freed", "order"])
+def test_steady_fills_that_do_not_hold_are_refused_alike(bad):
+    """A fill the steady check cannot take (not the pending last token, a negative id, a
+    sequence not held, freed in the same plan, out of order) leaves it to the reference:
+    both managers answer, or refuse, alike."""
+    fast, ref = (manager(r, window=0, caching=True, mode="recompute") for r in (False, True))
+    ids = ["a", "b", "c"]
+    results = []
+    for mem in (fast, ref):
+        mem.reserve(Plan([PlanEntry(s, [i, 1, 2, 3, 4, 5, 6], True, 64) for i, s in enumerate(ids)]), "g")
+        mem.reserve(Plan([PlanEntry(s, [PENDING], False, 64) for s in ids], ahead=True), "g")
+        fills = [(s, 7, 1) for s in ids]
+        free = []
+        if bad == "position":
+            fills[1] = ("b", 6, 1)
+        elif bad == "token":
+            fills[2] = ("c", 7, -3)
+        elif bad == "twice":
+            mem.reserve(Plan(ahead=True, fills=[("b", 7, 2)]), "g")
+        elif bad == "unknown":
+            mem.free(["c"], "g")
+        elif bad == "freed":
+            free = ["b"]
+        else:
+            fills[0], fills[1] = fills[1], fills[0]
+        plan = Plan([PlanEntry(s, [PENDING], False, 64) for s in ids], ahead=True, fills=fills, free=free)
+        try:
+            results.append(mem.reserve(plan, "g"))
+        except ValueError as e:
+            results.append(str(e))
+        mem.check_integrity()
+    assert results[0] == results[1]
+    assert state(fast) == state(ref)
