@@ -16,12 +16,14 @@ import struct
 from collections.abc import Sequence
 
 KEY_BYTES = 32
+_START = hashlib.blake2b(digest_size=KEY_BYTES, person=b"pagedserve-kv")  # copied per key: cheaper than a new one
+_NO_PARENT = b"\x00" * KEY_BYTES
 
 
 def block_key(parent: bytes | None, tokens: Sequence[int], salt: str | None = None) -> bytes:
     """The key of a full block with `tokens`, following the block keyed `parent` (None: first)."""
-    h = hashlib.blake2b(digest_size=KEY_BYTES, person=b"pagedserve-kv")
-    h.update(b"\x00" * KEY_BYTES if parent is None else parent)
+    h = _START.copy()
+    h.update(_NO_PARENT if parent is None else parent)
     if salt is None:
         h.update(b"\x00")
     else:
