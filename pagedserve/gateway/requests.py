@@ -127,7 +127,7 @@ class Requests:
             state = by_id.get(seq.request_id)
             if state is None:
                 continue
-            if update is not None and update.error is not None:  # it failed alone: the whole request ends
+            if update is not None and update.error is not None:  # it failed alone: its request ends
                 deltas.append(self._refused(seq, update.error))
                 continue
             try:
@@ -135,15 +135,13 @@ class Requests:
                 if stream.stopped:  # overlap: a token computed before the stop string was seen
                     continue
                 text = stream.add(token)
-                finish = None
-                if finished or stream.stopped:
-                    finish = seq.finish_reason if finished else None
-                    if stream.stopped and not finished:
-                        self.scheduler.abort(seq.seq_id, "stop")
-                        finish = "stop"
-                    if finish:
-                        text += stream.flush()
-                        self._close(state, seq.index)
+                finish = seq.finish_reason if finished else None
+                if stream.stopped and not finished:
+                    self.scheduler.abort(seq.seq_id, "stop")
+                    finish = "stop"
+                if finish:
+                    text += stream.flush()
+                    self._close(state, seq.index)
             except Exception as e:  # noqa: BLE001 - detokenizing or stop rules of one request
                 delta = self._refused(seq, f"the gateway could not make this sequence's output: "
                                            f"{type(e).__name__}: {e}")
