@@ -19,14 +19,13 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future
 
-from pagedserve.gateway.beam_search import BeamDone
 from pagedserve.gateway.in_process import step_clients
 from pagedserve.gateway.overlap import InFlight, Overlap
 from pagedserve.gateway.requests import Requests
 from pagedserve.gateway.scheduler import Scheduler
 from pagedserve.gateway.scheduler_config import SchedulerConfig
-from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.step_times import StepTimes
+from pagedserve.gateway.step_updates import StepUpdates
 from pagedserve.gateway.write_report import WriteReport
 from pagedserve.wire.clients import ExecutorClient, MemoryClient
 from pagedserve.wire.protocol import Delta, SampleOutput, SamplingParams
@@ -264,7 +263,7 @@ class BatchLoop:
         self.num_steps += 1
         return outputs
 
-    def _apply(self, batch: StepDelta, outputs: list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
+    def _apply(self, batch: StepDelta, outputs: list[SampleOutput]) -> StepUpdates:
         """A step's tokens applied to its sequences: the updates to turn into deltas."""
         updates = self.scheduler.on_sampled(batch, outputs)
         if self.scheduler.left_out:
@@ -272,7 +271,7 @@ class BatchLoop:
             self.scheduler.left_out = []
         return updates
 
-    def _deltas(self, updates: list[SeqUpdate | BeamDone]) -> list[Delta]:
+    def _deltas(self, updates: StepUpdates) -> list[Delta]:
         return self._requests.deltas(updates)
 
     def _prepare(self, plan: Plan) -> None:

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from pagedserve.gateway import prompt_logprobs, seq_end
 from pagedserve.gateway.seq_queue import insert
-from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.step_records import Took
+from pagedserve.gateway.step_updates import StepUpdates
 from pagedserve.wire.protocol import SampleOutput, SamplingParams
 from pagedserve.wire.step_delta import StepDelta
 from pagedserve.wire.step_outputs import StepOutputs
@@ -20,7 +20,7 @@ from pagedserve.wire.step_outputs import StepOutputs
 if TYPE_CHECKING:
     from pagedserve.gateway.scheduler import Scheduler
 
-def by_id(sched: Scheduler, batch: StepDelta, outputs: list[SampleOutput], updates: list) -> None:
+def by_id(sched: Scheduler, batch: StepDelta, outputs: list[SampleOutput], updates: StepUpdates) -> None:
     """Each sequence of `batch` takes its output, found by id (none: it sampled nothing)."""
     outputs_by_id = {o.seq_id: o for o in outputs}
     for seq_id, seq, start, n in zip(batch.seq_ids, batch.seqs, batch.start_pos, batch.num_tokens):
@@ -30,7 +30,7 @@ def by_id(sched: Scheduler, batch: StepDelta, outputs: list[SampleOutput], updat
             seq_end.fail_alone(sched, sched.seqs.get(seq_id, seq), seq, e)
 
 
-def each(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, updates: list) -> None:
+def each(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, updates: StepUpdates) -> None:
     """`on_sampled` of outputs in the batch's order: a sequence that takes a plain token
     takes it here as `one` would, any other goes through `one`; where every one took a
     plain token and none ended, what they took is left in `sched.took`."""
@@ -59,9 +59,9 @@ def each(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, updates: list
                 plain = False
                 seq_end.drop(sched, seq)
                 seq.finish("stop" if token in stop else "length")
-                updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, True))
+                updates.add(seq, token, out.logprob, out.top_logprobs, True)
                 continue
-            updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs))
+            updates.add(seq, token, out.logprob, out.top_logprobs)
             num_tokens.append(len(seq.prompt_token_ids) + len(output))
             stops.append(stop)
             if left < least:
@@ -75,7 +75,7 @@ def each(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, updates: list
 
 
 def one(sched: Scheduler, seq_id: str, source, start: int, computed: int, out: SampleOutput | None,
-        updates: list) -> None:
+        updates: StepUpdates) -> None:
     """One sequence's part of `on_sampled`: the step computed its tokens from `start` to
     `computed`; `out`, its output (None: it sampled nothing)."""
     seq = sched.seqs.get(seq_id)
@@ -108,7 +108,7 @@ def one(sched: Scheduler, seq_id: str, source, start: int, computed: int, out: S
         seq_end.drop(sched, seq)
         seq.finish(reason)
     first = seq.prompt_logprobs if len(output) == 1 else None
-    updates.append(SeqUpdate(seq, token, out.logprob, out.top_logprobs, bool(reason), first))
+    updates.add(seq, token, out.logprob, out.top_logprobs, bool(reason), first)
 
 
 def stop_tokens(sched: Scheduler, sp: SamplingParams) -> frozenset[int]:

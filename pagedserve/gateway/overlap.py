@@ -18,6 +18,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from pagedserve.gateway.step_updates import StepUpdates
 from pagedserve.wire.clients import ExecutorClient
 from pagedserve.wire.protocol import Delta, SampleOutput
 from pagedserve.wire.step_delta import StepDelta
@@ -41,7 +42,7 @@ class InFlight:
 @dataclass
 class Overlap:
     inflight: collections.deque = field(default_factory=collections.deque)  # of InFlight
-    unapplied: list = field(default_factory=list)  # the last step's SeqUpdate | BeamDone
+    unapplied: StepUpdates = field(default_factory=StepUpdates)  # the last step's
     ready: list[Delta] = field(default_factory=list)  # made by a step that then failed
     num_ahead: int = 0  # plans reserved ahead, and of them deferred by memsvc
     num_deferred: int = 0
@@ -99,8 +100,8 @@ class Overlap:
         self.inflight.clear()
         return steps
 
-    def take_unapplied(self) -> list:
-        updates, self.unapplied = self.unapplied, []
+    def take_unapplied(self) -> StepUpdates:
+        updates, self.unapplied = self.unapplied, StepUpdates()
         return updates
 
 

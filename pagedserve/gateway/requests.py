@@ -1,6 +1,6 @@
 """The requests one batching loop serves: taken in (checked, turned into sequences for the
-scheduler) and given back (each step's sequence updates turned into deltas: text, finish,
-logprobs, usage).
+scheduler) and given back (each step's updates, pagedserve.gateway.step_updates, turned into
+deltas: text, finish, logprobs, usage).
 
 `Requests.add` raises RequestError naming the field to change and queues nothing then.
 Beam search streams nothing until it ends; then each of its n best completions comes as
@@ -14,16 +14,18 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from pagedserve.gateway.beam_search import BeamDone, BeamSearch, beam_sampling
 from pagedserve.gateway.output_stream import OutputStream
 from pagedserve.gateway.scheduler import Scheduler
-from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.sequence import Sequence
+from pagedserve.gateway.step_updates import StepUpdates
 from pagedserve.wire import convert
 from pagedserve.wire.protocol import Delta, ModelInfo, SamplingParams
 
 _NONE: list = []  # the empty lists of deltas (consumers read them, never change them)
+_PLAIN = (False, _NONE, _NONE, _NONE)  # a plain token's finished, logprobs, top logprobs, prompt logprobs
 
 
 class RequestError(ValueError):
@@ -106,28 +108,35 @@ class Requests:
         if self.by_id.pop(request_id, None) is not None:
             self.scheduler.abort_request(request_id)
 
-    def deltas(self, updates: list[SeqUpdate | BeamDone]) -> list[Delta]:
-        """Each update's delta (none for a request that is gone, or after its stop string)."""
+    def deltas(self, updates: StepUpdates) -> list[Delta]:
+        """Each row's delta, in row order (none for a request that is gone, or after its
+        stop string)."""
         deltas: list[Delta] = []
-        by_id = self.by_id
-        for update in updates:
-            if update.__class__ is BeamDone:
+        by_id, more = self.by_id, updates.more
+        rows = map(more.get, range(len(updates))) if more else repeat(None)
+        for seq, token, update in zip(updates.seqs, updates.tokens, rows):
+            if update is None:  # a plain token
+                finished, logprobs, top, first = _PLAIN
+            elif update.__class__ is BeamDone:
                 deltas.extend(self._beam_done(update))
                 continue
-            seq = update.seq
+            else:
+                finished, logprob, top = update.finished, update.logprob, update.top_logprobs
+                logprobs, top, first = (_NONE if logprob is None else [logprob], [top] if top else _NONE,
+                                        update.prompt_logprobs or _NONE)
             state = by_id.get(seq.request_id)
             if state is None:
                 continue
-            if update.error is not None:  # it failed alone: the whole request ends, others go on
+            if update is not None and update.error is not None:  # it failed alone: its request ends
                 deltas.append(self._refused(seq, update.error))
                 continue
             try:
                 stream = state.streams[seq.index]
                 if stream.stopped:  # overlap: a token computed before the stop string was seen
                     continue
-                text = stream.add(update.token_id)
-                finish = seq.finish_reason if update.finished else None
-                if stream.stopped and not update.finished:
+                text = stream.add(token)
+                finish = seq.finish_reason if finished else None
+                if stream.stopped and not finished:
                     self.scheduler.abort(seq.seq_id, "stop")
                     finish = "stop"
                 if finish:
@@ -139,11 +148,9 @@ class Requests:
                 if delta is not None:
                     deltas.append(delta)
                 continue
-            logprob, top, cached = update.logprob, update.top_logprobs, seq.num_cached_tokens
-            deltas.append(Delta(seq.request_id, seq.index, text, [update.token_id], finish,
-                                _NONE if logprob is None else [logprob], [top] if top else _NONE,
-                                update.prompt_logprobs or _NONE, state.prompt_len,
-                                len(seq.output_token_ids), cached if cached > 0 else 0))
+            cached = seq.num_cached_tokens
+            deltas.append(Delta(seq.request_id, seq.index, text, [token], finish, logprobs, top, first,
+                                state.prompt_len, len(seq.output_token_ids), cached if cached > 0 else 0))
         return deltas
 
     def _refused(self, seq: Sequence, error: str) -> Delta | None:

@@ -20,7 +20,7 @@ the model applies them and derives the slots. See docs/ARCHITECTURE.md, "One ste
 from __future__ import annotations
 
 from pagedserve.gateway import general_plan, general_sampled, granted_step, preemptions, seq_end, steady_decode
-from pagedserve.gateway.beam_search import BeamDone, Beams, BeamSearch
+from pagedserve.gateway.beam_search import Beams, BeamSearch
 from pagedserve.gateway.pending_tokens import PendingTokens
 from pagedserve.gateway.samples import SampleHolds
 from pagedserve.gateway.scheduler_config import SchedulerConfig
@@ -28,6 +28,7 @@ from pagedserve.gateway.seq_queue import insert
 from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.sequence import SeqStatus, Sequence
 from pagedserve.gateway.step_records import Planned, Took
+from pagedserve.gateway.step_updates import StepUpdates
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.protocol import SampleOutput
 from pagedserve.wire.step_outputs import StepOutputs
@@ -171,10 +172,10 @@ class Scheduler:
             granted_step.tokens(self, step, cached, ahead_of.progress() if ahead_of is not None else None)
         return step, rejected
 
-    def on_sampled(self, batch: StepDelta, outputs: StepOutputs | list[SampleOutput]) -> list[SeqUpdate | BeamDone]:
+    def on_sampled(self, batch: StepDelta, outputs: StepOutputs | list[SampleOutput]) -> StepUpdates:
         """Apply a step's outputs to the sequences it was made for (a sequence that ended
         since, its id maybe reused by a new request, gets nothing)."""
-        updates: list[SeqUpdate | BeamDone] = []
+        updates = StepUpdates()
         outputs = StepOutputs.of(outputs)
         if not self._sampled_in_order(batch, outputs, updates):
             self.took = None
@@ -195,10 +196,10 @@ class Scheduler:
     def _all_fed(self, step: StepDelta, ahead_of: StepDelta, ends: list[int] | None = None) -> bool:
         return steady_decode.all_fed(step, ahead_of, ends)
 
-    def _sampled_in_order(self, batch: StepDelta, outputs: StepOutputs, updates: list) -> bool:
+    def _sampled_in_order(self, batch: StepDelta, outputs: StepOutputs, updates: StepUpdates) -> bool:
         return steady_decode.sampled_in_order(self, batch, outputs, updates)
 
-    def _sampled_steady(self, batch: StepDelta, outputs: StepOutputs, took: Took, updates: list) -> bool:
+    def _sampled_steady(self, batch: StepDelta, outputs: StepOutputs, took: Took, updates: StepUpdates) -> bool:
         return steady_decode.sampled_steady(self, batch, outputs, took, updates)
 
     # for beam search (pagedserve.gateway.beam_search.BeamHost)

@@ -1,5 +1,6 @@
-"""What one step did to a sequence (`SeqUpdate`): the scheduler's `on_sampled` makes one per
-sequence that took a token, ended or failed; the loop's requests turn them into deltas
+"""What one step did to a sequence (`SeqUpdate`): a row of the step's updates
+(pagedserve.gateway.step_updates) kept whole where it carries more than its token (logprobs,
+the sequence ended or failed); the loop's requests turn rows into deltas
 (pagedserve.gateway.requests). See docs/ARCHITECTURE.md, "One step"."""
 from __future__ import annotations
 

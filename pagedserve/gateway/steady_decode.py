@@ -11,9 +11,9 @@ import operator
 from typing import TYPE_CHECKING
 
 from pagedserve.gateway import general_sampled, seq_end
-from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.sequence import SeqStatus, Sequence
 from pagedserve.gateway.step_records import Planned, Took
+from pagedserve.gateway.step_updates import StepUpdates
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.step_delta import StepDelta
 from pagedserve.wire.step_outputs import StepOutputs
@@ -72,7 +72,7 @@ def all_fed(step: StepDelta, ahead_of: StepDelta, ends: list[int] | None = None)
             and SeqStatus.WAITING not in map(_status, step.seqs))
 
 
-def sampled_in_order(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, updates: list) -> bool:
+def sampled_in_order(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, updates: StepUpdates) -> bool:
     """`on_sampled`'s loop where every sequence of `batch` has its output, in the batch's
     order (False, nothing done, where not)."""
     if sched.beams or outputs.seq_ids != batch.seq_ids:
@@ -84,28 +84,39 @@ def sampled_in_order(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, u
 
 
 def sampled_steady(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, took: Took,
-                   updates: list) -> bool:
+                   updates: StepUpdates) -> bool:
     """`general_sampled.each` where the batch's sequences are `took`'s, each still current,
-    each output a sampled token alone (StepOutputs.more empty) that neither stops its
-    sequence nor is past its length: each takes its token, the columns of `took` say the
-    rest. False, nothing done, where not."""
+    each output a sampled token (with logprobs at most) that neither stops its sequence
+    nor is past its length: each takes its token, `updates` (empty) become the batch's
+    sequences and tokens, and the columns of `took` say the rest. False, nothing done,
+    where not."""
     seqs = batch.seqs
     tokens, more = outputs.tokens, outputs.more
     if (took.left <= 1 or seqs != took.seqs or took.removals != sched.removals
             or any(o.error or not o.sampled for o in more.values())
             or any(map(operator.contains, took.stops, tokens))):
         return False
-    plain = True
-    for k, (seq, end, token) in enumerate(zip(seqs, map(operator.add, batch.start_pos, batch.num_tokens), tokens)):
+    failed: list[Sequence] = []
+    for seq, end, token in zip(seqs, map(operator.add, batch.start_pos, batch.num_tokens), tokens):
         try:
             seq.num_computed = end
             seq.output_token_ids.append(token)
-            out = more.get(k) if more else None
-            updates.append(SeqUpdate(seq, token) if out is None else SeqUpdate(seq, token, out.logprob, out.top_logprobs))
         except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
-            plain = False
+            failed.append(seq)
             seq_end.fail_alone(sched, seq, seq, e)
-    if plain:
+    if failed:  # left out of the updates (seq_end.fail_alone gave theirs)
+        rows = {}  # batch row -> its row in the updates
+        for k, seq in enumerate(seqs):
+            if seq not in failed:
+                rows[k] = len(updates)
+                updates.add(seq, tokens[k])
+    else:
+        updates.seqs, updates.tokens, rows = list(seqs), list(tokens), None
+    for k, out in more.items():
+        row = k if rows is None else rows.get(k)
+        if row is not None:
+            updates.carry(row, out.logprob, out.top_logprobs)
+    if not failed:
         sched.took = Took(seqs, tokens, list(map((1).__add__, took.num_tokens)), took.left - 1,
                           took.stops, sched.removals)
     return True

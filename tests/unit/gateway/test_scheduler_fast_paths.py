@@ -18,8 +18,9 @@ from tests.support.fake_loop import expected
 
 
 class RichExecutor(FakeExecutor):
-    """The fake executor, with an end-of-sequence token now and then, logprobs, top
-    logprobs (beam search's candidates) and the prompt logprobs each step asks for."""
+    """The fake executor, with an end-of-sequence token now and then, logprobs and top
+    logprobs (beam search's candidates; none for the plain requests, those of even number)
+    and the prompt logprobs each step asks for."""
 
     def execute(self, batch):
         sampled = iter(super().execute(batch))
@@ -32,14 +33,22 @@ class RichExecutor(FakeExecutor):
                 o = next(sampled)
                 if o.token_id % 13 == 0:
                     o.token_id = EOS
-                o.logprob = -(o.token_id % 7) / 4
-                o.top_logprobs = [((o.token_id + k * 37) % (VOCAB - 1), -(k + (o.token_id % 5) / 10))
-                                  for k in range(8)]
+                if not _plain(seq_id):
+                    o.logprob = -(o.token_id % 7) / 4
+                    o.top_logprobs = [((o.token_id + k * 37) % (VOCAB - 1), -(k + (o.token_id % 5) / 10))
+                                      for k in range(8)]
                 o.prompt_logprobs = entries
                 out.append(o)
             elif entries:
                 out.append(SampleOutput(seq_id, -1, sampled=False, prompt_logprobs=entries))
         return out
+
+
+def _plain(seq_id):
+    """A sequence of a request of even number that is no beam search's: its outputs carry
+    its token alone."""
+    request, _, index = seq_id.partition("/")
+    return not index.startswith("b") and int(request[1:]) % 2 == 0
 
 
 def _workload(seed):
@@ -120,6 +129,10 @@ def _run(seed, overlap, mode, num_blocks, fast, counts):
     def sampled_steady(*args):
         took = chained(*args)
         counts["chained"] += took
+        updates = args[-1]
+        if took:  # rows of a plain token alone, and with logprobs
+            counts["plain"] += len(updates) - len(updates.more)
+            counts["more"] += len(updates.more)
         return took
     sched._steady_run, sched._sampled_in_order = steady_run, sampled_in_order
     if not fast:
@@ -172,10 +185,10 @@ def _run(seed, overlap, mode, num_blocks, fast, counts):
 @pytest.mark.parametrize("overlap", [True, False], ids=["plan-ahead", "serial"])
 @pytest.mark.parametrize("mode,num_blocks", [("swap", 20), ("recompute", 20), ("auto", 200)])
 def test_fast_paths_give_what_the_general_path_gives(overlap, mode, num_blocks):
-    taken = {"steady": 0, "in_order": 0, "chained": 0}
+    taken = dict.fromkeys(["steady", "in_order", "chained", "plain", "more"], 0)
     for seed in [*range(8), 100, 101, 102]:
-        general = _run(seed, overlap, mode, num_blocks, False, {"steady": 0, "in_order": 0, "chained": 0})
+        general = _run(seed, overlap, mode, num_blocks, False, dict(taken))
         assert _run(seed, overlap, mode, num_blocks, True, taken) == general, seed
-    assert taken["in_order"] > 0 and taken["chained"] > 0
+    assert taken["in_order"] > 0 and taken["chained"] > 0 and taken["plain"] > 0 and taken["more"] > 0
     if overlap:
         assert taken["steady"] > 0  # the fast plan ran (plan ahead only)
