@@ -28,9 +28,10 @@ from pagedserve.gateway.step_times import StepTimes
 from pagedserve.gateway.step_updates import StepUpdates
 from pagedserve.gateway.write_report import WriteReport
 from pagedserve.wire.clients import ExecutorClient, MemoryClient
-from pagedserve.wire.protocol import Delta, SampleOutput, SamplingParams
+from pagedserve.wire.protocol import Delta, SamplingParams
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
+from pagedserve.wire.step_outputs import StepOutputs
 
 
 class BatchLoop:
@@ -246,7 +247,7 @@ class BatchLoop:
         self.times.execute += time.perf_counter() - t0
         return step
 
-    def _outputs(self, step: InFlight) -> list[SampleOutput]:
+    def _outputs(self, step: InFlight) -> StepOutputs:
         """The outputs of the oldest step in flight (pagedserve.gateway.overlap). A step that fails is
         not run, nor any step sent behind it."""
         t0 = time.perf_counter()
@@ -263,7 +264,7 @@ class BatchLoop:
         self.num_steps += 1
         return outputs
 
-    def _apply(self, batch: StepDelta, outputs: list[SampleOutput]) -> StepUpdates:
+    def _apply(self, batch: StepDelta, outputs: StepOutputs) -> StepUpdates:
         """A step's tokens applied to its sequences: the updates to turn into deltas."""
         updates = self.scheduler.on_sampled(batch, outputs)
         if self.scheduler.left_out:

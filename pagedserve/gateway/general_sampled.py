@@ -20,7 +20,7 @@ from pagedserve.wire.step_outputs import StepOutputs
 if TYPE_CHECKING:
     from pagedserve.gateway.scheduler import Scheduler
 
-def by_id(sched: Scheduler, batch: StepDelta, outputs: list[SampleOutput], updates: StepUpdates) -> None:
+def by_id(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, updates: StepUpdates) -> None:
     """Each sequence of `batch` takes its output, found by id (none: it sampled nothing)."""
     outputs_by_id = {o.seq_id: o for o in outputs}
     for seq_id, seq, start, n in zip(batch.seq_ids, batch.seqs, batch.start_pos, batch.num_tokens):

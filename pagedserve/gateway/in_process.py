@@ -5,7 +5,7 @@
 ReserveResult`, `free`, `fork`, `stats`): a plan made ahead (`Plan.ahead`) is reserved on a
 helper thread, so the loop makes deltas meanwhile; any other before `reserve` returns.
 `InProcessExecutor` wraps an object with `model_info()` and `execute(StepBatch) ->
-list[SampleOutput]` (pagedserve.executor.Executor, the test fakes) in pagedserve.step.local_engine,
+StepOutputs` (pagedserve.executor.Executor, the test fakes) in pagedserve.step.local_engine,
 which takes the step message as the executor service does; with `background` (the overlapped
 loop) each step runs on one of two helper threads, else before `step` returns. A step sent
 while the one numbered before it runs, or that is fed by it, runs only once that one has
@@ -17,13 +17,14 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from pagedserve.wire.clients import ExecutorClient, MemoryClient, call_now
 from pagedserve.step.local_engine import LocalEngine
-from pagedserve.wire.protocol import ModelInfo, PoolStats, SampleOutput
+from pagedserve.wire.clients import ExecutorClient, MemoryClient, call_now
+from pagedserve.wire.pending_token import PENDING
+from pagedserve.wire.protocol import ModelInfo, PoolStats
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
-from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.step_feed import FED_UNKNOWN, FedTokenUnknown
+from pagedserve.wire.step_outputs import StepOutputs
 
 
 def submit_started(pool: ThreadPoolExecutor, fn, *args) -> Future:
@@ -93,7 +94,7 @@ class InProcessExecutor(ExecutorClient):
     def model_info(self) -> ModelInfo:
         return self.ordered.model_info()
 
-    def step(self, step: StepDelta) -> Future[list[SampleOutput]]:
+    def step(self, step: StepDelta) -> Future[StepOutputs]:
         if not self.background:
             return call_now(self.ordered.execute, step)
         before = self._tries.get(step.step - 1)
@@ -104,7 +105,7 @@ class InProcessExecutor(ExecutorClient):
         self._tries[step.step] = future
         return future
 
-    def _after(self, before: Future | None, step: StepDelta) -> list[SampleOutput]:
+    def _after(self, before: Future | None, step: StepDelta) -> StepOutputs:
         if before is not None and before.exception() is not None:
             raise FedTokenUnknown(f"{FED_UNKNOWN}: step {step.step - 1} failed: send step {step.step}'s tokens")
         return self.ordered.execute(step)

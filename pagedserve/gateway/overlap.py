@@ -20,16 +20,17 @@ from dataclasses import dataclass, field
 
 from pagedserve.gateway.step_updates import StepUpdates
 from pagedserve.wire.clients import ExecutorClient
-from pagedserve.wire.protocol import Delta, SampleOutput
-from pagedserve.wire.step_delta import StepDelta
 from pagedserve.wire.pending_token import PENDING
+from pagedserve.wire.protocol import Delta
+from pagedserve.wire.step_delta import StepDelta
 from pagedserve.wire.step_feed import lost_feed
+from pagedserve.wire.step_outputs import StepOutputs
 
 
 @dataclass
 class InFlight:
     batch: StepDelta
-    future: Future  # of list[SampleOutput]
+    future: Future  # of StepOutputs
     fed: bool  # sent ahead: computes the previous step's samples
     sent: float = 0.0  # perf_counter
     ended: float = 0.0  # perf_counter when its answer came
@@ -58,7 +59,7 @@ class Overlap:
         self.inflight.append(step)
         return step
 
-    def outputs(self, executor: ExecutorClient, step: InFlight) -> tuple[list[SampleOutput], float]:
+    def outputs(self, executor: ExecutorClient, step: InFlight) -> tuple[StepOutputs, float]:
         """The outputs of the oldest step in flight (removed), and its executor seconds; a
         step sent ahead that failed for want of its fed tokens (the executor restarted, or
         the step before failed) runs again with them."""
@@ -71,7 +72,7 @@ class Overlap:
         outputs = self.resend(executor, step)
         return outputs, time.perf_counter() - t0
 
-    def wait(self, step: InFlight) -> tuple[list[SampleOutput], float]:
+    def wait(self, step: InFlight) -> tuple[StepOutputs, float]:
         """The outputs of the oldest step in flight (removed), and its executor seconds."""
         assert self.inflight and self.inflight[0] is step
         try:
@@ -82,7 +83,7 @@ class Overlap:
         seconds, self.last_end = end - max(self.last_end, step.sent), end
         return outputs, seconds
 
-    def resend(self, executor: ExecutorClient, step: InFlight) -> list[SampleOutput]:
+    def resend(self, executor: ExecutorClient, step: InFlight) -> StepOutputs:
         """Run a failed step sent ahead again, now that its tokens are in (`patch`); after
         every other step in flight ended."""
         settle(s.future for s in self.inflight)

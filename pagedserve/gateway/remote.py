@@ -29,10 +29,11 @@ from pagedserve.rpc.step_channel import StepChannelSlot
 from pagedserve.rpc.tracing import trace_metadata
 from pagedserve.wire import convert, step_convert
 from pagedserve.wire.clients import ExecutorClient, MemoryClient, Sent
-from pagedserve.wire.protocol import ModelInfo, PoolStats, SampleOutput
+from pagedserve.wire.protocol import ModelInfo, PoolStats
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import STATE_LOST, StepDelta, encode_delta
 from pagedserve.wire.step_feed import StepOrder
+from pagedserve.wire.step_outputs import StepOutputs
 from pagedserve.wire.v1 import (
     executor_pb2,
     executor_pb2_grpc,
@@ -139,7 +140,7 @@ class RemoteExecutorClient(ExecutorClient):
             self._tokenizer_dir = self._info.tokenizer_dir
         return self._info
 
-    def step(self, step: StepDelta) -> Future[list[SampleOutput]]:
+    def step(self, step: StepDelta) -> Future[StepOutputs]:
         """Sends each sequence's state once, then only its changes (pagedserve.wire.step_delta); an
         executor that lost that state (it restarted) gets all of it. So does a step encoded
         before the step ahead of it was sent again that way, if it was refused (state
@@ -147,7 +148,7 @@ class RemoteExecutorClient(ExecutorClient):
         before changing anything)."""
         answer, resyncs = self._send(step)
 
-        def result() -> list[SampleOutput]:
+        def result() -> StepOutputs:
             try:
                 return answer()
             except grpc.RpcError as e:
@@ -165,7 +166,7 @@ class RemoteExecutorClient(ExecutorClient):
             return self._send(step)[0]()
         return Sent(result)
 
-    def _send(self, step: StepDelta) -> tuple[Callable[[], list[SampleOutput]], int]:
+    def _send(self, step: StepDelta) -> tuple[Callable[[], StepOutputs], int]:
         """The step's answer, to read later, and `num_resyncs` as the step was encoded."""
         # What goes out counts as held at once: the next step may be encoded before this
         # one is answered. After a failure what the executor holds is unknown: all again.
@@ -182,7 +183,7 @@ class RemoteExecutorClient(ExecutorClient):
         answer = self._steps.start("Execute", self.stub.Execute, request, executor_pb2.ExecuteResponse,
                                    self.timeout)
 
-        def result() -> list[SampleOutput]:
+        def result() -> StepOutputs:
             try:
                 response = answer()
             except grpc.RpcError:

@@ -17,9 +17,10 @@ from concurrent.futures import Future
 import grpc
 
 from pagedserve.wire.clients import ExecutorClient, MemoryClient, Sent
-from pagedserve.wire.protocol import ModelInfo, PoolStats, SampleOutput
+from pagedserve.wire.protocol import ModelInfo, PoolStats
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
+from pagedserve.wire.step_outputs import StepOutputs
 
 log = logging.getLogger("pagedserve.gateway")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
@@ -116,11 +117,11 @@ class RetriedExecutor(ExecutorClient):
     def model_info(self) -> ModelInfo:
         return self.inner.model_info()
 
-    def step(self, step: StepDelta) -> Future[list[SampleOutput]]:
+    def step(self, step: StepDelta) -> Future[StepOutputs]:
         first = _call(lambda: self.inner.step(step))
         return Sent(lambda: self._answer(step, first))
 
-    def _answer(self, step: StepDelta, first: Future) -> list[SampleOutput]:
+    def _answer(self, step: StepDelta, first: Future) -> StepOutputs:
         try:
             return self._retried(step, first)
         except PoolChanged:
@@ -130,7 +131,7 @@ class RetriedExecutor(ExecutorClient):
                 self.retry.dirty = step
             raise
 
-    def _retried(self, step: StepDelta, first: Future) -> list[SampleOutput]:
+    def _retried(self, step: StepDelta, first: Future) -> StepOutputs:
         try:
             return self.retry.retried("execute", first, lambda: self.inner.step(step))
         except grpc.RpcError as e:

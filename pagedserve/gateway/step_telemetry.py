@@ -22,9 +22,10 @@ from opentelemetry.trace import SpanKind
 from pagedserve.gateway.request_telemetry import RequestTelemetry
 from pagedserve.rpc.tracing import tracer
 from pagedserve.wire.clients import ExecutorClient, MemoryClient, Sent
-from pagedserve.wire.protocol import ModelInfo, PoolStats, SampleOutput
+from pagedserve.wire.protocol import ModelInfo, PoolStats
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta
+from pagedserve.wire.step_outputs import StepOutputs
 
 
 def _unknown(seq_id: str) -> str | None:
@@ -112,7 +113,7 @@ class ObservedExecutor(ExecutorClient):
     def model_info(self) -> ModelInfo:
         return self.inner.model_info()
 
-    def step(self, batch: StepDelta) -> Future[list[SampleOutput]]:
+    def step(self, batch: StepDelta) -> Future[StepOutputs]:
         """The Execute, in its span from now until its answer is read."""
         request_of = self.memory.request_of
         ids = batch.seq_ids
@@ -126,7 +127,7 @@ class ObservedExecutor(ExecutorClient):
                 "pagedserve.batch.tokens": len(batch.token_ids), "pagedserve.batch.sampled": sum(batch.sample)})
         answer = _sent_in(span, lambda: self.inner.step(batch))
 
-        def result() -> list[SampleOutput]:
+        def result() -> StepOutputs:
             with trace.use_span(span, end_on_exit=True):
                 outputs = answer.result()
             self.telemetry.metrics.step_time.observe(time.perf_counter() - start)

@@ -110,7 +110,7 @@ class StepBatch:
         return range(start, min(start + int(self.num_tokens[i]), len(self.held[i].prompt) - 1))
 
     def reports(self) -> np.ndarray:
-        """bool [B]: the rows the executor returns a SampleOutput for (they sample, score
+        """bool [B]: the rows the executor returns an output for (pagedserve.wire.step_outputs) (they sample, score
         prompt tokens, or were left out)."""
         out = self.sample.copy()
         for i in self.errors:
