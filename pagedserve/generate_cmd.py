@@ -54,7 +54,7 @@ def run(args) -> int:
         return 2
     if args.server:
         return _run_remote(args, sampling)
-    from pagedserve.gateway.requests import RequestError
+    from pagedserve.gateway.request_intake import RequestError
     from pagedserve.engine import LLMEngine
 
     from pagedserve.executor.errors import ModelLoadError

@@ -29,7 +29,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
-from pagedserve.step.step_batch import StepBatch, concat
+from pagedserve.step.batch_parts import concat
+from pagedserve.step.step_batch import StepBatch
 from pagedserve.wire.step_outputs import StepOutputs
 
 ACTIVE_S = 1.0  # a caller heard from within this long is expected at the next pass

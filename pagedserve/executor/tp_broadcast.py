@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from pagedserve.rpc.grpc_service import MAX_MESSAGE_BYTES
-from pagedserve.step.running_set import columns_of, flags_of
+from pagedserve.step.running_rows import columns_of, flags_of
 from pagedserve.step.step_batch import FLAG_HISTORY, FLAG_PROMPT_LOGPROBS, Held, StepBatch
 from pagedserve.wire.protocol import SamplingParams
 from pagedserve.wire.v1.tensor_parallel_pb2 import (

@@ -24,7 +24,7 @@ from typing import AsyncIterator
 
 import grpc
 
-from pagedserve.gateway.requests import RequestError
+from pagedserve.gateway.request_intake import RequestError
 from pagedserve.gateway.step_runner import QueueFull
 from pagedserve.wire.protocol import Delta, SamplingParams
 

@@ -29,7 +29,7 @@ from typing import Callable
 import grpc
 
 from pagedserve.gateway.batch_loop import BatchLoop
-from pagedserve.gateway.requests import RequestError
+from pagedserve.gateway.request_intake import RequestError
 from pagedserve.wire.protocol import Delta, SamplingParams
 from pagedserve.gateway.step_retry import PoolChanged
 

@@ -214,33 +214,7 @@ class PagedAllocator(KVAllocator):
         pending_fill.fill(self, seq_id, position, token_id)
 
     def fill_all(self, fills: list[tuple[str, int, int]], seq_ids: list[str] | None = None) -> None:
-        """KVAllocator.fill_all: `fill` inline, one lookup per sequence. A pending token's
-        index from the end of the tail is position - num_tokens (the keyed blocks and the
-        tail hold every token)."""
-        seqs, bs = self._seqs, self.block_size
-        if seq_ids is None:
-            seq_ids = [f[0] for f in fills]
-        if not self.enable_prefix_caching:
-            for seq_id, (_, _, token_id) in zip(seq_ids, fills):
-                if token_id < 0 and seq_id in seqs:
-                    raise ValueError(f"token id must be >= 0, got {token_id}")
-            return
-        try:
-            for seq_id, (_, position, token_id) in zip(seq_ids, fills):
-                table = seqs.get(seq_id)
-                if table is None:
-                    continue
-                if token_id < 0:
-                    raise ValueError(f"token id must be >= 0, got {token_id}")
-                tail = table.tail_tokens
-                j = position - table.num_tokens
-                if j >= 0 or tail[j] != PENDING:  # (j < -len(tail): IndexError)
-                    raise IndexError
-                tail[j] = token_id
-                if len(tail) >= bs > len(tail) + j and not table.swapped:  # then a block may be keyable
-                    self._key_tail(table)
-        except IndexError:
-            raise ValueError(f"sequence {seq_id!r} has no pending token at position {position}") from None
+        pending_fill.fill_all(self, fills, seq_ids)
 
     def fork(self, parent_id: str, child_id: str) -> None:
         sequence_fork.fork(self, parent_id, child_id)

@@ -29,3 +29,33 @@ def fill(alloc: PagedAllocator, seq_id: str, position: int, token_id: int) -> No
     tail[i] = token_id
     if i < bs <= len(tail) and not table.swapped:  # only then can a block become keyable
         alloc._key_tail(table)
+
+
+def fill_all(self: PagedAllocator, fills: list[tuple[str, int, int]], seq_ids: list[str] | None = None) -> None:
+    """KVAllocator.fill_all: `fill` inline for each of `fills` (`seq_ids`: their ids, if
+    known), one lookup per sequence. A pending token's index from the end of the tail is
+    position - num_tokens (the keyed blocks and the tail hold every token)."""
+    seqs, bs = self._seqs, self.block_size
+    if seq_ids is None:
+        seq_ids = [f[0] for f in fills]
+    if not self.enable_prefix_caching:
+        for seq_id, (_, _, token_id) in zip(seq_ids, fills):
+            if token_id < 0 and seq_id in seqs:
+                raise ValueError(f"token id must be >= 0, got {token_id}")
+        return
+    try:
+        for seq_id, (_, position, token_id) in zip(seq_ids, fills):
+            table = seqs.get(seq_id)
+            if table is None:
+                continue
+            if token_id < 0:
+                raise ValueError(f"token id must be >= 0, got {token_id}")
+            tail = table.tail_tokens
+            j = position - table.num_tokens
+            if j >= 0 or tail[j] != PENDING:  # (j < -len(tail): IndexError)
+                raise IndexError
+            tail[j] = token_id
+            if len(tail) >= bs > len(tail) + j and not table.swapped:  # then a block may be keyable
+                self._key_tail(table)
+    except IndexError:
+        raise ValueError(f"sequence {seq_id!r} has no pending token at position {position}") from None

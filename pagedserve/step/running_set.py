@@ -12,14 +12,14 @@ any change); only rows that keep a token history are visited one by one. `fill` 
 `record` keeps what it sampled. A steady decode step takes shortcuts (the last step's rows
 kept while no row changes hands, pagedserve.step.step_rows; every row fed; every row reporting)
 that give what the general path gives (`fast=False` takes none: the tests compare the two).
-See docs/ARCHITECTURE.md, "One step".
+Rows taken and let go: pagedserve.step.running_rows. See docs/ARCHITECTURE.md, "One step".
 """
 from __future__ import annotations
 
 import numpy as np
 
-from pagedserve.step.step_batch import (FLAG_GUIDED, FLAG_HISTORY, FLAG_INVALID, FLAG_PLAIN,
-                                        FLAG_PROMPT_LOGPROBS, Held, StepBatch)
+from pagedserve.step import running_rows
+from pagedserve.step.step_batch import FLAG_HISTORY, FLAG_INVALID, FLAG_PROMPT_LOGPROBS, Held, StepBatch
 from pagedserve.step.step_rows import StepRows
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.step_delta import STATE_LOST
@@ -29,19 +29,6 @@ from pagedserve.wire.step_outputs import StepOutputs
 
 class StateLost(LookupError):
     """The step relies on state this executor does not hold."""
-
-
-def flags_of(sp) -> int:
-    plain = (sp.greedy and not sp.uses_penalties and sp.logprobs is None and not sp.logit_bias
-             and sp.top_k <= 0 and sp.top_p >= 1 and sp.min_p <= 0)
-    return ((FLAG_PLAIN if plain else 0) | (FLAG_HISTORY if sp.uses_penalties else 0)
-            | (FLAG_PROMPT_LOGPROBS if sp.prompt_logprobs is not None else 0)
-            | (FLAG_GUIDED if sp.guided else 0))
-
-
-def columns_of(sp) -> tuple[float, int, float, float]:
-    """The sampler's columns for one sequence: temperature (1 when greedy), top_k, top_p, min_p."""
-    return 1.0 if sp.greedy else sp.temperature, sp.top_k, sp.top_p, sp.min_p
 
 
 class Applied:
@@ -80,75 +67,13 @@ class RunningSet:
     def __len__(self) -> int:
         return len(self.row_of)
 
-    def _grow(self, rows: int = 0, width: int = 0) -> None:
-        old_rows, old_width = self.tables.shape
-        rows, width = max(rows, old_rows), max(width, old_width)
-        if width > old_width:
-            t = np.zeros((old_rows, width), dtype=np.int32)
-            t[:, :old_width] = self.tables
-            self.tables = t
-        if rows > old_rows:
-            self._last = None
-            extra = rows - old_rows
-            self.tables = np.concatenate([self.tables, np.zeros((extra, width), dtype=np.int32)])
-            for name, fill in (("table_len", 0), ("last_pos", -1), ("last_token", 0), ("gen", 0), ("flags", 0),
-                               ("temperature", 1), ("top_k", 0), ("top_p", 1), ("min_p", 0)):
-                a = getattr(self, name)
-                setattr(self, name, np.concatenate([a, np.full(extra, fill, dtype=a.dtype)]))
-            self.held += [None] * extra
-            self.free = list(range(rows - 1, old_rows - 1, -1)) + self.free
-
     def admit(self, seq_id: str, sampling, seed: int, prompt_len: int = 0, history: list[int] | None = None,
               prompt: list[int] | None = None, table: list[int] | None = None) -> int:
         """Hold a sequence (again: its state and table replaced, its last sample kept)."""
-        self._last = None
-        r = self.row_of.get(seq_id)
-        if r is None:
-            if not self.free:
-                self._grow(rows=2 * len(self.held))
-            r = self.row_of[seq_id] = self.free.pop()
-            self._owners += 1
-            self._gen += 1
-            self.gen[r] = self._gen
-            self.last_pos[r] = -1
-        if sampling is not self._checked[0]:  # the sequences of one request share theirs
-            try:
-                sampling.validate()
-                self._checked = (sampling, flags_of(sampling), "")
-            except (ValueError, TypeError, OverflowError) as e:  # it is left out of every step, alone
-                self._checked = (sampling, FLAG_INVALID, f"{type(e).__name__}: {e}")
-        _, flags, error = self._checked
-        self.held[r] = Held(seq_id, sampling, seed, prompt_len if flags & FLAG_HISTORY else 0,
-                            history if flags & FLAG_HISTORY else None,
-                            list(prompt) if flags & FLAG_PROMPT_LOGPROBS else None, flags, error)
-        self.flags[r] = flags
-        if not error:
-            self.temperature[r], self.top_k[r], self.top_p[r], self.min_p[r] = columns_of(sampling)
-        self.table_len[r] = 0
-        if table:
-            self._set_table(r, 0, table)
-        return r
+        return running_rows.admit(self, seq_id, sampling, seed, prompt_len, history, prompt, table)
 
     def forget(self, seq_ids) -> None:
-        for seq_id in seq_ids:
-            r = self.row_of.pop(seq_id, None)
-            self.left_out.pop(seq_id, None)
-            if r is not None:
-                self._last = None
-                self._owners += 1
-                self.held[r] = None
-                self.table_len[r] = 0
-                self.free.append(r)
-
-    def _set_table(self, r: int, start: int, blocks) -> None:
-        end = start + len(blocks)
-        if end > self.tables.shape[1]:
-            self._grow(width=max(end, 2 * self.tables.shape[1]))
-        old = self.table_len[r]
-        self.tables[r, start:end] = blocks
-        if end < old:
-            self.tables[r, end:old] = 0
-        self.table_len[r] = end
+        running_rows.forget(self, seq_ids)
 
     def _rows(self, ids: list[str]) -> StepRows:
         """The rows of `ids`; StateLost for an id not held. The last step's are kept until
@@ -186,7 +111,7 @@ class RunningSet:
         end = ts + k
         top = int(end.max())
         if top > self.tables.shape[1]:
-            self._grow(width=max(top, 2 * self.tables.shape[1]))
+            running_rows.grow(self, width=max(top, 2 * self.tables.shape[1]))
         if len(new_blocks):
             first = np.cumsum(k) - k
             self.tables[np.repeat(r, k), np.arange(len(new_blocks)) - np.repeat(first - ts, k)] = new_blocks

@@ -24,23 +24,14 @@ from __future__ import annotations
 import itertools
 import operator
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
-from pagedserve.wire import convert, step_convert
+from pagedserve.wire import step_convert
 from pagedserve.wire.pending_token import PENDING
-from pagedserve.wire.protocol import SamplingParams
+from pagedserve.wire.seq_states import SeqSource, with_states
 from pagedserve.wire.v1 import executor_pb2
 
 STATE_LOST = "executor state lost"  # in FAILED_PRECONDITION details: resend every state
-
-
-class SeqSource(Protocol):
-    """What the step message reads from the gateway's sequence when its state must go."""
-
-    sampling: SamplingParams
-    seed: int
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
 
 
 @dataclass
@@ -102,18 +93,6 @@ def fed_and_known(step: StepDelta) -> tuple[list[bool], list[int]]:
     return fed, known
 
 
-def _whole_tables(step: StepDelta, sent: set[str], tables) -> dict[str, list[int]]:
-    """memsvc's whole table of each sequence whose state goes while the step holds only a
-    change to its table."""
-    need = [s for s, t in zip(step.seq_ids, step.table_start) if t and s not in sent]
-    if not need:
-        return {}
-    if tables is None:
-        raise ValueError(f"sequences {need[:3]}: their state must go with their whole block tables, "
-                         "and no `tables` (memsvc's MemoryClient.tables) was given to ask for them")
-    return dict(zip(need, tables(need)))
-
-
 def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: str,
                  tables: Callable[[list[str]], list[list[int]]] | None = None) -> executor_pb2.ExecuteRequest:
     """The ExecuteRequest for `step` against `sent`, the ids whose state the executor holds
@@ -129,36 +108,7 @@ def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: 
     tstarts, nnew, newb = step.table_start, step.num_new_blocks, step.new_blocks
     states = []
     if not sent.issuperset(ids):  # some states must go, with their whole tables
-        whole = _whole_tables(step, sent, tables)
-        tstarts, nnew, newb = [], [], []
-        sampling: dict[int, object] = {}
-        at = 0
-        for i, seq_id in enumerate(ids):
-            tstart, k = step.table_start[i], step.num_new_blocks[i]
-            new = step.new_blocks[at:at + k]
-            at += k
-            if seq_id not in sent:
-                seq = step.seqs[i]
-                if seq is None:
-                    raise ValueError(f"sequence {seq_id}: its state must go, but the step does not carry it")
-                sp = seq.sampling
-                proto = sampling.get(id(sp))
-                if proto is None:
-                    proto = sampling[id(sp)] = convert.sampling_to_proto(sp)
-                prompt = seq.prompt_token_ids
-                if sp.uses_penalties:
-                    history, prompt_len = (prompt + seq.output_token_ids)[:step.start_pos[i]], len(prompt)
-                else:
-                    history, prompt_len = [], 0
-                states.append(executor_pb2.SeqState(
-                    seq_id=seq_id, sampling=proto, seed=seq.seed, prompt_len=prompt_len, history=history,
-                    prompt=prompt if sp.prompt_logprobs is not None else None))
-                if tstart:
-                    tstart, new = 0, whole[seq_id]
-                sent.add(seq_id)
-            tstarts.append(tstart)
-            nnew.append(len(new))
-            newb += new
+        states, tstarts, nnew, newb = with_states(step, sent, tables)
     fed, tokens = fed_and_known(step)
     ids, joined = step_convert.join_ids(ids)
     return executor_pb2.ExecuteRequest(

@@ -1,7 +1,7 @@
 """The batching loop with real memsvc and a model-free executor that checks every slot."""
 import pytest
 
-from pagedserve.gateway.requests import RequestError
+from pagedserve.gateway.request_intake import RequestError
 from pagedserve.wire.protocol import SamplingParams
 from tests.support.fake_loop import expected, greedy, make_loop, prompts, run_all
 

@@ -2,7 +2,7 @@
 samples (held for their fork or queued) and the beams a beam search will fork."""
 import pytest
 
-from pagedserve.gateway.requests import RequestError
+from pagedserve.gateway.request_intake import RequestError
 from pagedserve.gateway.step_runner import QueueFull, StepRunner, waiting_sequences
 from pagedserve.wire.protocol import SamplingParams
 from tests.support.fake_loop import make_loop

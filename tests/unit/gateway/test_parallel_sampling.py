@@ -3,7 +3,7 @@ copied on write; outputs are the same as n independent sequences; prefix caching
 requests reports cached tokens."""
 import pytest
 
-from pagedserve.gateway.requests import derive_seed
+from pagedserve.gateway.request_intake import derive_seed
 from pagedserve.wire.protocol import SamplingParams
 from tests.support.fake_loop import expected, make_loop, run_all
 

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from pagedserve.gateway.batch_loop import BatchLoop
-from pagedserve.gateway.requests import derive_seed
+from pagedserve.gateway.request_intake import derive_seed
 from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.memsvc.cost_model import CostModel
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager

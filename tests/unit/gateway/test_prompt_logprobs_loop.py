@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from pagedserve.gateway.batch_loop import BatchLoop
-from pagedserve.gateway.requests import derive_seed
+from pagedserve.gateway.request_intake import derive_seed
 from pagedserve.gateway.scheduler_config import SchedulerConfig
 from pagedserve.gateway.sequence import Sequence
 from pagedserve.memsvc.memory_manager import MemoryConfig, MemoryManager

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from pagedserve.gateway.request_stream import RequestStream, StreamError
-from pagedserve.gateway.requests import RequestError
+from pagedserve.gateway.request_intake import RequestError
 from pagedserve.gateway.step_runner import BackendError, QueueFull
 from pagedserve.wire.protocol import Delta, SamplingParams
 from tests.support.fake_runner import FakeRunner

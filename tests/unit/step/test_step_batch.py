@@ -2,7 +2,8 @@
 a batch cut to some rows (select) or joined from several callers' (concat)."""
 import numpy as np
 
-from pagedserve.step.step_batch import StepBatch, concat, empty_batch
+from pagedserve.step.batch_parts import concat
+from pagedserve.step.step_batch import StepBatch, empty_batch
 from pagedserve.step.whole_seqs import Seq, batch_of
 from pagedserve.wire.protocol import SamplingParams
 
