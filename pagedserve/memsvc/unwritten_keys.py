@@ -28,6 +28,8 @@ class UnwrittenKeys:
 
     def add(self, table: BlockTable, index: int, key: bytes) -> None:
         block = table.blocks[index]
+        if block is None:  # left the sliding window before its last token was known: never published
+            return
         self.by_stamp.setdefault(self.stamp, []).append((table, index, block, block.gen, key))
 
     def confirm(self, stamps: Iterable[int]) -> int:

@@ -140,7 +140,7 @@ def _untouched_plan(plan: Plan) -> Plan:
     return copy.deepcopy(plan)
 
 
-@pytest.mark.parametrize("window", [0, 7])
+@pytest.mark.parametrize("window", [0, 2, 7])  # 2: a block leaves the window before its last token is filled
 @pytest.mark.parametrize("caching", [True, False])
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
 @pytest.mark.parametrize("session", ["", "g"])
