@@ -3,7 +3,7 @@ took token `tokens[k]`. A row that carries more (logprobs, its sequence ended or
 alone, a beam search's step) is `more[k]`, a SeqUpdate (or BeamDone, with None in both
 columns). A steady decode step has no `more`: `Scheduler.on_sampled` writes the two columns
 and `Requests.deltas` reads them in one loop. Indexing or iterating gives each row as a
-SeqUpdate (made on demand), for the code that reads one at a time. See
+SeqUpdate (made on demand: pagedserve.wire.column_rows), for the code that reads one at a time. See
 docs/ARCHITECTURE.md, "One step".
 """
 from __future__ import annotations
@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING
 
 from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.sequence import Sequence
+from pagedserve.wire.column_rows import ColumnRows
 
 if TYPE_CHECKING:
     from pagedserve.gateway.beam_search import BeamDone
 
 
-class StepUpdates:
+class StepUpdates(ColumnRows):
     __slots__ = ("more", "seqs", "tokens")
+    row = SeqUpdate
 
     def __init__(self, seqs: list[Sequence | None] | None = None, tokens: list[int | None] | None = None,
                  more: dict[int, SeqUpdate | BeamDone] | None = None):
@@ -55,27 +57,5 @@ class StepUpdates:
         for update in updates:
             self.append(update)
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def __getitem__(self, k: int) -> SeqUpdate | BeamDone:
-        if isinstance(k, slice):
-            return [self[i] for i in range(*k.indices(len(self)))]
-        if k < 0:
-            k += len(self)
-        update = self.more.get(k)
-        return update if update is not None else SeqUpdate(self.seqs[k], self.tokens[k])
-
-    def __iter__(self):
-        more = self.more
-        if not more:
-            return map(SeqUpdate, self.seqs, self.tokens)
-        return (more.get(k) or SeqUpdate(s, t) for k, (s, t) in enumerate(zip(self.seqs, self.tokens)))
-
-    def __eq__(self, other) -> bool:
-        if isinstance(other, (StepUpdates, list, tuple)):
-            return list(self) == list(other)
-        return NotImplemented
-
-    def __repr__(self) -> str:
-        return f"StepUpdates({list(self)!r})"
+    def _columns(self) -> tuple[list[Sequence | None], list[int | None]]:
+        return self.seqs, self.tokens

@@ -5,18 +5,21 @@ scores prompt tokens), in batch order (pagedserve.step.step_batch.StepBatch.repo
 more than that (logprobs, prompt logprobs, an error, a prompt chunk that samples nothing)
 is the SampleOutput `more[k]`, its token in `tokens` too (-1 where it sampled none). A
 steady step has no `more`: the executor, the wire and the gateway read the two columns.
-Indexing or iterating gives each entry as a SampleOutput (made on demand), for the code
-that reads one sequence at a time. See docs/ARCHITECTURE.md, "One step".
+Indexing or iterating gives each entry as a SampleOutput (made on demand:
+pagedserve.wire.column_rows), for the code that reads one sequence at a time. See
+docs/ARCHITECTURE.md, "One step".
 """
 from __future__ import annotations
 
 from typing import Iterable
 
+from pagedserve.wire.column_rows import ColumnRows
 from pagedserve.wire.protocol import SampleOutput
 
 
-class StepOutputs:
-    __slots__ = ("seq_ids", "tokens", "more")
+class StepOutputs(ColumnRows):
+    __slots__ = ("more", "seq_ids", "tokens")
+    row = SampleOutput
 
     def __init__(self, seq_ids: list[str], tokens: list[int], more: dict[int, SampleOutput] | None = None):
         if len(seq_ids) != len(tokens):
@@ -33,28 +36,8 @@ class StepOutputs:
                 if o.logprob is not None or o.top_logprobs or not o.sampled or o.prompt_logprobs or o.error}
         return cls([o.seq_id for o in outputs], [o.token_id for o in outputs], more)
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def __getitem__(self, k: int) -> SampleOutput:
-        if isinstance(k, slice):
-            return [self[i] for i in range(*k.indices(len(self)))]
-        out = self.more.get(k if k >= 0 else k + len(self))
-        return out if out is not None else SampleOutput(self.seq_ids[k], self.tokens[k])
-
-    def __iter__(self):
-        more = self.more
-        if not more:
-            return map(SampleOutput, self.seq_ids, self.tokens)
-        return (more.get(k) or SampleOutput(s, t) for k, (s, t) in enumerate(zip(self.seq_ids, self.tokens)))
-
-    def __eq__(self, other) -> bool:
-        if isinstance(other, (StepOutputs, list, tuple)):
-            return list(self) == list(other)
-        return NotImplemented
-
-    def __repr__(self) -> str:
-        return f"StepOutputs({list(self)!r})"
+    def _columns(self) -> tuple[list[str], list[int]]:
+        return self.seq_ids, self.tokens
 
     def errors(self) -> dict[int, str]:
         """Entry -> why the executor left its sequence out of the step."""
