@@ -112,8 +112,7 @@ class ModelRunner:
             failed = self.guided.apply(logits, pending) if pending is not None else {}
             outputs = self.sampler(logits, batch, sampled)
             for k, why in failed.items():
-                outputs.tokens[k] = -1
-                outputs.more[k] = SampleOutput(outputs.seq_ids[k], -1, sampled=False, error=f"its grammar: {why}")
+                outputs.put(k, SampleOutput(outputs.seq_ids[k], -1, sampled=False, error=f"its grammar: {why}"))
         if scoring is None:
             if not outputs:  # nothing was read back to the host, so nothing has waited yet
                 wait_for_device(self.kv_pool.device)

@@ -91,18 +91,17 @@ def attach(batch: StepBatch, sampled: StepOutputs, scores: dict[int, list[Prompt
         for i, entries in scores.items():
             if entries:
                 k = int(entry[i])
-                o = sampled.more.get(k) or SampleOutput(sampled.seq_ids[k], sampled.tokens[k])
+                o = sampled[k]  # (a plain entry: made whole)
                 o.prompt_logprobs = entries
-                sampled.more[k] = o
+                sampled.put(k, o)
         return sampled
     ids, tokens, more = [], [], {}  # a prompt-only entry goes between: the columns built anew
     k = 0
     for i, samples in enumerate(sample.tolist()):
         entries = scores.get(i)
         if samples:
-            o = sampled.more.get(k)
+            o = sampled[k] if entries else sampled.more.get(k)
             if entries:
-                o = o or SampleOutput(sampled.seq_ids[k], sampled.tokens[k])
                 o.prompt_logprobs = entries
             if o is not None:
                 more[len(ids)] = o

@@ -233,4 +233,4 @@ class Sampler:
         for j, k in enumerate(asked):
             n = params[k].logprobs
             top_n = [(t, v) for t, v in zip(top[j][:n], values[j][:n]) if v != float("-inf")] if n else []
-            out.more[k] = SampleOutput(out.seq_ids[k], out.tokens[k], chosen[j], top_n)
+            out.put(k, SampleOutput(out.seq_ids[k], out.tokens[k], chosen[j], top_n))

@@ -39,6 +39,11 @@ class StepOutputs(ColumnRows):
     def _columns(self) -> tuple[list[str], list[int]]:
         return self.seq_ids, self.tokens
 
+    def put(self, k: int, out: SampleOutput) -> None:
+        """Entry k is `out`, whole (its token in the column too)."""
+        self.tokens[k] = out.token_id
+        self.more[k] = out
+
     def errors(self) -> dict[int, str]:
         """Entry -> why the executor left its sequence out of the step."""
         return {k: o.error for k, o in self.more.items() if o.error}
