@@ -140,15 +140,27 @@ def profile_batch(engine, batch: int, input_len: int, steps: int, warmup: int, s
 
     rng = random.Random(seed)
     loop = engine.loop
-    total = warmup + 2 * steps + 2  # both timed phases decode every sequence at every step
-    for i in range(batch):
+    # Both timed phases decode every sequence at every step. Prompts chunked over several
+    # steps get their first tokens on different steps, and the first ones decode on while the
+    # last prefill: a budget that counts only the timed steps ran out before the end.
+    ids = [f"p{batch}-{i}" for i in range(batch)]
+    per_step = engine.loop.scheduler.config.max_num_batched_tokens - batch  # prompt tokens a prefill step takes at least
+    most_prefill = -(-batch * input_len // max(per_step, 1)) + 1
+    budget = min(warmup + 2 * steps + 2 + most_prefill, max(1, engine.info.max_model_len - input_len))
+    for rid in ids:
         engine.add_request(random_prompt_ids(rng, input_len, engine.info.vocab_size),
-                           SamplingParams(max_tokens=total + 4, temperature=0.0, ignore_eos=True),
-                           request_id=f"p{batch}-{i}")
+                           SamplingParams(max_tokens=budget, temperature=0.0, ignore_eos=True),
+                           request_id=rid)
     # prefill: until every sequence has its first token
+    prefill_steps = 0
     while len(loop.scheduler.running) < batch or \
             any(not s.output_token_ids for s in loop.scheduler.running):
         loop.step()
+        prefill_steps += 1
+    if prefill_steps + warmup + 2 * steps + 2 > budget:  # (only where the model's length caps it)
+        raise ValueError(f"each sequence may decode {budget} tokens (--input-len {input_len} of the model's "
+                         f"{engine.info.max_model_len}): too few for {prefill_steps} prefill, {warmup} warm-up and "
+                         f"2 x {steps} timed steps; give a shorter --input-len or fewer --steps")
     execute = engine.executor.execute
     spent = [0.0]
 
@@ -181,6 +193,8 @@ def profile_batch(engine, batch: int, input_len: int, steps: int, warmup: int, s
         raise RuntimeError(f"a timed phase decoded {plain_tokens} and {profiled_tokens} tokens, "
                            f"not {batch} x {steps}: its steps were not all full decode steps")
     ms = breakdown(prof.events(), wall, spent[0], steps)
+    for rid in ids:
+        loop.abort(rid)
     while loop.has_work():
         loop.step()
     top = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
