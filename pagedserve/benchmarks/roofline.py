@@ -1,6 +1,7 @@
 """What bounds the engine on this machine: the float32 matmul rate at a serving-like shape
 (matmul_ceiling), the memory copy bandwidth (copy_bandwidth), and the parameters and bytes a
-one-token step reads (model_weights): the ceiling and floor `bench throughput` prints."""
+one-token step reads (model_weights): the ceiling and floor `bench throughput` prints, and a
+whole run's ceiling (run_ceiling)."""
 from __future__ import annotations
 
 import time
@@ -66,3 +67,17 @@ def model_weights(model) -> tuple[int, int]:
         if not (isinstance(embed, torch.Tensor) and p is embed):
             read += p.numel() * p.element_size()
     return params, read
+
+
+def run_ceiling(reqs, output_tokens: int, flops_per_token: float, head_flops: float, flops_per_s: float,
+                kv_bytes_per_token: int, bytes_per_s: float) -> dict:
+    """A run's ceiling (issue 44): every computed row's matmul FLOPs at the measured rate, plus
+    each output token's read of its context's K/V (the decode steps' mean context) at the copy
+    bandwidth; on a CPU matmuls and attention run one after the other, so the times add. A
+    prompt row never reaches the LM head (`head_flops` per row; only output tokens' rows do)."""
+    prompt_tokens = sum(r.prompt_len for r in reqs)
+    context = sum(r.prompt_len + r.output_len / 2 for r in reqs) / len(reqs)
+    matmul_s = ((prompt_tokens + output_tokens) * flops_per_token - prompt_tokens * head_flops) / flops_per_s
+    kv_s = output_tokens * context * kv_bytes_per_token / bytes_per_s
+    return {"kv_bytes_per_token": kv_bytes_per_token, "mean_decode_context": context, "run_matmul_s": matmul_s,
+            "run_kv_s": kv_s, "run_ceiling_output_tokens_per_s": output_tokens / (matmul_s + kv_s)}

@@ -8,7 +8,7 @@ import random
 import time
 
 from pagedserve.benchmarks.busy_cores import add_busy_cores_arg, busy_cores
-from pagedserve.benchmarks.roofline import copy_bandwidth, matmul_ceiling, model_weights
+from pagedserve.benchmarks.roofline import copy_bandwidth, matmul_ceiling, model_weights, run_ceiling
 from pagedserve.benchmarks.workloads import WORKLOADS, BenchRequest, random_prompt_ids, sample_lengths
 
 
@@ -227,18 +227,14 @@ def run_engine_part(args, reqs: list[BenchRequest], cpu: dict):
           f"{one['decode_steps']}); weight-read floor {one['floor_s'] * 1e3:.1f} ms "
           f"({weight_bytes / 1e6:.0f} MB of weights / {bandwidth / 1e9:.1f} GB/s copy bandwidth): "
           f"{one['over_floor']:.2f}x the floor")
-    # the run's ceiling (issue 44): every computed token's FLOPs at the measured matmul rate,
-    # plus each decode token's read of its context's K/V (mean context of the decode steps) at
-    # the copy bandwidth; on a CPU the matmuls and attention run one after the other: times add
-    context = sum(r.prompt_len + r.output_len / 2 for r in reqs) / len(reqs)
-    computed = prompt_tokens + e["output_tokens"]
-    matmul_s = computed * c["flops_per_token"] / c["matmul_flops_per_s"]
-    kv_s = e["output_tokens"] * context * info.kv.bytes_per_token / bandwidth
-    c.update(kv_bytes_per_token=info.kv.bytes_per_token, mean_decode_context=context,
-             run_matmul_s=matmul_s, run_kv_s=kv_s, run_ceiling_output_tokens_per_s=e["output_tokens"] / (matmul_s + kv_s))
-    e["share_of_run_ceiling"] = (matmul_s + kv_s) / e["seconds"]
-    print(f"run ceiling  {c['run_ceiling_output_tokens_per_s']:8.1f} tok/s  ({computed} computed tokens' matmuls "
-          f"{matmul_s:.1f} s + decode K/V reads {kv_s:.1f} s at {context:.0f} tokens of context); engine at "
+    head = getattr(engine.executor.model, "lm_head", None)
+    c.update(run_ceiling(reqs, e["output_tokens"], c["flops_per_token"],
+                         2.0 * head.shape[0] * head.shape[1] if head is not None else 0.0,
+                         c["matmul_flops_per_s"], info.kv.bytes_per_token, bandwidth))
+    e["share_of_run_ceiling"] = (c["run_matmul_s"] + c["run_kv_s"]) / e["seconds"]
+    print(f"run ceiling  {c['run_ceiling_output_tokens_per_s']:8.1f} tok/s  ({prompt_tokens + e['output_tokens']} "
+          f"computed tokens' matmuls {c['run_matmul_s']:.1f} s (prompt rows without the LM head) + decode K/V "
+          f"reads {c['run_kv_s']:.1f} s at {c['mean_decode_context']:.0f} tokens of context); engine at "
           f"{e['share_of_run_ceiling']:.0%} of it")
     result["load_avg"] = os.getloadavg()
     return result, engine
