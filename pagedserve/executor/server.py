@@ -62,7 +62,7 @@ from pagedserve.wire import convert, step_convert
 from pagedserve.rpc import internal_auth, peer_auth
 from pagedserve.rpc.grpc_service import Service, get_logger, open_channel, stop_on_signals, wait
 from pagedserve.rpc.heap import freeze_heap
-from pagedserve.rpc.step_channel import offer_step_channel
+from pagedserve.rpc.step_channel_server import offer_step_channel
 from pagedserve.wire.protocol import ModelInfo
 from pagedserve.wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
 

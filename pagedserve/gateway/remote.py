@@ -25,7 +25,7 @@ from concurrent.futures import Future
 import grpc
 
 from pagedserve.rpc.grpc_service import open_channel
-from pagedserve.rpc.step_channel import StepChannelSlot
+from pagedserve.rpc.step_channel_client import StepChannelSlot
 from pagedserve.rpc.tracing import trace_metadata
 from pagedserve.wire import convert, step_convert
 from pagedserve.wire.clients import ExecutorClient, MemoryClient, Sent

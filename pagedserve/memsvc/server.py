@@ -51,7 +51,7 @@ from pagedserve.wire import convert, step_convert
 from pagedserve.rpc import internal_auth, peer_auth
 from pagedserve.rpc.grpc_service import Service, get_logger, stop_on_signals, wait
 from pagedserve.rpc.heap import freeze_heap
-from pagedserve.rpc.step_channel import offer_step_channel
+from pagedserve.rpc.step_channel_server import offer_step_channel
 from pagedserve.wire.v1 import memory_pb2, memory_pb2_grpc
 
 SERVICE_NAME = "pagedserve.v1.MemoryManager"

@@ -110,7 +110,7 @@ def first_answer(port: int, frame: bytes) -> int:
     """The status of the first answer to `frame` on a new connection, which must then close."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(frame)
-        status, _ = step_channel._read_hello(sock)
+        status, _ = step_channel.read_hello(sock)
         try:
             assert sock.recv(1) == b""
         except ConnectionResetError:  # closed with the rest of `frame` unread

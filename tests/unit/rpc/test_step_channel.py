@@ -1,12 +1,14 @@
-"""pagedserve.rpc.step_channel: frames carry the servicer's answers and its errors as gRPC would."""
+"""pagedserve.rpc.step_channel (its server and client modules): frames carry the servicer's answers and its errors as gRPC would."""
 import socket
 import threading
 
 import grpc
 import pytest
 
-from pagedserve.rpc import step_channel
-from pagedserve.rpc.step_channel import StepChannelError, StepChannelServer, StepChannelSlot, host_of
+from pagedserve.rpc import step_channel, step_channel_client
+from pagedserve.rpc.step_channel import StepChannelError
+from pagedserve.rpc.step_channel_client import StepChannelSlot, host_of
+from pagedserve.rpc.step_channel_server import StepChannelServer
 from pagedserve.wire.v1 import memory_pb2
 
 
@@ -167,14 +169,14 @@ def test_the_slot_goes_over_grpc_until_an_answer_offers_the_channel(server):
 
 def test_answers_are_read_by_the_thread_that_waits_and_kept_for_others(server, monkeypatch):
     readers = []
-    read = step_channel._read_frame
+    read = step_channel.read_frame
 
     def recorded(sock):
         frame = read(sock)
         readers.append(threading.current_thread().name)
         return frame
 
-    monkeypatch.setattr(step_channel, "_read_frame", recorded)
+    monkeypatch.setattr(step_channel_client, "read_frame", recorded)
     _release.clear()
     c = _client(server).get()
     request = memory_pb2.ReserveRequest
@@ -259,7 +261,7 @@ def test_a_hello_without_the_token_is_refused_and_not_tried_again(closed_server,
     slot.offer(closed_server.port)
     assert slot.get() is None and closed_server.port in slot._refused
     with pytest.raises(StepChannelError) as e:
-        step_channel.StepChannelClient("127.0.0.1", closed_server.port, token)
+        step_channel_client.StepChannelClient("127.0.0.1", closed_server.port, token)
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "--internal-token" in e.value.details()
     assert closed_server.calls == []
 
@@ -269,7 +271,7 @@ def _raw_answer(port: int, frame: bytes) -> tuple[int, bytes, bytes]:
     it before the server closes the connection (a reset, with the rest of `frame` unread)."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(frame)
-        status, details = step_channel._read_hello(sock)
+        status, details = step_channel.read_hello(sock)
         rest = b""
         try:
             while chunk := sock.recv(4096):
