@@ -12,7 +12,7 @@ from __future__ import annotations
 from pagedserve.wire.convert import prompt_logprobs_from_proto, prompt_logprobs_to_proto
 from pagedserve.wire.protocol import SampleOutput
 from pagedserve.wire.step_outputs import StepOutputs
-from pagedserve.wire.reserve_messages import Grants, Plan, PlanEntry, Preemption, Rejection, ReserveResult
+from pagedserve.wire.reserve_messages import Fills, Grants, Plan, PlanEntry, Preemption, Rejection, ReserveResult
 from pagedserve.wire.v1 import executor_pb2, generation_pb2, memory_pb2
 
 # -- id columns ----------------------------------------------------------------------------
@@ -36,14 +36,17 @@ def split_ids(repeated, joined: str) -> list[str]:
 
 
 def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest:
-    fill_ids, positions, tokens = zip(*plan.fills) if plan.fills else ((), (), ())
-    fill_ids, joined_fills = join_ids(list(fill_ids))
+    """The fills' ids travel once where they are the running ids (a steady step)."""
+    fills = plan.fills
     run_ids, joined_runs = join_ids(plan.run_ids)
+    fills_run_ids = bool(fills) and fills.seq_ids == plan.run_ids
+    fill_ids, joined_fills = ([], "") if fills_run_ids else join_ids(fills.seq_ids)
     return memory_pb2.ReserveRequest(
         session_id=session_id, free=plan.free, step_tokens=plan.step_tokens, step_seconds=plan.step_seconds,
         fork_parents=[p for p, _ in plan.forks], fork_children=[c for _, c in plan.forks],
-        ahead=plan.ahead, fill_seq_ids=fill_ids, joined_fill_seq_ids=joined_fills, fill_positions=positions,
-        fill_token_ids=tokens, run_seq_ids=run_ids, joined_run_seq_ids=joined_runs,
+        ahead=plan.ahead, fill_seq_ids=fill_ids, joined_fill_seq_ids=joined_fills, fills_run_ids=fills_run_ids,
+        fill_positions=fills.positions, fill_token_ids=fills.token_ids,
+        run_seq_ids=run_ids, joined_run_seq_ids=joined_runs,
         run_num_tokens=plan.run_counts, run_token_ids=plan.run_tokens,
         entries=[memory_pb2.PlanEntry(seq_id=e.seq_id, token_ids=e.token_ids, max_len=e.max_len,
                                       max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt,
@@ -58,7 +61,9 @@ def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
     counts, tokens = list(m.run_num_tokens), list(m.run_token_ids)
     if len(counts) != len(ids) or sum(counts) != len(tokens):
         raise ValueError("run_seq_ids, run_num_tokens and run_token_ids do not agree")
-    fill_ids = split_ids(m.fill_seq_ids, m.joined_fill_seq_ids)
+    if m.fills_run_ids and (m.fill_seq_ids or m.joined_fill_seq_ids):
+        raise ValueError("fills_run_ids says the fills' sequences are run_seq_ids: send no fill_seq_ids with it")
+    fill_ids = list(ids) if m.fills_run_ids else split_ids(m.fill_seq_ids, m.joined_fill_seq_ids)
     if not len(fill_ids) == len(m.fill_positions) == len(m.fill_token_ids):
         raise ValueError("fill_seq_ids, fill_positions and fill_token_ids must have the same length")
     if len(m.fork_parents) != len(m.fork_children):
@@ -69,7 +74,7 @@ def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
                for e in m.entries]
     return Plan(entries=entries, free=list(m.free), step_tokens=m.step_tokens,
                 step_seconds=m.step_seconds, forks=list(zip(m.fork_parents, m.fork_children)),
-                ahead=m.ahead, fills=list(zip(fill_ids, m.fill_positions, m.fill_token_ids)),
+                ahead=m.ahead, fills=Fills(fill_ids, list(m.fill_positions), list(m.fill_token_ids)),
                 written=m.written, void=m.void, failed=list(m.failed),
                 run_ids=ids, run_counts=counts, run_tokens=tokens)
 

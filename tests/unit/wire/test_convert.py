@@ -18,6 +18,7 @@ from pagedserve.wire.protocol import (
     SamplingParams,
 )
 from pagedserve.wire.reserve_messages import (
+    Fills,
     Grant,
     Grants,
     Plan,
@@ -101,6 +102,26 @@ def test_a_plans_running_sequences_travel_in_columns():
     assert step_convert.plan_from_proto(msg) == plan
     msg.run_num_tokens[0] = 2
     with pytest.raises(ValueError, match="do not agree"):
+        step_convert.plan_from_proto(msg)
+
+
+def test_a_steady_plans_fills_name_its_running_sequences_once():
+    """Fills whose ids are the running ids, in order, send them once (fills_run_ids)."""
+    plan = Plan(ahead=True, run_ids=["r/0", "r/1"], run_counts=[1, 1], run_tokens=[PENDING, PENDING],
+                fills=[("r/0", 4, 11), ("r/1", 7, 12)])
+    msg = wire(step_convert.plan_to_proto(plan))
+    assert msg.fills_run_ids and not msg.fill_seq_ids and not msg.joined_fill_seq_ids
+    assert step_convert.plan_from_proto(msg) == plan
+    plan.fills = Fills(["r/1", "r/0"], [7, 4], [12, 11])  # another order: its own ids
+    msg = wire(step_convert.plan_to_proto(plan))
+    assert not msg.fills_run_ids and msg.joined_fill_seq_ids == "r/1\nr/0"
+    assert step_convert.plan_from_proto(msg) == plan
+    msg.fills_run_ids = True
+    with pytest.raises(ValueError, match="fills_run_ids"):
+        step_convert.plan_from_proto(msg)
+    msg.joined_fill_seq_ids = ""
+    del msg.fill_positions[-1]
+    with pytest.raises(ValueError, match="same length"):
         step_convert.plan_from_proto(msg)
 
 

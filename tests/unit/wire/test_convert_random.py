@@ -42,7 +42,8 @@ def plan(rng: random.Random) -> Plan:
                  for i in ids(rng, rng.choice([0, 1, 3]))],
         free=ids(rng, size(rng)), step_tokens=u32(rng), step_seconds=rng.random(),
         forks=list(zip(ids(rng, 2), ids(rng, 2))) if rng.random() < 0.3 else [], ahead=rng.random() < 0.5,
-        fills=[(i, u32(rng), u32(rng)) for i in ids(rng, size(rng))], written=rng.randrange(2**64),
+        fills=[(i, u32(rng), u32(rng)) for i in (run if rng.random() < 0.3 else ids(rng, size(rng)))],
+        written=rng.randrange(2**64),
         void=rng.random() < 0.5, failed=ids(rng, size(rng)), run_ids=run, run_counts=counts,
         run_tokens=[rng.choice([PENDING, 0, 2**31 - 1, rng.randrange(50000)]) for _ in range(sum(counts))])
 
