@@ -5,11 +5,14 @@ the others' are in pagedserve/wire/convert.py.
 Runs on every step for every sequence, so it stays close to the metal: messages are built
 with keyword constructors (repeated fields filled from lists in C) and read back with
 `list(...)`; a column of sequence ids travels as one string, the ids joined by newlines
-(`join_ids`, `split_ids`; in its repeated field when an id holds a newline).
+(`join_ids`, `split_ids`; in its repeated field when an id holds a newline). A Reserve
+column whose every value is the same in a steady step (one PENDING token each, one token
+granted, none cached, no new block) travels as a flag, the column empty (`constant`, `column`).
 """
 from __future__ import annotations
 
 from pagedserve.wire.convert import prompt_logprobs_from_proto, prompt_logprobs_to_proto
+from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.protocol import SampleOutput
 from pagedserve.wire.step_outputs import StepOutputs
 from pagedserve.wire.reserve_messages import Fills, Grants, Plan, PlanEntry, Preemption, Rejection, ReserveResult
@@ -32,12 +35,27 @@ def split_ids(repeated, joined: str) -> list[str]:
     return joined.split("\n") if joined else list(repeated)
 
 
+def constant(column: list[int], value: int, n: int) -> bool:
+    """`column` is n > 0 values, each `value`: it travels as its flag, empty."""
+    return n > 0 and len(column) == n and column.count(value) == n
+
+
+def column(repeated, flag: bool, value: int, n: int, name: str) -> list[int]:
+    """The column `repeated` sent, or where its flag is set, n values `value`."""
+    if not flag:
+        return list(repeated)
+    if repeated:
+        raise ValueError(f"{name} must be empty where its flag says each of its values is {value}")
+    return [value] * n
+
+
 # -- Reserve -----------------------------------------------------------------------------
 
 
 def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest:
     """The fills' ids travel once where they are the running ids (a steady step)."""
-    fills = plan.fills
+    fills, n = plan.fills, len(plan.run_ids)
+    one_pending = constant(plan.run_counts, 1, n) and constant(plan.run_tokens, PENDING, n)
     run_ids, joined_runs = join_ids(plan.run_ids)
     fills_run_ids = bool(fills) and fills.seq_ids == plan.run_ids
     fill_ids, joined_fills = ([], "") if fills_run_ids else join_ids(fills.seq_ids)
@@ -47,7 +65,8 @@ def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest
         ahead=plan.ahead, fill_seq_ids=fill_ids, joined_fill_seq_ids=joined_fills, fills_run_ids=fills_run_ids,
         fill_positions=fills.positions, fill_token_ids=fills.token_ids,
         run_seq_ids=run_ids, joined_run_seq_ids=joined_runs,
-        run_num_tokens=plan.run_counts, run_token_ids=plan.run_tokens,
+        run_one_pending_each=one_pending, run_num_tokens=None if one_pending else plan.run_counts,
+        run_token_ids=None if one_pending else plan.run_tokens,
         entries=[memory_pb2.PlanEntry(seq_id=e.seq_id, token_ids=e.token_ids, max_len=e.max_len,
                                       max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt,
                                       skip_prefix_cache=e.skip_prefix_cache) for e in plan.entries],
@@ -58,7 +77,9 @@ def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest
 def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
     """ValueError where the packed arrays do not agree in length."""
     ids = split_ids(m.run_seq_ids, m.joined_run_seq_ids)
-    counts, tokens = list(m.run_num_tokens), list(m.run_token_ids)
+    one_pending = m.run_one_pending_each
+    counts = column(m.run_num_tokens, one_pending, 1, len(ids), "run_num_tokens")
+    tokens = column(m.run_token_ids, one_pending, PENDING, len(ids), "run_token_ids")
     if len(counts) != len(ids) or sum(counts) != len(tokens):
         raise ValueError("run_seq_ids, run_num_tokens and run_token_ids do not agree")
     if m.fills_run_ids and (m.fill_seq_ids or m.joined_fill_seq_ids):
@@ -80,12 +101,16 @@ def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
 
 
 def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
-    g = r.grants
+    g, n = r.grants, len(r.grants.seq_ids)
     ids, joined = join_ids(g.seq_ids)
+    decode = constant(g.num_tokens, 1, n) and constant(g.num_cached, 0, n)
+    no_new = constant(g.num_new_blocks, 0, n)
     return memory_pb2.ReserveResponse(
         grant_seq_ids=ids, joined_grant_seq_ids=joined, grant_start_pos=g.start_pos,
-        grant_num_tokens=g.num_tokens, grant_table_start=g.table_start, grant_num_new_blocks=g.num_new_blocks,
-        grant_new_blocks=g.new_blocks, grant_num_cached=g.num_cached,
+        grants_one_token_uncached=decode, grant_num_tokens=None if decode else g.num_tokens,
+        grant_table_start=g.table_start, grants_no_new_blocks=no_new,
+        grant_num_new_blocks=None if no_new else g.num_new_blocks, grant_new_blocks=g.new_blocks,
+        grant_num_cached=None if decode else g.num_cached,
         preempted=[memory_pb2.Preemption(seq_id=p.seq_id, mode=p.mode) for p in r.preempted],
         rejected=[memory_pb2.Rejection(seq_id=x.seq_id, reason=x.reason) for x in r.rejected],
         waiting=r.waiting, resumed=r.resumed, pool_epoch=r.pool_epoch, deferred=r.deferred,
@@ -98,9 +123,12 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
     """ValueError where the packed arrays do not agree in length."""
     if len(m.copy_src) != len(m.copy_dst):
         raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
-    grants = Grants(split_ids(m.grant_seq_ids, m.joined_grant_seq_ids), list(m.grant_start_pos),
-                    list(m.grant_num_tokens), list(m.grant_table_start), list(m.grant_num_new_blocks),
-                    list(m.grant_new_blocks), list(m.grant_num_cached))
+    ids = split_ids(m.grant_seq_ids, m.joined_grant_seq_ids)
+    n, decode = len(ids), m.grants_one_token_uncached
+    grants = Grants(ids, list(m.grant_start_pos), column(m.grant_num_tokens, decode, 1, n, "grant_num_tokens"),
+                    list(m.grant_table_start),
+                    column(m.grant_num_new_blocks, m.grants_no_new_blocks, 0, n, "grant_num_new_blocks"),
+                    list(m.grant_new_blocks), column(m.grant_num_cached, decode, 0, n, "grant_num_cached"))
     grants.check()
     return ReserveResult(
         grants=grants,
