@@ -98,7 +98,7 @@ def test_a_plans_running_sequences_travel_in_columns():
     msg = wire(step_convert.plan_to_proto(plan))
     assert msg.joined_run_seq_ids == "r/0\nr/1\nr/2\nlate/0" and not msg.run_seq_ids
     assert list(msg.run_token_ids) == [1, PENDING, 3, 4, 5, 8] and list(msg.run_num_tokens) == [1, 1, 3, 1]
-    assert [e.seq_id for e in msg.entries] == ["n/0"]
+    assert msg.joined_new_seq_ids == "n/0" and not msg.entries  # (new_columns)
     assert step_convert.plan_from_proto(msg) == plan
     msg.run_num_tokens[0] = 2
     with pytest.raises(ValueError, match="do not agree"):
@@ -279,6 +279,33 @@ def test_every_field_of_a_message_round_trips(name):
         if f.default is not dataclasses.MISSING and (name, f.name) not in NOT_ON_THE_WIRE:
             assert getattr(msg, f.name) != f.default, f"{name}.{f.name} was generated at its default"
     assert trip(msg) == msg
+
+
+def test_new_sequences_travel_in_columns_unless_one_has_a_final_len_or_a_salt():
+    entries = [PlanEntry("a/0", [1, 2, 3], True, 30, 8), PlanEntry("b/0", [4], True, 20, 0, skip_prefix_cache=True),
+               PlanEntry("c/0", [], True, 5)]
+    plan = Plan(list(entries))
+    msg = wire(step_convert.plan_to_proto(plan))
+    assert not msg.entries and msg.joined_new_seq_ids == "a/0\nb/0\nc/0"
+    assert list(msg.new_num_tokens) == [3, 1, 0] and list(msg.new_token_ids) == [1, 2, 3, 4]
+    assert step_convert.plan_from_proto(msg) == plan
+    for odd in (PlanEntry("d/0", [5], True, 9, final_len=7), PlanEntry("d/0", [5], True, 9, salt=""),
+                PlanEntry("d\n0", [5], True, 9)):
+        plan = Plan(entries + [odd])
+        msg = wire(step_convert.plan_to_proto(plan))
+        assert len(msg.entries) == 4 and not msg.joined_new_seq_ids and not msg.new_token_ids
+        assert step_convert.plan_from_proto(msg) == plan
+    msg = wire(step_convert.plan_to_proto(Plan(list(entries))))
+    msg.new_token_ids.append(9)
+    with pytest.raises(ValueError, match="do not agree"):
+        step_convert.plan_from_proto(msg)
+    del msg.new_token_ids[-1]
+    msg.entries.add(seq_id="e/0", token_ids=[1], max_len=4)
+    with pytest.raises(ValueError, match="one way"):
+        step_convert.plan_from_proto(msg)
+    msg.joined_new_seq_ids = ""
+    with pytest.raises(ValueError, match="without joined_new_seq_ids"):
+        step_convert.plan_from_proto(msg)
 
 
 def test_a_decode_steps_constant_grant_columns_travel_as_flags():
