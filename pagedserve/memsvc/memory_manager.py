@@ -132,7 +132,7 @@ class MemoryManager:
             if held_back:  # this session holds its share of a shared pool: no new sequence now
                 plan.entries = []
         self.policy.costs.observe_step(plan.step_tokens, plan.step_seconds)
-        reservation = planner.reserve(plan, steady)
+        reservation = planner.reserve(plan, steady, checked=True)  # (by reserve)
         self._copy(reservation.copies)
         result = reservation.result
         result.pool_epoch = self.pool_epoch
