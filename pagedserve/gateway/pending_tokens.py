@@ -6,6 +6,7 @@ sequence: `hold_all` keeps them as they came, in columns, until something asks f
 from __future__ import annotations
 
 from pagedserve.gateway.sequence import Sequence
+from pagedserve.wire.reserve_messages import Fills
 
 
 class PendingTokens:
@@ -34,8 +35,7 @@ class PendingTokens:
             self._columns = list(seq_ids), positions
         self.planned += seq_ids
 
-    def take_known(self, seq_ids: list[str], positions: list[int], tokens: list[int]
-                   ) -> list[tuple[str, int, int]] | None:
+    def take_known(self, seq_ids: list[str], positions: list[int], tokens: list[int]) -> Fills | None:
         """`take_fills` where the caller knows the pending tokens' ids: the pending tokens are
         exactly those of `seq_ids` at `positions`, in that order, their ids `tokens`. None,
         nothing done, where the pending tokens are others."""
@@ -48,7 +48,7 @@ class PendingTokens:
             if len(held) != len(seq_ids) or list(held) != seq_ids or list(held.values()) != positions:
                 return None
         self._positions, self._columns, self.planned = {}, None, []
-        return list(zip(seq_ids, positions, tokens))
+        return Fills(list(seq_ids), list(positions), list(tokens))
 
     def drop(self, seq_id: str) -> None:
         """memsvc no longer holds the sequence's blocks (preempted for recompute)."""
@@ -61,10 +61,10 @@ class PendingTokens:
             positions.pop(seq_id, None)
         self.planned = []
 
-    def take_fills(self, seqs: dict[str, Sequence]) -> list[tuple[str, int, int]]:
-        """(seq_id, position, token_id) of the pending tokens whose ids are known now;
-        sequences gone since are skipped (memsvc frees them)."""
-        fills, later = [], {}
+    def take_fills(self, seqs: dict[str, Sequence]) -> Fills:
+        """The pending tokens whose ids are known now; sequences gone since are skipped
+        (memsvc frees them)."""
+        fills, later = Fills(), {}
         get = seqs.get
         for seq_id, pos in self.positions.items():
             seq = get(seq_id)
@@ -73,7 +73,9 @@ class PendingTokens:
             at = pos - len(seq.prompt_token_ids)  # in the output: pos >= the prompt's length
             out = seq.output_token_ids
             if at < len(out):
-                fills.append((seq_id, pos, out[at]))
+                fills.seq_ids.append(seq_id)
+                fills.positions.append(pos)
+                fills.token_ids.append(out[at])
             else:
                 later[seq_id] = pos  # its step failed: the state is dropped or recomputed
         self._positions, self.planned = later, []

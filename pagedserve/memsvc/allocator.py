@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pagedserve.memsvc.accounting import PoolSnapshot
 from pagedserve.memsvc.admission import Admission
 from pagedserve.memsvc.block_pool import NoFreeBlocks
+from pagedserve.wire.reserve_messages import Fills
 
 __all__ = ["POLICIES", "AppendResult", "Growth", "KVAllocator", "NoFreeBlocks"]
 
@@ -164,12 +165,12 @@ class KVAllocator(ABC):
         """The id of the PENDING token at `position`; ValueError if none is pending there.
         Policies without a prefix cache keep no ids: nothing to do."""
 
-    def fill_all(self, fills: list[tuple[str, int, int]], seq_ids: list[str] | None = None) -> None:
+    def fill_all(self, fills: Fills, seq_ids: list[str] | None = None) -> None:
         """`fill` of each (seq_id, position, token_id) in order, a sequence no longer held
         skipped; `seq_ids`: the ids to read them under where not their own (a session's)."""
         if seq_ids is None:
-            seq_ids = [f[0] for f in fills]
-        for seq_id, (_, position, token_id) in zip(seq_ids, fills):
+            seq_ids = fills.seq_ids
+        for seq_id, position, token_id in zip(seq_ids, fills.positions, fills.token_ids):
             if self.has_sequence(seq_id):
                 self.fill(seq_id, position, token_id)
 

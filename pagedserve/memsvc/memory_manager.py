@@ -39,7 +39,7 @@ from pagedserve.memsvc.sessions import Sessions
 from pagedserve.memsvc.step_planner import StepPlanner, check_plan
 from pagedserve.memsvc.step_stamps import StepStamps
 from pagedserve.wire.protocol import KVGeometry, PoolStats
-from pagedserve.wire.reserve_messages import Plan, Preemption, ReserveResult
+from pagedserve.wire.reserve_messages import Fills, Plan, Preemption, ReserveResult
 
 
 def _without(plan: Plan, gone: set[str]) -> Plan:
@@ -132,7 +132,7 @@ class MemoryManager:
             if held_back:  # this session holds its share of a shared pool: no new sequence now
                 plan.entries = []
         self.policy.costs.observe_step(plan.step_tokens, plan.step_seconds)
-        reservation = planner.reserve(plan, steady)
+        reservation = planner.reserve(plan, steady, checked=True)  # (by reserve)
         self._copy(reservation.copies)
         result = reservation.result
         result.pool_epoch = self.pool_epoch
@@ -152,7 +152,7 @@ class MemoryManager:
             failed = [self.sessions.internal(session_id, s) for s in failed]
         return self.stamps.begin_act(self.allocator, session_id, written, void, failed)
 
-    def _fill(self, fills: list[tuple[str, int, int]], session_id: str, back) -> None:
+    def _fill(self, fills: Fills, session_id: str, back) -> None:
         """Token ids an earlier plan sent as pending, its ids in the session's namespace; a
         sequence memsvc no longer holds (freed, lost with a session or a restart) is skipped."""
         if fills:
@@ -165,12 +165,11 @@ class MemoryManager:
         fills, ids = plan.fills, plan.run_ids
         if not fills or len(fills) != len(ids) or plan.forks:
             return None
-        fill_ids, positions, token_ids = zip(*fills)
-        if list(fill_ids) != (ids if back is None else back.ids):
+        if fills.seq_ids != (ids if back is None else back.ids):
             return None
         if plan.free and not set(plan.free).isdisjoint(ids):
             return None
-        return self.allocator.steady_fills(ids, positions, token_ids)
+        return self.allocator.steady_fills(ids, fills.positions, fills.token_ids)
 
     def _copy(self, copies: list[tuple[str, int, int]]) -> None:
         if copies:

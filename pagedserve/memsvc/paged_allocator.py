@@ -41,6 +41,7 @@ from pagedserve.memsvc.steady_fills import SteadyFills
 from pagedserve.memsvc.swap_space import SwapSpace
 from pagedserve.memsvc.unwritten_keys import UnwrittenKeys
 from pagedserve.wire.pending_token import PENDING
+from pagedserve.wire.reserve_messages import Fills
 
 
 class PagedAllocator(KVAllocator):
@@ -213,7 +214,7 @@ class PagedAllocator(KVAllocator):
     def fill(self, seq_id: str, position: int, token_id: int) -> None:
         pending_fill.fill(self, seq_id, position, token_id)
 
-    def fill_all(self, fills: list[tuple[str, int, int]], seq_ids: list[str] | None = None) -> None:
+    def fill_all(self, fills: Fills, seq_ids: list[str] | None = None) -> None:
         pending_fill.fill_all(self, fills, seq_ids)
 
     def fork(self, parent_id: str, child_id: str) -> None:

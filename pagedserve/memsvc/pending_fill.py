@@ -14,6 +14,7 @@ from pagedserve.wire.pending_token import PENDING
 
 if TYPE_CHECKING:
     from pagedserve.memsvc.paged_allocator import PagedAllocator
+    from pagedserve.wire.reserve_messages import Fills
 
 
 def fill(alloc: PagedAllocator, seq_id: str, position: int, token_id: int) -> None:
@@ -31,20 +32,20 @@ def fill(alloc: PagedAllocator, seq_id: str, position: int, token_id: int) -> No
         alloc._key_tail(table)
 
 
-def fill_all(self: PagedAllocator, fills: list[tuple[str, int, int]], seq_ids: list[str] | None = None) -> None:
+def fill_all(self: PagedAllocator, fills: Fills, seq_ids: list[str] | None = None) -> None:
     """KVAllocator.fill_all: `fill` inline for each of `fills` (`seq_ids`: their ids, if
     known), one lookup per sequence. A pending token's index from the end of the tail is
     position - num_tokens (the keyed blocks and the tail hold every token)."""
     seqs, bs = self._seqs, self.block_size
     if seq_ids is None:
-        seq_ids = [f[0] for f in fills]
+        seq_ids = fills.seq_ids
     if not self.enable_prefix_caching:
-        for seq_id, (_, _, token_id) in zip(seq_ids, fills):
+        for seq_id, token_id in zip(seq_ids, fills.token_ids):
             if token_id < 0 and seq_id in seqs:
                 raise ValueError(f"token id must be >= 0, got {token_id}")
         return
     try:
-        for seq_id, (_, position, token_id) in zip(seq_ids, fills):
+        for seq_id, position, token_id in zip(seq_ids, fills.positions, fills.token_ids):
             table = seqs.get(seq_id)
             if table is None:
                 continue

@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 def admit(alloc: PagedAllocator, prompt_token_ids: list[int], max_len: int, salt: str | None,
           use_cache: bool) -> Admission:
     cached, _ = cached_prefix(alloc, prompt_token_ids, salt) if use_cache else ([], [])
-    revived = sum(1 for b in cached if isinstance(b, Block) and b.ref_cnt == 0)  # leave the queue
-    restored = sum(1 for b in cached if not isinstance(b, Block))  # take fresh blocks
+    revived = restored = 0
+    if cached:
+        revived = sum(1 for b in cached if isinstance(b, Block) and b.ref_cnt == 0)  # leave the queue
+        restored = sum(1 for b in cached if not isinstance(b, Block))  # take fresh blocks
     return paged_admission(
         prompt_len=len(prompt_token_ids),
         max_len=max_len,
@@ -81,6 +83,8 @@ def _attach(alloc: PagedAllocator, hits: list[Block | HostEntry], keys: list[byt
             salt: str | None) -> list[Block]:
     """Take the pool hits, then fresh blocks for the host hits (restored; where the pool
     cannot give them, the prefix ends at the first host hit)."""
+    if not hits:
+        return []
     pool_hits = [b for b in hits if isinstance(b, Block)]
     alloc.pool.incref(pool_hits)  # a hit takes the block out of the free queue: it is in use
     host = [i for i, b in enumerate(hits) if not isinstance(b, Block)]

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from operator import itemgetter
 
-from pagedserve.wire.reserve_messages import Plan, ReserveResult
+from pagedserve.wire.reserve_messages import Fills, Plan, ReserveResult
 
 
 @dataclass
@@ -93,10 +92,10 @@ class Sessions:
             session.run = (list(run_ids), keys)
         return list(keys)  # (the plan's own list: the caller may change it)
 
-    def fill_ids(self, session_id: str, fills: list[tuple[str, int, int]], back: Back) -> list[str]:
+    def fill_ids(self, session_id: str, fills: Fills, back: Back) -> list[str]:
         """The internal keys of the fills' sequences: those `enter` made for the running
         sequences where they are the same ids in the same order, as in a steady step."""
-        seq_ids = list(map(itemgetter(0), fills))
+        seq_ids = fills.seq_ids
         return back.keys if seq_ids == back.ids else self.internal_ids(session_id, seq_ids)
 
     def leave(self, session_id: str, plan: Plan, lost: list[str], result: ReserveResult, alive,

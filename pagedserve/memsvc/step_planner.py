@@ -70,11 +70,12 @@ class StepPlanner:
         self.counts = PreemptionCounts()
         self.can_swap = allocator.supports_swap
 
-    def reserve(self, plan: Plan, fills: SteadyFills | None = None) -> Reservation:
+    def reserve(self, plan: Plan, fills: SteadyFills | None = None, checked: bool = False) -> Reservation:
         """`fills`: the plan's fills, checked (pagedserve.memsvc.steady_fills), where the
-        caller left them to the running growth."""
+        caller left them to the running growth. `checked`: the caller ran `check_plan`."""
         alloc = self.allocator
-        check_plan(plan)
+        if not checked:
+            check_plan(plan)
         for parent, child in plan.forks:
             alloc.fork(parent, child)
         self.free(plan.free)

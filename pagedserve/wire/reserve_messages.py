@@ -1,5 +1,5 @@
 """The Reserve call's messages: the gateway's plan for a step (`Plan`, new sequences as
-`PlanEntry`s, running ones as columns) and memsvc's answer (`ReserveResult`: `Grants` as
+`PlanEntry`s, running ones and `Fills` as columns) and memsvc's answer (`ReserveResult`: `Grants` as
 columns, preemptions, rejections). Their protobuf twins are in memory.proto; the step they
 make is docs/ARCHITECTURE.md's "One step".
 """
@@ -28,6 +28,28 @@ class PlanEntry:
 
 
 @dataclass
+class Fills:
+    """The ids of tokens an earlier plan sent as PENDING, in columns: sequence `seq_ids[i]`
+    has token `token_ids[i]` at `positions[i]`. Iterates as (seq_id, position, token_id)."""
+
+    seq_ids: list[str] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, fills) -> Fills:
+        """`fills`: (seq_id, position, token_id) triples."""
+        fills = list(fills)
+        return cls(*map(list, zip(*fills))) if fills else cls()
+
+    def __len__(self) -> int:
+        return len(self.seq_ids)
+
+    def __iter__(self):
+        return zip(self.seq_ids, self.positions, self.token_ids)
+
+
+@dataclass
 class Plan:
     """One step's request to memsvc, in priority order: the running sequences (swapped-out
     ones to resume among them) in columns, `run_ids[i]` computing the next `run_counts[i]`
@@ -41,8 +63,9 @@ class Plan:
     only if that needs no block copy and no preemption (it would touch blocks the running
     step uses): otherwise it applies only `fills` and `free` and answers `deferred`, and
     the gateway plans again once the step is done. A plan made ahead carries no forks.
-    `fills` (seq_id, position, token_id): the ids of tokens an earlier plan sent as
-    PENDING, applied before anything else (prefix-cache keys of the blocks they complete).
+    `fills`: the ids of tokens an earlier plan sent as PENDING, applied before anything
+    else (prefix-cache keys of the blocks they complete); in-process callers may give
+    (seq_id, position, token_id) triples, which Plan moves into `Fills` columns.
 
     What the session's earlier steps did, settled before anything else (a block keyed by a
     Reserve is a prefix-cache hit only once its step is known to have run): `written`, the
@@ -57,7 +80,7 @@ class Plan:
     forks: list[tuple[str, str]] = field(default_factory=list)  # (parent, child), done before
     # anything else: the child shares every block of the parent (copy-on-write from here on)
     ahead: bool = False
-    fills: list[tuple[str, int, int]] = field(default_factory=list)
+    fills: Fills = field(default_factory=Fills)
     written: int = 0
     void: bool = False
     failed: list[str] = field(default_factory=list)
@@ -66,6 +89,8 @@ class Plan:
     run_tokens: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.fills, Fills):
+            self.fills = Fills.of(self.fills)
         running = [e for e in self.entries if not e.new]
         if running:
             self.entries = [e for e in self.entries if e.new]

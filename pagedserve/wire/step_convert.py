@@ -5,14 +5,19 @@ the others' are in pagedserve/wire/convert.py.
 Runs on every step for every sequence, so it stays close to the metal: messages are built
 with keyword constructors (repeated fields filled from lists in C) and read back with
 `list(...)`; a column of sequence ids travels as one string, the ids joined by newlines
-(`join_ids`, `split_ids`; in its repeated field when an id holds a newline).
+(`join_ids`, `split_ids`; in its repeated field when an id holds a newline). A Reserve
+column whose every value is the same in a steady step (one PENDING token each, one token
+granted, none cached, no new block) travels as a flag, the column empty (`constant`, `column`).
 """
 from __future__ import annotations
 
+from itertools import chain
+
 from pagedserve.wire.convert import prompt_logprobs_from_proto, prompt_logprobs_to_proto
+from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.protocol import SampleOutput
 from pagedserve.wire.step_outputs import StepOutputs
-from pagedserve.wire.reserve_messages import Grants, Plan, PlanEntry, Preemption, Rejection, ReserveResult
+from pagedserve.wire.reserve_messages import Fills, Grants, Plan, PlanEntry, Preemption, Rejection, ReserveResult
 from pagedserve.wire.v1 import executor_pb2, generation_pb2, memory_pb2
 
 # -- id columns ----------------------------------------------------------------------------
@@ -32,55 +37,120 @@ def split_ids(repeated, joined: str) -> list[str]:
     return joined.split("\n") if joined else list(repeated)
 
 
+def constant(column: list[int], value: int, n: int) -> bool:
+    """`column` is n > 0 values, each `value`: it travels as its flag, empty."""
+    return n > 0 and len(column) == n and column.count(value) == n
+
+
+def column(repeated, flag: bool, value: int, n: int, name: str) -> list[int]:
+    """The column `repeated` sent, or where its flag is set, n values `value`."""
+    if not flag:
+        return list(repeated)
+    if repeated:
+        raise ValueError(f"{name} must be empty where its flag says each of its values is {value}")
+    return [value] * n
+
+
 # -- Reserve -----------------------------------------------------------------------------
+
+_NEW_COLUMNS = ("new_num_tokens", "new_token_ids", "new_max_len", "new_max_new_tokens", "new_skip_prefix_cache")
+
+
+def new_columns(entries: list[PlanEntry]) -> dict:
+    """A plan's new sequences as ReserveRequest's new_* columns, where none has a final_len
+    or a salt and their ids join (`join_ids`); {} otherwise (they travel as PlanEntry messages)."""
+    if not entries or any([e.final_len is not None or e.salt is not None for e in entries]):
+        return {}
+    repeated, joined = join_ids([e.seq_id for e in entries])
+    if repeated:
+        return {}
+    return dict(joined_new_seq_ids=joined, new_num_tokens=[len(e.token_ids) for e in entries],
+                new_token_ids=list(chain.from_iterable([e.token_ids for e in entries])),
+                new_max_len=[e.max_len for e in entries], new_max_new_tokens=[e.max_new_tokens for e in entries],
+                new_skip_prefix_cache=[e.skip_prefix_cache for e in entries])
+
+
+def entries_from_proto(m: memory_pb2.ReserveRequest) -> list[PlanEntry]:
+    """The new sequences, from their columns or their messages (ValueError where the
+    columns do not agree, or come with messages)."""
+    if not m.joined_new_seq_ids:
+        if any(len(getattr(m, name)) for name in _NEW_COLUMNS):
+            raise ValueError("new_* columns without joined_new_seq_ids: send their ids with them")
+        return [PlanEntry(e.seq_id, list(e.token_ids), True, e.max_len, e.max_new_tokens,
+                          e.final_len if e.HasField("final_len") else None,
+                          e.salt if e.HasField("salt") else None, e.skip_prefix_cache)
+                for e in m.entries]
+    if m.entries:
+        raise ValueError("entries and joined_new_seq_ids: send the new sequences one way, not both")
+    ids, counts, tokens = m.joined_new_seq_ids.split("\n"), list(m.new_num_tokens), list(m.new_token_ids)
+    if (not len(ids) == len(counts) == len(m.new_max_len) == len(m.new_max_new_tokens) == len(m.new_skip_prefix_cache)
+            or sum(counts) != len(tokens)):
+        raise ValueError("joined_new_seq_ids and the new_* columns do not agree")
+    entries, at = [], 0
+    for seq_id, k, max_len, max_new, skip in zip(ids, counts, m.new_max_len, m.new_max_new_tokens,
+                                                 m.new_skip_prefix_cache):
+        entries.append(PlanEntry(seq_id, tokens[at:at + k], True, max_len, max_new, None, None, skip))
+        at += k
+    return entries
 
 
 def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest:
-    fill_ids, positions, tokens = zip(*plan.fills) if plan.fills else ((), (), ())
-    fill_ids, joined_fills = join_ids(list(fill_ids))
+    """The fills' ids travel once where they are the running ids (a steady step)."""
+    fills, n = plan.fills, len(plan.run_ids)
+    one_pending = constant(plan.run_counts, 1, n) and constant(plan.run_tokens, PENDING, n)
     run_ids, joined_runs = join_ids(plan.run_ids)
+    fills_run_ids = bool(fills) and fills.seq_ids == plan.run_ids
+    fill_ids, joined_fills = ([], "") if fills_run_ids else join_ids(fills.seq_ids)
+    new = new_columns(plan.entries)
     return memory_pb2.ReserveRequest(
         session_id=session_id, free=plan.free, step_tokens=plan.step_tokens, step_seconds=plan.step_seconds,
         fork_parents=[p for p, _ in plan.forks], fork_children=[c for _, c in plan.forks],
-        ahead=plan.ahead, fill_seq_ids=fill_ids, joined_fill_seq_ids=joined_fills, fill_positions=positions,
-        fill_token_ids=tokens, run_seq_ids=run_ids, joined_run_seq_ids=joined_runs,
-        run_num_tokens=plan.run_counts, run_token_ids=plan.run_tokens,
-        entries=[memory_pb2.PlanEntry(seq_id=e.seq_id, token_ids=e.token_ids, max_len=e.max_len,
-                                      max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt,
-                                      skip_prefix_cache=e.skip_prefix_cache) for e in plan.entries],
-        written=plan.written, void=plan.void, failed=plan.failed,
+        ahead=plan.ahead, fill_seq_ids=fill_ids, joined_fill_seq_ids=joined_fills, fills_run_ids=fills_run_ids,
+        fill_positions=fills.positions, fill_token_ids=fills.token_ids,
+        run_seq_ids=run_ids, joined_run_seq_ids=joined_runs,
+        run_one_pending_each=one_pending, run_num_tokens=None if one_pending else plan.run_counts,
+        run_token_ids=None if one_pending else plan.run_tokens,
+        entries=None if new else [
+            memory_pb2.PlanEntry(seq_id=e.seq_id, token_ids=e.token_ids, max_len=e.max_len,
+                                 max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt,
+                                 skip_prefix_cache=e.skip_prefix_cache) for e in plan.entries],
+        written=plan.written, void=plan.void, failed=plan.failed, **new,
     )
 
 
 def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
     """ValueError where the packed arrays do not agree in length."""
     ids = split_ids(m.run_seq_ids, m.joined_run_seq_ids)
-    counts, tokens = list(m.run_num_tokens), list(m.run_token_ids)
+    one_pending = m.run_one_pending_each
+    counts = column(m.run_num_tokens, one_pending, 1, len(ids), "run_num_tokens")
+    tokens = column(m.run_token_ids, one_pending, PENDING, len(ids), "run_token_ids")
     if len(counts) != len(ids) or sum(counts) != len(tokens):
         raise ValueError("run_seq_ids, run_num_tokens and run_token_ids do not agree")
-    fill_ids = split_ids(m.fill_seq_ids, m.joined_fill_seq_ids)
+    if m.fills_run_ids and (m.fill_seq_ids or m.joined_fill_seq_ids):
+        raise ValueError("fills_run_ids says the fills' sequences are run_seq_ids: send no fill_seq_ids with it")
+    fill_ids = list(ids) if m.fills_run_ids else split_ids(m.fill_seq_ids, m.joined_fill_seq_ids)
     if not len(fill_ids) == len(m.fill_positions) == len(m.fill_token_ids):
         raise ValueError("fill_seq_ids, fill_positions and fill_token_ids must have the same length")
     if len(m.fork_parents) != len(m.fork_children):
         raise ValueError("fork_parents and fork_children must have the same length")
-    entries = [PlanEntry(e.seq_id, list(e.token_ids), True, e.max_len, e.max_new_tokens,
-                         e.final_len if e.HasField("final_len") else None,
-                         e.salt if e.HasField("salt") else None, e.skip_prefix_cache)
-               for e in m.entries]
-    return Plan(entries=entries, free=list(m.free), step_tokens=m.step_tokens,
+    return Plan(entries=entries_from_proto(m), free=list(m.free), step_tokens=m.step_tokens,
                 step_seconds=m.step_seconds, forks=list(zip(m.fork_parents, m.fork_children)),
-                ahead=m.ahead, fills=list(zip(fill_ids, m.fill_positions, m.fill_token_ids)),
+                ahead=m.ahead, fills=Fills(fill_ids, list(m.fill_positions), list(m.fill_token_ids)),
                 written=m.written, void=m.void, failed=list(m.failed),
                 run_ids=ids, run_counts=counts, run_tokens=tokens)
 
 
 def reserve_result_to_proto(r: ReserveResult) -> memory_pb2.ReserveResponse:
-    g = r.grants
+    g, n = r.grants, len(r.grants.seq_ids)
     ids, joined = join_ids(g.seq_ids)
+    decode = constant(g.num_tokens, 1, n) and constant(g.num_cached, 0, n)
+    no_new = constant(g.num_new_blocks, 0, n)
     return memory_pb2.ReserveResponse(
         grant_seq_ids=ids, joined_grant_seq_ids=joined, grant_start_pos=g.start_pos,
-        grant_num_tokens=g.num_tokens, grant_table_start=g.table_start, grant_num_new_blocks=g.num_new_blocks,
-        grant_new_blocks=g.new_blocks, grant_num_cached=g.num_cached,
+        grants_one_token_uncached=decode, grant_num_tokens=None if decode else g.num_tokens,
+        grant_table_start=g.table_start, grants_no_new_blocks=no_new,
+        grant_num_new_blocks=None if no_new else g.num_new_blocks, grant_new_blocks=g.new_blocks,
+        grant_num_cached=None if decode else g.num_cached,
         preempted=[memory_pb2.Preemption(seq_id=p.seq_id, mode=p.mode) for p in r.preempted],
         rejected=[memory_pb2.Rejection(seq_id=x.seq_id, reason=x.reason) for x in r.rejected],
         waiting=r.waiting, resumed=r.resumed, pool_epoch=r.pool_epoch, deferred=r.deferred,
@@ -93,9 +163,12 @@ def reserve_result_from_proto(m: memory_pb2.ReserveResponse) -> ReserveResult:
     """ValueError where the packed arrays do not agree in length."""
     if len(m.copy_src) != len(m.copy_dst):
         raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
-    grants = Grants(split_ids(m.grant_seq_ids, m.joined_grant_seq_ids), list(m.grant_start_pos),
-                    list(m.grant_num_tokens), list(m.grant_table_start), list(m.grant_num_new_blocks),
-                    list(m.grant_new_blocks), list(m.grant_num_cached))
+    ids = split_ids(m.grant_seq_ids, m.joined_grant_seq_ids)
+    n, decode = len(ids), m.grants_one_token_uncached
+    grants = Grants(ids, list(m.grant_start_pos), column(m.grant_num_tokens, decode, 1, n, "grant_num_tokens"),
+                    list(m.grant_table_start),
+                    column(m.grant_num_new_blocks, m.grants_no_new_blocks, 0, n, "grant_num_new_blocks"),
+                    list(m.grant_new_blocks), column(m.grant_num_cached, decode, 0, n, "grant_num_cached"))
     grants.check()
     return ReserveResult(
         grants=grants,

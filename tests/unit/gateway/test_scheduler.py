@@ -562,7 +562,7 @@ def test_plan_ahead_plans_as_if_the_running_batch_were_computed():
     assert [(s.seq_id, len(s.token_ids), s.sample) for s in steps(batch0)] == [
         ("dec", 1, True), ("pre", 5, False)]
     ahead = sched.plan(ahead_of=batch0)  # while batch0 "runs"
-    assert ahead.ahead and ahead.fills == [] and ahead.forks == []
+    assert ahead.ahead and list(ahead.fills) == [] and ahead.forks == []
     dec, pre = rows(ahead)
     # dec: its next token is the one batch0 samples (its id unknown yet)
     assert (dec.seq_id, dec.token_ids, dec.pending) == ("dec", [], True)
@@ -575,7 +575,7 @@ def test_plan_ahead_plans_as_if_the_running_batch_were_computed():
     assert (s_pre.token_ids, s_pre.start_pos, s_pre.sample) == (list(range(105, 110)), 5, True)
     # the id of the pending token travels with the next plan, once
     ahead2 = sched.plan(ahead_of=batch1)
-    assert ahead2.fills == [("dec", 4, 41)]
+    assert list(ahead2.fills) == [("dec", 4, 41)]
     assert [(e.seq_id, e.token_ids, e.pending) for e in rows(ahead2)] == [
         ("dec", [], True), ("pre", [], True)]
     sample(sched, batch1, {"dec": 42, "pre": 43})
@@ -585,7 +585,7 @@ def test_plan_ahead_plans_as_if_the_running_batch_were_computed():
     plan3 = sched.plan()
     assert sorted(plan3.fills) == [("dec", 5, 42), ("pre", 10, 43)]
     assert [e.pending for e in rows(plan3)] == [False, False]  # not made ahead: all known
-    assert sched.plan().fills == []
+    assert list(sched.plan().fills) == []
 
 
 def test_plan_ahead_skips_a_sequence_whose_next_token_is_its_last():
@@ -612,7 +612,7 @@ def test_deferred_drops_the_pending_tokens():
     sched.deferred(ahead)  # memsvc did not grant it: it holds no pending token
     sample(sched, batch, {"a": 44})
     plan = sched.plan()
-    assert plan.fills == [] and not plan.ahead
+    assert list(plan.fills) == [] and not plan.ahead
     assert rows(plan)[0].token_ids == [44] and not rows(plan)[0].pending
 
 

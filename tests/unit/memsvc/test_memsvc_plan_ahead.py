@@ -118,7 +118,7 @@ def test_an_unknown_or_swapped_sequence_defers_and_bad_plans_are_refused():
 def test_ahead_fields_cross_the_wire():
     plan = Plan([decode("s", [7], pending=True)], free=["x"], ahead=True, fills=[("s", 3, 9)])
     back = step_convert.plan_from_proto(step_convert.plan_to_proto(plan, "g"))
-    assert back.ahead and back.fills == [("s", 3, 9)] and back.run_tokens == [7, PENDING]
+    assert back.ahead and list(back.fills) == [("s", 3, 9)] and back.run_tokens == [7, PENDING]
     mem = manager()
     mem.reserve(Plan([new("s", [1, 2, 3])]))
     r = mem.reserve(Plan([decode("s", pending=True)], ahead=True))

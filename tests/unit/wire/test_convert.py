@@ -18,6 +18,7 @@ from pagedserve.wire.protocol import (
     SamplingParams,
 )
 from pagedserve.wire.reserve_messages import (
+    Fills,
     Grant,
     Grants,
     Plan,
@@ -97,10 +98,39 @@ def test_a_plans_running_sequences_travel_in_columns():
     msg = wire(step_convert.plan_to_proto(plan))
     assert msg.joined_run_seq_ids == "r/0\nr/1\nr/2\nlate/0" and not msg.run_seq_ids
     assert list(msg.run_token_ids) == [1, PENDING, 3, 4, 5, 8] and list(msg.run_num_tokens) == [1, 1, 3, 1]
-    assert [e.seq_id for e in msg.entries] == ["n/0"]
+    assert msg.joined_new_seq_ids == "n/0" and not msg.entries  # (new_columns)
     assert step_convert.plan_from_proto(msg) == plan
     msg.run_num_tokens[0] = 2
     with pytest.raises(ValueError, match="do not agree"):
+        step_convert.plan_from_proto(msg)
+
+
+def test_a_steady_plan_sends_its_ids_once_and_its_constant_columns_as_flags():
+    """Fills whose ids are the running ids, in order, send them once (fills_run_ids); one
+    PENDING token for each running sequence travels as run_one_pending_each."""
+    plan = Plan(ahead=True, run_ids=["r/0", "r/1"], run_counts=[1, 1], run_tokens=[PENDING, PENDING],
+                fills=[("r/0", 4, 11), ("r/1", 7, 12)])
+    msg = wire(step_convert.plan_to_proto(plan))
+    assert msg.fills_run_ids and not msg.fill_seq_ids and not msg.joined_fill_seq_ids
+    assert msg.run_one_pending_each and not msg.run_num_tokens and not msg.run_token_ids
+    assert step_convert.plan_from_proto(msg) == plan
+    msg.run_token_ids.append(PENDING)
+    with pytest.raises(ValueError, match="run_token_ids must be empty"):
+        step_convert.plan_from_proto(msg)
+    plan.run_tokens = [PENDING, 5]
+    msg = wire(step_convert.plan_to_proto(plan))
+    assert not msg.run_one_pending_each and list(msg.run_token_ids) == [PENDING, 5]
+    assert step_convert.plan_from_proto(msg) == plan
+    plan.fills = Fills(["r/1", "r/0"], [7, 4], [12, 11])  # another order: its own ids
+    msg = wire(step_convert.plan_to_proto(plan))
+    assert not msg.fills_run_ids and msg.joined_fill_seq_ids == "r/1\nr/0"
+    assert step_convert.plan_from_proto(msg) == plan
+    msg.fills_run_ids = True
+    with pytest.raises(ValueError, match="fills_run_ids"):
+        step_convert.plan_from_proto(msg)
+    msg.joined_fill_seq_ids = ""
+    del msg.fill_positions[-1]
+    with pytest.raises(ValueError, match="same length"):
         step_convert.plan_from_proto(msg)
 
 
@@ -251,12 +281,57 @@ def test_every_field_of_a_message_round_trips(name):
     assert trip(msg) == msg
 
 
+def test_new_sequences_travel_in_columns_unless_one_has_a_final_len_or_a_salt():
+    entries = [PlanEntry("a/0", [1, 2, 3], True, 30, 8), PlanEntry("b/0", [4], True, 20, 0, skip_prefix_cache=True),
+               PlanEntry("c/0", [], True, 5)]
+    plan = Plan(list(entries))
+    msg = wire(step_convert.plan_to_proto(plan))
+    assert not msg.entries and msg.joined_new_seq_ids == "a/0\nb/0\nc/0"
+    assert list(msg.new_num_tokens) == [3, 1, 0] and list(msg.new_token_ids) == [1, 2, 3, 4]
+    assert step_convert.plan_from_proto(msg) == plan
+    for odd in (PlanEntry("d/0", [5], True, 9, final_len=7), PlanEntry("d/0", [5], True, 9, salt=""),
+                PlanEntry("d\n0", [5], True, 9)):
+        plan = Plan(entries + [odd])
+        msg = wire(step_convert.plan_to_proto(plan))
+        assert len(msg.entries) == 4 and not msg.joined_new_seq_ids and not msg.new_token_ids
+        assert step_convert.plan_from_proto(msg) == plan
+    msg = wire(step_convert.plan_to_proto(Plan(list(entries))))
+    msg.new_token_ids.append(9)
+    with pytest.raises(ValueError, match="do not agree"):
+        step_convert.plan_from_proto(msg)
+    del msg.new_token_ids[-1]
+    msg.entries.add(seq_id="e/0", token_ids=[1], max_len=4)
+    with pytest.raises(ValueError, match="one way"):
+        step_convert.plan_from_proto(msg)
+    msg.joined_new_seq_ids = ""
+    with pytest.raises(ValueError, match="without joined_new_seq_ids"):
+        step_convert.plan_from_proto(msg)
+
+
+def test_a_decode_steps_constant_grant_columns_travel_as_flags():
+    g = Grants(["a", "b"], [9, 16], [1, 1], [1, 1], [0, 0], [], [0, 0])
+    m = wire(step_convert.reserve_result_to_proto(ReserveResult(g)))
+    assert m.grants_one_token_uncached and m.grants_no_new_blocks
+    assert not (m.grant_num_tokens or m.grant_num_cached or m.grant_num_new_blocks)
+    assert step_convert.reserve_result_from_proto(m).grants == g
+    m.grant_new_blocks.append(4)  # no new block, said the flag
+    with pytest.raises(ValueError, match="do not agree"):
+        step_convert.reserve_result_from_proto(m)
+    m.grant_num_cached.append(0)
+    with pytest.raises(ValueError, match="grant_num_cached must be empty"):
+        step_convert.reserve_result_from_proto(m)
+    g.num_cached[1] = 3  # then both columns go as they are
+    m = wire(step_convert.reserve_result_to_proto(ReserveResult(g)))
+    assert not m.grants_one_token_uncached and list(m.grant_num_tokens) == [1, 1] and m.grants_no_new_blocks
+    assert step_convert.reserve_result_from_proto(m).grants == g
+
+
 def test_the_grant_columns_go_as_they_are_and_must_agree():
-    g = Grants(["a", "b", "c"], [9, 16, 4], [1, 1, 1], [2, 1, 1], [0, 2, 1], [7, 8, 3], [0, 0, 0])
+    g = Grants(["a", "b", "c"], [9, 16, 4], [1, 2, 1], [2, 1, 1], [0, 2, 1], [7, 8, 3], [0, 0, 0])
     m = wire(step_convert.reserve_result_to_proto(ReserveResult(g, pool_epoch="e")))
     back = step_convert.reserve_result_from_proto(m)
     assert back.grants == g and back.pool_epoch == "e"
-    assert list(back.grants)[1] == Grant("b", 16, 1, 1, [7, 8], 0)
+    assert list(back.grants)[1] == Grant("b", 16, 2, 1, [7, 8], 0)
     m.grant_new_blocks.append(4)
     with pytest.raises(ValueError, match="do not agree"):
         step_convert.reserve_result_from_proto(m)

@@ -1,6 +1,9 @@
 """Every step conversion round-trips random messages through the wire, empty and edge values
 among them: ids that are empty, repeated, non-ASCII or hold a newline (the id columns travel
-joined by newlines otherwise), columns of none, one and many, the largest values a field holds."""
+joined by newlines otherwise), columns of none, one and many, the largest values a field holds,
+new sequences in columns or as messages, and a steady step's columns (fills naming the running
+sequences, one PENDING token each, one token granted each, none cached, no new block: each
+travels as a flag)."""
 import random
 
 import pytest
@@ -35,22 +38,29 @@ def u32(rng: random.Random) -> int:
 
 def plan(rng: random.Random) -> Plan:
     run = ids(rng, size(rng))
-    counts = [rng.randint(1, 3) for _ in run]
+    steady = rng.random() < 0.3
+    counts = [1 if steady else rng.randint(1, 3) for _ in run]
+    choices = [PENDING] if steady else [PENDING, 0, 2**31 - 1, rng.randrange(50000)]
+    plain = rng.random() < 0.5  # no final_len nor salt: the new sequences travel in columns
     return Plan(
         entries=[PlanEntry(i, [u32(rng) for _ in range(size(rng))], True, u32(rng), u32(rng),
-                           rng.choice([None, 0, u32(rng)]), rng.choice([None, "", "salt\n"]), rng.random() < 0.5)
+                           None if plain else rng.choice([None, 0, u32(rng)]),
+                           None if plain else rng.choice([None, "", "salt\n"]), rng.random() < 0.5)
                  for i in ids(rng, rng.choice([0, 1, 3]))],
         free=ids(rng, size(rng)), step_tokens=u32(rng), step_seconds=rng.random(),
         forks=list(zip(ids(rng, 2), ids(rng, 2))) if rng.random() < 0.3 else [], ahead=rng.random() < 0.5,
-        fills=[(i, u32(rng), u32(rng)) for i in ids(rng, size(rng))], written=rng.randrange(2**64),
+        fills=[(i, u32(rng), u32(rng)) for i in (run if rng.random() < 0.3 else ids(rng, size(rng)))],
+        written=rng.randrange(2**64),
         void=rng.random() < 0.5, failed=ids(rng, size(rng)), run_ids=run, run_counts=counts,
-        run_tokens=[rng.choice([PENDING, 0, 2**31 - 1, rng.randrange(50000)]) for _ in range(sum(counts))])
+        run_tokens=[rng.choice(choices) for _ in range(sum(counts))])
 
 
 def result(rng: random.Random) -> ReserveResult:
     g = Grants()
+    decode, no_new = rng.random() < 0.3, rng.random() < 0.3
     for i in ids(rng, size(rng)):
-        g.add(i, u32(rng), u32(rng), u32(rng), [u32(rng) for _ in range(rng.choice([0, 0, 1, 5]))], u32(rng))
+        g.add(i, u32(rng), 1 if decode else u32(rng), u32(rng),
+              [] if no_new else [u32(rng) for _ in range(rng.choice([0, 0, 1, 5]))], 0 if decode else u32(rng))
     return ReserveResult(g, [Preemption(i, rng.choice(["swap", "recompute"])) for i in ids(rng, size(rng) % 4)],
                          [Rejection(i, "too long") for i in ids(rng, size(rng) % 3)], ids(rng, size(rng)),
                          ids(rng, size(rng)), rng.choice(["", "epoch"]), rng.random() < 0.5,
