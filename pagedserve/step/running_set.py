@@ -182,6 +182,7 @@ class RunningSet:
         batch = StepBatch(ids, start, n, token_ids, np.asarray(sample, dtype=bool), slots,
                           self.tables[rows, :width], lens, list(at.held), at.flags, temperature=at.temperature,
                           top_k=at.top_k, top_p=at.top_p, min_p=at.min_p, **batch_fields)
+        batch._some = at.some  # its some_flags, made once for the rows
         if at.some & FLAG_HISTORY:
             self._histories(batch)
         if at.some & FLAG_INVALID:
