@@ -123,9 +123,14 @@ class SequenceStates:
                           list(state.prompt))
         if len(m.copy_src) != len(m.copy_dst):
             raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
-        return running.apply(session.ids(m), m.start_pos, m.num_tokens,
-                             m.token_ids, m.fed, m.sample, m.table_start, m.num_new_blocks, m.new_blocks,
-                             pool_epoch=m.pool_epoch, forget=forget, copies=list(zip(m.copy_src, m.copy_dst)))
+        fields = dict(pool_epoch=m.pool_epoch, forget=forget, copies=list(zip(m.copy_src, m.copy_dst)))
+        if m.decode:
+            if m.num_tokens or m.token_ids or m.sample or m.fed:
+                raise ValueError("a decode step leaves num_tokens, token_ids, sample and fed empty")
+            return running.apply_decode(session.ids(m), m.start_pos, m.table_start, m.num_new_blocks,
+                                        m.new_blocks, **fields)
+        return running.apply(session.ids(m), m.start_pos, m.num_tokens, m.token_ids, m.fed, m.sample,
+                             m.table_start, m.num_new_blocks, m.new_blocks, **fields)
 
     @staticmethod
     def fill(step: Expanded) -> None:

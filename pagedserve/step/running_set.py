@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagedserve.step import running_rows
+from pagedserve.step import running_rows, table_changes
 from pagedserve.step.step_batch import FLAG_HISTORY, FLAG_INVALID, FLAG_PROMPT_LOGPROBS, Held, StepBatch
 from pagedserve.step.step_rows import StepRows
 from pagedserve.wire.pending_token import PENDING
@@ -89,36 +89,6 @@ class RunningSet:
         self._last = StepRows(self, ids[:], rows)
         return self._last
 
-    def _change_tables(self, ids: list[str], rows: np.ndarray, tstart: np.ndarray, nnew: np.ndarray,
-                       new_blocks) -> None:
-        """From `tstart[i]` on, row i's table is its `nnew[i]` blocks of `new_blocks`;
-        ValueError, before any change, for a change that does not fit."""
-        if nnew.sum() != len(new_blocks):
-            raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
-        changed = np.flatnonzero((nnew > 0) | (tstart != self.table_len[rows]))
-        if not len(changed):
-            return
-        r, ts, k = rows[changed], tstart[changed], nnew[changed]
-        old = self.table_len[r]
-        bad = np.flatnonzero(ts > old)
-        if len(bad):
-            i = bad[0]
-            raise ValueError(f"sequence {ids[changed[i]]}: block table change at {ts[i]}, "
-                             f"but it holds {old[i]} blocks")
-        if len(set(r.tolist())) < len(r):
-            twice = next(ids[i] for i in changed if (r == rows[i]).sum() > 1)
-            raise ValueError(f"sequence {twice}: twice in one step that changes its block table")
-        end = ts + k
-        top = int(end.max())
-        if top > self.tables.shape[1]:
-            running_rows.grow(self, width=max(top, 2 * self.tables.shape[1]))
-        if len(new_blocks):
-            first = np.cumsum(k) - k
-            self.tables[np.repeat(r, k), np.arange(len(new_blocks)) - np.repeat(first - ts, k)] = new_blocks
-        for i in np.flatnonzero(end < old):  # cut back (recompute)
-            self.tables[r[i], end[i]:old[i]] = 0
-        self.table_len[r] = end
-
     def apply(self, seq_ids: list[str], start_pos, num_tokens, tokens, fed, sample, table_start,
               num_new_blocks, new_blocks, **batch_fields) -> Applied:
         """The StepBatch of one step's columns; its table changes applied. `tokens`: the
@@ -141,10 +111,7 @@ class RunningSet:
             i = int(np.flatnonzero((n < 1) | (start < 0))[0])
             raise ValueError(f"sequence {ids[i]}: {n[i]} tokens at position {start[i]}: "
                              "a step computes at least one token at a position >= 0")
-        lens = self.table_len[rows]
-        if len(new_blocks) or nnew.any() or (tstart != lens).any():
-            self._change_tables(ids, rows, tstart, nnew, new_blocks)
-            lens = self.table_len[rows]
+        lens = table_changes.apply(self, ids, rows, tstart, nnew, new_blocks)
         total = int(n.sum())
         decode = total == b  # one token each (n >= 1)
         fed_i = fed.nonzero()[0] if fed is not None else np.zeros(0, dtype=np.int64)
@@ -155,12 +122,7 @@ class RunningSet:
             raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
         token_ids = np.empty(total, dtype=np.int64)
         token_ids.fill(PENDING)
-        if decode:
-            token_rows, pos, first = rows, start, None
-        else:
-            first = np.cumsum(n) - n
-            token_rows = np.repeat(rows, n)
-            pos = np.arange(total, dtype=np.int64) - np.repeat(first - start, n)
+        first = None if decode else np.cumsum(n) - n
         if len(fed_i) < total:
             if len(fed_i):
                 known = np.ones(total, dtype=bool)
@@ -168,27 +130,71 @@ class RunningSet:
                 token_ids[known] = tokens
             else:
                 token_ids[:] = tokens
+        if decode:
+            slots = self._decode_slots(ids, rows, start, lens)
+        else:
+            bs = self.block_size
+            token_rows = np.repeat(rows, n)
+            index, slots = np.divmod(np.arange(total, dtype=np.int64) - np.repeat(first - start, n), bs)
+            short = index >= self.table_len[token_rows]
+            if short.any():
+                i = int(np.searchsorted(np.cumsum(n), int(np.flatnonzero(short)[0]), side="right"))
+                self._short(ids, i, lens, int(start[i] + n[i]))
+            slots += self.tables[token_rows, index] * np.int64(bs)
+        return self._applied(ids, at, start, n, token_ids, np.asarray(sample, dtype=bool), slots, lens, fed_i,
+                             batch_fields)
+
+    def apply_decode(self, seq_ids: list[str], start_pos, table_start, num_new_blocks, new_blocks,
+                     **batch_fields) -> Applied:
+        """`apply` of a steady decode step, in fewer array operations: every sequence computes
+        one token, the one this set sampled for it last (fed), and samples; the same batch
+        and errors as `apply` with num_tokens and sample all 1, every row fed, no tokens."""
+        ids = list(seq_ids)
+        at = self._rows(ids)
+        rows, b = at.rows, len(ids)
+        start = np.asarray(start_pos, dtype=np.int64)
+        tstart = np.asarray(table_start, dtype=np.int64)
+        nnew = np.asarray(num_new_blocks, dtype=np.int64)
+        if len(start) != b or len(tstart) != b or len(nnew) != b:
+            raise ValueError(f"{b} sequences, but the step's columns have other lengths")
+        if b and start.min() < 0:
+            i = int(np.flatnonzero(start < 0)[0])
+            raise ValueError(f"sequence {ids[i]}: 1 tokens at position {start[i]}: "
+                             "a step computes at least one token at a position >= 0")
+        lens = table_changes.apply(self, ids, rows, tstart, nnew, new_blocks)
+        token_ids = np.full(b, PENDING, dtype=np.int64)
+        slots = self._decode_slots(ids, rows, start, lens)
+        return self._applied(ids, at, start, np.ones(b, dtype=np.int64), token_ids, np.ones(b, dtype=bool),
+                             slots, lens, np.arange(b, dtype=np.int64), batch_fields)
+
+    def _decode_slots(self, ids: list[str], rows: np.ndarray, start: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """The slot of each row's one token at `start`."""
         bs = self.block_size
-        index, slots = np.divmod(pos, bs)
-        short = index >= (lens if decode else self.table_len[token_rows])
+        index, slots = np.divmod(start, bs)
+        short = index >= lens
         if short.any():
-            t = int(np.flatnonzero(short)[0])
-            i = t if decode else int(np.searchsorted(np.cumsum(n), t, side="right"))
-            end = int(start[i] + n[i])
-            raise ValueError(f"sequence {ids[i]}: {lens[i]} blocks in its table, "
-                             f"{-(-end // bs)} needed for {end} tokens")
-        slots += self.tables[token_rows, index] * np.int64(bs)
-        width = int(lens.max()) if b else 0
-        batch = StepBatch(ids, start, n, token_ids, np.asarray(sample, dtype=bool), slots,
-                          self.tables[rows, :width], lens, list(at.held), at.flags, temperature=at.temperature,
-                          top_k=at.top_k, top_p=at.top_p, min_p=at.min_p, **batch_fields)
+            i = int(np.flatnonzero(short)[0])
+            self._short(ids, i, lens, int(start[i] + 1))
+        slots += self.tables[rows, index] * np.int64(bs)
+        return slots
+
+    def _short(self, ids: list[str], i: int, lens: np.ndarray, end: int):
+        bs = self.block_size
+        raise ValueError(f"sequence {ids[i]}: {lens[i]} blocks in its table, {-(-end // bs)} needed for {end} tokens")
+
+    def _applied(self, ids: list[str], at: StepRows, start, n, token_ids, sample, slots, lens, fed_i,
+                 batch_fields: dict) -> Applied:
+        width = int(lens.max()) if len(ids) else 0
+        batch = StepBatch(ids, start, n, token_ids, sample, slots, self.tables[at.rows, :width], lens, list(at.held),
+                          at.flags, temperature=at.temperature, top_k=at.top_k, top_p=at.top_p, min_p=at.min_p,
+                          **batch_fields)
         batch._some = at.some  # its some_flags, made once for the rows
         if at.some & FLAG_HISTORY:
             self._histories(batch)
         if at.some & FLAG_INVALID:
             for i in np.flatnonzero(at.flags & FLAG_INVALID):
                 batch.errors[int(i)] = at.held[i].error
-        return Applied(batch, rows, at.gen, fed_i, self._owners)
+        return Applied(batch, at.rows, at.gen, fed_i, self._owners)
 
     @staticmethod
     def _histories(batch: StepBatch) -> None:

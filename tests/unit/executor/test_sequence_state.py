@@ -252,7 +252,8 @@ def test_a_fed_token_is_the_executors_own_last_sample_penalty_history_included()
     link.states.record(first, [SampleOutput("p", 42)])
     # step 2 names its token as the executor's own: it does not travel
     request = wire(encode_delta(columns([delta("p", [PENDING], 3, 1, [], p)], step=2), link.sent, "s1", ""))
-    assert list(request.fed) == [True] and list(request.token_ids) == [] and request.step == 2
+    assert request.decode and list(request.token_ids) == [] and request.step == 2
+    assert list(request.fed) == list(request.num_tokens) == list(request.sample) == []  # said by `decode`
     second = link.states.expand(request)
     assert second.batch.tokens_of(0).tolist() == [PENDING]
     link.states.fill(second)
