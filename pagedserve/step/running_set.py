@@ -164,8 +164,8 @@ class RunningSet:
         lens = table_changes.apply(self, ids, rows, tstart, nnew, new_blocks)
         token_ids = np.full(b, PENDING, dtype=np.int64)
         slots = self._decode_slots(ids, rows, start, lens)
-        return self._applied(ids, at, start, np.ones(b, dtype=np.int64), token_ids, np.ones(b, dtype=bool),
-                             slots, lens, np.arange(b, dtype=np.int64), batch_fields)
+        ones, sample, fed = at.decode_columns()
+        return self._applied(ids, at, start, ones, token_ids, sample, slots, lens, fed, batch_fields)
 
     def _decode_slots(self, ids: list[str], rows: np.ndarray, start: np.ndarray, lens: np.ndarray) -> np.ndarray:
         """The slot of each row's one token at `start`."""

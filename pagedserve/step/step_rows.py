@@ -12,7 +12,8 @@ class StepRows:
     """The rows of one step's ids and what they hold (read-only arrays): the running set
     hands the same to each step that names the same ids, until a row changes."""
 
-    __slots__ = ("ids", "rows", "held", "flags", "some", "temperature", "top_k", "top_p", "min_p", "gen")
+    __slots__ = ("ids", "rows", "held", "flags", "some", "temperature", "top_k", "top_p", "min_p", "gen",
+                 "_decode")
 
     def __init__(self, running, ids: list[str], rows: list[int]):
         self.ids = ids
@@ -23,3 +24,13 @@ class StepRows:
         for a in (self.rows, self.flags, self.temperature, self.top_k, self.top_p, self.min_p, self.gen):
             a.flags.writeable = False
         self.some = int(np.bitwise_or.reduce(self.flags)) if len(rows) else 0  # every row's flags
+        self._decode = None
+
+    def decode_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A decode step's num_tokens (all 1), sample (all True) and fed rows (every one), made once."""
+        if self._decode is None:
+            b = len(self.ids)
+            self._decode = (np.ones(b, dtype=np.int64), np.ones(b, dtype=bool), np.arange(b, dtype=np.int64))
+            for a in self._decode:
+                a.flags.writeable = False
+        return self._decode
