@@ -5,14 +5,16 @@ Row r holds one sequence: its block table (`tables[r, :table_len[r]]`, the only 
 memsvc), its last sampled token and that token's position (the feed: a step may compute
 "the token you sampled last", PENDING in the step message), its sampling parameters as
 columns, and its constant state (`Held`). `apply` takes one step's columns (ids, start
-positions, token counts, the tokens not fed, table changes: from `table_start[i]` on, the
-table is the sequence's `num_new_blocks[i]` blocks of `new_blocks`) and makes the StepBatch
-with array operations over the batch (table changes in one scatter, refused whole before
-any change); only rows that keep a token history are visited one by one. `fill` puts the fed tokens in place just before the pass,
-`record` keeps what it sampled. A steady decode step takes shortcuts (the last step's rows
-kept while no row changes hands, pagedserve.step.step_rows; every row fed; every row reporting)
-that give what the general path gives (`fast=False` takes none: the tests compare the two).
-Rows taken and let go: pagedserve.step.running_rows. See docs/ARCHITECTURE.md, "One step".
+positions, token counts, the tokens not fed, table changes: pagedserve.step.table_changes)
+and makes the StepBatch with array operations over the batch (a bool column is tested with
+count_nonzero, lighter than a ufunc reduction at this size); only rows that keep a token
+history are visited one by one. `apply_decode` makes the batch of a steady decode step (every
+row fed one token, every row sampling) with fewer of them. `fill` puts the fed tokens in place
+just before the pass, `record` keeps what it sampled. A steady decode step takes shortcuts
+(the last step's rows kept while no row changes hands, pagedserve.step.step_rows; every row
+fed; every row reporting) that give what the general path gives (`fast=False` takes none: the
+tests compare the two). Rows taken and let go: pagedserve.step.running_rows. See
+docs/ARCHITECTURE.md, "One step".
 """
 from __future__ import annotations
 
@@ -162,7 +164,8 @@ class RunningSet:
             raise ValueError(f"sequence {ids[i]}: 1 tokens at position {start[i]}: "
                              "a step computes at least one token at a position >= 0")
         lens = table_changes.apply(self, ids, rows, tstart, nnew, new_blocks)
-        token_ids = np.full(b, PENDING, dtype=np.int64)
+        token_ids = np.empty(b, dtype=np.int64)
+        token_ids.fill(PENDING)
         slots = self._decode_slots(ids, rows, start, lens)
         ones, sample, fed = at.decode_columns()
         return self._applied(ids, at, start, ones, token_ids, sample, slots, lens, fed, batch_fields)
@@ -172,7 +175,7 @@ class RunningSet:
         bs = self.block_size
         index, slots = np.divmod(start, bs)
         short = index >= lens
-        if short.any():
+        if np.count_nonzero(short):
             i = int(np.flatnonzero(short)[0])
             self._short(ids, i, lens, int(start[i] + 1))
         slots += self.tables[rows, index] * np.int64(bs)
@@ -227,7 +230,7 @@ class RunningSet:
             sel, at = fed, batch.starts[fed]
         rows = step.rows[sel]
         wrong = self.last_pos[rows] != batch.start_pos[sel]
-        if wrong.any():
+        if np.count_nonzero(wrong):
             i = int(fed[np.flatnonzero(wrong)[0]])
             raise FedTokenUnknown(f"{FED_UNKNOWN}: sequence {batch.seq_ids[i]!r} at position "
                                   f"{batch.start_pos[i]}: send its token")

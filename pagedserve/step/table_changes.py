@@ -19,7 +19,7 @@ def apply(rs: RunningSet, ids: list[str], rows: np.ndarray, tstart: np.ndarray, 
     """The tables of `rows` changed as the step says; their lengths after it. ValueError,
     before any change, for a change that does not fit."""
     lens = rs.table_len[rows]
-    if len(new_blocks) or nnew.any() or (tstart != lens).any():
+    if len(new_blocks) or nnew.any() or np.count_nonzero(tstart != lens):
         _change(rs, ids, rows, tstart, nnew, new_blocks)
         lens = rs.table_len[rows]
     return lens
