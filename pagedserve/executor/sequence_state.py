@@ -123,7 +123,7 @@ class SequenceStates:
                           list(state.prompt))
         if len(m.copy_src) != len(m.copy_dst):
             raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
-        fields = dict(pool_epoch=m.pool_epoch, forget=forget, copies=list(zip(m.copy_src, m.copy_dst)))
+        fields = {"pool_epoch": m.pool_epoch, "forget": forget, "copies": list(zip(m.copy_src, m.copy_dst))}
         if m.decode:
             if m.num_tokens or m.token_ids or m.sample or m.fed:
                 raise ValueError("a decode step leaves num_tokens, token_ids, sample and fed empty")

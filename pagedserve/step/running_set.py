@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagedserve.step import running_rows, table_changes
-from pagedserve.step.step_batch import FLAG_HISTORY, FLAG_INVALID, FLAG_PROMPT_LOGPROBS, Held, StepBatch
+from pagedserve.step import running_feed, running_rows, table_changes
+from pagedserve.step.step_batch import FLAG_HISTORY, FLAG_INVALID, Held, StepBatch
 from pagedserve.step.step_rows import StepRows
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.step_delta import STATE_LOST
-from pagedserve.wire.step_feed import FED_UNKNOWN, FedTokenUnknown
-from pagedserve.wire.step_outputs import StepOutputs
 
 
 class StateLost(LookupError):
@@ -36,11 +34,13 @@ class StateLost(LookupError):
 class Applied:
     """A step made from the running set: the batch, and the rows it came from."""
 
-    __slots__ = ("batch", "rows", "gens", "fed", "owners")
+    __slots__ = ("batch", "rows", "gens", "fed", "owners", "decode")
 
-    def __init__(self, batch: StepBatch, rows: np.ndarray, gens: np.ndarray, fed: np.ndarray, owners: int = -1):
+    def __init__(self, batch: StepBatch, rows: np.ndarray, gens: np.ndarray, fed: np.ndarray, owners: int = -1,
+                 decode: bool = False):
         self.batch, self.rows, self.gens, self.fed = batch, rows, gens, fed
         self.owners = owners  # RunningSet._owners when it was made: no row changed hands since while equal
+        self.decode = decode  # made by apply_decode: every row fed one token, every row sampling
 
 
 class RunningSet:
@@ -168,7 +168,9 @@ class RunningSet:
         token_ids.fill(PENDING)
         slots = self._decode_slots(ids, rows, start, lens)
         ones, sample, fed = at.decode_columns()
-        return self._applied(ids, at, start, ones, token_ids, sample, slots, lens, fed, batch_fields)
+        applied = self._applied(ids, at, start, ones, token_ids, sample, slots, lens, fed, batch_fields)
+        applied.decode = True
+        return applied
 
     def _decode_slots(self, ids: list[str], rows: np.ndarray, start: np.ndarray, lens: np.ndarray) -> np.ndarray:
         """The slot of each row's one token at `start`."""
@@ -214,65 +216,9 @@ class RunningSet:
         """Put each fed token in place (and in the token histories); FedTokenUnknown, before
         any change, for one this set does not hold. A sequence left out of an earlier step
         is left out of this one too, with the same reason."""
-        fed, batch = step.fed, step.batch
-        if not len(fed):
-            return
-        if self.left_out:
-            out = [k for k, i in enumerate(fed) if batch.seq_ids[i] in self.left_out]
-            for k in out:
-                i = int(fed[k])
-                batch.errors[i] = f"left out of an earlier step: {self.left_out[batch.seq_ids[i]]}"
-                batch.token_ids[batch.starts[i]] = 0
-            fed = np.delete(fed, out)
-        if self.fast and len(fed) == len(batch.token_ids) == batch.num_seqs:
-            sel = at = slice(None)  # every row fed, one token each
-        else:
-            sel, at = fed, batch.starts[fed]
-        rows = step.rows[sel]
-        wrong = self.last_pos[rows] != batch.start_pos[sel]
-        if np.count_nonzero(wrong):
-            i = int(fed[np.flatnonzero(wrong)[0]])
-            raise FedTokenUnknown(f"{FED_UNKNOWN}: sequence {batch.seq_ids[i]!r} at position "
-                                  f"{batch.start_pos[i]}: send its token")
-        tokens = self.last_token[rows]
-        batch.token_ids[at] = tokens
-        if batch.histories:
-            for k in np.flatnonzero(batch.flags[fed] & FLAG_HISTORY):
-                i = int(fed[k])
-                token = int(tokens[k])
-                batch.held[i].history[int(batch.start_pos[i])] = token
-                prompt, output = batch.histories[i]
-                (output if output else prompt)[-1] = token
+        running_feed.fill(self, step)
 
     def record(self, step: Applied, outputs) -> None:
         """Keep what the step sampled (`outputs`: one per row that reports, in order;
         pagedserve.wire.step_outputs)."""
-        batch = step.batch
-        if not outputs:
-            return
-        reports = batch.reports()
-        everyone = self.fast and np.count_nonzero(reports) == len(reports)
-        reporting = None if everyone else np.flatnonzero(reports)
-        at = slice(None) if everyone else reporting
-        outputs = StepOutputs.of(outputs)
-        tokens = np.array(outputs.tokens, dtype=np.int64)
-        rows = step.rows[at]
-        if everyone and step.owners == self._owners and not batch.errors and not batch.some_flags & FLAG_PROMPT_LOGPROBS:
-            keep = None  # every row sampled, and none changed hands since the step was made
-        else:
-            keep = batch.sample[at] & (self.gen[rows] == step.gens[at])
-        for k, error in outputs.errors().items():
-            if keep is None:
-                keep = np.ones(len(outputs), dtype=bool)
-            keep[k] = False
-            i = k if reporting is None else reporting[k]
-            seq_id = batch.seq_ids[i]
-            if seq_id in self.row_of and self.gen[rows[k]] == step.gens[i]:
-                self.left_out[seq_id] = error
-                self.last_pos[rows[k]] = -1
-        ends = batch.start_pos[at] + batch.num_tokens[at]
-        if keep is None:
-            self.last_pos[rows], self.last_token[rows] = ends, tokens
-        else:
-            self.last_pos[rows[keep]] = ends[keep]
-            self.last_token[rows[keep]] = tokens[keep]
+        running_feed.record(self, step, outputs)

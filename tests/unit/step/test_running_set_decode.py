@@ -64,7 +64,7 @@ class Workload:
         ids = list(self.pos) if rng.random() < 0.7 else [s for s in self.pos if rng.random() < 0.8]
         if rng.random() < 0.1:
             rng.shuffle(ids)
-        cols = dict(seq_ids=ids, start_pos=[], table_start=[], num_new_blocks=[], new_blocks=[])
+        cols = {"seq_ids": ids, "start_pos": [], "table_start": [], "num_new_blocks": [], "new_blocks": []}
         for seq_id in ids:
             pos, table = self.pos[seq_id], self.table[seq_id]
             tstart, new = len(table), []
@@ -156,7 +156,5 @@ def _held(cols, work) -> dict:
     """The step's columns of the sequences still held."""
     keep = [i for i, s in enumerate(cols["seq_ids"]) if s in work.pos]
     at = np.concatenate([[0], np.cumsum(cols["num_new_blocks"])])
-    return dict(seq_ids=[cols["seq_ids"][i] for i in keep], start_pos=[cols["start_pos"][i] for i in keep],
-                table_start=[cols["table_start"][i] for i in keep],
-                num_new_blocks=[cols["num_new_blocks"][i] for i in keep],
-                new_blocks=[x for i in keep for x in cols["new_blocks"][at[i]:at[i + 1]]])
+    held = {k: [cols[k][i] for i in keep] for k in ("seq_ids", "start_pos", "table_start", "num_new_blocks")}
+    return held | {"new_blocks": [x for i in keep for x in cols["new_blocks"][at[i]:at[i + 1]]]}
