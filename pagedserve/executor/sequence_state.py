@@ -119,8 +119,9 @@ class SequenceStates:
             if prev is None or state.sampling != prev:
                 prev = state.sampling
                 sp = convert.sampling_from_proto(prev)
-            running.admit(state.seq_id, sp, state.seed, state.prompt_len, list(state.history),
-                          list(state.prompt))
+            history = state.history  # admit copies the prompt where it keeps it
+            running.admit(state.seq_id, sp, state.seed, state.prompt_len, list(history) if history else [],
+                          state.prompt)
         if len(m.copy_src) != len(m.copy_dst):
             raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
         fields = {"pool_epoch": m.pool_epoch, "forget": forget, "copies": list(zip(m.copy_src, m.copy_dst))}
