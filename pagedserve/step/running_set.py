@@ -65,6 +65,7 @@ class RunningSet:
         self._owners = 0  # counts rows given to a sequence or taken from one
         self._checked = (None, 0, "")  # the last sampling parameters checked: (them, flags, error)
         self._last: StepRows | None = None  # the last step's: see `_rows`
+        self.tables_version = 0  # counts changes to `tables` and `table_len` (StepRows.tables)
 
     def __len__(self) -> int:
         return len(self.row_of)
@@ -113,7 +114,10 @@ class RunningSet:
             i = int(np.flatnonzero((n < 1) | (start < 0))[0])
             raise ValueError(f"sequence {ids[i]}: {n[i]} tokens at position {start[i]}: "
                              "a step computes at least one token at a position >= 0")
-        lens = table_changes.apply(self, ids, rows, tstart, nnew, new_blocks)
+        lens = self.table_len[rows]
+        if table_changes.changes(lens, tstart, nnew, new_blocks):
+            table_changes.change(self, ids, rows, tstart, nnew, new_blocks)
+            lens = self.table_len[rows]
         total = int(n.sum())
         decode = total == b  # one token each (n >= 1)
         fed_i = fed.nonzero()[0] if fed is not None else np.zeros(0, dtype=np.int64)
@@ -143,8 +147,9 @@ class RunningSet:
                 i = int(np.searchsorted(np.cumsum(n), int(np.flatnonzero(short)[0]), side="right"))
                 self._short(ids, i, lens, int(start[i] + n[i]))
             slots += self.tables[token_rows, index] * np.int64(bs)
-        return self._applied(ids, at, start, n, token_ids, np.asarray(sample, dtype=bool), slots, lens, fed_i,
-                             batch_fields)
+        tables = self.tables[rows, :int(lens.max()) if b else 0]
+        return self._applied(ids, at, start, n, token_ids, np.asarray(sample, dtype=bool), slots, tables, lens,
+                             fed_i, batch_fields)
 
     def apply_decode(self, seq_ids: list[str], start_pos, table_start, num_new_blocks, new_blocks,
                      **batch_fields) -> Applied:
@@ -163,12 +168,16 @@ class RunningSet:
             i = int(np.flatnonzero(start < 0)[0])
             raise ValueError(f"sequence {ids[i]}: 1 tokens at position {start[i]}: "
                              "a step computes at least one token at a position >= 0")
-        lens = table_changes.apply(self, ids, rows, tstart, nnew, new_blocks)
+        lens, tables = at.tables(self)
+        if table_changes.changes(lens, tstart, nnew, new_blocks):
+            table_changes.change(self, ids, rows, tstart, nnew, new_blocks)
+            lens, tables = at.tables(self)
         token_ids = np.empty(b, dtype=np.int64)
         token_ids.fill(PENDING)
         slots = self._decode_slots(ids, rows, start, lens)
         ones, sample, fed = at.decode_columns()
-        applied = self._applied(ids, at, start, ones, token_ids, sample, slots, lens, fed, batch_fields)
+        applied = self._applied(ids, at, start, ones, token_ids, sample, slots, tables.copy(), lens, fed,
+                                batch_fields)
         applied.decode = True
         return applied
 
@@ -187,12 +196,10 @@ class RunningSet:
         bs = self.block_size
         raise ValueError(f"sequence {ids[i]}: {lens[i]} blocks in its table, {-(-end // bs)} needed for {end} tokens")
 
-    def _applied(self, ids: list[str], at: StepRows, start, n, token_ids, sample, slots, lens, fed_i,
+    def _applied(self, ids: list[str], at: StepRows, start, n, token_ids, sample, slots, tables, lens, fed_i,
                  batch_fields: dict) -> Applied:
-        width = int(lens.max()) if len(ids) else 0
-        batch = StepBatch(ids, start, n, token_ids, sample, slots, self.tables[at.rows, :width], lens, list(at.held),
-                          at.flags, temperature=at.temperature, top_k=at.top_k, top_p=at.top_p, min_p=at.min_p,
-                          **batch_fields)
+        batch = StepBatch(ids, start, n, token_ids, sample, slots, tables, lens, list(at.held), at.flags,
+                          temperature=at.temperature, top_k=at.top_k, top_p=at.top_p, min_p=at.min_p, **batch_fields)
         batch._some = at.some  # its some_flags, made once for the rows
         if at.some & FLAG_HISTORY:
             self._histories(batch)
