@@ -31,12 +31,23 @@ SESSION_IDLE_S = 600.0
 class _Session:
     """One gateway's running set and the order of its steps."""
 
-    __slots__ = ("running", "order", "changing")
+    __slots__ = ("running", "order", "changing", "joined_ids")
 
     def __init__(self, block_size: int):
         self.running = RunningSet(block_size)
         self.order = StepOrder(joined=True)
         self.changing = threading.Lock()  # a retry goes out of order: never two expands at once
+        self.joined_ids: tuple[str, list[str]] = ("", [])  # the last joined id column, split
+
+    def ids(self, m) -> list[str]:
+        """The step's id column; most steps send the last one's again: split once (read only)."""
+        joined = m.joined_seq_ids
+        if joined and joined == self.joined_ids[0]:
+            return self.joined_ids[1]
+        ids = step_convert.split_ids(m.seq_ids, joined)
+        if joined:
+            self.joined_ids = (joined, ids)
+        return ids
 
 
 class Expanded:
@@ -95,10 +106,11 @@ class SequenceStates:
                             f"one the state was sent to ({m.incarnation[:8]}): send every sequence's state")
         session = self._session(m.session_id)
         with session.changing:
-            return Expanded(self._apply(session.running, m), session)
+            return Expanded(self._apply(session, m), session)
 
     @staticmethod
-    def _apply(running: RunningSet, m) -> Applied:
+    def _apply(session: _Session, m) -> Applied:
+        running = session.running
         forget = list(m.forget)
         if forget:
             running.forget(forget)
@@ -107,13 +119,19 @@ class SequenceStates:
             if prev is None or state.sampling != prev:
                 prev = state.sampling
                 sp = convert.sampling_from_proto(prev)
-            running.admit(state.seq_id, sp, state.seed, state.prompt_len, list(state.history),
-                          list(state.prompt))
+            history = state.history  # admit copies the prompt where it keeps it
+            running.admit(state.seq_id, sp, state.seed, state.prompt_len, list(history) if history else [],
+                          state.prompt)
         if len(m.copy_src) != len(m.copy_dst):
             raise ValueError(f"copy_src has {len(m.copy_src)} blocks, copy_dst {len(m.copy_dst)}")
-        return running.apply(step_convert.split_ids(m.seq_ids, m.joined_seq_ids), m.start_pos, m.num_tokens,
-                             m.token_ids, m.fed, m.sample, m.table_start, m.num_new_blocks, m.new_blocks,
-                             pool_epoch=m.pool_epoch, forget=forget, copies=list(zip(m.copy_src, m.copy_dst)))
+        fields = {"pool_epoch": m.pool_epoch, "forget": forget, "copies": list(zip(m.copy_src, m.copy_dst))}
+        if m.decode:
+            if m.num_tokens or m.token_ids or m.sample or m.fed:
+                raise ValueError("a decode step leaves num_tokens, token_ids, sample and fed empty")
+            return running.apply_decode(session.ids(m), m.start_pos, m.table_start, m.num_new_blocks,
+                                        m.new_blocks, **fields)
+        return running.apply(session.ids(m), m.start_pos, m.num_tokens, m.token_ids, m.fed, m.sample,
+                             m.table_start, m.num_new_blocks, m.new_blocks, **fields)
 
     @staticmethod
     def fill(step: Expanded) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from pagedserve.step.running_set import RunningSet
-from pagedserve.wire.step_delta import StepDelta, fed_and_known
+from pagedserve.wire.step_delta import StepDelta, fed_and_known, steady_decode
 from pagedserve.wire.step_feed import StepOrder
 from pagedserve.wire.step_outputs import StepOutputs
 
@@ -61,6 +61,10 @@ class LocalEngine:
             sp, prompt = seq.sampling, seq.prompt_token_ids
             history = (prompt + seq.output_token_ids)[:step.start_pos[i]] if sp.uses_penalties else None
             running.admit(seq_id, sp, seq.seed, len(prompt), history, prompt, table)
+        if steady_decode(step):
+            return running.apply_decode(step.seq_ids, step.start_pos, step.table_start, step.num_new_blocks,
+                                        step.new_blocks, pool_epoch=step.pool_epoch, forget=list(step.forget),
+                                        step=step.step)
         fed, known = fed_and_known(step)
         return running.apply(step.seq_ids, step.start_pos, step.num_tokens, known, fed, step.sample,
                              step.table_start, step.num_new_blocks, step.new_blocks,

@@ -33,6 +33,7 @@ def grow(rs: RunningSet, rows: int = 0, width: int = 0) -> None:
     """Room for at least `rows` rows and `width` blocks a table."""
     old_rows, old_width = rs.tables.shape
     rows, width = max(rows, old_rows), max(width, old_width)
+    rs.tables_version += 1
     if width > old_width:
         t = np.zeros((old_rows, width), dtype=np.int32)
         t[:, :old_width] = rs.tables
@@ -76,6 +77,7 @@ def admit(rs: RunningSet, seq_id: str, sampling, seed: int, prompt_len: int = 0,
     if not error:
         rs.temperature[r], rs.top_k[r], rs.top_p[r], rs.min_p[r] = columns_of(sampling)
     rs.table_len[r] = 0
+    rs.tables_version += 1
     if table:
         set_table(rs, r, 0, table)
     return r
@@ -90,6 +92,7 @@ def forget(rs: RunningSet, seq_ids) -> None:
             rs._owners += 1
             rs.held[r] = None
             rs.table_len[r] = 0
+            rs.tables_version += 1
             rs.free.append(r)
 
 
@@ -98,6 +101,7 @@ def set_table(rs: RunningSet, r: int, start: int, blocks) -> None:
     if end > rs.tables.shape[1]:
         grow(rs, width=max(end, 2 * rs.tables.shape[1]))
     old = rs.table_len[r]
+    rs.tables_version += 1
     rs.tables[r, start:end] = blocks
     if end < old:
         rs.tables[r, end:old] = 0

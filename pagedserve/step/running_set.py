@@ -5,26 +5,26 @@ Row r holds one sequence: its block table (`tables[r, :table_len[r]]`, the only 
 memsvc), its last sampled token and that token's position (the feed: a step may compute
 "the token you sampled last", PENDING in the step message), its sampling parameters as
 columns, and its constant state (`Held`). `apply` takes one step's columns (ids, start
-positions, token counts, the tokens not fed, table changes: from `table_start[i]` on, the
-table is the sequence's `num_new_blocks[i]` blocks of `new_blocks`) and makes the StepBatch
-with array operations over the batch (table changes in one scatter, refused whole before
-any change); only rows that keep a token history are visited one by one. `fill` puts the fed tokens in place just before the pass,
-`record` keeps what it sampled. A steady decode step takes shortcuts (the last step's rows
-kept while no row changes hands, pagedserve.step.step_rows; every row fed; every row reporting)
-that give what the general path gives (`fast=False` takes none: the tests compare the two).
-Rows taken and let go: pagedserve.step.running_rows. See docs/ARCHITECTURE.md, "One step".
+positions, token counts, the tokens not fed, table changes: pagedserve.step.table_changes)
+and makes the StepBatch with array operations over the batch (a bool column is tested with
+count_nonzero, lighter than a ufunc reduction at this size); only rows that keep a token
+history are visited one by one. `apply_decode` makes the batch of a steady decode step (every
+row fed one token, every row sampling) with fewer of them. `fill` puts the fed tokens in place
+just before the pass, `record` keeps what it sampled. A steady decode step takes shortcuts
+(the last step's rows kept while no row changes hands, pagedserve.step.step_rows; every row
+fed; every row reporting) that give what the general path gives (`fast=False` takes none: the
+tests compare the two). Rows taken and let go: pagedserve.step.running_rows. See
+docs/ARCHITECTURE.md, "One step".
 """
 from __future__ import annotations
 
 import numpy as np
 
-from pagedserve.step import running_rows
-from pagedserve.step.step_batch import FLAG_HISTORY, FLAG_INVALID, FLAG_PROMPT_LOGPROBS, Held, StepBatch
+from pagedserve.step import running_feed, running_rows, table_changes
+from pagedserve.step.step_batch import FLAG_HISTORY, FLAG_INVALID, Held, StepBatch
 from pagedserve.step.step_rows import StepRows
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.step_delta import STATE_LOST
-from pagedserve.wire.step_feed import FED_UNKNOWN, FedTokenUnknown
-from pagedserve.wire.step_outputs import StepOutputs
 
 
 class StateLost(LookupError):
@@ -34,11 +34,13 @@ class StateLost(LookupError):
 class Applied:
     """A step made from the running set: the batch, and the rows it came from."""
 
-    __slots__ = ("batch", "rows", "gens", "fed", "owners")
+    __slots__ = ("batch", "rows", "gens", "fed", "owners", "decode")
 
-    def __init__(self, batch: StepBatch, rows: np.ndarray, gens: np.ndarray, fed: np.ndarray, owners: int = -1):
+    def __init__(self, batch: StepBatch, rows: np.ndarray, gens: np.ndarray, fed: np.ndarray, owners: int = -1,
+                 decode: bool = False):
         self.batch, self.rows, self.gens, self.fed = batch, rows, gens, fed
         self.owners = owners  # RunningSet._owners when it was made: no row changed hands since while equal
+        self.decode = decode  # made by apply_decode: every row fed one token, every row sampling
 
 
 class RunningSet:
@@ -63,6 +65,7 @@ class RunningSet:
         self._owners = 0  # counts rows given to a sequence or taken from one
         self._checked = (None, 0, "")  # the last sampling parameters checked: (them, flags, error)
         self._last: StepRows | None = None  # the last step's: see `_rows`
+        self.tables_version = 0  # counts changes to `tables` and `table_len` (StepRows.tables)
 
     def __len__(self) -> int:
         return len(self.row_of)
@@ -89,36 +92,6 @@ class RunningSet:
         self._last = StepRows(self, ids[:], rows)
         return self._last
 
-    def _change_tables(self, ids: list[str], rows: np.ndarray, tstart: np.ndarray, nnew: np.ndarray,
-                       new_blocks) -> None:
-        """From `tstart[i]` on, row i's table is its `nnew[i]` blocks of `new_blocks`;
-        ValueError, before any change, for a change that does not fit."""
-        if nnew.sum() != len(new_blocks):
-            raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
-        changed = np.flatnonzero((nnew > 0) | (tstart != self.table_len[rows]))
-        if not len(changed):
-            return
-        r, ts, k = rows[changed], tstart[changed], nnew[changed]
-        old = self.table_len[r]
-        bad = np.flatnonzero(ts > old)
-        if len(bad):
-            i = bad[0]
-            raise ValueError(f"sequence {ids[changed[i]]}: block table change at {ts[i]}, "
-                             f"but it holds {old[i]} blocks")
-        if len(set(r.tolist())) < len(r):
-            twice = next(ids[i] for i in changed if (r == rows[i]).sum() > 1)
-            raise ValueError(f"sequence {twice}: twice in one step that changes its block table")
-        end = ts + k
-        top = int(end.max())
-        if top > self.tables.shape[1]:
-            running_rows.grow(self, width=max(top, 2 * self.tables.shape[1]))
-        if len(new_blocks):
-            first = np.cumsum(k) - k
-            self.tables[np.repeat(r, k), np.arange(len(new_blocks)) - np.repeat(first - ts, k)] = new_blocks
-        for i in np.flatnonzero(end < old):  # cut back (recompute)
-            self.tables[r[i], end[i]:old[i]] = 0
-        self.table_len[r] = end
-
     def apply(self, seq_ids: list[str], start_pos, num_tokens, tokens, fed, sample, table_start,
               num_new_blocks, new_blocks, **batch_fields) -> Applied:
         """The StepBatch of one step's columns; its table changes applied. `tokens`: the
@@ -142,8 +115,8 @@ class RunningSet:
             raise ValueError(f"sequence {ids[i]}: {n[i]} tokens at position {start[i]}: "
                              "a step computes at least one token at a position >= 0")
         lens = self.table_len[rows]
-        if len(new_blocks) or nnew.any() or (tstart != lens).any():
-            self._change_tables(ids, rows, tstart, nnew, new_blocks)
+        if table_changes.changes(lens, tstart, nnew, new_blocks):
+            table_changes.change(self, ids, rows, tstart, nnew, new_blocks)
             lens = self.table_len[rows]
         total = int(n.sum())
         decode = total == b  # one token each (n >= 1)
@@ -155,12 +128,7 @@ class RunningSet:
             raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
         token_ids = np.empty(total, dtype=np.int64)
         token_ids.fill(PENDING)
-        if decode:
-            token_rows, pos, first = rows, start, None
-        else:
-            first = np.cumsum(n) - n
-            token_rows = np.repeat(rows, n)
-            pos = np.arange(total, dtype=np.int64) - np.repeat(first - start, n)
+        first = None if decode else np.cumsum(n) - n
         if len(fed_i) < total:
             if len(fed_i):
                 known = np.ones(total, dtype=bool)
@@ -168,26 +136,77 @@ class RunningSet:
                 token_ids[known] = tokens
             else:
                 token_ids[:] = tokens
+        if decode:
+            slots = self._decode_slots(ids, rows, start, lens)
+        else:
+            bs = self.block_size
+            token_rows = np.repeat(rows, n)
+            index, slots = np.divmod(np.arange(total, dtype=np.int64) - np.repeat(first - start, n), bs)
+            short = index >= self.table_len[token_rows]
+            if short.any():
+                i = int(np.searchsorted(np.cumsum(n), int(np.flatnonzero(short)[0]), side="right"))
+                self._short(ids, i, lens, int(start[i] + n[i]))
+            slots += self.tables[token_rows, index] * np.int64(bs)
+        tables = self.tables[rows, :int(lens.max()) if b else 0]
+        return self._applied(ids, at, start, n, token_ids, np.asarray(sample, dtype=bool), slots, tables, lens,
+                             fed_i, batch_fields)
+
+    def apply_decode(self, seq_ids: list[str], start_pos, table_start, num_new_blocks, new_blocks,
+                     **batch_fields) -> Applied:
+        """`apply` of a steady decode step, in fewer array operations: every sequence computes
+        one token, the one this set sampled for it last (fed), and samples; the same batch
+        and errors as `apply` with num_tokens and sample all 1, every row fed, no tokens."""
+        ids = list(seq_ids)
+        at = self._rows(ids)
+        rows, b = at.rows, len(ids)
+        start = np.asarray(start_pos, dtype=np.int64)
+        tstart = np.asarray(table_start, dtype=np.int64)
+        nnew = np.asarray(num_new_blocks, dtype=np.int64)
+        if len(start) != b or len(tstart) != b or len(nnew) != b:
+            raise ValueError(f"{b} sequences, but the step's columns have other lengths")
+        if b and start.min() < 0:
+            i = int(np.flatnonzero(start < 0)[0])
+            raise ValueError(f"sequence {ids[i]}: 1 tokens at position {start[i]}: "
+                             "a step computes at least one token at a position >= 0")
+        lens, tables = at.tables(self)
+        if table_changes.changes(lens, tstart, nnew, new_blocks):
+            table_changes.change(self, ids, rows, tstart, nnew, new_blocks)
+            lens, tables = at.tables(self)
+        token_ids = np.empty(b, dtype=np.int64)
+        token_ids.fill(PENDING)
+        slots = self._decode_slots(ids, rows, start, lens)
+        ones, sample, fed = at.decode_columns()
+        applied = self._applied(ids, at, start, ones, token_ids, sample, slots, tables.copy(), lens, fed,
+                                batch_fields)
+        applied.decode = True
+        return applied
+
+    def _decode_slots(self, ids: list[str], rows: np.ndarray, start: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """The slot of each row's one token at `start`."""
         bs = self.block_size
-        index, slots = np.divmod(pos, bs)
-        short = index >= (lens if decode else self.table_len[token_rows])
-        if short.any():
-            t = int(np.flatnonzero(short)[0])
-            i = t if decode else int(np.searchsorted(np.cumsum(n), t, side="right"))
-            end = int(start[i] + n[i])
-            raise ValueError(f"sequence {ids[i]}: {lens[i]} blocks in its table, "
-                             f"{-(-end // bs)} needed for {end} tokens")
-        slots += self.tables[token_rows, index] * np.int64(bs)
-        width = int(lens.max()) if b else 0
-        batch = StepBatch(ids, start, n, token_ids, np.asarray(sample, dtype=bool), slots,
-                          self.tables[rows, :width], lens, list(at.held), at.flags, temperature=at.temperature,
-                          top_k=at.top_k, top_p=at.top_p, min_p=at.min_p, **batch_fields)
+        index, slots = np.divmod(start, bs)
+        short = index >= lens
+        if np.count_nonzero(short):
+            i = int(np.flatnonzero(short)[0])
+            self._short(ids, i, lens, int(start[i] + 1))
+        slots += self.tables[rows, index] * np.int64(bs)
+        return slots
+
+    def _short(self, ids: list[str], i: int, lens: np.ndarray, end: int):
+        bs = self.block_size
+        raise ValueError(f"sequence {ids[i]}: {lens[i]} blocks in its table, {-(-end // bs)} needed for {end} tokens")
+
+    def _applied(self, ids: list[str], at: StepRows, start, n, token_ids, sample, slots, tables, lens, fed_i,
+                 batch_fields: dict) -> Applied:
+        batch = StepBatch(ids, start, n, token_ids, sample, slots, tables, lens, list(at.held), at.flags,
+                          temperature=at.temperature, top_k=at.top_k, top_p=at.top_p, min_p=at.min_p, **batch_fields)
+        batch._some = at.some  # its some_flags, made once for the rows
         if at.some & FLAG_HISTORY:
             self._histories(batch)
         if at.some & FLAG_INVALID:
             for i in np.flatnonzero(at.flags & FLAG_INVALID):
                 batch.errors[int(i)] = at.held[i].error
-        return Applied(batch, rows, at.gen, fed_i, self._owners)
+        return Applied(batch, at.rows, at.gen, fed_i, self._owners)
 
     @staticmethod
     def _histories(batch: StepBatch) -> None:
@@ -204,65 +223,9 @@ class RunningSet:
         """Put each fed token in place (and in the token histories); FedTokenUnknown, before
         any change, for one this set does not hold. A sequence left out of an earlier step
         is left out of this one too, with the same reason."""
-        fed, batch = step.fed, step.batch
-        if not len(fed):
-            return
-        if self.left_out:
-            out = [k for k, i in enumerate(fed) if batch.seq_ids[i] in self.left_out]
-            for k in out:
-                i = int(fed[k])
-                batch.errors[i] = f"left out of an earlier step: {self.left_out[batch.seq_ids[i]]}"
-                batch.token_ids[batch.starts[i]] = 0
-            fed = np.delete(fed, out)
-        if self.fast and len(fed) == len(batch.token_ids) == batch.num_seqs:
-            sel = at = slice(None)  # every row fed, one token each
-        else:
-            sel, at = fed, batch.starts[fed]
-        rows = step.rows[sel]
-        wrong = self.last_pos[rows] != batch.start_pos[sel]
-        if wrong.any():
-            i = int(fed[np.flatnonzero(wrong)[0]])
-            raise FedTokenUnknown(f"{FED_UNKNOWN}: sequence {batch.seq_ids[i]!r} at position "
-                                  f"{batch.start_pos[i]}: send its token")
-        tokens = self.last_token[rows]
-        batch.token_ids[at] = tokens
-        if batch.histories:
-            for k in np.flatnonzero(batch.flags[fed] & FLAG_HISTORY):
-                i = int(fed[k])
-                token = int(tokens[k])
-                batch.held[i].history[int(batch.start_pos[i])] = token
-                prompt, output = batch.histories[i]
-                (output if output else prompt)[-1] = token
+        running_feed.fill(self, step)
 
     def record(self, step: Applied, outputs) -> None:
         """Keep what the step sampled (`outputs`: one per row that reports, in order;
         pagedserve.wire.step_outputs)."""
-        batch = step.batch
-        if not outputs:
-            return
-        reports = batch.reports()
-        everyone = self.fast and np.count_nonzero(reports) == len(reports)
-        reporting = None if everyone else np.flatnonzero(reports)
-        at = slice(None) if everyone else reporting
-        outputs = StepOutputs.of(outputs)
-        tokens = np.array(outputs.tokens, dtype=np.int64)
-        rows = step.rows[at]
-        if everyone and step.owners == self._owners and not batch.errors and not batch.some_flags & FLAG_PROMPT_LOGPROBS:
-            keep = None  # every row sampled, and none changed hands since the step was made
-        else:
-            keep = batch.sample[at] & (self.gen[rows] == step.gens[at])
-        for k, error in outputs.errors().items():
-            if keep is None:
-                keep = np.ones(len(outputs), dtype=bool)
-            keep[k] = False
-            i = k if reporting is None else reporting[k]
-            seq_id = batch.seq_ids[i]
-            if seq_id in self.row_of and self.gen[rows[k]] == step.gens[i]:
-                self.left_out[seq_id] = error
-                self.last_pos[rows[k]] = -1
-        ends = batch.start_pos[at] + batch.num_tokens[at]
-        if keep is None:
-            self.last_pos[rows], self.last_token[rows] = ends, tokens
-        else:
-            self.last_pos[rows[keep]] = ends[keep]
-            self.last_token[rows[keep]] = tokens[keep]
+        running_feed.record(self, step, outputs)

@@ -43,7 +43,7 @@ def with_states(step: StepDelta, sent: set[str], tables) -> tuple[list, list[int
     ids, states = step.seq_ids, []
     whole = _whole_tables(step, sent, tables)
     tstarts, nnew, newb = [], [], []
-    sampling: dict[int, object] = {}
+    sampling: dict[int, tuple] = {}  # id -> (its proto, uses_penalties, wants the prompt)
     at = 0
     for i, seq_id in enumerate(ids):
         tstart, k = step.table_start[i], step.num_new_blocks[i]
@@ -54,17 +54,19 @@ def with_states(step: StepDelta, sent: set[str], tables) -> tuple[list, list[int
             if seq is None:
                 raise ValueError(f"sequence {seq_id}: its state must go, but the step does not carry it")
             sp = seq.sampling
-            proto = sampling.get(id(sp))
-            if proto is None:
-                proto = sampling[id(sp)] = convert.sampling_to_proto(sp)
+            known = sampling.get(id(sp))  # the sequences of one request share their sampling
+            if known is None:
+                known = sampling[id(sp)] = (convert.sampling_to_proto(sp), sp.uses_penalties,
+                                            sp.prompt_logprobs is not None)
+            proto, penalties, with_prompt = known
             prompt = seq.prompt_token_ids
-            if sp.uses_penalties:
+            if penalties:
                 history, prompt_len = (prompt + seq.output_token_ids)[:step.start_pos[i]], len(prompt)
             else:
-                history, prompt_len = [], 0
+                history, prompt_len = None, 0
             states.append(executor_pb2.SeqState(
                 seq_id=seq_id, sampling=proto, seed=seq.seed, prompt_len=prompt_len, history=history,
-                prompt=prompt if sp.prompt_logprobs is not None else None))
+                prompt=prompt if with_prompt else None))
             if tstart:
                 tstart, new = 0, whole[seq_id]
             sent.add(seq_id)

@@ -6,7 +6,7 @@ The gateway's scheduler makes a `StepDelta` from memsvc's answer (pagedserve.gat
 block-table changes: from `table_start[i]` on, sequence i's table is its `num_new_blocks[i]`
 blocks of `new_blocks`), with the tokens to compute (a token the executor sampled itself is
 PENDING, pagedserve.wire.pending_token) and whether each samples. A steady decode step is such columns
-where every token is PENDING. No full block table or slot mapping is built on the gateway's
+where every token is PENDING (`steady_decode`: the ExecuteRequest says so in one flag). No full block table or slot mapping is built on the gateway's
 side: whoever runs the model holds each sequence's state (pagedserve.step.running_set) and derives them.
 `seqs[i]` is the gateway's own sequence, read only when its constant state must go
 (`encode_delta`, pagedserve.step.local_engine); the gateway holds no block table: memsvc holds
@@ -75,6 +75,14 @@ class StepDelta:
         return self._progress
 
 
+def steady_decode(step: StepDelta) -> bool:
+    """Whether every sequence computes one token, the executor's own last sample, and samples
+    (the ExecuteRequest says `decode` and leaves those columns empty)."""
+    b = len(step.seq_ids)
+    return (b > 0 and len(step.token_ids) == b and step.token_ids.count(PENDING) == b
+            and step.num_tokens.count(1) == b and False not in step.sample)
+
+
 def fed_and_known(step: StepDelta) -> tuple[list[bool], list[int]]:
     """The ExecuteRequest's `fed` column and its token_ids (the PENDING ones left out)."""
     tokens = step.token_ids
@@ -109,11 +117,17 @@ def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: 
     states = []
     if not sent.issuperset(ids):  # some states must go, with their whole tables
         states, tstarts, nnew, newb = with_states(step, sent, tables)
-    fed, tokens = fed_and_known(step)
     ids, joined = step_convert.join_ids(ids)
+    copies = ([c[0] for c in step.copies], [c[1] for c in step.copies]) if step.copies else ((), ())
+    if steady_decode(step):
+        return executor_pb2.ExecuteRequest(
+            pool_epoch=step.pool_epoch, session_id=session_id, incarnation=incarnation, forget=forget,
+            seq_ids=ids, joined_seq_ids=joined, start_pos=step.start_pos, table_start=tstarts,
+            num_new_blocks=nnew, new_blocks=newb, states=states, step=step.step, decode=True,
+            copy_src=copies[0], copy_dst=copies[1])
+    fed, tokens = fed_and_known(step)
     return executor_pb2.ExecuteRequest(
         pool_epoch=step.pool_epoch, session_id=session_id, incarnation=incarnation,
         forget=forget, seq_ids=ids, joined_seq_ids=joined, start_pos=step.start_pos, num_tokens=step.num_tokens,
         token_ids=tokens, sample=step.sample, table_start=tstarts, num_new_blocks=nnew, new_blocks=newb,
-        states=states, fed=fed, step=step.step,
-        copy_src=[c[0] for c in step.copies], copy_dst=[c[1] for c in step.copies])
+        states=states, fed=fed, step=step.step, copy_src=copies[0], copy_dst=copies[1])

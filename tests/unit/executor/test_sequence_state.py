@@ -252,7 +252,8 @@ def test_a_fed_token_is_the_executors_own_last_sample_penalty_history_included()
     link.states.record(first, [SampleOutput("p", 42)])
     # step 2 names its token as the executor's own: it does not travel
     request = wire(encode_delta(columns([delta("p", [PENDING], 3, 1, [], p)], step=2), link.sent, "s1", ""))
-    assert list(request.fed) == [True] and list(request.token_ids) == [] and request.step == 2
+    assert request.decode and list(request.token_ids) == [] and request.step == 2
+    assert list(request.fed) == list(request.num_tokens) == list(request.sample) == []  # said by `decode`
     second = link.states.expand(request)
     assert second.batch.tokens_of(0).tolist() == [PENDING]
     link.states.fill(second)
@@ -300,3 +301,40 @@ def test_block_copies_go_with_their_step():
     bad.copy_dst.append(1)
     with pytest.raises(ValueError, match="copy_src has 1 blocks, copy_dst 2"):
         link.states.expand(wire(bad))
+
+
+def test_a_decode_step_in_one_flag_gives_what_its_columns_give():
+    """A steady decode step travels as `decode` without its num_tokens, sample and fed columns;
+    the executor makes the same batch as from those columns, and refuses the flag with them."""
+    from pagedserve.wire.pending_token import PENDING
+    from pagedserve.wire.protocol import SampleOutput
+
+    srcs = {s: Src([1, 2, 3], [i, 10 + i], sampling=PENALTY if s == "b" else GREEDY)
+            for i, s in enumerate("abc")}
+    links = Link(), Link()
+    for link in links:
+        first = link.states.expand(wire(encode_delta(
+            columns([delta(s, [1, 2, 3], 0, 0, [i], src) for i, (s, src) in enumerate(srcs.items())]),
+            link.sent, "s1", "")))
+        link.states.record(first, [SampleOutput(s, 40 + i) for i, s in enumerate(srcs)])
+    d = columns([delta("c", [PENDING], 3, 1, [], srcs["c"]), delta("a", [PENDING], 3, 1, [12], srcs["a"]),
+                 delta("b", [PENDING], 3, 0, [7, 8], srcs["b"])], step=2)
+    flag = wire(encode_delta(d, links[0].sent, "s1", links[0].incarnation))
+    assert flag.decode and not flag.num_tokens and not flag.sample and not flag.fed and not flag.token_ids
+    cols = wire(flag)
+    cols.decode = False
+    cols.num_tokens[:], cols.sample[:], cols.fed[:] = [1] * 3, [True] * 3, [True] * 3
+    batches = [link.states.expand(m) for link, m in zip(links, (flag, cols))]
+    for link, b in zip(links, batches):
+        link.states.fill(b)
+    same(batches[0].batch, batches[1].batch)
+    assert batches[0].batch.token_ids.tolist() == [42, 40, 41] and batches[0].applied.fed.tolist() == [0, 1, 2]
+    bad = wire(flag)
+    bad.sample[:] = [True] * 3
+    with pytest.raises(ValueError, match="a decode step leaves num_tokens, token_ids, sample and fed empty"):
+        links[0].states.expand(bad)
+    # not every sequence samples, or one computes more than one token: the columns go
+    assert not encode_delta(columns([delta("a", [PENDING], 4, 2, [], srcs["a"], sample=False)]),
+                            links[0].sent, "s1", "").decode
+    assert not encode_delta(columns([delta("a", [PENDING, PENDING], 4, 2, [], srcs["a"])]),
+                            links[0].sent, "s1", "").decode

@@ -41,7 +41,8 @@ class Stub:
         if self.fail:
             self.fail = False
             raise Unavailable()
-        return executor_pb2.ExecuteResponse(tokens=[7] * sum(request.sample), incarnation="x1")
+        sampled = len(request.start_pos) if request.decode else sum(request.sample)
+        return executor_pb2.ExecuteResponse(tokens=[7] * sampled, incarnation="x1")
 
 
 class Unavailable(grpc.RpcError):
@@ -69,7 +70,7 @@ def test_state_goes_once_then_only_the_change(client):
     first, second = client.stub.requests
     assert len(first.states) == 1 and list(first.new_blocks) == [5]
     assert not second.states and list(second.table_start) == [1] and list(second.new_blocks) == [6]
-    assert list(second.fed) == [True] and list(second.token_ids) == []
+    assert second.decode and list(second.fed) == [] and list(second.token_ids) == []
 
 
 def test_a_later_step_handed_over_first_is_encoded_after_the_earlier_one(client):
