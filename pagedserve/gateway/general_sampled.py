@@ -71,7 +71,7 @@ def each(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, updates: Step
             seq_end.fail_alone(sched, sched.seqs.get(seq_id, source), source, e)
     if plain:
         sched.took = Took(batch.seqs, list(outputs.tokens), num_tokens, least, stops,
-                          sched.removals)
+                          sched.removals, frozenset().union(*stop_sets.values()))
 
 
 def one(sched: Scheduler, seq_id: str, source, start: int, computed: int, out: SampleOutput | None,
