@@ -48,7 +48,7 @@ class Requests:
         """Each row's delta, in row order (none for a request that is gone, or after its
         stop string)."""
         deltas: list[Delta] = []
-        by_id, more, general = self.by_id, updates.more, not self.plain_rows
+        by_id, more, general, make = self.by_id, updates.more, not self.plain_rows, Delta.make
         rows = map(more.get, range(len(updates))) if more else repeat(None)
         for seq, token, update in zip(updates.seqs, updates.tokens, rows):
             if update is not None or general:
@@ -73,8 +73,8 @@ class Requests:
                 self._failed(seq, e, deltas)
                 continue
             cached = seq.num_cached_tokens
-            deltas.append(Delta.make(seq.request_id, seq.index, text, [token], finish, _NONE, _NONE, _NONE,
-                                     state.prompt_len, len(seq.output_token_ids), cached if cached > 0 else 0))
+            deltas.append(make(seq.request_id, seq.index, text, [token], finish, _NONE, _NONE, _NONE,
+                               state.prompt_len, len(seq.output_token_ids), cached if cached > 0 else 0))
         return deltas
 
     def _row(self, seq: Sequence | None, token: int | None, update: SeqUpdate | BeamDone | None,

@@ -48,7 +48,9 @@ def steady_run(sched: Scheduler, ahead_of: StepDelta, took: Took, budget: int, m
         ends = [p + 1 for p in held]
         if ends != took.num_tokens:
             return None
-    run_ids = list(ahead_of.seq_ids)  # on_reserved's: seqs[i] is the sequence of seq_ids[i]
+    # on_reserved's: seqs[i] is the sequence of seq_ids[i]; took.ids, the same ids, are the
+    # same objects as the last plan's (pending's compare finds each identical, no text compared)
+    run_ids = list(ahead_of.seq_ids if took.ids is None else took.ids)
     fills = sched.pending.take_known(run_ids, held, took.tokens)
     if fills is None:
         return None
@@ -124,7 +126,7 @@ def sampled_steady(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, too
     if not failed:
         held = took.num_tokens
         sched.took = Took(seqs, tokens, [n + 1 for n in held], took.left - 1, took.stops, sched.removals,
-                          took.stop_any, held)
+                          took.stop_any, held, took.ids)
     return True
 
 

@@ -31,6 +31,7 @@ class Took:
     removals: int  # Scheduler.removals then: while it stays, the sequences are current
     stop_any: frozenset[int] | None = None  # every token of `stops` (or more)
     held: list[int] | None = None  # num_tokens less one each
+    ids: list[str] | None = None  # the ids of `seqs`: the same str objects from step to step
 
 
 @dataclass
