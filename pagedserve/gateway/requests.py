@@ -31,7 +31,7 @@ class Requests:
         self.info = info
         self.tokenizer = tokenizer
         self.by_id: dict[str, RequestState] = {}
-        self.plain_rows = True  # False: a plain token's row takes the general way too (a test compares)
+        self.plain_rows = True  # False: a plain token's row goes through `_row` too
 
     def add(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
             *, priority: int = 0, final_len: int | None = None, salt: str | None = None,
@@ -46,7 +46,9 @@ class Requests:
 
     def deltas(self, updates: StepUpdates) -> list[Delta]:
         """Each row's delta, in row order (none for a request that is gone, or after its
-        stop string)."""
+        stop string). A plain token's row is taken inline as `_row` takes it (every row
+        goes through `_row` where `plain_rows` is False: tests/unit/gateway/test_plain_deltas.py
+        compares the two)."""
         deltas: list[Delta] = []
         by_id, more, general, make = self.by_id, updates.more, not self.plain_rows, Delta.make
         rows = map(more.get, range(len(updates))) if more else repeat(None)
@@ -54,7 +56,7 @@ class Requests:
             if update is not None or general:
                 self._row(seq, token, update, deltas)
                 continue
-            # a plain token: `_row`'s steps where the update is None
+            # a plain token: `_row`'s steps where `update` is None
             state = by_id.get(seq.request_id)
             if state is None:
                 continue
