@@ -9,4 +9,9 @@ from pagedserve.gateway.sequence import Sequence
 
 
 def insert(queue: list[Sequence], seq: Sequence) -> None:
-    bisect.insort(queue, seq, key=lambda s: s.sort_key)
+    """After those with its key or a lower one (as bisect.insort); at the end without a
+    search where none is higher (sequences mostly come in order)."""
+    if not queue or queue[-1].sort_key <= seq.sort_key:
+        queue.append(seq)
+    else:
+        bisect.insort(queue, seq, key=lambda s: s.sort_key)

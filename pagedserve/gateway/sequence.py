@@ -15,7 +15,7 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(eq=False)  # one object per sequence: queues find and remove it by identity
+@dataclass(eq=False, slots=True)  # one object per sequence: queues find and remove it by identity
 class Sequence:
     seq_id: str
     request_id: str

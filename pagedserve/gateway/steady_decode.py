@@ -40,10 +40,17 @@ def steady_run(sched: Scheduler, ahead_of: StepDelta, took: Took, budget: int, m
             or not all(ahead_of.sample)):
         return None
     held = ahead_of.start_pos
-    ends = [p + 1 for p in held]
-    if ends != took.num_tokens:
-        return None
-    run_ids = list(ahead_of.seq_ids)  # on_reserved's: seqs[i] is the sequence of seq_ids[i]
+    if took.held is not None:  # held == took.held: each ends where took.num_tokens says
+        if held != took.held:
+            return None
+        ends = took.num_tokens
+    else:
+        ends = [p + 1 for p in held]
+        if ends != took.num_tokens:
+            return None
+    # on_reserved's: seqs[i] is the sequence of seq_ids[i]; took.ids, the same ids, are the
+    # same objects as the last plan's (pending's compare finds each identical, no text compared)
+    run_ids = list(ahead_of.seq_ids if took.ids is None else took.ids)
     fills = sched.pending.take_known(run_ids, held, took.tokens)
     if fills is None:
         return None
@@ -94,7 +101,7 @@ def sampled_steady(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, too
     tokens, more = outputs.tokens, outputs.more
     if (took.left <= 1 or seqs != took.seqs or took.removals != sched.removals
             or any(o.error or not o.sampled for o in more.values())
-            or any(map(operator.contains, took.stops, tokens))):
+            or _stops_any(took, tokens)):
         return False
     failed: list[Sequence] = []
     for seq, end, token in zip(seqs, map(operator.add, batch.start_pos, batch.num_tokens), tokens):
@@ -117,6 +124,15 @@ def sampled_steady(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, too
         if row is not None:
             updates.carry(row, out.logprob, out.top_logprobs)
     if not failed:
-        sched.took = Took(seqs, tokens, list(map((1).__add__, took.num_tokens)), took.left - 1,
-                          took.stops, sched.removals)
+        held = took.num_tokens
+        sched.took = Took(seqs, tokens, [n + 1 for n in held], took.left - 1, took.stops, sched.removals,
+                          took.stop_any, held, took.ids)
     return True
+
+
+def _stops_any(took: Took, tokens: list[int]) -> bool:
+    """A token of `tokens` is one of those that stop its sequence (`took.stops`, in order);
+    none is where none is in `took.stop_any`."""
+    if took.stop_any is not None and (not took.stop_any or took.stop_any.isdisjoint(tokens)):
+        return False
+    return any(map(operator.contains, took.stops, tokens))
