@@ -16,7 +16,6 @@ from pagedserve.gateway import request_intake
 from pagedserve.gateway.beam_search import BeamDone
 from pagedserve.gateway.request_intake import RequestState
 from pagedserve.gateway.scheduler import Scheduler
-from pagedserve.gateway.seq_update import SeqUpdate
 from pagedserve.gateway.sequence import Sequence
 from pagedserve.gateway.step_updates import StepUpdates
 from pagedserve.wire.protocol import Delta, ModelInfo, SamplingParams
@@ -31,7 +30,6 @@ class Requests:
         self.info = info
         self.tokenizer = tokenizer
         self.by_id: dict[str, RequestState] = {}
-        self.plain_rows = True  # False: a plain token's row goes through `_row` too
 
     def add(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
             *, priority: int = 0, final_len: int | None = None, salt: str | None = None,
@@ -46,81 +44,48 @@ class Requests:
 
     def deltas(self, updates: StepUpdates) -> list[Delta]:
         """Each row's delta, in row order (none for a request that is gone, or after its
-        stop string). A plain token's row is taken inline as `_row` takes it (every row
-        goes through `_row` where `plain_rows` is False: tests/unit/gateway/test_plain_deltas.py
-        compares the two)."""
+        stop string)."""
         deltas: list[Delta] = []
-        by_id, more, general, make = self.by_id, updates.more, not self.plain_rows, Delta.make
+        by_id, more = self.by_id, updates.more
         rows = map(more.get, range(len(updates))) if more else repeat(None)
         for seq, token, update in zip(updates.seqs, updates.tokens, rows):
-            if update is not None or general:
-                self._row(seq, token, update, deltas)
+            if update is None:  # a plain token
+                finished, logprobs, top, first = _PLAIN
+            elif update.__class__ is BeamDone:
+                deltas.extend(self._beam_done(update))
                 continue
-            # a plain token: `_row`'s steps where `update` is None
+            else:
+                finished, logprob, top = update.finished, update.logprob, update.top_logprobs
+                logprobs, top, first = (_NONE if logprob is None else [logprob], [top] if top else _NONE,
+                                        update.prompt_logprobs or _NONE)
             state = by_id.get(seq.request_id)
             if state is None:
+                continue
+            if update is not None and update.error is not None:  # it failed alone: its request ends
+                deltas.append(self._refused(seq, update.error))
                 continue
             try:
                 stream = state.streams[seq.index]
                 if stream.stopped:  # overlap: a token computed before the stop string was seen
                     continue
                 text = stream.add(token)
-                finish = None
-                if stream.stopped:
+                finish = seq.finish_reason if finished else None
+                if stream.stopped and not finished:
                     self.scheduler.abort(seq.seq_id, "stop")
                     finish = "stop"
+                if finish:
                     text += stream.flush()
                     self._close(state, seq.index)
             except Exception as e:  # noqa: BLE001 - detokenizing or stop rules of one request
-                self._failed(seq, e, deltas)
+                delta = self._refused(seq, f"the gateway could not make this sequence's output: "
+                                           f"{type(e).__name__}: {e}")
+                if delta is not None:
+                    deltas.append(delta)
                 continue
             cached = seq.num_cached_tokens
-            deltas.append(make(seq.request_id, seq.index, text, [token], finish, _NONE, _NONE, _NONE,
-                               state.prompt_len, len(seq.output_token_ids), cached if cached > 0 else 0))
+            deltas.append(Delta(seq.request_id, seq.index, text, [token], finish, logprobs, top, first,
+                                state.prompt_len, len(seq.output_token_ids), cached if cached > 0 else 0))
         return deltas
-
-    def _row(self, seq: Sequence | None, token: int | None, update: SeqUpdate | BeamDone | None,
-             deltas: list[Delta]) -> None:
-        """The delta of one row (any: None is a plain token), onto `deltas`."""
-        if update is None:
-            finished, logprobs, top, first = _PLAIN
-        elif update.__class__ is BeamDone:
-            deltas.extend(self._beam_done(update))
-            return
-        else:
-            finished, logprob, top = update.finished, update.logprob, update.top_logprobs
-            logprobs, top, first = (_NONE if logprob is None else [logprob], [top] if top else _NONE,
-                                    update.prompt_logprobs or _NONE)
-        state = self.by_id.get(seq.request_id)
-        if state is None:
-            return
-        if update is not None and update.error is not None:  # it failed alone: its request ends
-            deltas.append(self._refused(seq, update.error))
-            return
-        try:
-            stream = state.streams[seq.index]
-            if stream.stopped:  # overlap: a token computed before the stop string was seen
-                return
-            text = stream.add(token)
-            finish = seq.finish_reason if finished else None
-            if stream.stopped and not finished:
-                self.scheduler.abort(seq.seq_id, "stop")
-                finish = "stop"
-            if finish:
-                text += stream.flush()
-                self._close(state, seq.index)
-        except Exception as e:  # noqa: BLE001 - detokenizing or stop rules of one request
-            self._failed(seq, e, deltas)
-            return
-        cached = seq.num_cached_tokens
-        deltas.append(Delta.make(seq.request_id, seq.index, text, [token], finish, logprobs, top, first,
-                                 state.prompt_len, len(seq.output_token_ids), cached if cached > 0 else 0))
-
-    def _failed(self, seq: Sequence, e: Exception, deltas: list[Delta]) -> None:
-        delta = self._refused(seq, f"the gateway could not make this sequence's output: "
-                                   f"{type(e).__name__}: {e}")
-        if delta is not None:
-            deltas.append(delta)
 
     def _refused(self, seq: Sequence, error: str) -> Delta | None:
         """`seq` failed alone: its request ends with an error delta."""
