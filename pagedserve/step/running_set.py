@@ -99,17 +99,11 @@ class RunningSet:
         sequence computes one token, PENDING until `fill`. `batch_fields`: the StepBatch's
         pool_epoch, forget, step, copies. StateLost for an unknown id;
         ValueError for a change that does not fit."""
-        ids = list(seq_ids)
-        at = self._rows(ids)
-        rows, b = at.rows, len(ids)
-        start = np.asarray(start_pos, dtype=np.int64)
         n = np.asarray(num_tokens, dtype=np.int64)
-        tstart = np.asarray(table_start, dtype=np.int64)
-        nnew = np.asarray(num_new_blocks, dtype=np.int64)
         fed = np.asarray(fed, dtype=bool) if fed is not None and len(fed) else None
-        if (len(start) != b or len(n) != b or len(tstart) != b or len(nnew) != b
-                or fed is not None and len(fed) != b):
-            raise ValueError(f"{b} sequences, but the step's columns have other lengths")
+        ids, at, start, tstart, nnew = self._columns(seq_ids, start_pos, table_start, num_new_blocks,
+                                                     n if fed is None else (n, fed))
+        rows, b = at.rows, len(ids)
         if b and (n.min() < 1 or start.min() < 0):
             i = int(np.flatnonzero((n < 1) | (start < 0))[0])
             raise ValueError(f"sequence {ids[i]}: {n[i]} tokens at position {start[i]}: "
@@ -156,14 +150,8 @@ class RunningSet:
         """`apply` of a steady decode step, in fewer array operations: every sequence computes
         one token, the one this set sampled for it last (fed), and samples; the same batch
         and errors as `apply` with num_tokens and sample all 1, every row fed, no tokens."""
-        ids = list(seq_ids)
-        at = self._rows(ids)
+        ids, at, start, tstart, nnew = self._columns(seq_ids, start_pos, table_start, num_new_blocks)
         rows, b = at.rows, len(ids)
-        start = np.asarray(start_pos, dtype=np.int64)
-        tstart = np.asarray(table_start, dtype=np.int64)
-        nnew = np.asarray(num_new_blocks, dtype=np.int64)
-        if len(start) != b or len(tstart) != b or len(nnew) != b:
-            raise ValueError(f"{b} sequences, but the step's columns have other lengths")
         if b and start.min() < 0:
             i = int(np.flatnonzero(start < 0)[0])
             raise ValueError(f"sequence {ids[i]}: 1 tokens at position {start[i]}: "
@@ -180,6 +168,19 @@ class RunningSet:
                                 batch_fields)
         applied.decode = True
         return applied
+
+    def _columns(self, seq_ids, start_pos, table_start, num_new_blocks, more=()):
+        """(ids, their rows, start, table_start, num_new_blocks as arrays): the columns every
+        step has, each as long as the ids, as are the arrays in `more` (one, or a tuple)."""
+        ids = list(seq_ids)
+        at, b = self._rows(ids), len(ids)
+        start = np.asarray(start_pos, dtype=np.int64)
+        tstart = np.asarray(table_start, dtype=np.int64)
+        nnew = np.asarray(num_new_blocks, dtype=np.int64)
+        more = more if isinstance(more, tuple) else (more,)
+        if len(start) != b or len(tstart) != b or len(nnew) != b or any(len(c) != b for c in more):
+            raise ValueError(f"{b} sequences, but the step's columns have other lengths")
+        return ids, at, start, tstart, nnew
 
     def _decode_slots(self, ids: list[str], rows: np.ndarray, start: np.ndarray, lens: np.ndarray) -> np.ndarray:
         """The slot of each row's one token at `start`."""
