@@ -15,6 +15,7 @@ from pagedserve.gateway.sequence import SeqStatus, Sequence
 from pagedserve.gateway.step_records import Planned, Took
 from pagedserve.gateway.step_updates import StepUpdates
 from pagedserve.wire.pending_token import PENDING
+from pagedserve.wire.reserve_messages import Fills
 from pagedserve.wire.step_delta import StepDelta
 from pagedserve.wire.step_outputs import StepOutputs
 
@@ -25,7 +26,7 @@ _status = operator.attrgetter("status")
 
 
 def steady_run(sched: Scheduler, ahead_of: StepDelta, took: Took, budget: int, max_seqs: int
-               ) -> tuple[list[tuple[str, int, int]], list[str], list[int], list[int], list[int]] | None:
+               ) -> tuple[Fills, list[str], list[int], list[int], list[int]] | None:
     """The fills and running columns of a steady decode step planned ahead, and where
     `ahead_of`'s tokens end; None (nothing done) where it is not one: the running sequences
     took their last tokens from the last step (`took`), none of them its last but one, none
