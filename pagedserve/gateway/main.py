@@ -48,7 +48,7 @@ def connect_remote(memsvc: str, executor: str, tls=None, token: str | None = Non
     answer; raises while either does not. `chat_template` (--chat-template's text) replaces
     the model's."""
     from pagedserve.gateway import grammar_compile
-    from pagedserve.gateway.byte_detokenizer import byte_table
+    from pagedserve.gateway.byte_tables import byte_table
     from pagedserve.gateway.remote import RemoteExecutorClient, RemoteMemoryClient, tokenizer_dir_from_info
     from pagedserve.gateway.tokenizer import load_tokenizer
 

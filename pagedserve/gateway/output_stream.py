@@ -3,7 +3,8 @@ strings, from the token after the first `min_tokens` on (as vLLM: the text of th
 is never searched). Without stop strings a stream's `add` is its detokenizer's."""
 from __future__ import annotations
 
-from pagedserve.gateway.byte_detokenizer import ByteDetokenizer, byte_tables
+from pagedserve.gateway.byte_detokenizer import ByteDetokenizer
+from pagedserve.gateway.byte_tables import byte_tables
 from pagedserve.gateway.detokenizer import IncrementalDetokenizer
 from pagedserve.gateway.stop_strings import StopStringFilter
 

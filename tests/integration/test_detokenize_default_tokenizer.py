@@ -29,11 +29,8 @@ def test_byte_detokenizer_gives_what_the_tokenizer_gives(default_model_dir):
     the vocabulary) and random prompt contexts, token by token the same text."""
     import random
 
-    from pagedserve.gateway.byte_detokenizer import (
-        ByteDetokenizer,
-        byte_table,
-        byte_tables,
-    )
+    from pagedserve.gateway.byte_detokenizer import ByteDetokenizer
+    from pagedserve.gateway.byte_tables import byte_table, byte_tables
     from pagedserve.gateway.tokenizer import load_tokenizer
 
     tok = load_tokenizer(default_model_dir)
@@ -77,7 +74,7 @@ def test_output_streams_give_what_the_general_path_gives(default_model_dir):
     token by token the text, stop and flush of the general path over the tokenizer's decode."""
     import random
 
-    from pagedserve.gateway.byte_detokenizer import byte_tables
+    from pagedserve.gateway.byte_tables import byte_tables
     from pagedserve.gateway.output_stream import OutputStream
     from pagedserve.gateway.tokenizer import load_tokenizer
 

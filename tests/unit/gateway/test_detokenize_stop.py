@@ -52,7 +52,7 @@ def test_no_stop_strings_passes_everything_through():
 
 
 def test_no_byte_table_for_a_tokenizer_that_is_not_byte_level():
-    from pagedserve.gateway.byte_detokenizer import byte_table
+    from pagedserve.gateway.byte_tables import byte_table
 
     assert byte_table(ByteTokenizer()) is None  # no Rust backend: decoded by its own decode
 
@@ -82,7 +82,7 @@ class TableTokenizer:
 
 
 def test_whole_texts_leave_out_what_can_read_as_partial():
-    from pagedserve.gateway.byte_detokenizer import whole_texts
+    from pagedserve.gateway.byte_tables import whole_texts
 
     texts = whole_texts(TableTokenizer.TABLE)
     assert texts[ord("a")] == "a" and texts[256] == "é" and texts[257] == "世界" and texts[265] == " the"
@@ -95,7 +95,8 @@ def test_byte_detokenizer_short_way_gives_what_decode_gives():
     agree token by token."""
     import random
 
-    from pagedserve.gateway.byte_detokenizer import ByteDetokenizer, whole_texts
+    from pagedserve.gateway.byte_detokenizer import ByteDetokenizer
+    from pagedserve.gateway.byte_tables import whole_texts
 
     tok, table = TableTokenizer(), TableTokenizer.TABLE
     texts = whole_texts(table)
