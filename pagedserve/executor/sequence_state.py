@@ -21,7 +21,7 @@ import time
 import uuid
 
 from pagedserve.step.running_set import Applied, RunningSet, StateLost
-from pagedserve.wire import convert, step_convert
+from pagedserve.wire import convert, id_columns
 from pagedserve.wire.step_delta import STATE_LOST
 from pagedserve.wire.step_feed import StepOrder
 
@@ -44,7 +44,7 @@ class _Session:
         joined = m.joined_seq_ids
         if joined and joined == self.joined_ids[0]:
             return self.joined_ids[1]
-        ids = step_convert.split_ids(m.seq_ids, joined)
+        ids = id_columns.split_ids(m.seq_ids, joined)
         if joined:
             self.joined_ids = (joined, ids)
         return ids

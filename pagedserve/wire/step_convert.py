@@ -5,94 +5,22 @@ the others' are in pagedserve/wire/convert.py.
 Runs on every step for every sequence, so it stays close to the metal: messages are built
 with keyword constructors (repeated fields filled from lists in C) and read back with
 `list(...)`; a column of sequence ids travels as one string, the ids joined by newlines
-(`join_ids`, `split_ids`; in its repeated field when an id holds a newline). A Reserve
-column whose every value is the same in a steady step (one PENDING token each, one token
-granted, none cached, no new block) travels as a flag, the column empty (`constant`, `column`).
+(pagedserve.wire.id_columns). A Reserve column whose every value is the same in a steady
+step (one PENDING token each, one token granted, none cached, no new block) travels as a
+flag, the column empty (`constant`, `column`); new sequences: pagedserve.wire.new_sequences.
 """
 from __future__ import annotations
 
-from itertools import chain
-
 from pagedserve.wire.convert import prompt_logprobs_from_proto, prompt_logprobs_to_proto
+from pagedserve.wire.id_columns import column, constant, join_ids, split_ids
+from pagedserve.wire.new_sequences import NEW_FIELDS, new_from_proto, new_to_proto
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.protocol import SampleOutput
 from pagedserve.wire.step_outputs import StepOutputs
-from pagedserve.wire.reserve_messages import Fills, Grants, Plan, PlanEntry, Preemption, Rejection, ReserveResult
+from pagedserve.wire.reserve_messages import Fills, Grants, Plan, Preemption, Rejection, ReserveResult
 from pagedserve.wire.v1 import executor_pb2, generation_pb2, memory_pb2
 
-# -- id columns ----------------------------------------------------------------------------
-
-
-def join_ids(ids: list[str]) -> tuple[list[str], str]:
-    """(repeated, joined): a column of ids for its two proto fields. Joined by newlines
-    unless an id holds one (or the column is [""], which would join to nothing)."""
-    joined = "\n".join(ids)
-    if joined and joined.count("\n") == len(ids) - 1:
-        return [], joined
-    return ids, ""
-
-
-def split_ids(repeated, joined: str) -> list[str]:
-    """The column `join_ids` sent."""
-    return joined.split("\n") if joined else list(repeated)
-
-
-def constant(column: list[int], value: int, n: int) -> bool:
-    """`column` is n > 0 values, each `value`: it travels as its flag, empty."""
-    return n > 0 and len(column) == n and column.count(value) == n
-
-
-def column(repeated, flag: bool, value: int, n: int, name: str) -> list[int]:
-    """The column `repeated` sent, or where its flag is set, n values `value`."""
-    if not flag:
-        return list(repeated)
-    if repeated:
-        raise ValueError(f"{name} must be empty where its flag says each of its values is {value}")
-    return [value] * n
-
-
 # -- Reserve -----------------------------------------------------------------------------
-
-_NEW_COLUMNS = ("new_num_tokens", "new_token_ids", "new_max_len", "new_max_new_tokens", "new_skip_prefix_cache")
-
-
-def new_columns(entries: list[PlanEntry]) -> dict:
-    """A plan's new sequences as ReserveRequest's new_* columns, where none has a final_len
-    or a salt and their ids join (`join_ids`); {} otherwise (they travel as PlanEntry messages)."""
-    if not entries or any([e.final_len is not None or e.salt is not None for e in entries]):
-        return {}
-    repeated, joined = join_ids([e.seq_id for e in entries])
-    if repeated:
-        return {}
-    return dict(joined_new_seq_ids=joined, new_num_tokens=[len(e.token_ids) for e in entries],
-                new_token_ids=list(chain.from_iterable([e.token_ids for e in entries])),
-                new_max_len=[e.max_len for e in entries], new_max_new_tokens=[e.max_new_tokens for e in entries],
-                new_skip_prefix_cache=[e.skip_prefix_cache for e in entries])
-
-
-def entries_from_proto(m: memory_pb2.ReserveRequest) -> list[PlanEntry]:
-    """The new sequences, from their columns or their messages (ValueError where the
-    columns do not agree, or come with messages)."""
-    if not m.joined_new_seq_ids:
-        if any(len(getattr(m, name)) for name in _NEW_COLUMNS):
-            raise ValueError("new_* columns without joined_new_seq_ids: send their ids with them")
-        return [PlanEntry(e.seq_id, list(e.token_ids), True, e.max_len, e.max_new_tokens,
-                          e.final_len if e.HasField("final_len") else None,
-                          e.salt if e.HasField("salt") else None, e.skip_prefix_cache)
-                for e in m.entries]
-    if m.entries:
-        raise ValueError("entries and joined_new_seq_ids: send the new sequences one way, not both")
-    ids, counts, tokens = m.joined_new_seq_ids.split("\n"), list(m.new_num_tokens), list(m.new_token_ids)
-    if (not len(ids) == len(counts) == len(m.new_max_len) == len(m.new_max_new_tokens) == len(m.new_skip_prefix_cache)
-            or sum(counts) != len(tokens)):
-        raise ValueError("joined_new_seq_ids and the new_* columns do not agree")
-    entries, at = [], 0
-    for seq_id, k, max_len, max_new, skip in zip(ids, counts, m.new_max_len, m.new_max_new_tokens,
-                                                 m.new_skip_prefix_cache):
-        entries.append(PlanEntry(seq_id, tokens[at:at + k], True, max_len, max_new, None, None, skip))
-        at += k
-    return entries
-
 
 def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest:
     """The fills' ids travel once where they are the running ids (a steady step)."""
@@ -101,7 +29,7 @@ def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest
     run_ids, joined_runs = join_ids(plan.run_ids)
     fills_run_ids = bool(fills) and fills.seq_ids == plan.run_ids
     fill_ids, joined_fills = ([], "") if fills_run_ids else join_ids(fills.seq_ids)
-    new = new_columns(plan.entries)
+    new = new_to_proto(plan.entries) if plan.entries else {}
     return memory_pb2.ReserveRequest(
         session_id=session_id, free=plan.free, step_tokens=plan.step_tokens, step_seconds=plan.step_seconds,
         fork_parents=[p for p, _ in plan.forks], fork_children=[c for _, c in plan.forks],
@@ -110,10 +38,6 @@ def plan_to_proto(plan: Plan, session_id: str = "") -> memory_pb2.ReserveRequest
         run_seq_ids=run_ids, joined_run_seq_ids=joined_runs,
         run_one_pending_each=one_pending, run_num_tokens=None if one_pending else plan.run_counts,
         run_token_ids=None if one_pending else plan.run_tokens,
-        entries=None if new else [
-            memory_pb2.PlanEntry(seq_id=e.seq_id, token_ids=e.token_ids, max_len=e.max_len,
-                                 max_new_tokens=e.max_new_tokens, final_len=e.final_len, salt=e.salt,
-                                 skip_prefix_cache=e.skip_prefix_cache) for e in plan.entries],
         written=plan.written, void=plan.void, failed=plan.failed, **new,
     )
 
@@ -133,7 +57,8 @@ def plan_from_proto(m: memory_pb2.ReserveRequest) -> Plan:
         raise ValueError("fill_seq_ids, fill_positions and fill_token_ids must have the same length")
     if len(m.fork_parents) != len(m.fork_children):
         raise ValueError("fork_parents and fork_children must have the same length")
-    return Plan(entries=entries_from_proto(m), free=list(m.free), step_tokens=m.step_tokens,
+    new = any([len(getattr(m, name)) for name in NEW_FIELDS])
+    return Plan(entries=new_from_proto(m) if new else [], free=list(m.free), step_tokens=m.step_tokens,
                 step_seconds=m.step_seconds, forks=list(zip(m.fork_parents, m.fork_children)),
                 ahead=m.ahead, fills=Fills(fill_ids, list(m.fill_positions), list(m.fill_token_ids)),
                 written=m.written, void=m.void, failed=list(m.failed),

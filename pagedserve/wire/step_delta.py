@@ -26,7 +26,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pagedserve.wire import step_convert
+from pagedserve.wire import id_columns
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.seq_states import SeqSource, with_states
 from pagedserve.wire.v1 import executor_pb2
@@ -117,7 +117,7 @@ def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: 
     states = []
     if not sent.issuperset(ids):  # some states must go, with their whole tables
         states, tstarts, nnew, newb = with_states(step, sent, tables)
-    ids, joined = step_convert.join_ids(ids)
+    ids, joined = id_columns.join_ids(ids)
     copies = ([c[0] for c in step.copies], [c[1] for c in step.copies]) if step.copies else ((), ())
     if steady_decode(step):
         return executor_pb2.ExecuteRequest(

@@ -306,6 +306,9 @@ def test_new_sequences_travel_in_columns_unless_one_has_a_final_len_or_a_salt():
     msg.joined_new_seq_ids = ""
     with pytest.raises(ValueError, match="without joined_new_seq_ids"):
         step_convert.plan_from_proto(msg)
+    del msg.entries[:]  # new_* columns alone, no ids and no entries: refused too
+    with pytest.raises(ValueError, match="without joined_new_seq_ids"):
+        step_convert.plan_from_proto(msg)
 
 
 def test_a_decode_steps_constant_grant_columns_travel_as_flags():

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from pagedserve.wire import step_convert
+from pagedserve.wire import id_columns, step_convert
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.protocol import PromptLogprob, SampleOutput
 from pagedserve.wire.reserve_messages import Grants, Plan, PlanEntry, Preemption, Rejection, ReserveResult
@@ -95,7 +95,7 @@ def test_random_step_messages_round_trip(seed):
 
 @pytest.mark.parametrize("column", [[], [""], ["", ""], ["a"], ["a\nb", "c"], ["\n"], ["a", ""], ["é", "ü/1"]])
 def test_an_id_column_comes_back_as_it_went(column):
-    repeated, joined = step_convert.join_ids(column)
+    repeated, joined = id_columns.join_ids(column)
     assert not (repeated and joined)
     m = wire(executor_pb2.ExecuteRequest(seq_ids=repeated, joined_seq_ids=joined))
-    assert step_convert.split_ids(m.seq_ids, m.joined_seq_ids) == column
+    assert id_columns.split_ids(m.seq_ids, m.joined_seq_ids) == column
