@@ -31,7 +31,7 @@ def pick_victim(planner: StepPlanner, ids: list[str], current: int, preempted: s
     """The running sequence latest in the plan after `current`, not preempted nor
     swapped out; else the one at `current`."""
     for seq_id in reversed(ids[current + 1:]):
-        if seq_id not in preempted and not planner._swapped(seq_id):
+        if seq_id not in preempted and not planner.swapped(seq_id):
             return seq_id
     return ids[current]
 

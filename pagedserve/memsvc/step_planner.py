@@ -1,8 +1,8 @@
 """Reserve: grant slots for one step in plan order, preempting from the tail when blocks run out.
 
 StepPlanner grants the running sequences in one pass where none needs a decision
-(`grow_running`, pagedserve.memsvc.running_growth), else one at a time (`_grow_each`, the
-reference), preempting as pagedserve.memsvc.preemption decides; then it lets swapped-out
+(`grow_running`, pagedserve.memsvc.running_growth), else one at a time (`grow_each`,
+pagedserve.memsvc.running_each, the reference), preempting as pagedserve.memsvc.preemption decides; then it lets swapped-out
 and new sequences in (pagedserve.memsvc.step_admission). docs/ARCHITECTURE.md, "One step".
 """
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagedserve.memsvc.allocator import KVAllocator, RunGrowth
-from pagedserve.memsvc.preemption import PreemptionCounts, pick_victim, preempt
+from pagedserve.memsvc.preemption import PreemptionCounts
 from pagedserve.memsvc.preemption_policy import PreemptionPolicy
+from pagedserve.memsvc.running_each import fits_as_is, grow_each
 from pagedserve.memsvc.steady_fills import SteadyFills
 from pagedserve.memsvc.steady_fills import apply as apply_fills
-from pagedserve.memsvc.step_admission import admit, resume
+from pagedserve.memsvc.step_admission import admit
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 
@@ -87,11 +88,11 @@ class StepPlanner:
         if grown is not None:  # every one fits as is: what the loop below would do
             self._add_running(out, ids, counts, grown)
             admitting = True
-        elif plan.ahead and not self._fits_as_is(zip(ids, counts)):
+        elif plan.ahead and not fits_as_is(alloc, ids, counts):
             out.result.deferred = True
             return out
         else:
-            admitting = self._grow_each(plan, out)
+            admitting = grow_each(self, plan, out)
         for entry in plan.entries:
             if admitting:
                 admitting = admit(self, entry, out)
@@ -111,54 +112,6 @@ class StepPlanner:
         g.num_cached += [0] * len(ids)
         out.copies += self.allocator.take_copies()  # a host tier's offloads of what it evicted
 
-    def _grow_each(self, plan: Plan, out: Reservation) -> bool:
-        """Grant the running sequences one at a time, preempting from the tail; False when a
-        swapped one could not resume (then nothing new is admitted)."""
-        alloc = self.allocator
-        ids, counts = plan.run_ids, plan.run_counts
-        preempted: set[str] = set()
-        admitting = True
-        grants, copies = out.result.grants, out.copies
-        grow, take_copies = alloc.grow_if_fits, alloc.take_copies
-        tier = getattr(alloc, "offload", None) is not None  # only a host tier's copies come unasked
-        granted, starts, granted_n = grants.seq_ids, grants.start_pos, grants.num_tokens
-        table_starts, num_new, new_blocks, cached = (grants.table_start, grants.num_new_blocks,
-                                                     grants.new_blocks, grants.num_cached)
-        tokens, at = plan.run_tokens, 0
-        for i, seq_id in enumerate(ids):
-            n = counts[i]
-            new_tokens = tokens[at:at + n]
-            at += n
-            if seq_id in preempted:
-                continue
-            grown = grow(seq_id, new_tokens)
-            if tier:
-                copies += take_copies()
-            if grown is None:  # swapped out, or short of blocks
-                if self._swapped(seq_id):
-                    admitting = admitting and resume(self, seq_id, new_tokens, out)
-                    continue
-                while not alloc.can_append(seq_id, n):
-                    victim = pick_victim(self, ids, i, preempted)
-                    preempt(self, victim, out, preempted)
-                    if victim == seq_id:
-                        break
-                if seq_id in preempted:
-                    continue
-                grown = grow(seq_id, new_tokens)
-                copies += take_copies()
-            start, cow, table_start, blocks = grown
-            if cow:
-                copies.extend(("cow", src, dst) for src, dst in cow)
-            granted.append(seq_id)  # (Grants.add, inline: this loop runs for every sequence)
-            starts.append(start)
-            granted_n.append(n)
-            table_starts.append(table_start)
-            num_new.append(len(blocks))
-            new_blocks += blocks
-            cached.append(0)
-        return admitting
-
     def free(self, seq_ids: list[str]) -> None:
         """Release the sequences' blocks (one memsvc no longer holds is skipped)."""
         alloc = self.allocator
@@ -166,17 +119,5 @@ class StepPlanner:
             if alloc.has_sequence(seq_id):
                 alloc.free(seq_id)
 
-    def _fits_as_is(self, growths) -> bool:
-        """Each (seq_id, new tokens) grows with no copy: held, not swapped out, no
-        copy-on-write; and all of them within the free blocks."""
-        alloc = self.allocator
-        need = 0
-        for seq_id, n in growths:
-            blocks = alloc.growth_as_is(seq_id, n)
-            if blocks is None:
-                return False
-            need += blocks
-        return need <= alloc.num_free_blocks()
-
-    def _swapped(self, seq_id: str) -> bool:
+    def swapped(self, seq_id: str) -> bool:
         return self.can_swap and self.allocator.is_swapped(seq_id)
