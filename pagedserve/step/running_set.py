@@ -6,7 +6,7 @@ memsvc), its last sampled token and that token's position (the feed: a step may 
 "the token you sampled last", PENDING in the step message), its sampling parameters as
 columns, and its constant state (`Held`). `apply` takes one step's columns (ids, start
 positions, token counts, the tokens not fed, table changes: pagedserve.step.table_changes)
-and makes the StepBatch with array operations over the batch (a bool column is tested with
+and makes the StepBatch with array operations over the batch (pagedserve.step.general_apply) (a bool column is tested with
 count_nonzero, lighter than a ufunc reduction at this size); only rows that keep a token
 history are visited one by one. `apply_decode` makes the batch of a steady decode step (every
 row fed one token, every row sampling) with fewer of them. `fill` puts the fed tokens in place
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagedserve.step import running_feed, running_rows, table_changes
+from pagedserve.step import general_apply, running_feed, running_rows, table_changes
 from pagedserve.step.step_batch import FLAG_HISTORY, FLAG_INVALID, Held, StepBatch
 from pagedserve.step.step_rows import StepRows
 from pagedserve.wire.pending_token import PENDING
@@ -94,56 +94,10 @@ class RunningSet:
 
     def apply(self, seq_ids: list[str], start_pos, num_tokens, tokens, fed, sample, table_start,
               num_new_blocks, new_blocks, **batch_fields) -> Applied:
-        """The StepBatch of one step's columns; its table changes applied. `tokens`: the
-        tokens of the sequences not `fed` (bool [B], or None: none is), in order; a fed
-        sequence computes one token, PENDING until `fill`. `batch_fields`: the StepBatch's
-        pool_epoch, forget, step, copies. StateLost for an unknown id;
-        ValueError for a change that does not fit."""
-        n = np.asarray(num_tokens, dtype=np.int64)
-        fed = np.asarray(fed, dtype=bool) if fed is not None and len(fed) else None
-        ids, at, start, tstart, nnew = self._columns(seq_ids, start_pos, table_start, num_new_blocks,
-                                                     n if fed is None else (n, fed))
-        rows, b = at.rows, len(ids)
-        if b and (n.min() < 1 or start.min() < 0):
-            i = int(np.flatnonzero((n < 1) | (start < 0))[0])
-            raise ValueError(f"sequence {ids[i]}: {n[i]} tokens at position {start[i]}: "
-                             "a step computes at least one token at a position >= 0")
-        lens = self.table_len[rows]
-        if table_changes.changes(lens, tstart, nnew, new_blocks):
-            table_changes.change(self, ids, rows, tstart, nnew, new_blocks)
-            lens = self.table_len[rows]
-        total = int(n.sum())
-        decode = total == b  # one token each (n >= 1)
-        fed_i = fed.nonzero()[0] if fed is not None else np.zeros(0, dtype=np.int64)
-        if len(fed_i) and not decode and (n[fed_i] != 1).any():
-            i = int(fed_i[n[fed_i] != 1][0])
-            raise ValueError(f"sequence {ids[i]}: a fed step computes one token, not {n[i]}")
-        if total - len(fed_i) != len(tokens):
-            raise ValueError("token_ids or new_blocks do not add up to the per-sequence counts")
-        token_ids = np.empty(total, dtype=np.int64)
-        token_ids.fill(PENDING)
-        first = None if decode else np.cumsum(n) - n
-        if len(fed_i) < total:
-            if len(fed_i):
-                known = np.ones(total, dtype=bool)
-                known[fed_i if decode else first[fed_i]] = False
-                token_ids[known] = tokens
-            else:
-                token_ids[:] = tokens
-        if decode:
-            slots = self._decode_slots(ids, rows, start, lens)
-        else:
-            bs = self.block_size
-            token_rows = np.repeat(rows, n)
-            index, slots = np.divmod(np.arange(total, dtype=np.int64) - np.repeat(first - start, n), bs)
-            short = index >= self.table_len[token_rows]
-            if short.any():
-                i = int(np.searchsorted(np.cumsum(n), int(np.flatnonzero(short)[0]), side="right"))
-                self._short(ids, i, lens, int(start[i] + n[i]))
-            slots += self.tables[token_rows, index] * np.int64(bs)
-        tables = self.tables[rows, :int(lens.max()) if b else 0]
-        return self._applied(ids, at, start, n, token_ids, np.asarray(sample, dtype=bool), slots, tables, lens,
-                             fed_i, batch_fields)
+        """The StepBatch of one step's columns; its table changes applied
+        (pagedserve.step.general_apply: any step; `apply_decode`: a steady decode step's)."""
+        return general_apply.apply(self, seq_ids, start_pos, num_tokens, tokens, fed, sample, table_start,
+                                   num_new_blocks, new_blocks, **batch_fields)
 
     def apply_decode(self, seq_ids: list[str], start_pos, table_start, num_new_blocks, new_blocks,
                      **batch_fields) -> Applied:
