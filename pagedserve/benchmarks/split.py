@@ -28,7 +28,8 @@ from collections import defaultdict
 from concurrent.futures import Future
 
 from pagedserve.benchmarks.workloads import random_prompt_ids
-from pagedserve.wire.clients import ExecutorClient, MemoryClient, Sent
+from pagedserve.wire.clients import ExecutorClient, MemoryClient
+from pagedserve.rpc.sent import Sent
 from pagedserve.wire.protocol import ModelInfo, PoolStats, SampleOutput, SamplingParams
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta

@@ -17,7 +17,8 @@ import sys
 import time
 from collections import Counter
 
-from pagedserve.wire.clients import ExecutorClient, MemoryClient, call_now
+from pagedserve.wire.clients import ExecutorClient, MemoryClient
+from pagedserve.rpc.sent import call_now
 
 _token_ids = operator.attrgetter("token_ids")
 

@@ -18,7 +18,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from pagedserve.step.local_engine import LocalEngine
-from pagedserve.wire.clients import ExecutorClient, MemoryClient, call_now
+from pagedserve.wire.clients import ExecutorClient, MemoryClient
+from pagedserve.rpc.sent import call_now
 from pagedserve.wire.pending_token import PENDING
 from pagedserve.wire.protocol import ModelInfo, PoolStats
 from pagedserve.wire.reserve_messages import Plan, ReserveResult

@@ -28,7 +28,8 @@ from pagedserve.rpc.grpc_service import open_channel
 from pagedserve.rpc.step_channel_client import StepChannelSlot
 from pagedserve.rpc.tracing import trace_metadata
 from pagedserve.wire import convert, step_convert
-from pagedserve.wire.clients import ExecutorClient, MemoryClient, Sent
+from pagedserve.wire.clients import ExecutorClient, MemoryClient
+from pagedserve.rpc.sent import Sent
 from pagedserve.wire.protocol import ModelInfo, PoolStats
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import STATE_LOST, StepDelta, encode_delta

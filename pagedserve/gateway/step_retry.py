@@ -16,7 +16,8 @@ from concurrent.futures import Future
 
 import grpc
 
-from pagedserve.wire.clients import ExecutorClient, MemoryClient, Sent
+from pagedserve.wire.clients import ExecutorClient, MemoryClient
+from pagedserve.rpc.sent import Sent
 from pagedserve.wire.protocol import ModelInfo, PoolStats
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta

@@ -21,7 +21,8 @@ from opentelemetry.trace import SpanKind
 
 from pagedserve.gateway.request_telemetry import RequestTelemetry
 from pagedserve.rpc.tracing import tracer
-from pagedserve.wire.clients import ExecutorClient, MemoryClient, Sent
+from pagedserve.wire.clients import ExecutorClient, MemoryClient
+from pagedserve.rpc.sent import Sent
 from pagedserve.wire.protocol import ModelInfo, PoolStats
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta

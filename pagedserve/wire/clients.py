@@ -4,8 +4,8 @@ the contract between the services.
 Each is one object whose step call (`MemoryClient.reserve`, `ExecutorClient.step`) is sent
 when made and returns a concurrent Future of its answer, so the loop can keep a call in
 flight while it works (docs/ARCHITECTURE.md, "The step path"). Across processes they are
-the gRPC clients (pagedserve.gateway.remote), whose Futures are `Sent`: read on the thread that asks,
-with no helper thread; in process, pagedserve.gateway.in_process. Retrying and telemetry are at most
+the gRPC clients (pagedserve.gateway.remote), whose Futures are `Sent` (pagedserve.rpc.sent):
+read on the thread that asks, with no helper thread; in process, pagedserve.gateway.in_process. Retrying and telemetry are at most
 two wrappers of the step call (pagedserve.gateway.step_retry, pagedserve.gateway.step_telemetry).
 
 Errors come out of the Future's `result()`: in process, a bad argument is a ValueError
@@ -16,7 +16,6 @@ UNAVAILABLE (see pagedserve.memsvc.server, pagedserve.executor.server).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from concurrent.futures import Future
 
 from pagedserve.wire.protocol import ModelInfo, PoolStats
@@ -82,66 +81,3 @@ class ExecutorClient(ABC):
         it). A step whose `pool_epoch` names a pool other than the executor's is refused
         (ABORTED across processes): its reservation is gone. `step.forget` names sequences
         finished or preempted since the last step: their state is dropped."""
-
-
-class Sent(Future):
-    """A call already sent, whose answer `read()` gives on the thread that first asks for it
-    (`result`, `exception`; done callbacks run then): not done before it is asked. Lighter
-    than a Future another thread completes (no condition variable), so one thread, the
-    caller's, reads it."""
-
-    def __init__(self, read: Callable[[], object]):  # no Future.__init__: its lock is not needed
-        self._read: Callable[[], object] | None = read
-        self._done = False
-        self._value = self._error = None
-        self._callbacks: list = []
-
-    def _settle(self) -> None:
-        read, self._read = self._read, None
-        if read is None:
-            return
-        try:
-            self._value = read()
-        except BaseException as e:  # noqa: BLE001 - kept for whoever asks, as a Future keeps it
-            self._error = e
-        self._done = True
-        for fn in self._callbacks:
-            fn(self)
-
-    def result(self, timeout: float | None = None):
-        self._settle()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def exception(self, timeout: float | None = None):
-        self._settle()
-        return self._error
-
-    def done(self) -> bool:
-        return self._done
-
-    def add_done_callback(self, fn) -> None:
-        if self._done:
-            fn(self)
-        else:
-            self._callbacks.append(fn)
-
-    def running(self) -> bool:
-        return False
-
-    def cancel(self) -> bool:
-        return False
-
-    def cancelled(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return f"<Sent {'done' if self._done else 'not read yet'}>"
-
-
-def call_now(fn: Callable, *args) -> Future:
-    """`fn(*args)` made now, on this thread: a Future done with its answer or its error."""
-    future = Sent(lambda: fn(*args))
-    future.exception()
-    return future

@@ -3,7 +3,8 @@ the call is made when it is sent, and its answer (or its error) comes from its F
 Memory goes through the Reserve message's round trip (pagedserve.benchmarks.step_cost.WireMemory), as
 over the wire."""
 from pagedserve.benchmarks.step_cost import WireMemory
-from pagedserve.wire.clients import ExecutorClient, call_now
+from pagedserve.wire.clients import ExecutorClient
+from pagedserve.rpc.sent import call_now
 from pagedserve.step.local_engine import LocalEngine
 from pagedserve.wire.step_feed import StepOrder
 

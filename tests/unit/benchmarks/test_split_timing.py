@@ -3,7 +3,8 @@ for its answer count as the call's time."""
 import time
 
 from pagedserve.benchmarks.split import TimedMemory
-from pagedserve.wire.clients import MemoryClient, Sent
+from pagedserve.wire.clients import MemoryClient
+from pagedserve.rpc.sent import Sent
 
 
 class Slow(MemoryClient):

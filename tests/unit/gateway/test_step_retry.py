@@ -1,12 +1,13 @@
 """pagedserve.gateway.step_retry without processes: which failures re-run the same batch, which re-plan
 the step, and that an Execute that never succeeded runs before the next Reserve. The fake
-clients make each call when it is sent (pagedserve.wire.clients.call_now); a failure is retried when
+clients make each call when it is sent (pagedserve.rpc.sent.call_now); a failure is retried when
 the answer is read."""
 import grpc
 import pytest
 
 from pagedserve.gateway.step_retry import PoolChanged, StepRetry
-from pagedserve.wire.clients import ExecutorClient, MemoryClient, call_now
+from pagedserve.wire.clients import ExecutorClient, MemoryClient
+from pagedserve.rpc.sent import call_now
 from pagedserve.wire.protocol import SampleOutput
 from pagedserve.wire.reserve_messages import Plan, ReserveResult
 from pagedserve.wire.step_delta import StepDelta

@@ -1,10 +1,10 @@
-"""pagedserve.wire.clients' Futures: a Sent call is read once, by the first thread that asks, and is not
+"""pagedserve.rpc.sent: the step clients' Futures: a Sent call is read once, by the first thread that asks, and is not
 done before; its error is kept and raised to every asker; call_now's is done at once."""
 from concurrent.futures import Future
 
 import pytest
 
-from pagedserve.wire.clients import Sent, call_now
+from pagedserve.rpc.sent import Sent, call_now
 
 
 def test_a_sent_call_is_read_once_when_first_asked_and_keeps_its_answer():
