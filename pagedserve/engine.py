@@ -73,6 +73,7 @@ class LLMEngine:
         budget = self.executor.kv_budget(ex.gpu_memory_utilization)
         self.executor.attach_pool(self.memory.register_executor(info.kv, budget, device=self.device,
                                                                 ranks=ex.tensor_parallel_size))
+        self.executor.capture_graphs()  # on a GPU: every decode bucket before the first step
         self.info = info
         self.tokenizer = load_tokenizer(info.tokenizer_dir)
         self.loop = BatchLoop(self.memory, _FixedInfo(self.executor, info),

@@ -13,14 +13,22 @@ graphs: make a new DecodeGraphs in attach_pool), the block-table width (`max_blo
 model's maximum length in blocks; a wider table runs eagerly) and so the split-context
 choice of the attention kernel, which depends on shapes only.
 
+Every bucket is captured once the pool is attached, before the first served step
+(`capture_all`, with a progress bar: the executor's bring-up calls it); a bucket still
+missing is captured on first use. `replays` counts the steps a graph ran, `eager` the steps
+that ran eagerly beside graphs (a prompt chunk in the step, or a batch or table wider than
+any bucket): the executor's metrics read both.
+
 The model runner's hook (pagedserve/executor/model_runner.py):
     __init__/attach_pool:  self.graphs = DecodeGraphs.for_pool(self.model, self.config, kv_pool)
     _hidden, after meta:   if self.graphs is not None and self.graphs.eligible(meta):
                                return self.graphs.run(meta), meta
+                           (else graphs.eager += 1)
 """
 from __future__ import annotations
 
 import bisect
+import sys
 from dataclasses import replace
 
 import torch
@@ -104,7 +112,8 @@ class DecodeGraphs:
         self.warmup = warmup
         self.steps: dict[int, _StaticStep] = {}
         self.mempool = None  # shared by every bucket's graph
-        self.replays = 0
+        self.replays = 0  # steps a graph ran
+        self.eager = 0  # steps run eagerly beside these graphs (counted by the model runner)
 
     @classmethod
     def for_pool(cls, model, config, kv_pool: torch.Tensor, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
@@ -131,6 +140,17 @@ class DecodeGraphs:
                              block_tables=torch.zeros((0, 0), dtype=torch.int32, device=device),
                              seq_lens=empty.int(), query_start_loc=empty.int(), sample_indices=empty,
                              max_seq_len=self.max_blocks * self.block_size)
+
+    def capture_all(self, progress: bool | None = None) -> int:
+        """Capture every bucket not captured yet, smallest first (progress: a bar on stderr;
+        None: when stderr is a terminal); the number captured."""
+        from tqdm import tqdm
+
+        missing = [size for size in self.sizes if size not in self.steps]
+        show = sys.stderr.isatty() if progress is None else progress
+        for size in tqdm(missing, desc="CUDA graphs", unit="bucket", disable=not show or not missing):
+            self._step(size)
+        return len(missing)
 
     def _step(self, size: int) -> _StaticStep:
         step = self.steps.get(size)

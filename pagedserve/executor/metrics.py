@@ -7,6 +7,9 @@
   another (several gateways on one executor, pagedserve.executor.step_merger)
 - pagedserve:execute_simulated_seconds_total: modeled step time slept by a simulated
   accelerator (--simulate, pagedserve.executor.simulated); only on such an executor
+- pagedserve:execute_graph_replays_total, pagedserve:execute_eager_steps_total: steps a
+  CUDA graph ran, and steps run eagerly beside graphs (pagedserve.executor.cuda_graphs);
+  0 on a CPU, which has none
 """
 from __future__ import annotations
 
@@ -50,3 +53,18 @@ class SimulatedSeconds:
     def collect(self):
         yield CounterMetricFamily("pagedserve:execute_simulated_seconds", "Modeled step time slept "
                                   "by a simulated accelerator.", value=self.executor.simulated_seconds)
+
+
+class GraphSteps:
+    """A collector: the steps CUDA graphs ran and those run eagerly beside them
+    (Executor.graph_counts), read at each scrape."""
+
+    def __init__(self, executor, registry: CollectorRegistry):
+        self.executor = executor
+        registry.register(self)
+
+    def collect(self):
+        replays, eager = self.executor.graph_counts()
+        yield CounterMetricFamily("pagedserve:execute_graph_replays", "Steps a CUDA graph ran.", value=replays)
+        yield CounterMetricFamily("pagedserve:execute_eager_steps", "Steps run eagerly beside CUDA graphs "
+                                  "(a prompt chunk in the step, or wider than any graph).", value=eager)

@@ -67,8 +67,10 @@ class ModelRunner:
         meta = AttentionMetadata.from_batch(batch, pool.device, self.staging)
         if batch.copies:
             self._copy(batch.copies)
-        if self.graphs is not None and self.graphs.eligible(meta):
-            return self.graphs.run(meta), meta
+        if self.graphs is not None:
+            if self.graphs.eligible(meta):
+                return self.graphs.run(meta), meta
+            self.graphs.eager += 1
         hidden = self.model(meta.input_ids, meta.positions, meta, self.kv_pool)
         return hidden, meta
 

@@ -305,6 +305,13 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
                                budget_bytes=budget)
     with on_device(torch_device):
         executor.attach_pool(map_pool(handle))
+        if not config.model_free:
+            from pagedserve.executor.metrics import GraphSteps
+
+            captured = executor.capture_graphs()
+            if captured:
+                log.info("captured %d CUDA graph buckets", captured)
+            GraphSteps(executor, servicer.metrics.registry)
     servicer.set_ready(executor, info, read_tokenizer_files(info.tokenizer_dir), pool_id)
     freeze_heap()
     service.set_serving(True)

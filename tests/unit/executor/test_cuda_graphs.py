@@ -88,3 +88,59 @@ def test_prefill_and_oversized_steps_are_not_eligible():
     assert not graphs.eligible(AttentionMetadata.from_batch(batch(3)))  # past the largest bucket
     assert not graphs.eligible(AttentionMetadata.from_batch(batch(2)))  # a table wider than captured
     assert DecodeGraphs.for_pool(None, None, pool) is None  # CPU pool: no graphs
+
+
+def test_capture_all_captures_every_bucket_once_before_any_step():
+    calls = []
+    pool = torch.zeros(8, 1, 2, 4, 1, 2)
+
+    def model(input_ids, positions, meta, kv_pool):
+        calls.append(len(input_ids))
+        EagerGraph.current.fn = lambda: None
+        return torch.zeros(len(input_ids), 1)
+
+    graphs = DecodeGraphs(model, pool, AttentionMetadata, max_blocks=4, max_batch=8,
+                          graph_cls=EagerGraph, capture=eager_capture, warmup=0)
+    graphs.run(AttentionMetadata.from_batch(batch(3)))  # bucket 4, captured on first use
+    assert graphs.capture_all(progress=False) == 3 and calls == [4, 1, 2, 8]
+    assert sorted(graphs.steps) == graphs.sizes == [1, 2, 4, 8]
+    assert graphs.capture_all(progress=False) == 0 and calls == [4, 1, 2, 8]
+
+
+class Replayable:
+    """A real model under the eager stand-in: a captured call is computed again on replay."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, input_ids, positions, meta, kv_pool):
+        out = self.model(input_ids, positions, meta, kv_pool)
+        graph, EagerGraph.current = EagerGraph.current, None
+        if graph is not None:
+            graph.fn = lambda: out.copy_(self.model(input_ids, positions, meta, kv_pool))
+        return out
+
+
+def test_the_runner_counts_replayed_and_eager_steps_and_samples_as_without_graphs(tmp_path):
+    from pagedserve.executor.metrics import GraphSteps
+    from prometheus_client import CollectorRegistry
+    from tests.unit.executor.test_device_wait import chunked_prefill, make_runner
+
+    plain, graphed = make_runner(tmp_path), make_runner(tmp_path)
+    graphed.model.load_state_dict(plain.model.state_dict())
+    graphed.graphs = DecodeGraphs(Replayable(graphed.model), graphed.kv_pool, AttentionMetadata,
+                                  max_blocks=8, max_batch=4, graph_cls=EagerGraph, capture=eager_capture, warmup=0)
+    graphed.graphs.capture_all(progress=False)
+    for runner in (plain, graphed):
+        runner.outs = [runner.execute(b) for b in chunked_prefill()]
+    assert [list(o.tokens) for o in graphed.outs] == [list(o.tokens) for o in plain.outs]
+    assert (graphed.graphs.replays, graphed.graphs.eager) == (1, 2)  # the decode step; both prompt chunks
+
+    class Executor:
+        def graph_counts(self):
+            return graphed.graphs.replays, graphed.graphs.eager
+
+    registry = CollectorRegistry()
+    GraphSteps(Executor(), registry)
+    assert registry.get_sample_value("pagedserve:execute_graph_replays_total") == 1
+    assert registry.get_sample_value("pagedserve:execute_eager_steps_total") == 2
