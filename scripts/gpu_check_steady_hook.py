@@ -7,7 +7,9 @@ K/V context tokens) and, on a GPU, the device's time between CUDA events recorde
 current stream before and after the step. From the first step after FILE.go appears, the
 torch profiler records PROFILE_STEPS steps (CUDA kernels, copies and sets; on a CPU its
 operators): the union of their intervals over the window's wall time and within each step.
-When FILE.dump appears, the records are written to FILE (JSON) and FILE.dump is removed.
+When FILE.dump appears, the records are written to FILE (JSON), with the executor's CUDA graph
+counts (steps replayed, steps run eagerly beside graphs: Executor.graph_counts), and FILE.dump
+is removed.
 Nothing here changes what a step computes.
 """
 from __future__ import annotations
@@ -48,6 +50,7 @@ def union_ns(intervals) -> int:
 class StepClock:
     def __init__(self, out: Path):
         self.out, self.cuda = out, None  # cuda: set at the first step, from the executor's device
+        self.executor = None  # the first step's: its CUDA graph counts go out with the records
         self.steps: list[dict] = []
         self.pending: deque = deque()  # (step record, start event, end event) not yet complete
         self.first = None  # the first step's start event: device offsets are measured from it
@@ -60,6 +63,7 @@ class StepClock:
         def timed(executor, batch, *args, **kwargs):
             if self.cuda is None:
                 self.cuda = getattr(getattr(executor, "device", None), "type", "cpu") == "cuda"
+                self.executor = executor
             self.before(batch)
             try:
                 return fn(executor, batch, *args, **kwargs)
@@ -146,8 +150,10 @@ class StepClock:
         with self.lock:
             if self.cuda:
                 self.drain(block=True)
+            counts = getattr(self.executor, "graph_counts", None)
             data = {"hooked": self.hooked, "cuda": self.cuda, "go_step": self.go_step, "steps": self.steps,
-                    "profile": self.profile, "profile_at": PROFILE_AT, "profile_steps": PROFILE_STEPS}
+                    "profile": self.profile, "profile_at": PROFILE_AT, "profile_steps": PROFILE_STEPS,
+                    "graphs": dict(zip(("replays", "eager"), counts())) if counts else None}
         tmp = self.out.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self.out)

@@ -76,6 +76,7 @@ def step_figures(hook: dict, run_start: float, run_end: float, sizes: dict, copy
         out["device_in_steps_share"] = sum(s["device_ms"] for s in steps) / span if span > 0 else None
     out["decode"] = decode_figures(steps, key, sizes, copy_gb_per_s)
     out["profile"] = profile_figures(hook, sizes, copy_gb_per_s)
+    out["graphs"] = hook.get("graphs")  # the executor's whole life: steps replayed, steps run eagerly
     return out
 
 
@@ -106,6 +107,8 @@ def one_line(name: str, r: dict) -> str:
         parts.append(f"busy {prof['busy_share']:.0%} ({prof['activities']} profiler, {prof['steps']} steps);")
     if st.get("device_in_steps_share") is not None:
         parts.append(f"in steps {st['device_in_steps_share']:.0%} (CUDA events);")
+    if st.get("graphs"):
+        parts.append(f"CUDA graphs {st['graphs']['replays']} steps replayed, {st['graphs']['eager']} eager;")
     dec = st.get("decode") or {}
     if dec.get("steps"):
         parts.append(f"decode step {dec['median_step_ms']:.2f} ms vs roofline {dec['median_roofline_ms']:.2f} ms"

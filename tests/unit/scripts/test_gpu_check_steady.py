@@ -64,6 +64,9 @@ class FakeExecutor:
         torch.ones(64, 64) @ torch.ones(64, 64)  # an operator for the (CPU) profiler to see
         return [batch.num_seqs]
 
+    def graph_counts(self):
+        return 7, 2
+
 
 def test_the_hook_records_steps_profiles_a_window_and_dumps_on_request(tmp_path, monkeypatch):
     monkeypatch.setattr(hook, "PROFILE_AT", 2)
@@ -94,7 +97,9 @@ def test_the_hook_records_steps_profiles_a_window_and_dumps_on_request(tmp_path,
     assert figures["decode"]["median_roofline_ms"] == pytest.approx((1000 + 10 * (10 + 3 + 20 + 4 + 2)) / 1e6,
                                                                      rel=0.05)
     assert figures["profile"]["steps"] == 3 and 0 < figures["profile"]["busy_share"] <= 1
-    assert "steady x:" in report.one_line("x", {"steps": figures, "num_requests": 9})
+    assert figures["graphs"] == {"replays": 7, "eager": 2}  # the executor's own counts, as it reports them
+    line = report.one_line("x", {"steps": figures, "num_requests": 9})
+    assert "steady x:" in line and "CUDA graphs 7 steps replayed, 2 eager;" in line
 
 
 def test_the_watcher_dumps_when_asked(tmp_path):
