@@ -61,11 +61,10 @@ class LocalEngine:
             sp, prompt = seq.sampling, seq.prompt_token_ids
             history = (prompt + seq.output_token_ids)[:step.start_pos[i]] if sp.uses_penalties else None
             running.admit(seq_id, sp, seq.seed, len(prompt), history, prompt, table)
+        fields = {"pool_epoch": step.pool_epoch, "forget": list(step.forget), "step": step.step}
         if steady_decode(step):
             return running.apply_decode(step.seq_ids, step.start_pos, step.table_start, step.num_new_blocks,
-                                        step.new_blocks, pool_epoch=step.pool_epoch, forget=list(step.forget),
-                                        step=step.step)
+                                        step.new_blocks, **fields)
         fed, known = fed_and_known(step)
         return running.apply(step.seq_ids, step.start_pos, step.num_tokens, known, fed, step.sample,
-                             step.table_start, step.num_new_blocks, step.new_blocks,
-                             pool_epoch=step.pool_epoch, forget=list(step.forget), step=step.step)
+                             step.table_start, step.num_new_blocks, step.new_blocks, **fields)

@@ -50,6 +50,7 @@ def fill(rs: RunningSet, step: Applied) -> None:
             prompt, output = batch.histories[i]
             (output if output else prompt)[-1] = token
 
+
 def record(rs: RunningSet, step: Applied, outputs) -> None:
     """Keep what the step sampled (`outputs`: one per row that reports, in order;
     pagedserve.wire.step_outputs)."""

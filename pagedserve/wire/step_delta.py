@@ -118,16 +118,13 @@ def encode_delta(step: StepDelta, sent: set[str], session_id: str, incarnation: 
     if not sent.issuperset(ids):  # some states must go, with their whole tables
         states, tstarts, nnew, newb = with_states(step, sent, tables)
     ids, joined = id_columns.join_ids(ids)
-    copies = ([c[0] for c in step.copies], [c[1] for c in step.copies]) if step.copies else ((), ())
-    if steady_decode(step):
-        return executor_pb2.ExecuteRequest(
-            pool_epoch=step.pool_epoch, session_id=session_id, incarnation=incarnation, forget=forget,
-            seq_ids=ids, joined_seq_ids=joined, start_pos=step.start_pos, table_start=tstarts,
-            num_new_blocks=nnew, new_blocks=newb, states=states, step=step.step, decode=True,
-            copy_src=copies[0], copy_dst=copies[1])
-    fed, tokens = fed_and_known(step)
+    if steady_decode(step):  # its num_tokens, token_ids, sample and fed columns go as one flag
+        columns = {"decode": True}
+    else:
+        fed, tokens = fed_and_known(step)
+        columns = {"num_tokens": step.num_tokens, "token_ids": tokens, "sample": step.sample, "fed": fed}
     return executor_pb2.ExecuteRequest(
         pool_epoch=step.pool_epoch, session_id=session_id, incarnation=incarnation,
-        forget=forget, seq_ids=ids, joined_seq_ids=joined, start_pos=step.start_pos, num_tokens=step.num_tokens,
-        token_ids=tokens, sample=step.sample, table_start=tstarts, num_new_blocks=nnew, new_blocks=newb,
-        states=states, fed=fed, step=step.step, copy_src=copies[0], copy_dst=copies[1])
+        forget=forget, seq_ids=ids, joined_seq_ids=joined, start_pos=step.start_pos,
+        table_start=tstarts, num_new_blocks=nnew, new_blocks=newb, states=states, step=step.step,
+        copy_src=[c[0] for c in step.copies], copy_dst=[c[1] for c in step.copies], **columns)
