@@ -71,7 +71,8 @@ def each(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, updates: Step
             seq_end.fail_alone(sched, sched.seqs.get(seq_id, source), source, e)
     if plain:
         sched.took = Took(batch.seqs, list(outputs.tokens), num_tokens, least, stops, sched.removals,
-                          stop_any=frozenset().union(*stop_sets.values()), ids=list(batch.seq_ids))
+                          frozenset().union(*stop_sets.values()), [n - 1 for n in num_tokens],
+                          list(batch.seq_ids))
 
 
 def one(sched: Scheduler, seq_id: str, source, start: int, computed: int, out: SampleOutput | None,

@@ -41,17 +41,12 @@ def steady_run(sched: Scheduler, ahead_of: StepDelta, took: Took, budget: int, m
             or not all(ahead_of.sample)):
         return None
     held = ahead_of.start_pos
-    if took.held is not None:  # held == took.held: each ends where took.num_tokens says
-        if held != took.held:
-            return None
-        ends = took.num_tokens
-    else:
-        ends = [p + 1 for p in held]
-        if ends != took.num_tokens:
-            return None
+    if held != took.held:  # (equal: each ends where took.num_tokens says)
+        return None
+    ends = took.num_tokens
     # on_reserved's: seqs[i] is the sequence of seq_ids[i]; took.ids, the same ids, are the
     # same objects as the last plan's (pending's compare finds each identical, no text compared)
-    run_ids = list(ahead_of.seq_ids if took.ids is None else took.ids)
+    run_ids = list(took.ids)
     fills = sched.pending.take_known(run_ids, held, took.tokens)
     if fills is None:
         return None
@@ -134,6 +129,6 @@ def sampled_steady(sched: Scheduler, batch: StepDelta, outputs: StepOutputs, too
 def _stops_any(took: Took, tokens: list[int]) -> bool:
     """A token of `tokens` is one of those that stop its sequence (`took.stops`, in order);
     none is where none is in `took.stop_any`."""
-    if took.stop_any is not None and (not took.stop_any or took.stop_any.isdisjoint(tokens)):
+    if not took.stop_any or took.stop_any.isdisjoint(tokens):
         return False
     return any(map(operator.contains, took.stops, tokens))

@@ -16,10 +16,10 @@ class Took:
     """What `on_sampled` leaves where each sequence of its batch took a plain token (no
     error, fork point, prompt logprobs or beam search) and none ended: the batch's
     sequences, in its order, the tokens they took, how many tokens each holds now, the
-    fewest tokens any of them may still take before its length ends it, and the tokens
-    that stop each; where known, `stop_any`, every one of those stop tokens (a step whose
-    tokens are none of them stops none), and `held`, how many each held before (where
-    the tokens taken are: a plan made ahead reads where they end, without adding). The
+    fewest tokens any of them may still take before its length ends it, the tokens that
+    stop each, `stop_any`, every one of those stop tokens (a step whose tokens are none of
+    them stops none), `held`, how many each held before (where the tokens taken are: a plan
+    made ahead reads where they end, without adding), and the sequences' ids. The
     next plan made ahead and the next `on_sampled` read it while their batch's sequences
     are these (only `on_sampled` adds their tokens)."""
 
@@ -29,9 +29,9 @@ class Took:
     left: int
     stops: list[frozenset[int]]
     removals: int  # Scheduler.removals then: while it stays, the sequences are current
-    stop_any: frozenset[int] | None = None  # every token of `stops` (or more)
-    held: list[int] | None = None  # num_tokens less one each
-    ids: list[str] | None = None  # the ids of `seqs`: the same str objects from step to step
+    stop_any: frozenset[int]  # every token of `stops` (or more)
+    held: list[int]  # num_tokens less one each
+    ids: list[str]  # the ids of `seqs`: the same str objects from step to step
 
 
 @dataclass

@@ -25,10 +25,8 @@ if TYPE_CHECKING:
 def admit(alloc: PagedAllocator, prompt_token_ids: list[int], max_len: int, salt: str | None,
           use_cache: bool) -> Admission:
     cached, _ = cached_prefix(alloc, prompt_token_ids, salt) if use_cache else ([], [])
-    revived = restored = 0
-    if cached:
-        revived = sum(1 for b in cached if isinstance(b, Block) and b.ref_cnt == 0)  # leave the queue
-        restored = sum(1 for b in cached if not isinstance(b, Block))  # take fresh blocks
+    revived = sum(1 for b in cached if isinstance(b, Block) and b.ref_cnt == 0)  # leave the queue
+    restored = sum(1 for b in cached if not isinstance(b, Block))  # take fresh blocks
     return paged_admission(
         prompt_len=len(prompt_token_ids),
         max_len=max_len,
