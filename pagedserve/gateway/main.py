@@ -7,7 +7,8 @@ import sys
 
 from pagedserve.gateway import chat_template, grammar_budget
 from pagedserve.gateway.config import GatewayConfig
-from pagedserve.gateway.server import SERVING, Backend, Gateway
+from pagedserve.gateway.generation_service import Backend
+from pagedserve.gateway.server import SERVING, Gateway
 from pagedserve.rpc.grpc_service import get_logger, open_channel
 from pagedserve.rpc.heap import freeze_heap
 

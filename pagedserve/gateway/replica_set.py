@@ -44,7 +44,7 @@ class Draining(ConnectionError):
 class Replica:
     def __init__(self, name: str, memsvc: str, executor: str):
         self.name, self.memsvc, self.executor = name, memsvc, executor
-        self.backend = None  # pagedserve.gateway.server.Backend once connected
+        self.backend = None  # pagedserve.gateway.generation_service.Backend once connected
         self.runner = None  # pagedserve.gateway.step_runner.StepRunner
         self.index: BlockIndex | None = None
         self.up = False

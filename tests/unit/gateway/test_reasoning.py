@@ -111,7 +111,7 @@ def test_tool_calls_are_read_from_the_answer_only():
 
 
 def test_a_grpc_message_with_a_whole_output_is_split_as_the_http_body():
-    from pagedserve.gateway.server import to_response
+    from pagedserve.gateway.generation_service import to_response
     from pagedserve.wire.protocol import Delta
 
     text = "".join(PIECES)
