@@ -37,7 +37,8 @@ class AttentionMetadata:
     def from_batch(cls, batch: StepBatch, device: torch.device | str = "cpu",
                    staging: Staging | None = None) -> "AttentionMetadata":
         """The tensors of a StepBatch's columns (pagedserve.executor.seq_screen checks them),
-        through `staging` (pinned buffers, non-blocking copies) when given."""
+        through `staging` (pinned buffers, non-blocking copies) when given; the fed tokens
+        still on the device (StepBatch.device_feed) read there."""
         if not batch.num_seqs:
             raise ValueError("empty StepBatch")
         n = batch.num_tokens
@@ -49,8 +50,12 @@ class AttentionMetadata:
         seq_lens = batch.start_pos + n
         sample = starts[1:][batch.sample] - 1
         staging = staging or Staging(device)
-        input_ids, positions, slots, sample = staging.send([batch.token_ids, positions, batch.slot_mapping, sample],
-                                                           np.int64)
+        feed = batch.device_feed
+        more = [] if feed is None else [feed[1], feed[2]]
+        input_ids, positions, slots, sample, *fed = staging.send(
+            [batch.token_ids, positions, batch.slot_mapping, sample, *more], np.int64)
+        if feed is not None:  # the tokens the last pass sampled, read where they are
+            input_ids[fed[0]] = feed[0][fed[1]]
         tables, lens, starts_t = staging.send([batch.block_tables, seq_lens, starts], np.int32)
         return cls(input_ids=input_ids, positions=positions, slot_mapping=slots, block_tables=tables,
                    seq_lens=lens, query_start_loc=starts_t, sample_indices=sample,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 
 import torch
 
@@ -16,6 +17,7 @@ from pagedserve.executor.model_loader import load_model
 from pagedserve.executor.logits_mask import GuidedDecoding
 from pagedserve.executor.model_runner import ModelRunner
 from pagedserve.executor.sharding import ShardPlan
+from pagedserve.executor.step_merger import Launched, launch_of
 from pagedserve.executor import tensor_parallel, tp_pools
 from pagedserve.executor.weights import parse_dtype
 from pagedserve.step.step_batch import StepBatch
@@ -176,6 +178,18 @@ class Executor:
         if self.core_share is not None:
             self.core_share.adjust()
         return self.runner.execute(batch)
+
+    def launch(self, batch: StepBatch) -> Launched:
+        """`execute` for the step merger (pagedserve.executor.step_merger): the outputs may
+        still be on their way from the device (ModelRunner.launch; a tensor-parallel group's
+        are not)."""
+        if self.runner is None or self.leader is not None:
+            return launch_of(self.execute)(batch)
+        if self.core_share is not None:
+            self.core_share.adjust()
+        start = time.perf_counter()
+        outputs = self.runner.launch(batch)
+        return Launched(outputs, time.perf_counter() - start)
 
     def logits(self, batch: StepBatch) -> torch.Tensor:
         """float32 logits [T, vocab] of every token of the step (ModelRunner.logits)."""

@@ -15,6 +15,7 @@ from pagedserve.executor.staging import Staging
 from pagedserve.kernels import copy_blocks
 from pagedserve.step.step_batch import StepBatch
 from pagedserve.wire.protocol import SampleOutput
+from pagedserve.wire.pending_outputs import PendingOutputs
 from pagedserve.wire.step_outputs import StepOutputs
 
 
@@ -36,6 +37,7 @@ class ModelRunner:
         self.config = config
         self.sampler = Sampler(config.eos_token_ids)
         self.guided = None  # pagedserve.executor.logits_mask.GuidedDecoding: grammar masks (structured output)
+        self.held_readback = False  # a CPU's launched outputs kept pending until asked (pagedserve.executor.readback)
         self.kv_pool = None
         self.attach_pool(kv_pool, holds_pool)
 
@@ -84,8 +86,13 @@ class ModelRunner:
             copy_blocks(self.kv_pool, self.kv_pool, [c[0] for c in copies], [c[1] for c in copies])
 
     def _check(self, batch: StepBatch) -> None:
-        """What each sequence must be to run: batch.errors names each one that is not."""
+        """What each sequence must be to run: batch.errors names each one that is not. The
+        others then run without them (a new batch), with their fed tokens read to the host."""
         screen(batch, self.config.vocab_size, self.kv_pool.shape[0], self.kv_pool.shape[3])
+        if batch.errors and batch.device_feed is not None:
+            tokens, at, src = batch.device_feed
+            batch.token_ids[at] = tokens[torch.from_numpy(src).to(tokens.device)].cpu().numpy()
+            batch.device_feed = None
 
     def execute(self, batch: StepBatch) -> StepOutputs:
         """One output (pagedserve.wire.step_outputs) per sequence that `reports` (samples, or
@@ -97,8 +104,16 @@ class ModelRunner:
             raise ValueError("empty StepBatch")
         return run_screened(batch, self._check, self._execute)
 
+    def launch(self, batch: StepBatch) -> StepOutputs | PendingOutputs:
+        """`execute`, but the sampled tokens (and logprobs) may still be on their way to the
+        host (pagedserve.wire.pending_outputs): where every sequence runs and no grammar or
+        prompt logprobs need the host. The next step may be launched before they arrive."""
+        if not batch.num_seqs:
+            raise ValueError("empty StepBatch")
+        return run_screened(batch, self._check, lambda b: self._execute(b, pending=True))
+
     @torch.inference_mode()
-    def _execute(self, batch: StepBatch) -> StepOutputs:
+    def _execute(self, batch: StepBatch, pending: bool = False) -> StepOutputs | PendingOutputs:
         sampled = np.flatnonzero(batch.sample)
         if self.guided is not None:
             if batch.forget:
@@ -106,13 +121,16 @@ class ModelRunner:
             self.guided.expect(batch)  # grammars compile from a sequence's first chunk on
         scoring = PromptScoring.of(batch, self.config.vocab_size)
         # grammar masks depend only on the tokens already known: computed during the forward pass
-        pending = self.guided.prepare(batch, sampled) if self.guided is not None else None
+        masks = self.guided.prepare(batch, sampled) if self.guided is not None else None
         hidden, meta = self._hidden(batch, checked=True)
         outputs = StepOutputs([], [])
         if meta.sample_indices.numel():
             logits = self.model.compute_logits(hidden[meta.sample_indices])
-            failed = self.guided.apply(logits, pending) if pending is not None else {}
-            outputs = self.sampler(logits, batch, sampled)
+            failed = self.guided.apply(logits, masks) if masks is not None else {}
+            readback = self.sampler.sample(logits, batch, sampled, held=self.held_readback)
+            if pending and scoring is None and not failed and not readback.done():
+                return PendingOutputs(readback, 0, len(sampled))
+            outputs = readback.outputs()
             for k, why in failed.items():
                 outputs.put(k, SampleOutput(outputs.seq_ids[k], -1, sampled=False, error=f"its grammar: {why}"))
         if scoring is None:

@@ -28,8 +28,8 @@ import torch
 
 import numpy as np
 
+from pagedserve.executor.readback import Logprobs, Readback
 from pagedserve.step.step_batch import FLAG_PLAIN, StepBatch
-from pagedserve.wire.protocol import SampleOutput
 from pagedserve.wire.step_outputs import StepOutputs
 
 _MASK64 = (1 << 64) - 1
@@ -177,12 +177,17 @@ class Sampler:
         self.eos_token_ids = list(eos_token_ids)
 
     def __call__(self, logits: torch.Tensor, batch: StepBatch, rows: np.ndarray) -> StepOutputs:
+        return self.sample(logits, batch, rows).outputs()
+
+    def sample(self, logits: torch.Tensor, batch: StepBatch, rows: np.ndarray, held: bool = False) -> Readback:
+        """The tokens (and logprobs) on their way to the host (pagedserve.executor.readback;
+        `held` as there): no wait on the device but apply_truncation's for a top-p row."""
         assert logits.shape[0] == len(rows), (logits.shape, len(rows))
         ids = list(map(batch.seq_ids.__getitem__, rows.tolist()))
         if (batch.flags[rows] & FLAG_PLAIN).all():
             # the common serving case: one max over the batch (faster than argmax on a CPU,
             # the same first index), no copy of the logits
-            return StepOutputs(ids, logits.max(-1).indices.tolist())
+            return Readback(ids, logits.max(-1).indices, held=held)
         params = [batch.held[i].sampling for i in rows]
         logits = logits.to(torch.float32, copy=True)
         if any(p.logit_bias for p in params):
@@ -213,24 +218,18 @@ class Sampler:
             u = torch.from_numpy(u).to(dev)
             picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
             tokens[at] = picked[:, 0].clamp_(max=logits.shape[-1] - 1)
-        out = StepOutputs(ids, tokens.tolist())
-        self._logprobs(logits, tokens, params, out)
-        return out
+        return Readback(ids, tokens, self._logprobs(logits, tokens, params), held=held)
 
     @staticmethod
-    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list, out: StepOutputs) -> None:
-        """The chosen token's logprob and the top n, for the rows that ask, in one pass:
-        each such row's entry in `out.more`."""
+    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list) -> Logprobs | None:
+        """The chosen token's logprob and the top n, for the rows that ask, in one pass."""
         asked = [k for k, p in enumerate(params) if p.logprobs is not None]
         if not asked:
-            return
+            return None
         at = torch.tensor(asked, device=logits.device)
         logprobs = logits[at].log_softmax(-1)
-        chosen = logprobs.gather(1, tokens[at][:, None])[:, 0].tolist()
-        most = max(params[k].logprobs for k in asked)
-        values, top = logprobs.topk(most) if most else (logprobs[:, :0], logprobs[:, :0])
-        values, top = values.tolist(), top.tolist()
-        for j, k in enumerate(asked):
-            n = params[k].logprobs
-            top_n = [(t, v) for t, v in zip(top[j][:n], values[j][:n]) if v != float("-inf")] if n else []
-            out.put(k, SampleOutput(out.seq_ids[k], out.tokens[k], chosen[j], top_n))
+        chosen = logprobs.gather(1, tokens[at][:, None])[:, 0]
+        counts = [params[k].logprobs for k in asked]
+        most = max(counts)
+        values, top = logprobs.topk(most) if most else (logprobs[:, :0], logprobs[:, :0].long())
+        return Logprobs(asked, counts, chosen, values, top)

@@ -16,6 +16,7 @@ import numpy as np
 
 from pagedserve.step.step_batch import StepBatch
 from pagedserve.wire.protocol import SampleOutput
+from pagedserve.wire.pending_outputs import PendingOutputs
 from pagedserve.wire.step_outputs import StepOutputs
 
 SEQ_FAULTS = (ValueError, IndexError, OverflowError, TypeError, KeyError)
@@ -50,17 +51,20 @@ def screen(batch: StepBatch, vocab_size: int | None, num_blocks: int | None, blo
 
 
 def run_screened(batch: StepBatch, check: Callable[[StepBatch], None],
-                 run: Callable[[StepBatch], StepOutputs | list[SampleOutput]]) -> StepOutputs:
+                 run: Callable[[StepBatch], StepOutputs | PendingOutputs | list[SampleOutput]]
+                 ) -> StepOutputs | PendingOutputs:
     """`run(batch)` without the sequences that fail `check` (which sets batch.errors): one
     output per sequence that reports, in batch order, an error output (in `more`, token -1)
-    for each one left out."""
+    for each one left out. `run`'s pending outputs are waited for only where some are left out."""
     check(batch)
     if not batch.errors:
-        return StepOutputs.of(run(batch))
+        out = run(batch)
+        return out if isinstance(out, PendingOutputs) else StepOutputs.of(out)
     errors = batch.errors
     reporting = np.flatnonzero(batch.reports()).tolist()
     kept = np.array([i for i in range(batch.num_seqs) if i not in errors], dtype=np.int64)
-    ran = StepOutputs.of(run(batch.select(kept)) if len(kept) else ())
+    ran = run(batch.select(kept)) if len(kept) else ()
+    ran = ran.result() if isinstance(ran, PendingOutputs) else StepOutputs.of(ran)
     ran_at = [k for k, i in enumerate(reporting) if i not in errors]  # entry of each of `ran`'s
     if len(ran) != len(ran_at):
         raise RuntimeError(f"the step answered {len(ran)} outputs for the {len(ran_at)} sequences "

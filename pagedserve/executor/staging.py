@@ -21,15 +21,15 @@ class Staging:
         self.packs = self.device.type == "cuda" if packs is None else packs
         self._buffers: dict[tuple[np.dtype, int], torch.Tensor] = {}
         self._events: dict[tuple[np.dtype, int], object] = {}
-        self._turn = 0
+        self._turn: dict[np.dtype, int] = {}
 
     def send(self, arrays: list[np.ndarray], dtype) -> list[torch.Tensor]:
         """`arrays` as device tensors of `dtype` (int64 or int32), each its own shape."""
         dtype = np.dtype(dtype)
         if not self.packs:
             return [torch.from_numpy(np.ascontiguousarray(a, dtype=dtype)).to(self.device) for a in arrays]
-        key = (dtype, self._turn)
-        self._turn ^= 1
+        turn = self._turn[dtype] = self._turn.get(dtype, 1) ^ 1
+        key = (dtype, turn)
         total = sum(a.size for a in arrays)
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < total:

@@ -11,9 +11,11 @@ raises fails every call merged into it.
 
 A launch (`Launched`) hands back the pass's outputs and when the device will have finished
 it. An executor that computes on the CPU finishes inside the launch; one whose device runs
-behind the host (pagedserve.executor.simulated) finishes later, and while it runs the model thread
-launches the next pass that has come, so the device starts it the moment the last one ends
-(two passes in flight at most); a caller's answer is sent once its pass has ended.
+behind the host finishes later: a GPU's outputs come pending (pagedserve.wire.pending_outputs,
+done when they reach the host), the simulated executor's (pagedserve.executor.simulated) at
+`ends_at`. While a pass runs the model thread launches the next pass that has come, so the
+device starts it the moment the last one ends (two passes in flight at most); a caller's
+answer is sent once its pass has ended.
 
 Gateways step in turn (each waits for its answer, then plans its next step), so without
 help each pass would hold one gateway's batch while the other's waits. Before a pass the
@@ -31,19 +33,22 @@ from typing import Callable
 
 from pagedserve.step.batch_parts import concat
 from pagedserve.step.step_batch import StepBatch
+from pagedserve.wire.pending_outputs import PendingOutputs
 from pagedserve.wire.step_outputs import StepOutputs
 
 ACTIVE_S = 1.0  # a caller heard from within this long is expected at the next pass
 LAUNCH_MARGIN_S = 1e-3  # behind a running pass, stop gathering this long before it ends
+POLL_S = 2e-4  # behind a pass whose outputs are pending, how often to ask whether they are done
 
 
 @dataclass
 class Launched:
     """A launched pass: its outputs, the device seconds it takes, and when (time.monotonic)
-    the device will have finished it (0: finished already)."""
-    outputs: StepOutputs
+    the device will have finished it (0: finished already, or when pending outputs are done)."""
+    outputs: StepOutputs | PendingOutputs
     seconds: float = 0.0
     ends_at: float = 0.0
+    started: float = 0.0  # time.perf_counter() at the launch, set by the merger
 
 
 def launch_of(execute: Callable[[StepBatch], StepOutputs]) -> Callable[[StepBatch], Launched]:
@@ -101,31 +106,39 @@ class StepMerger:
             with self._cond:
                 if running is None:
                     self._cond.wait_for(lambda: self._queue)
-                    self._gather(min(self.window * self._last_pass_s, self.max_wait_s))
+                    self._forget_idle()
+                    self._cond.wait_for(self._all_in, min(self.window * self._last_pass_s, self.max_wait_s))
                 else:
-                    self._gather(running[1].ends_at - LAUNCH_MARGIN_S - time.monotonic())
-                    if not self._queue:
-                        self._cond.wait_for(lambda: self._queue, running[1].ends_at - time.monotonic())
+                    self._behind(running[1])
                 work, self._queue = self._queue, []
             launched = self._launch(work) if work else None
             if running is not None:
                 self._finish(*running)
             running = launched
-            if running is not None and running[1].ends_at <= time.monotonic():
+            if running is not None and _ended(running[1]):
                 self._finish(*running)
                 running = None
 
-    def _gather(self, wait_s: float) -> None:
-        """Wait up to `wait_s` for the active callers that have not queued a batch yet (lock held)."""
+    def _behind(self, launched: Launched) -> None:
+        """While `launched` runs (lock held): return once the active callers have all queued a
+        batch, or some has and the pass is about to end (LAUNCH_MARGIN_S), or it has ended."""
+        self._forget_idle()
+        pending = isinstance(launched.outputs, PendingOutputs)
+        while not _ended(launched):
+            left = launched.ends_at - time.monotonic()
+            if self._queue and (self._all_in() or left <= LAUNCH_MARGIN_S):
+                return
+            wait = left - LAUNCH_MARGIN_S if self._queue else left
+            self._cond.wait(min(POLL_S, wait) if pending else wait)
+
+    def _forget_idle(self) -> None:
         now = time.monotonic()
         for caller in [c for c, t in self._last_seen.items() if now - t > ACTIVE_S]:
             del self._last_seen[caller]
 
-        def all_in() -> bool:
-            return bool(self._queue) and {w.caller for w in self._queue} >= set(self._last_seen)
-
-        if wait_s > 0:
-            self._cond.wait_for(all_in, wait_s)
+    def _all_in(self) -> bool:
+        """Every caller active in the last ACTIVE_S has queued a batch (lock held)."""
+        return bool(self._queue) and {w.caller for w in self._queue} >= set(self._last_seen)
 
     def _launch(self, work: list[_Work]) -> tuple[list[_Work], Launched] | None:
         ready = []
@@ -139,19 +152,26 @@ class StepMerger:
         if not ready:
             return None
         merged = concat([w.batch for w in ready])
+        started = time.perf_counter()
         try:
             launched = self.launch(merged)
         except BaseException as e:  # every caller of this pass gets the error
             for w in ready:
                 w.done.set_exception(e)
             return None
-        self._last_pass_s = launched.seconds
+        launched.started = started
+        if isinstance(launched.outputs, PendingOutputs):  # ends about as long after as the last pass took
+            launched.ends_at = launched.ends_at or time.monotonic() + self._last_pass_s
+        else:
+            self._last_pass_s = launched.seconds
         self.num_passes += 1
         if len(ready) > 1:
             self.num_merged += len(ready)
             if self.on_merged is not None:
                 self.on_merged(len(ready))
-        outputs = StepOutputs.of(launched.outputs)
+        outputs = launched.outputs
+        if not isinstance(outputs, PendingOutputs):
+            outputs = StepOutputs.of(outputs)
         at, row, finished = 0, 0, []
         for w in ready:
             if merged is not w.batch:  # the sequences the pass left out, back to their own batch
@@ -159,7 +179,7 @@ class StepMerger:
                 b.errors.update({i - row: e for i, e in merged.errors.items() if row <= i < row + b.num_seqs})
                 row += b.num_seqs
             n = int(w.batch.reports().sum())
-            mine = outputs if len(ready) == 1 and n == len(outputs) else _part(outputs, at, at + n)
+            mine = outputs if len(ready) == 1 and n == len(outputs) else outputs.part(at, at + n)
             at += n
             try:
                 if w.after is not None:
@@ -170,17 +190,24 @@ class StepMerger:
             finished.append((w, mine))
         return finished, launched
 
-    @staticmethod
-    def _finish(finished: list, launched: Launched) -> None:
+    def _finish(self, finished: list, launched: Launched) -> None:
         """Answer the pass's callers once the device has ended it."""
         left = launched.ends_at - time.monotonic()
-        if left > 0:
+        if isinstance(launched.outputs, PendingOutputs):
+            try:
+                launched.outputs.result()  # waits for the device
+            except BaseException as e:
+                for w, _ in finished:
+                    w.done.set_exception(e)
+                return
+            launched.seconds = self._last_pass_s = max(launched.seconds, time.perf_counter() - launched.started)
+        elif left > 0:
             time.sleep(left)
         for w, mine in finished:
-            w.done.set_result((mine, launched.seconds))
+            w.done.set_result((mine.result() if isinstance(mine, PendingOutputs) else mine, launched.seconds))
 
 
-def _part(outputs: StepOutputs, start: int, stop: int) -> StepOutputs:
-    """Entries start..stop-1 of `outputs`, numbered from 0."""
-    more = {k - start: o for k, o in outputs.more.items() if start <= k < stop} if outputs.more else None
-    return StepOutputs(outputs.seq_ids[start:stop], outputs.tokens[start:stop], more)
+def _ended(launched: Launched) -> bool:
+    if isinstance(launched.outputs, PendingOutputs):
+        return launched.outputs.done() or launched.ends_at <= time.monotonic()
+    return launched.ends_at <= time.monotonic()

@@ -59,6 +59,8 @@ def sampling_from_proto(m: TensorParallelSampling) -> SamplingParams:
 
 
 def step_to_proto(batch: StepBatch) -> TensorParallelStep:
+    if batch.device_feed is not None:  # a group's outputs are never pending (Executor.launch)
+        raise ValueError("a step whose fed tokens are on this device cannot travel to the other ranks")
     starts, tables, lens = batch.starts, batch.block_tables, batch.table_lens
     seqs = []
     for i, seq_id in enumerate(batch.seq_ids):

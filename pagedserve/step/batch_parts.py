@@ -11,7 +11,9 @@ from pagedserve.step.step_batch import StepBatch
 
 def select(self: StepBatch, rows: np.ndarray) -> StepBatch:
     """The batch of `rows` (int indices, in order), without errors, forgets or copies'
-    repetition: those stay with this batch."""
+    repetition: those stay with this batch. Its fed tokens are the host's (no device feed)."""
+    if self.device_feed is not None:
+        raise ValueError("a batch whose fed tokens are on the device is selected from only once they are read")
     starts = self.starts
     n = self.num_tokens[rows]
     token_rows = np.repeat(rows, n)
@@ -29,9 +31,19 @@ def select(self: StepBatch, rows: np.ndarray) -> StepBatch:
 
 
 def concat(batches: list[StepBatch]) -> StepBatch:
-    """One batch of several callers' (their sequences in order; forgets and copies joined)."""
+    """One batch of several callers' (their sequences in order; forgets, copies and device
+    feeds joined: these read one pass's tokens, the one pass in flight)."""
     if len(batches) == 1:
         return batches[0]
+    feeds, offset = [], 0
+    for b in batches:
+        if b.device_feed is not None:
+            feeds.append((b.device_feed[0], b.device_feed[1] + offset, b.device_feed[2]))
+        offset += len(b.token_ids)
+    if len({id(f[0]) for f in feeds}) > 1:
+        raise ValueError("the merged steps read fed tokens from different passes")
+    feed = (feeds[0][0], np.concatenate([f[1] for f in feeds]), np.concatenate([f[2] for f in feeds])) if feeds \
+        else None
     width = max((b.block_tables.shape[1] for b in batches), default=0)
     tables = np.zeros((sum(b.num_seqs for b in batches), width), dtype=np.int32)
     at, histories, errors = 0, {}, {}
@@ -47,4 +59,5 @@ def concat(batches: list[StepBatch]) -> StepBatch:
         tables, np.concatenate([b.table_lens for b in batches]), [h for b in batches for h in b.held],
         np.concatenate([b.flags for b in batches]),
         *(np.concatenate([b.columns()[k] for b in batches]) for k in range(4)), histories, errors,
-        forget=[f for b in batches for f in b.forget], copies=[c for b in batches for c in b.copies])
+        forget=[f for b in batches for f in b.forget], copies=[c for b in batches for c in b.copies],
+        device_feed=feed)

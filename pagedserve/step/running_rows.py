@@ -42,7 +42,7 @@ def grow(rs: RunningSet, rows: int = 0, width: int = 0) -> None:
         rs._last = None
         extra = rows - old_rows
         rs.tables = np.concatenate([rs.tables, np.zeros((extra, width), dtype=np.int32)])
-        for name, fill in (("table_len", 0), ("last_pos", -1), ("last_token", 0), ("gen", 0), ("flags", 0),
+        for name, fill in (("table_len", 0), ("last_pos", -1), ("last_token", 0), ("feed_src", -1), ("gen", 0), ("flags", 0),
                            ("temperature", 1), ("top_k", 0), ("top_p", 1), ("min_p", 0)):
             a = getattr(rs, name)
             setattr(rs, name, np.concatenate([a, np.full(extra, fill, dtype=a.dtype)]))
@@ -63,6 +63,7 @@ def admit(rs: RunningSet, seq_id: str, sampling, seed: int, prompt_len: int = 0,
         rs._gen += 1
         rs.gen[r] = rs._gen
         rs.last_pos[r] = -1
+        rs.feed_src[r] = -1
     if sampling is not rs._checked[0]:  # the sequences of one request share theirs
         try:
             sampling.validate()

@@ -54,6 +54,8 @@ class RunningSet:
         self.table_len = np.zeros(rows, dtype=np.int32)
         self.last_pos = np.full(rows, -1, dtype=np.int64)
         self.last_token = np.zeros(rows, dtype=np.int64)
+        self.feed_src = np.full(rows, -1, dtype=np.int64)  # >= 0: last_token is still on the device, there
+        self.unsettled = None  # (PendingOutputs, rows, their entries): see pagedserve.step.running_feed
         self.gen = np.zeros(rows, dtype=np.int64)  # a row's owner changes: a step's record skips it
         self.flags = np.zeros(rows, dtype=np.uint8)
         self.temperature = np.ones(rows, dtype=np.float32)  # 1 for greedy rows
@@ -182,5 +184,5 @@ class RunningSet:
 
     def record(self, step: Applied, outputs) -> None:
         """Keep what the step sampled (`outputs`: one per row that reports, in order;
-        pagedserve.wire.step_outputs)."""
+        pagedserve.wire.step_outputs, or still on the device: pagedserve.wire.pending_outputs)."""
         running_feed.record(self, step, outputs)

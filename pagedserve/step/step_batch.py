@@ -60,6 +60,9 @@ class StepBatch:
     forget: list[str] = field(default_factory=list)
     step: int = 0
     copies: list[tuple[int, int]] = field(default_factory=list)
+    # fed tokens the device holds and the host not yet: (the last pass's sampled-token tensor,
+    # int64 packed positions, int64 entries of that tensor) (pagedserve.step.running_feed)
+    device_feed: tuple | None = None
     _starts: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property

@@ -44,6 +44,11 @@ class StepOutputs(ColumnRows):
         self.tokens[k] = out.token_id
         self.more[k] = out
 
+    def part(self, start: int, stop: int) -> StepOutputs:
+        """Entries start..stop-1, numbered from 0."""
+        more = {k - start: o for k, o in self.more.items() if start <= k < stop} if self.more else None
+        return StepOutputs(self.seq_ids[start:stop], self.tokens[start:stop], more)
+
     def errors(self) -> dict[int, str]:
         """Entry -> why the executor left its sequence out of the step."""
         return {k: o.error for k, o in self.more.items() if o.error}

@@ -9,6 +9,7 @@ from pagedserve.executor.step_merger import Launched, StepMerger, launch_of
 from pagedserve.step.step_batch import StepBatch
 from pagedserve.step.whole_seqs import Seq, batch_of
 from pagedserve.wire.protocol import SampleOutput, SamplingParams
+from pagedserve.wire.pending_outputs import PendingOutputs
 from pagedserve.wire.step_outputs import StepOutputs
 
 BS = 4
@@ -177,6 +178,57 @@ def test_next_pass_is_launched_while_the_last_runs_and_answers_wait_for_the_devi
     assert order == [("before", "a"), ("after", "a"), ("before", "b"), ("after", "b")]
 
 
+class HeldSource:
+    """A pass's outputs on a device: done once `finish` is called, or when asked for them."""
+
+    def __init__(self, batch, log):
+        self.tokens, self.log, self.ended = None, log, threading.Event()
+        self.ids = [batch.seq_ids[i] for i in batch.sample.nonzero()[0]]
+
+    def done(self):
+        return self.ended.is_set()
+
+    def outputs(self):
+        self.log.append(("read", self.ids[0]))
+        return StepOutputs(self.ids, [len(self.log)] * len(self.ids))
+
+
+def test_pending_outputs_are_read_after_the_next_pass_is_launched_and_answered_by_their_caller(monkeypatch):
+    monkeypatch.setattr(step_merger, "LAUNCH_MARGIN_S", 0.0)
+    log, sources = [], []
+
+    def launch(batch):
+        sources.append(HeldSource(batch, log))
+        log.append(("launch", batch.seq_ids[0]))
+        return Launched(PendingOutputs(sources[-1], 0, len(sources[-1].ids)), 0.001)
+
+    merger = StepMerger(launch)
+    merger._last_pass_s = 30.0  # "a" would end long after "b" comes
+    answered = {}
+
+    def call(name):
+        outputs, _ = merger.run(batch(step(name)), caller=name,
+                                after=lambda outs: log.append(("after", name, type(outs).__name__)))
+        answered[name] = outputs
+
+    first = threading.Thread(target=call, args=("a",))
+    first.start()
+    while not sources:
+        time.sleep(0.001)
+    second = threading.Thread(target=call, args=("b",))
+    second.start()
+    while len(sources) < 2:
+        time.sleep(0.001)
+    first.join()
+    sources[1].ended.set()  # "b"'s outputs reach the host: no wait for an estimate
+    second.join(timeout=10)
+    assert not second.is_alive()
+    assert log[:5] == [("launch", "a"), ("after", "a", "PendingOutputs"), ("launch", "b"),
+                       ("after", "b", "PendingOutputs"), ("read", "a")]
+    assert isinstance(answered["a"], StepOutputs) and answered["a"].seq_ids == ["a"]
+    assert answered["b"].seq_ids == ["b"]
+
+
 def test_a_failed_launch_behind_a_running_pass_fails_its_caller_only():
     device = BehindDevice(0.05)
     calls = []
@@ -254,6 +306,6 @@ def test_one_caller_gets_the_pass_outputs_as_they_are_and_merged_callers_slices(
     outs = StepOutputs(["a", "b", "c"], [1, 2, 3], {1: SampleOutput("b", 2, -0.5)})
     merger = StepMerger(lambda b: Launched(outs))
     assert merger.run(batch(step("a"), step("b"), step("c")))[0] is outs
-    part = step_merger._part(outs, 1, 3)
+    part = outs.part(1, 3)
     assert part.seq_ids == ["b", "c"] and part.tokens == [2, 3] and part.more == {0: SampleOutput("b", 2, -0.5)}
-    assert part == [SampleOutput("b", 2, -0.5), SampleOutput("c", 3)] and not step_merger._part(outs, 2, 3).more
+    assert part == [SampleOutput("b", 2, -0.5), SampleOutput("c", 3)] and not outs.part(2, 3).more
