@@ -3,7 +3,7 @@
 
 Wraps the executor class's `launch` (where it has one) or `execute` (pagedserve is not
 edited): per step the host's wall time, the batch's shape (sequences, tokens, decode-only,
-K/V context tokens) and, on a GPU, the device's time between CUDA events recorded on the
+K/V context tokens), whether the launch returned with the outputs still on the device, and, on a GPU, the device's time between CUDA events recorded on the
 current stream before and after the step. From the first step after FILE.go appears, the
 torch profiler records PROFILE_STEPS steps (CUDA kernels, copies and sets; on a CPU its
 operators): the union of their intervals over the window's wall time and within each step.
@@ -65,10 +65,13 @@ class StepClock:
                 self.cuda = getattr(getattr(executor, "device", None), "type", "cpu") == "cuda"
                 self.executor = executor
             self.before(batch)
+            pending = False
             try:
-                return fn(executor, batch, *args, **kwargs)
+                out = fn(executor, batch, *args, **kwargs)
+                pending = type(getattr(out, "outputs", None)).__name__ == "PendingOutputs"
+                return out
             finally:
-                self.after()
+                self.after(pending)
         return timed
 
     def before(self, batch):
@@ -85,8 +88,9 @@ class StepClock:
             if self.first is None:
                 self.first = self.events[0]
 
-    def after(self):
+    def after(self, pending: bool = False):
         step = self.current
+        step["pending"] = pending  # launched with its outputs still on the device (ModelRunner.launch)
         if self.cuda:
             self.events[1].record()
         step["host_ms"] = (time.time_ns() - step["ns"]) / 1e6

@@ -68,6 +68,7 @@ def step_figures(hook: dict, run_start: float, run_end: float, sizes: dict, copy
     key = "device_ms" if cuda else "host_ms"
     out = {"hooked": hook.get("hooked"), "clock": "cuda events" if cuda else "host (no CUDA)",
            "steps": len(steps), "decode_steps": sum(1 for s in steps if s.get("decode")),
+           "pending_steps": sum(1 for s in steps if s.get("pending")),
            "mean_seqs": statistics.fmean(s["seqs"] for s in steps) if steps and steps[0]["seqs"] is not None else None,
            "max_seqs": max((s["seqs"] or 0 for s in steps), default=0),
            "host_in_steps_share": sum(s["host_ms"] for s in steps) / 1e3 / (run_end - run_start)}
@@ -107,6 +108,8 @@ def one_line(name: str, r: dict) -> str:
         parts.append(f"busy {prof['busy_share']:.0%} ({prof['activities']} profiler, {prof['steps']} steps);")
     if st.get("device_in_steps_share") is not None:
         parts.append(f"in steps {st['device_in_steps_share']:.0%} (CUDA events);")
+    if st.get("steps"):
+        parts.append(f"{st.get('pending_steps', 0)} of {st['steps']} steps launched with outputs pending;")
     if st.get("graphs"):
         parts.append(f"CUDA graphs {st['graphs']['replays']} steps replayed, {st['graphs']['eager']} eager;")
     dec = st.get("decode") or {}

@@ -36,5 +36,6 @@ def test_the_steady_part_rehearses_on_the_cpu(tmp_path):
         assert steps["decode"]["steps"] == steps["decode_steps"] and steps["decode"]["median_ratio"] > 0
         assert steps["profile"]["steps"] == part["settings"]["profile_steps"]
         assert steps["graphs"] == {"replays": 0, "eager": 0}  # a CPU executor has no CUDA graphs
+        assert steps["pending_steps"] == 0  # and its passes are done inside their launch
         assert 0 < steps["profile"]["busy_share"] <= 1
         assert not os.path.exists(shape["model_dir"])  # removed after

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from pagedserve.executor.step_merger import Launched
+from pagedserve.wire.pending_outputs import PendingOutputs
 from pagedserve.step.whole_seqs import Seq, batch_of
 from tests.support.gpu_check import SCRIPTS, load_gpu_check, load_part
 
@@ -62,6 +64,8 @@ class FakeExecutor:
         import torch
 
         torch.ones(64, 64) @ torch.ones(64, 64)  # an operator for the (CPU) profiler to see
+        if batch.num_seqs == 2 and batch.start_pos[0] == 17:  # as a GPU's launch: outputs on their way
+            return Launched(PendingOutputs(None, 0, 2))
         return [batch.num_seqs]
 
     def graph_counts(self):
@@ -98,8 +102,10 @@ def test_the_hook_records_steps_profiles_a_window_and_dumps_on_request(tmp_path,
                                                                      rel=0.05)
     assert figures["profile"]["steps"] == 3 and 0 < figures["profile"]["busy_share"] <= 1
     assert figures["graphs"] == {"replays": 7, "eager": 2}  # the executor's own counts, as it reports them
+    assert figures["pending_steps"] == 1
     line = report.one_line("x", {"steps": figures, "num_requests": 9})
     assert "steady x:" in line and "CUDA graphs 7 steps replayed, 2 eager;" in line
+    assert "1 of 9 steps launched with outputs pending;" in line
 
 
 def test_the_watcher_dumps_when_asked(tmp_path):
