@@ -6,7 +6,9 @@ its launch. `DecodeGraphs` captures the model's forward once per bucket (batch s
 a decode-only step of B sequences pads to the next bucket, copies its metadata into the
 bucket's buffers and replays one graph. Padding rows compute nothing that matters: slot -1
 (store_kv skips it), block table 0, context length 1 (reads block 0, which holds finite
-numbers), and their hidden states are dropped.
+numbers), and their hidden states are dropped. With `head` (the model's compute_logits) the
+graph goes on through the LM head into one logits buffer all buckets share ([max_batch,
+vocab], float32: the sampler's input) and the greedy choice of each row (`Replayed`).
 
 What is fixed by a capture: the pool tensor (a new pool, after memsvc restarts, needs new
 graphs: make a new DecodeGraphs in attach_pool), the block-table width (`max_blocks`, the
@@ -21,15 +23,15 @@ any bucket): the executor's metrics read both.
 
 The model runner's hook (pagedserve/executor/model_runner.py):
     __init__/attach_pool:  self.graphs = DecodeGraphs.for_pool(self.model, self.config, kv_pool)
-    _hidden, after meta:   if self.graphs is not None and self.graphs.eligible(meta):
-                               return self.graphs.run(meta), meta
+    _forward, after meta:  if self.graphs is not None and self.graphs.eligible(meta):
+                               replayed = self.graphs.run(meta)  (logits, tokens: the sampler's)
                            (else graphs.eager += 1)
 """
 from __future__ import annotations
 
 import bisect
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -74,6 +76,8 @@ class _StaticStep:
         )
         self.graph = None
         self.hidden: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None  # a view of DecodeGraphs.logits: the step's rows first
+        self.tokens: torch.Tensor | None = None  # each row's most likely token
 
     def load(self, meta) -> None:
         """Copy a decode step of B <= size sequences into the buffers; pad the rest."""
@@ -92,16 +96,29 @@ class _StaticStep:
         self.input_ids[b:].zero_()
 
 
+@dataclass
+class Replayed:
+    """A replayed step's outputs, its B rows: hidden states [B, hidden]; with a head, the
+    float32 logits [B, vocab] and the greedy tokens [B] (int64); valid until the next replay."""
+    hidden: torch.Tensor
+    logits: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+
+
 class DecodeGraphs:
     """Captured decode forwards of `model` over `kv_pool`, one per bucket, made on first use.
 
-    `model(input_ids, positions, meta, kv_pool)` returns hidden states [T, hidden]. `graph_cls`
-    and `capture` are torch.cuda.CUDAGraph and torch.cuda.graph; tests pass eager stand-ins.
+    `model(input_ids, positions, meta, kv_pool)` returns hidden states [T, hidden]; `head`,
+    when given, their float32 logits [T, vocab]. `graph_cls` and `capture` are
+    torch.cuda.CUDAGraph and torch.cuda.graph; tests pass eager stand-ins.
     """
 
     def __init__(self, model, kv_pool: torch.Tensor, meta_cls, max_blocks: int, max_batch: int = DEFAULT_MAX_BATCH,
-                 graph_cls=None, capture=None, warmup: int = 2):
+                 graph_cls=None, capture=None, warmup: int = 2, head=None, vocab_size: int = 0):
         self.model = model
+        self.head = head
+        self.logits = torch.empty((max_batch, vocab_size), dtype=torch.float32, device=kv_pool.device) \
+            if head is not None else None
         self.kv_pool = kv_pool
         self.meta_cls = meta_cls
         self.max_blocks = max_blocks
@@ -125,7 +142,8 @@ class DecodeGraphs:
         from pagedserve.executor.attention_metadata import AttentionMetadata
 
         max_len = min(max_model_len, getattr(config, "max_position_embeddings", max_model_len) or max_model_len)
-        return cls(model, kv_pool, AttentionMetadata, -(-max_len // kv_pool.shape[3]), max_batch)
+        return cls(model, kv_pool, AttentionMetadata, -(-max_len // kv_pool.shape[3]), max_batch,
+                   head=model.compute_logits, vocab_size=config.vocab_size)
 
     def eligible(self, meta) -> bool:
         """A decode-only step (one token a sequence) that a bucket holds."""
@@ -168,22 +186,32 @@ class DecodeGraphs:
             side.wait_stream(torch.cuda.current_stream(pool.device))
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
-                    self.model(step.input_ids, step.positions, step.meta, pool)
+                    self._forward(step)
             torch.cuda.current_stream(pool.device).wait_stream(side)
         graph = self.graph_cls()
         kwargs = {"pool": self.mempool} if self.mempool is not None else {}
         with self.capture(graph, **kwargs):
-            step.hidden = self.model(step.input_ids, step.positions, step.meta, pool)
+            self._forward(step)
         if self.mempool is None and hasattr(graph, "pool"):
             self.mempool = graph.pool()
         step.graph = graph
 
+    def _forward(self, step: _StaticStep) -> None:
+        step.hidden = self.model(step.input_ids, step.positions, step.meta, self.kv_pool)
+        if self.head is not None:
+            step.logits = self.logits[:step.size]
+            step.logits.copy_(self.head(step.hidden))
+            step.tokens = step.logits.max(-1).indices
+
     @torch.inference_mode()
-    def run(self, meta) -> torch.Tensor:
-        """Hidden states [B, hidden] of an eligible decode step, by graph replay."""
+    def run(self, meta) -> Replayed:
+        """An eligible decode step's outputs, by graph replay."""
         size = bucket_for(meta.num_tokens, self.sizes)
         step = self._step(size)
         step.load(meta)
         step.graph.replay()
         self.replays += 1
-        return step.hidden[:meta.num_tokens]
+        b = meta.num_tokens
+        if self.head is None:
+            return Replayed(step.hidden[:b])
+        return Replayed(step.hidden[:b], step.logits[:b], step.tokens[:b])

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from pagedserve.executor.attention_metadata import AttentionMetadata
-from pagedserve.executor.cuda_graphs import DecodeGraphs
+from pagedserve.executor.cuda_graphs import DecodeGraphs, Replayed
 from pagedserve.executor.device_wait import wait_for_device
 from pagedserve.executor.model_config import ModelConfig
 from pagedserve.executor.prompt_logprobs import PromptScoring, attach
@@ -59,7 +59,9 @@ class ModelRunner:
         self.graphs = DecodeGraphs.for_pool(self.model, self.config, kv_pool)  # None on a CPU
 
     @torch.inference_mode()
-    def _hidden(self, batch: StepBatch, checked: bool = False) -> tuple[torch.Tensor, AttentionMetadata]:
+    def _hidden(self, batch: StepBatch, checked: bool = False
+                ) -> tuple[torch.Tensor, AttentionMetadata, Replayed | None]:
+        """The step's hidden states, its metadata, and a graph's outputs where one ran it."""
         pool = self.kv_pool
         if not checked:
             self._check(batch)
@@ -71,10 +73,11 @@ class ModelRunner:
             self._copy(batch.copies)
         if self.graphs is not None:
             if self.graphs.eligible(meta):
-                return self.graphs.run(meta), meta
+                replayed = self.graphs.run(meta)
+                return replayed.hidden, meta, replayed
             self.graphs.eager += 1
         hidden = self.model(meta.input_ids, meta.positions, meta, self.kv_pool)
-        return hidden, meta
+        return hidden, meta, None
 
     def _copy(self, copies: list[tuple[int, int]]) -> None:
         """Checked on every rank, so that all reject a bad batch alike; applied where this
@@ -122,12 +125,15 @@ class ModelRunner:
         scoring = PromptScoring.of(batch, self.config.vocab_size)
         # grammar masks depend only on the tokens already known: computed during the forward pass
         masks = self.guided.prepare(batch, sampled) if self.guided is not None else None
-        hidden, meta = self._hidden(batch, checked=True)
+        hidden, meta, replayed = self._hidden(batch, checked=True)
         outputs = StepOutputs([], [])
         if meta.sample_indices.numel():
-            logits = self.model.compute_logits(hidden[meta.sample_indices])
+            head = replayed if replayed is not None and replayed.logits is not None \
+                and len(sampled) == batch.num_seqs else None  # the graph ran the LM head for every row
+            logits = head.logits if head else self.model.compute_logits(hidden[meta.sample_indices])
             failed = self.guided.apply(logits, masks) if masks is not None else {}
-            readback = self.sampler.sample(logits, batch, sampled, held=self.held_readback)
+            greedy = head.tokens if head and masks is None else None
+            readback = self.sampler.sample(logits, batch, sampled, held=self.held_readback, greedy=greedy)
             if pending and scoring is None and not failed and not readback.done():
                 return PendingOutputs(readback, 0, len(sampled))
             outputs = readback.outputs()
@@ -142,5 +148,5 @@ class ModelRunner:
     @torch.inference_mode()
     def logits(self, batch: StepBatch) -> torch.Tensor:
         """float32 logits [T, vocab] of every token of the step, packed in batch order."""
-        hidden, _ = self._hidden(batch)
+        hidden, _, _ = self._hidden(batch)
         return self.model.compute_logits(hidden)

@@ -179,15 +179,17 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, batch: StepBatch, rows: np.ndarray) -> StepOutputs:
         return self.sample(logits, batch, rows).outputs()
 
-    def sample(self, logits: torch.Tensor, batch: StepBatch, rows: np.ndarray, held: bool = False) -> Readback:
+    def sample(self, logits: torch.Tensor, batch: StepBatch, rows: np.ndarray, held: bool = False,
+               greedy: torch.Tensor | None = None) -> Readback:
         """The tokens (and logprobs) on their way to the host (pagedserve.executor.readback;
-        `held` as there): no wait on the device but apply_truncation's for a top-p row."""
+        `held` as there): no wait on the device but apply_truncation's for a top-p row.
+        `greedy`: each row's most likely token of `logits`, where a CUDA graph chose it."""
         assert logits.shape[0] == len(rows), (logits.shape, len(rows))
         ids = list(map(batch.seq_ids.__getitem__, rows.tolist()))
         if (batch.flags[rows] & FLAG_PLAIN).all():
             # the common serving case: one max over the batch (faster than argmax on a CPU,
             # the same first index), no copy of the logits
-            return Readback(ids, logits.max(-1).indices, held=held)
+            return Readback(ids, logits.max(-1).indices if greedy is None else greedy, held=held)
         params = [batch.held[i].sampling for i in rows]
         logits = logits.to(torch.float32, copy=True)
         if any(p.logit_bias for p in params):

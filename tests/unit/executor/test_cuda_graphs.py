@@ -1,6 +1,7 @@
 """Decode CUDA graphs: buckets, eligibility, and the static-buffer replay path, with an eager
 stand-in for torch.cuda.CUDAGraph (no GPU here; the GPU run is scripts/gpu_check.py's)."""
 import contextlib
+import types
 
 import torch
 
@@ -64,17 +65,17 @@ def test_replay_pads_to_the_bucket_and_returns_the_batch_rows():
                           graph_cls=EagerGraph, capture=eager_capture, warmup=0)
     meta = AttentionMetadata.from_batch(batch(3))
     assert graphs.eligible(meta)
-    hidden = graphs.run(meta)
+    hidden = graphs.run(meta).hidden
     assert calls == [4]  # captured once at bucket 4
     expected = raw(meta.input_ids, meta.positions, meta)
     assert torch.equal(hidden, expected)
     step = graphs.steps[4]
     assert step.slot_mapping[3] == -1 and step.seq_lens[3] == 1 and step.block_tables[3].sum() == 0
     meta2 = AttentionMetadata.from_batch(batch(2, start=40))
-    hidden2 = graphs.run(meta2)  # same bucket? 2 -> bucket 2: a new capture
+    hidden2 = graphs.run(meta2).hidden  # same bucket? 2 -> bucket 2: a new capture
     assert torch.equal(hidden2, raw(meta2.input_ids, meta2.positions, meta2))
     meta3 = AttentionMetadata.from_batch(batch(4, start=9))
-    hidden3 = graphs.run(meta3)  # bucket 4 again: replay over new inputs, no capture
+    hidden3 = graphs.run(meta3).hidden  # bucket 4 again: replay over new inputs, no capture
     assert calls == [4, 2] and graphs.replays == 3
     assert torch.equal(hidden3, raw(meta3.input_ids, meta3.positions, meta3))
 
@@ -144,3 +145,41 @@ def test_the_runner_counts_replayed_and_eager_steps_and_samples_as_without_graph
     GraphSteps(Executor(), registry)
     assert registry.get_sample_value("pagedserve:execute_graph_replays_total") == 1
     assert registry.get_sample_value("pagedserve:execute_eager_steps_total") == 2
+
+
+class HeadGraphs(DecodeGraphs):
+    """The eager stand-in for graphs that go on through the LM head: a replay runs the
+    captured step again over its static buffers."""
+
+    def _capture(self, step):
+        self._forward(step)
+        step.graph = types.SimpleNamespace(replay=lambda: self._forward(step))
+
+
+def test_a_graph_through_the_lm_head_hands_the_sampler_its_logits_and_greedy_tokens(tmp_path, monkeypatch):
+    from pagedserve.executor.sampler import Sampler
+    from pagedserve.wire.protocol import SamplingParams
+    from tests.unit.executor.test_device_wait import make_runner
+
+    plain, graphed = make_runner(tmp_path), make_runner(tmp_path)
+    graphed.model.load_state_dict(plain.model.state_dict())
+    graphed.graphs = HeadGraphs(graphed.model, graphed.kv_pool, AttentionMetadata, max_blocks=8, max_batch=4,
+                                warmup=0, head=graphed.model.compute_logits, vocab_size=graphed.config.vocab_size)
+    greedy_given = []
+    sample = Sampler.sample
+    monkeypatch.setattr(Sampler, "sample", lambda self, *a, greedy=None, **kw: (
+        greedy_given.append(greedy is not None), sample(self, *a, greedy=greedy, **kw))[1])
+    drawn = SamplingParams(temperature=0.7, top_k=5)
+    prompts = {"a": [3, 4, 5, 6, 7], "b": [9, 8, 7], "c": [11, 12, 13, 14, 15, 16]}
+    tables = {"a": [0, 1], "b": [2, 3], "c": [4, 5]}
+    steps = [[Seq(s, p, 0, tables[s]) for s, p in prompts.items()],
+             [Seq(s, [20 + k], len(p), tables[s]) for k, (s, p) in enumerate(prompts.items())],
+             [Seq(s, [30 + k], len(p) + 1, tables[s], sampling=drawn if s == "b" else SamplingParams(temperature=0.0),
+                  seed=5) for k, (s, p) in enumerate(prompts.items())]]
+    for runner in (plain, graphed):
+        runner.outs = [list(runner.execute(batch_of(seqs, 4))) for seqs in steps]
+    assert graphed.outs == plain.outs
+    assert (graphed.graphs.replays, graphed.graphs.eager) == (2, 1)  # both decode steps; the prompts
+    assert greedy_given == [False, False, False, False, True, True]  # the graphed decode steps offer their argmax
+    step = graphed.graphs.steps[4]
+    assert step.logits.data_ptr() == graphed.graphs.logits.data_ptr()  # one logits buffer for every bucket
