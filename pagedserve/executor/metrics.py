@@ -5,6 +5,8 @@
 - pagedserve:executed_tokens_total, pagedserve:execute_steps_total
 - pagedserve:execute_merged_calls_total: Execute calls that shared a forward pass with
   another (several gateways on one executor, pagedserve.executor.step_merger)
+- pagedserve:execute_fed_on_device_total: steps launched before the step they follow had
+  sampled on the host's side, reading their fed tokens on the device (pagedserve.step.running_feed)
 - pagedserve:execute_simulated_seconds_total: modeled step time slept by a simulated
   accelerator (--simulate, pagedserve.executor.simulated); only on such an executor
 - pagedserve:execute_graph_replays_total, pagedserve:execute_eager_steps_total: steps a
@@ -32,6 +34,9 @@ class ExecutorMetrics:
                                 buckets=SIZE_BUCKETS, registry=r)
         self.tokens_total = Counter("pagedserve:executed_tokens", "Tokens computed.", registry=r)
         self.steps = Counter("pagedserve:execute_steps", "Steps run.", registry=r)
+        self.fed_on_device = Counter("pagedserve:execute_fed_on_device", "Steps that read their fed tokens "
+                                     "on the device, launched before the last step's reached the host.",
+                                     registry=r)
         self.merged_calls = Counter("pagedserve:execute_merged_calls", "Execute calls that shared a "
                                     "forward pass with another.", registry=r)
 

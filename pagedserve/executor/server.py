@@ -142,6 +142,8 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         def before():  # on the model thread, just before the pass: the session's next step may expand
             try:
                 self.states.fill(step)
+                if batch.device_feed is not None:
+                    self.metrics.fed_on_device.inc()
             finally:
                 order.passed(request.step)
 
@@ -305,6 +307,11 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
                                budget_bytes=budget)
     with on_device(torch_device):
         executor.attach_pool(map_pool(handle))
+        if config.hold_readback:
+            if config.model_free or executor.runner is None or executor.leader is not None:
+                raise ValueError("--hold-readback needs a model run in this one process "
+                                 "(not --zero-cost, --simulate or --tensor-parallel-size > 1)")
+            executor.runner.held_readback = True
         if not config.model_free:
             from pagedserve.executor.metrics import GraphSteps
 
