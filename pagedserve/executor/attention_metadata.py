@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
+from pagedserve import kernels
 from pagedserve.executor.staging import Staging
 from pagedserve.step.step_batch import StepBatch
 
@@ -28,6 +30,16 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor
     sample_indices: torch.Tensor
     max_seq_len: int
+    # where a piecewise CUDA graph's capture splits (pagedserve.executor.piecewise_graphs): `attend`'s stand-in
+    split: Callable | None = None
+
+    def attend(self, q, k_cache, v_cache, scale: float, window: int | None = None, softcap: float | None = None):
+        """The paged attention of this step's queries q [T, heads, head_size] over a layer's
+        caches (pagedserve.kernels.paged_attention): every model's one way to it."""
+        if self.split is not None:
+            return self.split(q, k_cache, v_cache, scale, window, softcap)
+        return kernels.paged_attention(q, k_cache, v_cache, self.block_tables, self.seq_lens, self.query_start_loc,
+                                       scale, window=window, softcap=softcap)
 
     @property
     def num_tokens(self) -> int:

@@ -17,15 +17,14 @@ choice of the attention kernel, which depends on shapes only.
 
 Every bucket is captured once the pool is attached, before the first served step
 (`capture_all`, with a progress bar: the executor's bring-up calls it); a bucket still
-missing is captured on first use. `replays` counts the steps a graph ran, `eager` the steps
-that ran eagerly beside graphs (a prompt chunk in the step, or a batch or table wider than
-any bucket): the executor's metrics read both.
+missing is captured on first use. `replays` counts the steps a graph ran; the model runner
+counts the steps run eagerly beside graphs (pagedserve.executor.piecewise_graphs takes most
+of those: a prompt chunk in the step); the executor's metrics read both.
 
 The model runner's hook (pagedserve/executor/model_runner.py):
     __init__/attach_pool:  self.graphs = DecodeGraphs.for_pool(self.model, self.config, kv_pool)
-    _forward, after meta:  if self.graphs is not None and self.graphs.eligible(meta):
+    _hidden, after meta:   if self.graphs is not None and self.graphs.eligible(meta):
                                replayed = self.graphs.run(meta)  (logits, tokens: the sampler's)
-                           (else graphs.eager += 1)
 """
 from __future__ import annotations
 
@@ -130,7 +129,6 @@ class DecodeGraphs:
         self.steps: dict[int, _StaticStep] = {}
         self.mempool = None  # shared by every bucket's graph
         self.replays = 0  # steps a graph ran
-        self.eager = 0  # steps run eagerly beside these graphs (counted by the model runner)
 
     @classmethod
     def for_pool(cls, model, config, kv_pool: torch.Tensor, max_model_len: int = DEFAULT_MAX_MODEL_LEN,

@@ -134,19 +134,17 @@ class Executor:
             self.runner.attach_pool(pool, holds)
 
     def capture_graphs(self, progress: bool | None = None) -> int:
-        """Capture the decode CUDA graphs of every bucket now, before any served step
-        (pagedserve.executor.cuda_graphs); 0 without graphs (a CPU, or none attached) and in
+        """Capture the CUDA graphs of every bucket now, before any served step (decode steps:
+        pagedserve.executor.cuda_graphs; the others: pagedserve.executor.piecewise_graphs); 0 without graphs (a CPU, or none attached) and in
         a tensor-parallel group, whose ranks capture each bucket together on first use (a
         capture runs the group's collectives)."""
-        graphs = self.runner.graphs if self.runner is not None else None
-        if graphs is None or self.leader is not None:
+        if self.runner is None or self.leader is not None:
             return 0
-        return graphs.capture_all(progress)
+        return self.runner.capture_graphs(progress)
 
     def graph_counts(self) -> tuple[int, int]:
         """(steps a CUDA graph ran, steps run eagerly beside graphs); (0, 0) without graphs."""
-        graphs = self.runner.graphs if self.runner is not None else None
-        return (graphs.replays, graphs.eager) if graphs is not None else (0, 0)
+        return self.runner.graph_counts() if self.runner is not None else (0, 0)
 
     def detach_pool(self) -> None:
         """Hold no pool (the profiling step's scratch pool, pagedserve.executor.device_memory)."""

@@ -9,9 +9,10 @@
   sampled on the host's side, reading their fed tokens on the device (pagedserve.step.running_feed)
 - pagedserve:execute_simulated_seconds_total: modeled step time slept by a simulated
   accelerator (--simulate, pagedserve.executor.simulated); only on such an executor
-- pagedserve:execute_graph_replays_total, pagedserve:execute_eager_steps_total: steps a
-  CUDA graph ran, and steps run eagerly beside graphs (pagedserve.executor.cuda_graphs);
-  0 on a CPU, which has none
+- pagedserve:execute_graph_replays_total, pagedserve:execute_eager_steps_total: steps CUDA
+  graphs ran (decode steps: pagedserve.executor.cuda_graphs; the others in pieces:
+  pagedserve.executor.piecewise_graphs), and steps run eagerly beside graphs; 0 on a CPU,
+  which has none
 """
 from __future__ import annotations
 
@@ -72,4 +73,5 @@ class GraphSteps:
         replays, eager = self.executor.graph_counts()
         yield CounterMetricFamily("pagedserve:execute_graph_replays", "Steps a CUDA graph ran.", value=replays)
         yield CounterMetricFamily("pagedserve:execute_eager_steps", "Steps run eagerly beside CUDA graphs "
-                                  "(a prompt chunk in the step, or wider than any graph).", value=eager)
+                                  "(more tokens or sequences than any graph holds, or a bucket whose "
+                                  "check failed).", value=eager)

@@ -8,6 +8,7 @@ from pagedserve.executor.attention_metadata import AttentionMetadata
 from pagedserve.executor.cuda_graphs import DecodeGraphs, Replayed
 from pagedserve.executor.device_wait import wait_for_device
 from pagedserve.executor.model_config import ModelConfig
+from pagedserve.executor.piecewise_graphs import PiecewiseGraphs
 from pagedserve.executor.prompt_logprobs import PromptScoring, attach
 from pagedserve.executor.sampler import Sampler
 from pagedserve.executor.seq_screen import run_screened, screen
@@ -57,6 +58,8 @@ class ModelRunner:
         self.kv_pool, self.holds_pool = kv_pool, holds_pool
         self.staging = Staging(kv_pool.device)
         self.graphs = DecodeGraphs.for_pool(self.model, self.config, kv_pool)  # None on a CPU
+        self.pieces = PiecewiseGraphs.for_pool(self.model, kv_pool)  # the other steps' (None on a CPU)
+        self.eager_steps = 0  # run eagerly beside graphs
 
     @torch.inference_mode()
     def _hidden(self, batch: StepBatch, checked: bool = False
@@ -71,13 +74,24 @@ class ModelRunner:
         meta = AttentionMetadata.from_batch(batch, pool.device, self.staging)
         if batch.copies:
             self._copy(batch.copies)
-        if self.graphs is not None:
-            if self.graphs.eligible(meta):
-                replayed = self.graphs.run(meta)
-                return replayed.hidden, meta, replayed
-            self.graphs.eager += 1
+        if self.graphs is not None and self.graphs.eligible(meta):
+            replayed = self.graphs.run(meta)
+            return replayed.hidden, meta, replayed
+        if self.pieces is not None and self.pieces.eligible(meta):
+            return self.pieces.run(meta), meta, None
+        if self.graphs is not None or self.pieces is not None:
+            self.eager_steps += 1
         hidden = self.model(meta.input_ids, meta.positions, meta, self.kv_pool)
         return hidden, meta, None
+
+    def graph_counts(self) -> tuple[int, int]:
+        """(steps CUDA graphs ran, steps run eagerly beside them)."""
+        replays = sum(g.replays for g in (self.graphs, self.pieces) if g is not None)
+        return replays, self.eager_steps
+
+    def capture_graphs(self, progress: bool | None = None) -> int:
+        """Capture every decode and prompt-step bucket now; the number captured."""
+        return sum(g.capture_all(progress) for g in (self.graphs, self.pieces) if g is not None)
 
     def _copy(self, copies: list[tuple[int, int]]) -> None:
         """Checked on every rank, so that all reject a bad batch alike; applied where this

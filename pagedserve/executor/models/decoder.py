@@ -143,9 +143,7 @@ class DecoderLayer(nn.Module):
                 qk = apply_rotary(qk, cos, sin)
             q, k = qk.split([c.num_heads, c.num_kv_heads], 1)
             kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        o = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                    meta.query_start_loc, c.attn_scale, window=self.window,
-                                    softcap=c.attn_softcap)
+        o = meta.attend(q, k_cache, v_cache, c.attn_scale, window=self.window, softcap=c.attn_softcap)
         return self.o(o.reshape(t, c.q_size))
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata):

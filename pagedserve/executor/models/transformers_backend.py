@@ -83,8 +83,7 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     k_cache, v_cache = step.kv_pool[:, n, 0], step.kv_pool[:, n, 1]
     kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                  scale, window=window, softcap=kwargs.get("softcap"))
+    out = meta.attend(q, k_cache, v_cache, scale, window=window, softcap=kwargs.get("softcap"))
     return out.unsqueeze(0), None
 
 

@@ -135,11 +135,11 @@ def test_the_runner_counts_replayed_and_eager_steps_and_samples_as_without_graph
     for runner in (plain, graphed):
         runner.outs = [runner.execute(b) for b in chunked_prefill()]
     assert [list(o.tokens) for o in graphed.outs] == [list(o.tokens) for o in plain.outs]
-    assert (graphed.graphs.replays, graphed.graphs.eager) == (1, 2)  # the decode step; both prompt chunks
+    assert graphed.graph_counts() == (1, 2)  # the decode step; both prompt chunks
 
     class Executor:
         def graph_counts(self):
-            return graphed.graphs.replays, graphed.graphs.eager
+            return graphed.graph_counts()
 
     registry = CollectorRegistry()
     GraphSteps(Executor(), registry)
@@ -179,7 +179,7 @@ def test_a_graph_through_the_lm_head_hands_the_sampler_its_logits_and_greedy_tok
     for runner in (plain, graphed):
         runner.outs = [list(runner.execute(batch_of(seqs, 4))) for seqs in steps]
     assert graphed.outs == plain.outs
-    assert (graphed.graphs.replays, graphed.graphs.eager) == (2, 1)  # both decode steps; the prompts
+    assert graphed.graph_counts() == (2, 1)  # both decode steps; the prompts
     assert greedy_given == [False, False, False, False, True, True]  # the graphed decode steps offer their argmax
     step = graphed.graphs.steps[4]
     assert step.logits.data_ptr() == graphed.graphs.logits.data_ptr()  # one logits buffer for every bucket
