@@ -8,8 +8,8 @@ current stream before and after the step. From the first step after FILE.go appe
 torch profiler records PROFILE_STEPS steps (CUDA kernels, copies and sets; on a CPU its
 operators): the union of their intervals over the window's wall time and within each step.
 When FILE.dump appears, the records are written to FILE (JSON), with the executor's CUDA graph
-counts (steps replayed, steps run eagerly beside graphs: Executor.graph_counts), and FILE.dump
-is removed.
+counts (steps replayed, steps run eagerly beside graphs: Executor.graph_counts) and its
+piecewise graphs' buckets (those captured, those dropped), and FILE.dump is removed.
 Nothing here changes what a step computes.
 """
 from __future__ import annotations
@@ -155,9 +155,12 @@ class StepClock:
             if self.cuda:
                 self.drain(block=True)
             counts = getattr(self.executor, "graph_counts", None)
+            pieces = getattr(getattr(self.executor, "runner", None), "pieces", None)
             data = {"hooked": self.hooked, "cuda": self.cuda, "go_step": self.go_step, "steps": self.steps,
                     "profile": self.profile, "profile_at": PROFILE_AT, "profile_steps": PROFILE_STEPS,
-                    "graphs": dict(zip(("replays", "eager"), counts())) if counts else None}
+                    "graphs": dict(zip(("replays", "eager"), counts())) if counts else None,
+                    "pieces": {"buckets": sorted(pieces.buckets), "dropped": sorted(pieces.dropped)}
+                    if pieces is not None else None}
         tmp = self.out.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self.out)

@@ -78,6 +78,7 @@ def step_figures(hook: dict, run_start: float, run_end: float, sizes: dict, copy
     out["decode"] = decode_figures(steps, key, sizes, copy_gb_per_s)
     out["profile"] = profile_figures(hook, sizes, copy_gb_per_s)
     out["graphs"] = hook.get("graphs")  # the executor's whole life: steps replayed, steps run eagerly
+    out["pieces"] = hook.get("pieces")  # prompt-step buckets captured and dropped
     return out
 
 
@@ -112,6 +113,8 @@ def one_line(name: str, r: dict) -> str:
         parts.append(f"{st.get('pending_steps', 0)} of {st['steps']} steps launched with outputs pending;")
     if st.get("graphs"):
         parts.append(f"CUDA graphs {st['graphs']['replays']} steps replayed, {st['graphs']['eager']} eager;")
+    if st.get("pieces"):
+        parts.append(f"piecewise buckets {len(st['pieces']['buckets'])} captured, dropped {st['pieces']['dropped']};")
     dec = st.get("decode") or {}
     if dec.get("steps"):
         parts.append(f"decode step {dec['median_step_ms']:.2f} ms vs roofline {dec['median_roofline_ms']:.2f} ms"

@@ -60,6 +60,8 @@ def test_batch_shape_reads_decodes_and_contexts():
 
 
 class FakeExecutor:
+    runner = type("Runner", (), {"pieces": type("Pieces", (), {"buckets": {16: 0, 32: 0}, "dropped": {48}})})
+
     def execute(self, batch):
         import torch
 
@@ -106,6 +108,8 @@ def test_the_hook_records_steps_profiles_a_window_and_dumps_on_request(tmp_path,
     line = report.one_line("x", {"steps": figures, "num_requests": 9})
     assert "steady x:" in line and "CUDA graphs 7 steps replayed, 2 eager;" in line
     assert "1 of 9 steps launched with outputs pending;" in line
+    assert data["pieces"] == {"buckets": [16, 32], "dropped": [48]}
+    assert "piecewise buckets 2 captured, dropped [48];" in line
 
 
 def test_the_watcher_dumps_when_asked(tmp_path):
