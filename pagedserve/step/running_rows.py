@@ -42,8 +42,8 @@ def grow(rs: RunningSet, rows: int = 0, width: int = 0) -> None:
         rs._last = None
         extra = rows - old_rows
         rs.tables = np.concatenate([rs.tables, np.zeros((extra, width), dtype=np.int32)])
-        for name, fill in (("table_len", 0), ("last_pos", -1), ("last_token", 0), ("feed_src", -1), ("gen", 0), ("flags", 0),
-                           ("temperature", 1), ("top_k", 0), ("top_p", 1), ("min_p", 0)):
+        for name, fill in (("table_len", 0), ("last_pos", -1), ("last_token", 0), ("feed_src", -1), ("gen", 0),
+                           ("flags", 0), ("temperature", 1), ("top_k", 0), ("top_p", 1), ("min_p", 0)):
             a = getattr(rs, name)
             setattr(rs, name, np.concatenate([a, np.full(extra, fill, dtype=a.dtype)]))
         rs.held += [None] * extra
