@@ -70,7 +70,7 @@ def _patch_scopes(engine):
     for name in dir(kernels):  # CPU-specific entry points the model may call directly
         if name.startswith("paged_decode") and callable(getattr(kernels, name)):
             wrap(kernels, name, "#attention")
-    wrap(runner, "sampler", "#sampler")
+    wrap(runner.sampler, "sample", "#sampler")
     wrap(model, "compute_logits", "#lm_head")
     meta_cls = attention_metadata.AttentionMetadata
     orig_from_batch = meta_cls.from_batch.__func__

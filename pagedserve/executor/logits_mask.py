@@ -252,7 +252,8 @@ class GuidedSampler:
         self.mask_seconds = 0.0  # spent computing and applying masks (steps with a grammar)
         self.mask_steps = 0
 
-    def __call__(self, logits: torch.Tensor, batch: StepBatch, rows: np.ndarray):
+    def sample(self, logits: torch.Tensor, batch: StepBatch, rows: np.ndarray, **kw):
+        """The inner sampler's `sample` (pagedserve.executor.sampler.Sampler.sample), masks first."""
         import time
 
         start = time.perf_counter()
@@ -261,4 +262,5 @@ class GuidedSampler:
             self.guided.apply(logits, pending)
             self.mask_seconds += time.perf_counter() - start
             self.mask_steps += 1
-        return self.inner(logits, batch, rows)
+            kw.pop("greedy", None)  # the masks may move the argmax
+        return self.inner.sample(logits, batch, rows, **kw)

@@ -268,3 +268,19 @@ def test_outputs_are_columns_and_only_a_row_with_logprobs_is_kept_whole(plain):
     assert sorted(out.more) == [1] and out.more[1].token_id == out.tokens[1] and len(out.more[1].top_logprobs) == 2
     greedy = sample(Sampler(), logits, [seq(SamplingParams(temperature=0.0), seq_id=s) for s in "abc"])
     assert not greedy.more and greedy.tokens == logits.argmax(-1).tolist()
+
+
+def test_a_guided_sampler_masks_first_and_ignores_a_graphs_argmax():
+    from pagedserve.executor.logits_mask import GuidedSampler
+
+    class OnlyToken2:
+        def prepare(self, batch, rows):
+            return "mask"
+
+        def apply(self, logits, pending):
+            logits[:, [0, 1, 3]] = float("-inf")
+
+    guided = GuidedSampler(Sampler(), OnlyToken2())
+    batch = batch_of([seq(SamplingParams(temperature=0.0))], BS)
+    out = guided.sample(LOGITS[None].clone(), batch, np.arange(1), greedy=torch.tensor([0])).outputs()
+    assert out.tokens == [2] and guided.mask_steps == 1
