@@ -78,7 +78,9 @@ class ModelRunner:
             replayed = self.graphs.run(meta)
             return replayed.hidden, meta, replayed
         if self.pieces is not None and self.pieces.eligible(meta):
-            return self.pieces.run(meta), meta, None
+            hidden = self.pieces.run(meta)
+            if hidden is not None:
+                return hidden, meta, None
         if self.graphs is not None or self.pieces is not None:
             self.eager_steps += 1
         hidden = self.model(meta.input_ids, meta.positions, meta, self.kv_pool)

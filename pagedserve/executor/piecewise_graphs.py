@@ -109,11 +109,12 @@ class PiecewiseGraphs:
             self._bucket(size)
         return len(missing)
 
-    def run(self, meta) -> torch.Tensor:
-        """Hidden states [T, hidden] of an eligible step, by replaying its bucket's pieces."""
+    def run(self, meta) -> torch.Tensor | None:
+        """Hidden states [T, hidden] of an eligible step, by replaying its bucket's pieces
+        (None: its bucket, captured now, was dropped: the step runs eagerly)."""
         b = self._bucket(bucket_for(meta.num_tokens, self.sizes))
         if b is None:
-            raise ValueError(f"no piecewise graph holds a step of {meta.num_tokens} tokens")
+            return None
         hidden = self._replay(b, meta)
         self.replays += 1
         return hidden

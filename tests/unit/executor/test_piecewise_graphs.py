@@ -144,7 +144,7 @@ def test_a_capture_that_fails_leaves_no_capture_open_and_its_steps_run_eagerly(t
 
     class Failing(ThreadedPieces):
         def _capture(self, b):
-            self.failing = b.size == 16
+            self.failing = b.size == self.failing_size
             try:
                 super()._capture(b)
             finally:
@@ -158,6 +158,9 @@ def test_a_capture_that_fails_leaves_no_capture_open_and_its_steps_run_eagerly(t
 
     plain, runner = pieced(tmp_path, Failing)
     runner.pieces.graph_cls = Counted
-    runner.capture_graphs(progress=False)
-    assert runner.pieces.dropped == {16} and len(ended) > 2 and all(ended)
-    assert "its capture failed" in caplog.text
+    batch = steps()[0]  # 22 tokens: bucket 32, captured on first use, here: it fails
+    runner.pieces.sizes = [32]
+    runner.pieces.failing_size = 32
+    torch.testing.assert_close(runner.logits(batch), plain.logits(steps()[0]), rtol=1e-4, atol=1e-4)
+    assert runner.pieces.dropped == {32} and len(ended) == 2 and all(ended)  # the piece open at the failure closed
+    assert "its capture failed" in caplog.text and runner.graph_counts() == (0, 1)

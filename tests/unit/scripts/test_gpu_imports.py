@@ -47,10 +47,20 @@ def source_of(module: str) -> Path | None:
     return None
 
 
+def parse(source: str) -> ast.Module:
+    """ast.parse, once more where CPython 3.11's AST constructor raised its spurious
+    "recursion depth mismatch" (its depth count is shared with any other thread building an
+    AST meanwhile: python/cpython#106905)."""
+    try:
+        return ast.parse(source)
+    except SystemError:
+        return ast.parse(source)
+
+
 def imported_names(path: Path, module: str):
     """Every module name an import statement (or a `require("module", ...)` call) in `path` names."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path.read_text())):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
