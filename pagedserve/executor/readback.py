@@ -50,6 +50,11 @@ class Readback:
             return True
         return not self._held and (self._event is None or self._event.query())
 
+    def wait(self) -> None:
+        """Until the copies are done (the host's side; held outputs: at once)."""
+        if self._event is not None:
+            self._event.synchronize()
+
     def outputs(self) -> StepOutputs:
         if self._outputs is None:
             if self._event is not None:

@@ -13,7 +13,8 @@ A launch (`Launched`) hands back the pass's outputs and when the device will hav
 it. An executor that computes on the CPU finishes inside the launch; one whose device runs
 behind the host finishes later: a GPU's outputs come pending (pagedserve.wire.pending_outputs,
 done when they reach the host), the simulated executor's (pagedserve.executor.simulated) at
-`ends_at`. While a pass runs the model thread launches the next pass that has come, so the
+`ends_at` (a waiter thread wakes the model thread when pending outputs are done, so that
+nothing polls). While a pass runs the model thread launches the next pass that has come, so the
 device starts it the moment the last one ends (two passes in flight at most); a caller's
 answer is sent once its pass has ended.
 
@@ -25,6 +26,7 @@ second and have not sent their batch yet. With one caller it never waits.
 """
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from concurrent.futures import Future
@@ -38,7 +40,6 @@ from pagedserve.wire.step_outputs import StepOutputs
 
 ACTIVE_S = 1.0  # a caller heard from within this long is expected at the next pass
 LAUNCH_MARGIN_S = 1e-3  # behind a running pass, stop gathering this long before it ends
-POLL_S = 2e-4  # behind a pass whose outputs are pending, how often to ask whether they are done
 
 
 @dataclass
@@ -87,6 +88,8 @@ class StepMerger:
         self.num_passes = 0
         self.num_merged = 0  # calls that shared a pass with another
         self._thread: threading.Thread | None = None
+        self._waiting: queue.SimpleQueue = queue.SimpleQueue()  # pending outputs, for the waiter thread
+        self._waiter: threading.Thread | None = None
 
     def run(self, batch: StepBatch, caller: str = "", before: Callable[[], None] | None = None,
             after: Callable[[StepOutputs], None] | None = None) -> tuple[StepOutputs, float]:
@@ -123,13 +126,18 @@ class StepMerger:
         """While `launched` runs (lock held): return once the active callers have all queued a
         batch, or some has and the pass is about to end (LAUNCH_MARGIN_S), or it has ended."""
         self._forget_idle()
-        pending = isinstance(launched.outputs, PendingOutputs)
         while not _ended(launched):
             left = launched.ends_at - time.monotonic()
             if self._queue and (self._all_in() or left <= LAUNCH_MARGIN_S):
                 return
-            wait = left - LAUNCH_MARGIN_S if self._queue else left
-            self._cond.wait(min(POLL_S, wait) if pending else wait)
+            self._cond.wait(left - LAUNCH_MARGIN_S if self._queue else left)  # or the waiter's word
+
+    def _wait_on_device(self) -> None:
+        """The waiter thread: wakes the model thread when pending outputs are done."""
+        while True:
+            self._waiting.get().wait()
+            with self._cond:
+                self._cond.notify_all()
 
     def _forget_idle(self) -> None:
         now = time.monotonic()
@@ -162,6 +170,11 @@ class StepMerger:
         launched.started = started
         if isinstance(launched.outputs, PendingOutputs):  # ends about as long after as the last pass took
             launched.ends_at = launched.ends_at or time.monotonic() + self._last_pass_s
+            if self._waiter is None:
+                self._waiter = threading.Thread(target=self._wait_on_device, name="pagedserve-readback",
+                                                daemon=True)
+                self._waiter.start()
+            self._waiting.put(launched.outputs)
         else:
             self._last_pass_s = launched.seconds
         self.num_passes += 1

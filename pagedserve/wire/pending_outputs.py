@@ -18,6 +18,8 @@ class Source(Protocol):
 
     def done(self) -> bool: ...
 
+    def wait(self) -> None: ...  # until done (at once where only `outputs()` makes them done)
+
     def outputs(self) -> StepOutputs: ...  # the whole pass's, waiting for them (made once)
 
 
@@ -39,6 +41,9 @@ class PendingOutputs:
 
     def done(self) -> bool:
         return self.source.done()
+
+    def wait(self) -> None:
+        self.source.wait()
 
     def result(self) -> StepOutputs:
         whole = self.source.outputs()

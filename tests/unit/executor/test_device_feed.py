@@ -94,6 +94,9 @@ class Source:
     def done(self):
         return self.finished
 
+    def wait(self):
+        pass
+
     def outputs(self):
         return StepOutputs([f"s{k}" for k in range(len(self.tokens))], self.tokens.tolist())
 

@@ -188,7 +188,11 @@ class HeldSource:
     def done(self):
         return self.ended.is_set()
 
+    def wait(self):
+        self.ended.wait()
+
     def outputs(self):
+        self.ended.set()
         self.log.append(("read", self.ids[0]))
         return StepOutputs(self.ids, [len(self.log)] * len(self.ids))
 
