@@ -29,6 +29,7 @@ import torch
 import numpy as np
 
 from pagedserve.executor.readback import Logprobs, Readback
+from pagedserve.executor.staging import to_device
 from pagedserve.step.step_batch import FLAG_PLAIN, StepBatch
 from pagedserve.wire.step_outputs import StepOutputs
 
@@ -65,8 +66,8 @@ def apply_logit_bias(logits: torch.Tensor, params: list) -> None:
                 values.append(v)
     if rows:
         dev = logits.device
-        logits.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
-                          torch.tensor(values, dtype=logits.dtype, device=dev), accumulate=True)
+        logits.index_put_((to_device(rows, dev), to_device(cols, dev)), to_device(values, dev, logits.dtype),
+                          accumulate=True)
 
 
 def apply_min_tokens(logits: torch.Tensor, params: list, outputs: list[list[int]], eos_token_ids) -> None:
@@ -84,7 +85,7 @@ def apply_min_tokens(logits: torch.Tensor, params: list, outputs: list[list[int]
     if not rows:
         return
     dev = logits.device
-    rows, cols = torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)
+    rows, cols = to_device(rows, dev), to_device(cols, dev)
     kept = logits[rows, cols]
     logits[rows, cols] = float("-inf")
     stuck = logits.amax(-1) == float("-inf")  # its only allowed tokens were those: a grammar's end
@@ -101,13 +102,13 @@ def apply_penalties(logits: torch.Tensor, params: list, prompts: list[list[int]]
         row = logits[i]
         output = outputs[i]
         if sp.repetition_penalty != 1.0:
-            seen = torch.tensor(prompts[i] + output, dtype=torch.int64, device=row.device).unique()
+            seen = to_device(prompts[i] + output, row.device, torch.int64).unique()
             if seen.numel():
                 scores = row[seen]
                 p = sp.repetition_penalty
                 row[seen] = torch.where(scores > 0, scores / p, scores * p)
         if (sp.frequency_penalty or sp.presence_penalty) and output:
-            ids = torch.tensor(output, dtype=torch.int64, device=row.device)
+            ids = to_device(output, row.device, torch.int64)
             counts = torch.bincount(ids, minlength=vocab)
             counts = counts[:vocab].to(row.dtype)
             row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(row.dtype)
@@ -130,13 +131,13 @@ def apply_truncation(logits: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor:
         kept, short = _top_k_top_p(logits[rows], k[rows], top_p[rows], width)
         if short.any():  # the candidates hold less than top_p: those rows sorted whole
             kept[short] = _top_k_top_p(logits[rows[short]], k[rows[short]], top_p[rows[short]], vocab)[0]
-        out[torch.from_numpy(rows).to(logits.device)] = kept
+        out[to_device(rows, logits.device)] = kept
     rows = np.flatnonzero(min_p > 0)
     if len(rows):  # a token less likely than min_p x the most likely one: exp(l - max) < min_p
-        at = torch.from_numpy(rows).to(logits.device)
+        at = to_device(rows, logits.device)
         sub = out[at]
         ratio = (sub - sub.amax(-1, keepdim=True)).exp()
-        out[at] = sub.masked_fill_(ratio < torch.from_numpy(min_p[rows]).to(sub)[:, None], float("-inf"))
+        out[at] = sub.masked_fill_(ratio < to_device(min_p[rows], sub.device, sub.dtype)[:, None], float("-inf"))
     return out
 
 
@@ -147,14 +148,14 @@ def _top_k_top_p(logits: torch.Tensor, k: np.ndarray, top_p: np.ndarray, width: 
     dev, vocab = logits.device, logits.shape[-1]
     values, order = logits.topk(width, dim=-1)  # most likely first
     ranks = torch.arange(width, device=dev)[None, :]
-    values.masked_fill_(ranks >= torch.from_numpy(k).to(dev)[:, None], float("-inf"))
+    values.masked_fill_(ranks >= to_device(k, dev)[:, None], float("-inf"))
     short = np.zeros(len(k), dtype=bool)
     if (top_p < 1).any():
-        has_k = torch.from_numpy(k < vocab).to(dev)
+        has_k = to_device(k < vocab, dev)
         total = torch.where(has_k, values.logsumexp(-1), logits.logsumexp(-1))  # the distribution top-k left
         probs = (values - total[:, None]).exp()
         mass = probs.cumsum(-1)
-        limit = torch.from_numpy(np.where(top_p < 1, top_p, np.inf)).to(probs)
+        limit = to_device(np.where(top_p < 1, top_p, np.inf), probs.device, probs.dtype)
         values.masked_fill_(mass - probs >= limit[:, None], float("-inf"))
         if width < vocab:
             short = (~has_k & (mass[:, -1] < limit)).cpu().numpy()
@@ -170,8 +171,9 @@ class Sampler:
     """__call__(logits [S, vocab], batch, rows) -> StepOutputs (pagedserve.wire.step_outputs),
     one entry per row of `logits`, the batch's rows `rows` in order; a row that asks for
     logprobs is in its `more`. `eos_token_ids`: the model's end-of-sequence tokens,
-    masked with min_tokens. The batch's columns are read on the host; the device is read
-    back once, for the tokens and logprobs (and for a top-p row, see apply_truncation)."""
+    masked with min_tokens. The batch's columns are read on the host and sent to the device
+    without a wait (pagedserve.executor.staging.to_device); the tokens and logprobs come back
+    through a Readback. The one wait on the device is a top-p row's (apply_truncation).
 
     def __init__(self, eos_token_ids=()):
         self.eos_token_ids = list(eos_token_ids)
@@ -202,22 +204,22 @@ class Sampler:
         dev = logits.device
         temps = batch.temperature[rows]
         if (temps != 1).any():
-            logits /= torch.from_numpy(temps).to(dev)[:, None]
+            logits /= to_device(temps, dev)[:, None]
         top_k, top_p, min_p = batch.top_k[rows], batch.top_p[rows], batch.min_p[rows]
         cut = np.flatnonzero((top_k > 0) | (top_p < 1) | (min_p > 0))
         if len(cut):
-            at = torch.from_numpy(cut).to(dev)
+            at = to_device(cut, dev)
             logits[at] = apply_truncation(logits[at], top_k[cut], top_p[cut], min_p[cut])
 
         tokens = logits.max(-1).indices
         drawn = np.flatnonzero([not p.greedy for p in params])
         if len(drawn):
-            at = torch.from_numpy(drawn).to(dev)
+            at = to_device(drawn, dev)
             cdf = logits[at].softmax(-1).double().cumsum(-1)
             picked_rows = rows[drawn]
             u = uniforms([batch.held[i].seed & _MASK64 for i in picked_rows],
                          (batch.start_pos + batch.num_tokens)[picked_rows])
-            u = torch.from_numpy(u).to(dev)
+            u = to_device(u, dev)
             picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
             tokens[at] = picked[:, 0].clamp_(max=logits.shape[-1] - 1)
         return Readback(ids, tokens, self._logprobs(logits, tokens, params), held=held)
@@ -228,7 +230,7 @@ class Sampler:
         asked = [k for k, p in enumerate(params) if p.logprobs is not None]
         if not asked:
             return None
-        at = torch.tensor(asked, device=logits.device)
+        at = to_device(asked, logits.device)
         logprobs = logits[at].log_softmax(-1)
         chosen = logprobs.gather(1, tokens[at][:, None])[:, 0]
         counts = [params[k].logprobs for k in asked]

@@ -50,3 +50,15 @@ class Staging:
             event.record()
             self._events[key] = event
         return [dev[a:a + int(np.prod(shape, dtype=np.int64))].view(shape) for a, shape in bounds]
+
+
+def to_device(values, device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """One host array (numpy or a list) as a tensor on `device` without the host waiting for
+    the device: on CUDA through pinned memory and a non-blocking copy (the caching host
+    allocator keeps the pinned block until the copy is done); elsewhere as it is."""
+    t = torch.from_numpy(values) if isinstance(values, np.ndarray) else torch.tensor(values)
+    if dtype is not None:
+        t = t.to(dtype)
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
