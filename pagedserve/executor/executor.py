@@ -135,9 +135,9 @@ class Executor:
 
     def capture_graphs(self, progress: bool | None = None) -> int:
         """Capture the CUDA graphs of every bucket now, before any served step (decode steps:
-        pagedserve.executor.cuda_graphs; the others: pagedserve.executor.piecewise_graphs); 0 without graphs (a CPU, or none attached) and in
-        a tensor-parallel group, whose ranks capture each bucket together on first use (a
-        capture runs the group's collectives)."""
+        pagedserve.executor.cuda_graphs; the others: pagedserve.executor.piecewise_graphs); 0
+        without graphs (a CPU, or none attached) and in a tensor-parallel group, whose ranks
+        capture each bucket together on first use (a capture runs the group's collectives)."""
         if self.runner is None or self.leader is not None:
             return 0
         return self.runner.capture_graphs(progress)

@@ -173,7 +173,7 @@ class Sampler:
     logprobs is in its `more`. `eos_token_ids`: the model's end-of-sequence tokens,
     masked with min_tokens. The batch's columns are read on the host and sent to the device
     without a wait (pagedserve.executor.staging.to_device); the tokens and logprobs come back
-    through a Readback. The one wait on the device is a top-p row's (apply_truncation).
+    through a Readback. The one wait on the device is a top-p row's (apply_truncation)."""
 
     def __init__(self, eos_token_ids=()):
         self.eos_token_ids = list(eos_token_ids)

@@ -5,6 +5,7 @@ Two buffers per dtype take turns, so the host fills one while the device may sti
 reading the other; before a buffer is filled again, the copy that last read it is waited
 for (a CUDA event), which by then has long finished. On a CPU the arrays become tensors
 without a copy (`packs` False); `packs=True` there runs the packing path anyway, for tests.
+`to_device` sends one host array through pinned memory too (the sampler's columns).
 See docs/ARCHITECTURE.md, "One step".
 """
 from __future__ import annotations
