@@ -55,16 +55,17 @@ from opentelemetry import trace
 from pagedserve.executor.config import ExecutorConfig
 from pagedserve.executor.hub import TOKENIZER_FILES
 from pagedserve.executor.metrics import ExecutorMetrics
+from pagedserve.executor.pool_register import map_pool, register
 from pagedserve.executor.sequence_state import SequenceStates, StateLost
 from pagedserve.executor.step_merger import StepMerger, launch_of
 from pagedserve.wire.step_feed import FedTokenUnknown
 from pagedserve.wire import convert, step_convert
 from pagedserve.rpc import internal_auth, peer_auth
-from pagedserve.rpc.grpc_service import Service, get_logger, open_channel, stop_on_signals, wait
+from pagedserve.rpc.grpc_service import Service, get_logger, stop_on_signals, wait
 from pagedserve.rpc.heap import freeze_heap
 from pagedserve.rpc.step_channel_server import offer_step_channel
 from pagedserve.wire.protocol import ModelInfo
-from pagedserve.wire.v1 import executor_pb2, executor_pb2_grpc, memory_pb2, memory_pb2_grpc
+from pagedserve.wire.v1 import executor_pb2, executor_pb2_grpc
 
 SERVICE_NAME = "pagedserve.v1.Executor"
 DRAIN_IDLE_S = 2.0  # longer than a gateway's probe interval (1 s): all have seen NOT_SERVING
@@ -178,45 +179,6 @@ def drain(service: Service, servicer: ExecutorService, timeout: float, idle: flo
             return True
         sleep(0.05)
     return False
-
-
-def register(memsvc: str, info: ModelInfo, device: str, timeout: float, tls=None, ranks: int = 1,
-             holds_pool: list[bool] | None = None, token: str | None = None, budget_bytes: int = 0
-             ) -> tuple[memory_pb2.PoolHandle, str | None]:
-    """RegisterExecutor at memsvc (with the internal `token`), waiting up to `timeout`
-    seconds for it to answer (a tensor-parallel group: one pool per rank, each on `device`,
-    but for the ranks that `holds_pool` themselves: pagedserve.executor.tp_pools).
-    `budget_bytes`: the pool's size where memsvc is given none (0: memsvc's default).
-    Returns the pool handle and the pool's epoch (None from a memsvc that sends none)."""
-    with open_channel(memsvc, tls, token) as channel:
-        grpc.channel_ready_future(channel).result(timeout=timeout)
-        response = memory_pb2_grpc.MemoryManagerStub(channel).RegisterExecutor(
-            memory_pb2.RegisterExecutorRequest(geometry=convert.geometry_to_proto(info.kv),
-                                               device=device, max_model_len=info.max_model_len,
-                                               budget_bytes=budget_bytes,
-                                               rank_devices=[device] * ranks if ranks > 1 else [],
-                                               rank_holds_pool=holds_pool if any(holds_pool or ()) else []),
-            timeout=timeout, wait_for_ready=True)
-    return response.pool, response.pool_epoch or None
-
-
-def map_pool(handle: memory_pb2.PoolHandle):
-    """The pool tensor described by memsvc's PoolHandle, mapped into this process; a
-    tensor-parallel group's: rank 0's mapped, then each other rank's (name, shape, dtype),
-    which that rank maps, or allocates where the name is "" (pagedserve.executor.tp_pools.own_pool)."""
-    kind = handle.WhichOneof("handle")
-    if kind == "shm_name":
-        from pagedserve.pool_share.shm_pool import attach_shm_pool
-
-        pool = attach_shm_pool(handle.shm_name, list(handle.shape), handle.dtype)
-        if len(handle.rank_shm_names) > 1:
-            return [pool, *[(name, list(handle.shape), handle.dtype) for name in handle.rank_shm_names[1:]]]
-        return pool
-    if kind == "cuda_ipc_handle":
-        from pagedserve.pool_share.cuda_ipc import CudaIpcHandle, attach_cuda_pool
-
-        return attach_cuda_pool(CudaIpcHandle.unpack(handle.cuda_ipc_handle))
-    raise ValueError("memsvc sent a pool handle with neither shm_name nor cuda_ipc_handle")
 
 
 def _launch_of(executor):

@@ -7,7 +7,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from pagedserve.executor.server import ExecutorService, register
+from pagedserve.executor.pool_register import register
+from pagedserve.executor.server import ExecutorService
 from pagedserve.gateway.remote import RemoteExecutorClient, RemoteMemoryClient
 from pagedserve.gateway.scheduler import Scheduler
 from pagedserve.gateway.scheduler_config import SchedulerConfig

@@ -200,7 +200,8 @@ def test_across_the_wire_with_chunks_and_a_cached_prompt(tmp_path):
     import grpc
 
     from pagedserve.executor import Executor
-    from pagedserve.executor.server import ExecutorService, register
+    from pagedserve.executor.pool_register import register
+    from pagedserve.executor.server import ExecutorService
     from pagedserve.gateway.batch_loop import BatchLoop
     from pagedserve.gateway.remote import RemoteExecutorClient, RemoteMemoryClient
     from pagedserve.gateway.scheduler_config import SchedulerConfig

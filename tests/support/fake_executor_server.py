@@ -21,7 +21,8 @@ import time
 
 from pagedserve.executor.config import ExecutorConfig
 from pagedserve.executor.seq_screen import run_screened
-from pagedserve.executor.server import SERVICE_NAME, ExecutorService, map_pool, read_tokenizer_files, register
+from pagedserve.executor.pool_register import map_pool, register
+from pagedserve.executor.server import SERVICE_NAME, ExecutorService, read_tokenizer_files
 from pagedserve.rpc import internal_auth
 from pagedserve.rpc.grpc_service import Service, stop_on_signals, wait
 from pagedserve.rpc.metrics import serve_metrics
