@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import socket
 import sys
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from pagedserve.executor.config import ExecutorConfig
 from pagedserve.gateway.config import GATEWAY_PORT, STOP_AFTER_DRAIN_S, GatewayConfig
 from pagedserve.memsvc.config import MemsvcConfig
 from pagedserve.rpc.internal_auth import new_token
+from pagedserve.rpc.ports import free_port
 from pagedserve.rpc.tls import TlsConfig
 from pagedserve.rpc.tracing import TracingConfig
 from pagedserve.wire.settings import add_flags, from_args, secret_env, setting, to_argv
@@ -79,12 +79,6 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_flags(common, GatewayConfig, only={"metrics_port"}, seen=seen)
     for name, cls in SERVICE_GROUPS:
         add_flags(p.add_argument_group(name), cls, skip_wiring=True, seen=seen)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def suffix(i: int) -> str:

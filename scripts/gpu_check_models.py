@@ -6,7 +6,6 @@ three processes on loopback). Used by the services, serve, tp and split parts.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,11 +14,7 @@ from pathlib import Path
 
 from gpu_check_common import ROOT, child_env
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pagedserve.rpc.ports import free_port
 
 
 def build_model(path: Path, *, hidden, layers, heads, kv_heads, inter, vocab=4096, max_pos=4096, std=0.1,

@@ -63,11 +63,9 @@ def nccl_worker(rank: int, port: int, out: str) -> None:
 
 
 def run_nccl(work: Path, timeout: float, env: dict) -> dict:
-    import socket
+    from pagedserve.rpc.ports import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = work / "nccl.json"
     procs = [subprocess.Popen([sys.executable, __file__, "--nccl-worker", str(r), str(port), str(out)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

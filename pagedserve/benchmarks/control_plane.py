@@ -73,7 +73,7 @@ def start_services(block_size: int, kv_tokens: int, prefix_caching: bool = True,
     from pagedserve.executor.config import ExecutorConfig
     from pagedserve.memsvc.config import MemoryConfig, MemsvcConfig
     from pagedserve.rpc.internal_auth import new_token
-    from pagedserve.serve_cmd import free_port
+    from pagedserve.rpc.ports import free_port
     from pagedserve.supervisor import ServiceSpec, Supervisor
     from pagedserve.wire.settings import secret_env, to_argv
 

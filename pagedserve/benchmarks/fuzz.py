@@ -24,7 +24,7 @@ import sys
 import time
 
 from pagedserve.benchmarks.fuzz_inputs import WEIGHTS
-from pagedserve.serve_cmd import free_port
+from pagedserve.rpc.ports import free_port
 
 # httpx (and the harness, which needs it) are imported where used: the command line builds
 # every bench's parser, and the GPU path carries no httpx (scripts/gpu_not_carried.txt)

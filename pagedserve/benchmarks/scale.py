@@ -25,7 +25,7 @@ import time
 import grpc
 
 from pagedserve.memsvc.config import MemoryConfig
-from pagedserve.serve_cmd import free_port
+from pagedserve.rpc.ports import free_port
 from pagedserve.supervisor import health_status
 from pagedserve.rpc.grpc_service import open_channel
 from pagedserve.rpc.internal_auth import ENV as TOKEN_ENV

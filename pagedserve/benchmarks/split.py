@@ -174,7 +174,8 @@ def split_runs(args, prompts_for, sampling, warm) -> tuple[dict[str, list[dict]]
     from pagedserve.gateway.scheduler_config import SchedulerConfig
     from pagedserve.engine import LLMEngine
     from pagedserve.engine_config import EngineConfig
-    from pagedserve.serve_cmd import free_port, service_specs
+    from pagedserve.rpc.ports import free_port
+    from pagedserve.serve_cmd import service_specs
     from pagedserve.supervisor import Supervisor
     from pagedserve.rpc.heap import freeze_heap
     from pagedserve.rpc.internal_auth import ENV as TOKEN_ENV

@@ -24,7 +24,6 @@ import atexit
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -40,6 +39,7 @@ from torch import nn
 from pagedserve.executor import tp_broadcast
 from pagedserve.executor.sharding import ShardPlan
 from pagedserve.executor.tp_group import GroupLayout
+from pagedserve.rpc.ports import free_port
 
 DEFAULT_TIMEOUT_S = 60.0
 log = logging.getLogger("pagedserve.executor")
@@ -114,9 +114,7 @@ def shard_model(model: nn.Module, plan: ShardPlan) -> None:
 
 
 def free_address(host: str = "127.0.0.1") -> str:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return f"{host}:{s.getsockname()[1]}"
+    return f"{host}:{free_port(host)}"
 
 
 class Leader:

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 
+from pagedserve.rpc.ports import free_port
 from tests.support import ROOT
 from tests.support.health import wait_for_health
 from tests.support.serve_procs import TOKEN, TOKEN_ENV
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServiceProcess:

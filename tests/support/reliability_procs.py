@@ -13,7 +13,7 @@ import urllib.request
 
 import grpc
 
-from pagedserve.serve_cmd import free_port
+from pagedserve.rpc.ports import free_port
 from pagedserve.rpc.grpc_service import open_channel
 from pagedserve.wire.v1 import generation_pb2_grpc, memory_pb2, memory_pb2_grpc
 from tests.support import ROOT

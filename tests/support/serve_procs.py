@@ -15,7 +15,7 @@ import time
 
 from types import SimpleNamespace
 
-from pagedserve.serve_cmd import free_port
+from pagedserve.rpc.ports import free_port
 from tests.support import ROOT
 from pagedserve.rpc.internal_auth import ENV as TOKEN_ENV
 from pagedserve.rpc.internal_auth import new_token

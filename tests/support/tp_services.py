@@ -25,7 +25,8 @@ from pagedserve.memsvc.memory_manager import MemoryManager
 from pagedserve.memsvc.server import SERVICE_NAME, MemoryService
 from pagedserve.rpc import internal_auth
 from pagedserve.rpc.grpc_service import Service
-from pagedserve.serve_cmd import GENERATION, free_port
+from pagedserve.rpc.ports import free_port
+from pagedserve.serve_cmd import GENERATION
 from pagedserve.supervisor import ServiceSpec, Supervisor
 from pagedserve.wire.v1 import generation_pb2 as pb
 from pagedserve.wire.v1 import generation_pb2_grpc, memory_pb2_grpc

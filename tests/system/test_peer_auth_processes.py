@@ -10,7 +10,7 @@ import sys
 import grpc
 import pytest
 
-from pagedserve.serve_cmd import free_port
+from pagedserve.rpc.ports import free_port
 from pagedserve.wire.v1 import (
     executor_pb2,
     executor_pb2_grpc,

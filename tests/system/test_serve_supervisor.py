@@ -8,7 +8,7 @@ import time
 
 from grpc_health.v1 import health_pb2
 
-from pagedserve.serve_cmd import free_port
+from pagedserve.rpc.ports import free_port
 from pagedserve.supervisor import ServiceSpec, Supervisor, health_status
 
 SUPERVISED = """

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from pagedserve.memsvc.config import MemoryConfig
-from pagedserve.serve_cmd import free_port
+from pagedserve.rpc.ports import free_port
 from tests.support.gateway_harness import greedy
 from tests.support.tp_services import BLOCK, NEW_TOKENS, PROMPTS, TPServices, run_all, tiny_llama
 
