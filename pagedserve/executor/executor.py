@@ -10,6 +10,7 @@ import torch
 
 from pagedserve.executor import linear_backend as linear_backends
 from pagedserve.executor.core_share import CoreShare
+from pagedserve.executor.malloc_reuse import reuse_freed_memory
 from pagedserve.executor.cuda_graphs import DEFAULT_MAX_BATCH
 from pagedserve.executor.model_source import resolve_model, served_name
 from pagedserve.executor.model_config import ModelConfig
@@ -59,6 +60,7 @@ class Executor:
         parse_dtype(dtype)
         if torch.device(device).type == "cpu":
             use_owned_cores()
+            reuse_freed_memory()
         self.dtype = dtype
         self.kv_dtype = kv_cache_dtype_of(kv_cache_dtype, dtype, torch.device(device))
         self.block_size = block_size
