@@ -1,10 +1,13 @@
 """What bounds the engine on this machine: the float32 matmul rate at a serving-like shape
-(matmul_ceiling), the memory copy bandwidth (copy_bandwidth), and the parameters and bytes a
-one-token step reads (model_weights): the ceiling and floor `bench throughput` prints, and a
-whole run's ceiling (run_ceiling)."""
+(matmul_ceiling), the rate at a step's own rows over the model's own layer shapes
+(step_matmul_rate, step_rates), the memory copy bandwidth (copy_bandwidth), and the parameters and bytes
+a one-token step reads (model_weights): the ceiling and floor `bench throughput` prints, and
+a whole run's ceiling (run_ceiling)."""
 from __future__ import annotations
 
 import time
+
+MATMUL_TRIAL_FLOP = 4e9  # each timing of step_matmul_rate: calls enough for this many FLOPs
 
 
 def matmul_ceiling(hidden: int, intermediate: int, flops_per_token: float, trials: int = 5) -> dict:
@@ -26,6 +29,63 @@ def matmul_ceiling(hidden: int, intermediate: int, flops_per_token: float, trial
     rate = reps * 2 * a.shape[0] * hidden * 2 * intermediate / best
     return {"matmul_flops_per_s": rate, "flops_per_token": flops_per_token,
             "ceiling_tokens_per_s": rate / flops_per_token}
+
+
+def step_matmul_rate(shapes: dict[tuple[int, int], int], rows: int, trials: int = 5,
+                     trial_flop: float = MATMUL_TRIAL_FLOP) -> dict:
+    """The fastest float32 rate this machine multiplies a step of `rows` rows through layers of
+    `shapes` ((out, in) -> how many layers) at: each shape timed on random weights through each
+    backend the engine can route it to (MKL's F.linear, oneDNN prepacked), the faster kept,
+    best of `trials` (a ceiling: warm, the weight in cache), each of calls worth `trial_flop`;
+    the rate over all the layers."""
+    import torch
+    import torch.nn.functional as F
+
+    from pagedserve.executor.linear import onednn_linear, onednn_pack
+
+    flops = seconds = 0.0
+    per_shape = {}
+    for (n, k), layers in shapes.items():
+        w, x = torch.randn(n, k), torch.randn(rows, k)
+        packed = onednn_pack(w)
+        calls = {"mkl": lambda: F.linear(x, w), "onednn": lambda: onednn_linear(x, packed, None)}
+        reps = max(1, int(trial_flop // (2 * rows * n * k)))
+        best = {}
+        for _ in range(trials):
+            for backend, call in calls.items():  # alternated, so both meet the same moments
+                call()
+                t = time.perf_counter()
+                for _ in range(reps):
+                    call()
+                best[backend] = min(best.get(backend, float("inf")), (time.perf_counter() - t) / reps)
+        fastest = min(best, key=best.get)
+        per_shape[f"{n}x{k}"] = {"backend": fastest, "gflops": 2 * rows * n * k / best[fastest] / 1e9}
+        flops += layers * 2 * rows * n * k
+        seconds += layers * best[fastest]
+    return {"rows": rows, "matmul_flops_per_s": flops / seconds, "shapes": per_shape}
+
+
+def linear_shapes(model, with_head: bool = True) -> dict[tuple[int, int], int]:
+    """(out, in) -> how many of the model's linear layers have that shape; without the LM
+    head (`model.lm_head`) when not `with_head`."""
+    from pagedserve.executor.linear import Linear
+
+    head = getattr(model, "lm_head", None)
+    shapes: dict[tuple[int, int], int] = {}
+    for m in model.modules():
+        if isinstance(m, Linear) and (with_head or m is not head):
+            shapes[m.shape] = shapes.get(m.shape, 0) + 1
+    return shapes
+
+
+def step_rates(engine, reqs) -> dict:
+    """The machine's matmul rates for a run's steps (step_matmul_rate): a prefill chunk (the
+    token budget's rows, or all the prompts' if fewer; no LM head) and a decode batch (as many
+    rows as the run keeps running at most; with the LM head)."""
+    model, sched = engine.executor.model, engine.loop.scheduler.config
+    chunk = min(sched.max_num_batched_tokens, sum(r.prompt_len for r in reqs))
+    return {"prefill": step_matmul_rate(linear_shapes(model, with_head=False), max(chunk, 1)),
+            "decode": step_matmul_rate(linear_shapes(model), min(len(reqs), sched.max_num_seqs))}
 
 
 def copy_bandwidth(nbytes: int = 512 << 20) -> float:
@@ -70,14 +130,18 @@ def model_weights(model) -> tuple[int, int]:
 
 
 def run_ceiling(reqs, output_tokens: int, flops_per_token: float, head_flops: float, flops_per_s: float,
-                kv_bytes_per_token: int, bytes_per_s: float) -> dict:
+                kv_bytes_per_token: int, bytes_per_s: float, prompt_flops_per_s: float | None = None) -> dict:
     """A run's ceiling (issue 44): every computed row's matmul FLOPs at the measured rate, plus
     each output token's read of its context's K/V (the decode steps' mean context) at the copy
     bandwidth; on a CPU matmuls and attention run one after the other, so the times add. A
-    prompt row never reaches the LM head (`head_flops` per row; only output tokens' rows do)."""
+    prompt row never reaches the LM head (`head_flops` per row; only output tokens' rows do).
+    Prompt rows go at `prompt_flops_per_s` when given (a prefill chunk's rate), output rows at
+    `flops_per_s`."""
     prompt_tokens = sum(r.prompt_len for r in reqs)
     context = sum(r.prompt_len + r.output_len / 2 for r in reqs) / len(reqs)
-    matmul_s = ((prompt_tokens + output_tokens) * flops_per_token - prompt_tokens * head_flops) / flops_per_s
+    prompt_rate = prompt_flops_per_s or flops_per_s
+    matmul_s = (prompt_tokens * (flops_per_token - head_flops) / prompt_rate
+                + output_tokens * flops_per_token / flops_per_s)
     kv_s = output_tokens * context * kv_bytes_per_token / bytes_per_s
     return {"kv_bytes_per_token": kv_bytes_per_token, "mean_decode_context": context, "run_matmul_s": matmul_s,
             "run_kv_s": kv_s, "run_ceiling_output_tokens_per_s": output_tokens / (matmul_s + kv_s)}

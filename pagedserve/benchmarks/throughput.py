@@ -8,7 +8,14 @@ import random
 import time
 
 from pagedserve.benchmarks.busy_cores import add_busy_cores_arg, busy_cores
-from pagedserve.benchmarks.roofline import copy_bandwidth, matmul_ceiling, model_weights, run_ceiling
+from pagedserve.benchmarks.roofline import (
+    copy_bandwidth,
+    linear_shapes,
+    matmul_ceiling,
+    model_weights,
+    run_ceiling,
+    step_rates,
+)
 from pagedserve.benchmarks.workloads import WORKLOADS, BenchRequest, random_prompt_ids, sample_lengths
 
 
@@ -191,6 +198,7 @@ def run_engine_part(args, reqs: list[BenchRequest], cpu: dict):
         "memory": {**mem, "linear_dense_bytes": dense, "linear_prepared_bytes": prepared,
                    "kv_pool_bytes": pool_bytes},
         "ceiling": matmul_ceiling(cfg.hidden_size, cfg.intermediate_size, 2.0 * params),
+        "step_rates": step_rates(engine, reqs),
     }
     print(f"workload {args.workload}: {len(reqs)} requests, mean {result['mean_prompt_len']:.0f} in"
           f" / {result['mean_output_len']:.0f} out")
@@ -207,6 +215,9 @@ def run_engine_part(args, reqs: list[BenchRequest], cpu: dict):
     after = matmul_ceiling(cfg.hidden_size, cfg.intermediate_size, 2.0 * params)
     if after["matmul_flops_per_s"] > result["ceiling"]["matmul_flops_per_s"]:  # measured before and after: the higher
         result["ceiling"] = after
+    for phase, rate in step_rates(engine, reqs).items():
+        if rate["matmul_flops_per_s"] > result["step_rates"][phase]["matmul_flops_per_s"]:
+            result["step_rates"][phase] = rate
     print(f"pagedserve   {e['output_tokens_per_s']:8.1f} output tok/s  ({e['output_tokens']} tokens, "
           f"{e['seconds']:.1f} s, mean batch {e['mean_running']:.1f}, max {e['max_running']})")
     c = result["ceiling"]
@@ -228,13 +239,24 @@ def run_engine_part(args, reqs: list[BenchRequest], cpu: dict):
           f"({weight_bytes / 1e6:.0f} MB of weights / {bandwidth / 1e9:.1f} GB/s copy bandwidth): "
           f"{one['over_floor']:.2f}x the floor")
     head = getattr(engine.executor.model, "lm_head", None)
-    c.update(run_ceiling(reqs, e["output_tokens"], c["flops_per_token"],
-                         2.0 * head.shape[0] * head.shape[1] if head is not None else 0.0,
-                         c["matmul_flops_per_s"], info.kv.bytes_per_token, bandwidth))
+    head_flops = 2.0 * head.shape[0] * head.shape[1] if head is not None else 0.0
+    rates = result["step_rates"]
+    c.update(run_ceiling(reqs, e["output_tokens"], c["flops_per_token"], head_flops,
+                         rates["decode"]["matmul_flops_per_s"], info.kv.bytes_per_token, bandwidth,
+                         prompt_flops_per_s=rates["prefill"]["matmul_flops_per_s"]))
     e["share_of_run_ceiling"] = (c["run_matmul_s"] + c["run_kv_s"]) / e["seconds"]
     print(f"run ceiling  {c['run_ceiling_output_tokens_per_s']:8.1f} tok/s  ({prompt_tokens + e['output_tokens']} "
-          f"computed tokens' matmuls {c['run_matmul_s']:.1f} s (prompt rows without the LM head) + decode K/V "
-          f"reads {c['run_kv_s']:.1f} s at {c['mean_decode_context']:.0f} tokens of context); engine at "
-          f"{e['share_of_run_ceiling']:.0%} of it")
+          f"computed tokens' matmuls {c['run_matmul_s']:.1f} s (prompt rows without the LM head, at "
+          f"{rates['prefill']['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s in {rates['prefill']['rows']}-row chunks; "
+          f"output rows at {rates['decode']['matmul_flops_per_s'] / 1e9:.1f} in {rates['decode']['rows']}-row "
+          f"batches) + decode K/V reads {c['run_kv_s']:.1f} s at {c['mean_decode_context']:.0f} tokens of "
+          f"context); engine at {e['share_of_run_ceiling']:.0%} of it")
+    flat = run_ceiling(reqs, e["output_tokens"], c["flops_per_token"], head_flops, c["matmul_flops_per_s"],
+                       info.kv.bytes_per_token, bandwidth)
+    c["at_512_rows"] = flat
+    e["share_of_run_ceiling_at_512_rows"] = (flat["run_matmul_s"] + flat["run_kv_s"]) / e["seconds"]
+    print(f"             every row at the 512-row rate instead ({c['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s): "
+          f"{flat['run_ceiling_output_tokens_per_s']:.1f} tok/s; engine at "
+          f"{e['share_of_run_ceiling_at_512_rows']:.0%} of it")
     result["load_avg"] = os.getloadavg()
     return result, engine
