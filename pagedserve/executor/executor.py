@@ -10,12 +10,12 @@ import torch
 
 from pagedserve.executor import linear_backend as linear_backends
 from pagedserve.executor.core_share import CoreShare
-from pagedserve.executor.malloc_reuse import reuse_freed_memory
 from pagedserve.executor.cuda_graphs import DEFAULT_MAX_BATCH
 from pagedserve.executor.model_source import resolve_model, served_name
 from pagedserve.executor.model_config import ModelConfig
 from pagedserve.executor.model_loader import load_model
 from pagedserve.executor.logits_mask import GuidedDecoding
+from pagedserve.executor.malloc_reuse import reuse_freed_memory
 from pagedserve.executor.model_runner import ModelRunner
 from pagedserve.executor.sharding import ShardPlan
 from pagedserve.executor.step_merger import Launched, launch_of

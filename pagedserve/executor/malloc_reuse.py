@@ -39,7 +39,8 @@ def reuse_freed_memory() -> bool:
     if libc is None:
         return False
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    ok = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    ok = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX))
+    ok = bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)) and ok
     if not ok:
         log.warning("mallopt refused the mmap/trim thresholds: large activations are mapped afresh each step")
     return ok
