@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import time
 
-MATMUL_TRIAL_FLOP = 4e9  # each timing of step_matmul_rate: calls enough for this many FLOPs
+MATMUL_TRIAL_FLOP = 4e9  # each timing of step_matmul_rate: calls enough for this many FLOPs,
+MAX_REPS = 100           # but no more calls than this (a small model's shapes)
 
 
 def matmul_ceiling(hidden: int, intermediate: int, flops_per_token: float, trials: int = 5) -> dict:
@@ -36,8 +37,8 @@ def step_matmul_rate(shapes: dict[tuple[int, int], int], rows: int, trials: int 
     """The fastest float32 rate this machine multiplies a step of `rows` rows through layers of
     `shapes` ((out, in) -> how many layers) at: each shape timed on random weights through each
     backend the engine can route it to (MKL's F.linear, oneDNN prepacked), the faster kept,
-    best of `trials` (a ceiling: warm, the weight in cache), each of calls worth `trial_flop`;
-    the rate over all the layers."""
+    best of `trials` (a ceiling: warm, the weight in cache), each of calls worth `trial_flop`
+    (at most MAX_REPS calls); the rate over all the layers."""
     import torch
     import torch.nn.functional as F
 
@@ -49,7 +50,7 @@ def step_matmul_rate(shapes: dict[tuple[int, int], int], rows: int, trials: int 
         w, x = torch.randn(n, k), torch.randn(rows, k)
         packed = onednn_pack(w)
         calls = {"mkl": lambda: F.linear(x, w), "onednn": lambda: onednn_linear(x, packed, None)}
-        reps = max(1, int(trial_flop // (2 * rows * n * k)))
+        reps = max(1, min(MAX_REPS, int(trial_flop // (2 * rows * n * k))))
         best = {}
         for _ in range(trials):
             for backend, call in calls.items():  # alternated, so both meet the same moments
