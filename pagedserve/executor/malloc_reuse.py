@@ -12,7 +12,6 @@ every prefill anyway. Elsewhere than glibc it does nothing. Docs: docs/ARCHITECT
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 
 M_TRIM_THRESHOLD = -1  # mallopt parameters, glibc's malloc.h
@@ -24,10 +23,12 @@ log = logging.getLogger("pagedserve.executor")
 
 
 def _glibc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
+    """The C library this process runs on, if it is glibc (its own symbols: no search, which
+    would start ldconfig)."""
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # noqa: B018  (glibc only: musl and others lack it)
+        libc.mallopt  # noqa: B018
         return libc
     except (OSError, AttributeError, TypeError):
         return None
