@@ -10,7 +10,7 @@ from pagedserve.executor import malloc_reuse
 
 # a prefill chunk of 2,048 rows through ten layers of the default model's shapes
 CHILD = """
-import ctypes, resource, sys, torch
+import resource, sys, torch
 from pagedserve.executor import malloc_reuse
 # both children start from glibc's initial threshold (128 KiB), pinned: left alone glibc raises
 # it as blocks are freed, by an amount that depends on what the interpreter did before
