@@ -2,7 +2,9 @@
 
 Linear(weight, bias) computes through F.linear ("mkl": MKL on the CPU, cuBLAS on a GPU)
 until `route(routes)` says otherwise. routes is a list of (below, backend): the first entry
-whose `below` exceeds the rows M of x (None: any M) names the backend. The other backends
+whose `below` exceeds the rows M of x (None: any M) names the backend. "dot" multiplies by the
+same dense weight in C++ (pagedserve.kernels.linear_cpu; CPU float32, exact up to the order
+of the sums). The other backends
 multiply by a copy of the weight prepared once, when a route first names them: "onednn" by a
 weight prepacked for oneDNN (`torch.ops.mkldnn`, CPU, exact float32), "int8" by per-channel
 int8 weights (pagedserve.executor.linear_int8), "int4" by the Q4_1 GGUF's own 4-bit weights read back
@@ -21,9 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.executor import linear_int4, linear_int8
+from pagedserve.kernels import linear_cpu
 
-BACKENDS = ("mkl", "onednn", "int8", "int4")
-NAMES = {"onednn": "oneDNN", "int8": "int8", "int4": "int4"}  # for the log
+BACKENDS = ("mkl", "onednn", "dot", "int8", "int4")
+DENSE = ("mkl", "dot")  # multiply by the dense weight itself: no copy of their own
+NAMES = {"mkl": "F.linear", "onednn": "oneDNN", "dot": "the C++ dot-product kernel", "int8": "int8", "int4": "int4"}
 
 log = logging.getLogger("pagedserve.executor")
 
@@ -68,7 +72,7 @@ class Linear(nn.Module):
         """Free the dense weight of a layer whose every route has its own copy, if it owns its
         weight, after one checking call per backend; False (nothing dropped) if not, or a call
         fails (the layer falls back, logged)."""
-        if self.weight is None or not self.owns_weight or any(b == "mkl" for _, b in self.routes):
+        if self.weight is None or not self.owns_weight or any(b in DENSE for _, b in self.routes):
             return False
         for backend in {b for _, b in self.routes}:
             try:
@@ -100,7 +104,10 @@ class Linear(nn.Module):
         if self.weight is None:
             raise ValueError(f"linear {self.shape}: its dense weight was dropped (drop_dense): "
                              f"it stays on {', '.join(self.prepared)}")
-        wanted = {b for _, b in routes} - {"mkl"}
+        wanted = {b for _, b in routes} - set(DENSE)
+        if "dot" in {b for _, b in routes} and (why := linear_cpu.unavailable(self.weight)) is not None:
+            self._fall_back(f"{NAMES['dot']} cannot serve ({why})")
+            return
         self.prepared.update(prepared or {})
         for backend in sorted(wanted - set(self.prepared)):
             try:
@@ -123,7 +130,9 @@ class Linear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         k = x.shape[-1]
         x2 = x if x.dim() == 2 else x.reshape(-1, k)
-        if backend == "onednn":
+        if backend == "dot":
+            y = linear_cpu.matmul(x2 if x2.stride(-1) == 1 else x2.contiguous(), self.weight, self.bias)
+        elif backend == "onednn":
             y = onednn_linear(x2, self.prepared["onednn"], self.bias)
         elif backend == "int4":
             y = linear_int4.matmul(x2, self.prepared["int4"], self.bias)
@@ -132,9 +141,7 @@ class Linear(nn.Module):
         return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.prepared:
-            return F.linear(x, self.weight, self.bias)
-        backend = self.backend_for(x.numel() // x.shape[-1])
+        backend = self.routes[0][1] if len(self.routes) == 1 else self.backend_for(x.numel() // x.shape[-1])
         if backend == "mkl":
             return F.linear(x, self.weight, self.bias)
         try:

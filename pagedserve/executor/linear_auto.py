@@ -3,7 +3,8 @@
 AutoPlan(rows).decide(layer) -> Decision(seconds, routes, source, note), one per shape.
 - The shape is timed at the rows (pagedserve.executor.linear_timing) unless an earlier load kept its
   timings (pagedserve.executor.linear_plan_cache). Only an idle timing (pagedserve.executor.linear_idle) is kept,
-  and only an idle one can move an M off oneDNN (routes_from: MKL must win by PREFER_MARGIN).
+  and only an idle one can move an M off oneDNN (routes_from: a backend on the dense weight,
+  MKL or the C++ "dot" kernel, must win there by PREFER_MARGIN, or win at every M).
   A busy timing is taken once more after RETRY_WAIT_S; busy again, that shape and every
   later one of this load serve oneDNN at every M, untimed, and nothing is kept.
 - Kept timings are checked once a load (check(layers), before the first shape is decided):
@@ -21,11 +22,13 @@ import time
 from dataclasses import dataclass
 
 from pagedserve.executor import linear_plan_cache as plan_cache
-from pagedserve.executor.linear import Linear
-from pagedserve.executor.linear_timing import Timing, time_shape
+from pagedserve.executor.linear import DENSE, Linear
+from pagedserve.executor.linear_timing import Timing, time_shape, timed_backends
 
-PREFER_MARGIN = 1.10  # MKL serves an M only where it is faster than oneDNN by more than this:
-# a win inside the timing noise would flip from one load to the next
+PREFER_MARGIN = 1.10  # MKL or "dot" serves an M only where it is faster than oneDNN by more
+# than this: a win inside the timing noise would flip from one load to the next
+ALL_DENSE_MARGIN = 1.03  # ... or at every M, where they win at each by more than this and at
+# one by PREFER_MARGIN: one copy (the dense weight) then serves faster everywhere
 MIXED_MARGIN = 1.25  # oneDNN at most 25% slower than MKL: one copy of the weight beats two
 # (measured, AMD EPYC: where MKL wins, at M = 1 on the 576-wide projections, by 15-40%, that is
 # <= 0.7 ms of a ~25 ms decode step, for 105 MiB more weights)
@@ -103,7 +106,7 @@ class AutoPlan:
         return Decision(timing.seconds, routes_from(timing.seconds), "timed", self.stale or "")
 
     def _key(self, layer: Linear) -> str:
-        return plan_cache.key(layer.shape, layer.weight.dtype, self.rows)
+        return plan_cache.key(layer.shape, layer.weight.dtype, self.rows, timed_backends(layer))
 
     def _time(self, layer: Linear) -> Timing:
         """time_shape, once more after RETRY_WAIT_S if the machine was busy."""
@@ -129,8 +132,9 @@ def off(kept: dict[int, dict[str, float]], now: dict[int, dict[str, float]]) -> 
             was = kept[m].get(b)
             if not was or max(was / s, s / was) > DRIFT:
                 return f"{b} at M={m}: kept {(was or 0) * 1e6:.0f} us, now {s * 1e6:.0f} us"
-        if backend_at(routes, m) == "mkl" and t["onednn"] <= t["mkl"]:
-            return f"MKL kept at M={m}, where oneDNN is now as fast"
+        kept_backend = backend_at(routes, m)
+        if kept_backend in DENSE and t["onednn"] <= t[kept_backend]:
+            return f"{'MKL' if kept_backend == 'mkl' else kept_backend} kept at M={m}, where oneDNN is now as fast"
     return None
 
 
@@ -140,13 +144,19 @@ def backend_at(routes: list[tuple[int | None, str]], rows: int) -> str:
 
 def routes_from(seconds: dict[int, dict[str, float]]) -> list[tuple[int | None, str]]:
     """The faster backend per timed M, boundaries at the geometric midpoints, equal
-    neighbours merged; except that a shape which would mix backends goes to oneDNN at every M
-    when oneDNN is within MIXED_MARGIN of MKL wherever MKL is faster (a mixed layer holds its
+    neighbours merged. Among the two on the dense weight (MKL, "dot" where timed) the faster
+    counts; it takes an M from oneDNN by PREFER_MARGIN, or every M when it is faster at each by
+    ALL_DENSE_MARGIN and at one by PREFER_MARGIN. A shape which would mix oneDNN with them goes to oneDNN at every M when
+    oneDNN is within MIXED_MARGIN of them wherever they are faster (a mixed layer holds its
     weight twice, dense and packed: a win inside the timing noise is not worth that)."""
     ms = sorted(seconds)
-    best = {m: "mkl" if seconds[m]["mkl"] * PREFER_MARGIN < seconds[m]["onednn"] else "onednn" for m in ms}
-    if len(set(best.values())) > 1 and all(
-            seconds[m]["onednn"] <= seconds[m]["mkl"] * MIXED_MARGIN for m in ms):
+    dense = {m: min((b for b in DENSE if b in seconds[m]), key=lambda b: seconds[m][b]) for m in ms}
+    ratio = {m: seconds[m]["onednn"] / seconds[m][dense[m]] for m in ms}
+    if all(r > ALL_DENSE_MARGIN for r in ratio.values()) and max(ratio.values()) > PREFER_MARGIN:
+        best = dense
+    else:
+        best = {m: dense[m] if ratio[m] > PREFER_MARGIN else "onednn" for m in ms}
+    if {b in DENSE for b in best.values()} == {True, False} and all(r <= MIXED_MARGIN for r in ratio.values()):
         best = dict.fromkeys(ms, "onednn")
     routes: list[tuple[int | None, str]] = []
     for i, m in enumerate(ms):

@@ -6,6 +6,8 @@ weight shape (out_features x in_features), each logged (finish); configure(model
 the same for a model already built. Backends:
 - "mkl": F.linear everywhere (MKL on the CPU; on a GPU, F.linear is all there is);
 - "onednn": every layer prepacked for oneDNN (CPU, float32 only);
+- "dot": every layer through the C++ kernel on its dense weight (pagedserve.kernels.linear_cpu;
+  CPU float32, K a multiple of 8);
 - "int8": every layer on per-channel int8 weights (pagedserve.executor.linear_int8; CPU; not exact, so
   opt-in only, its accuracy against float32 measured in BENCHMARKS.md); a layer the kernel
   cannot take (in_features not a multiple of 16) stays on F.linear, logged;
@@ -14,12 +16,13 @@ the same for a model already built. Backends:
   that is not Q4_1 (the default model's LM head: its tied embedding is Q8_0) is timed as for
   auto, logged. Where the kernel is missing, or the first decoder layer holds no Q4_1 weight,
   it raises (ValueError naming the fix) rather than serve something else;
-- "auto": on the CPU in float32, each shape is timed through both at the step's row counts
+- "auto": on the CPU in float32, each shape is timed through MKL, oneDNN and "dot" at the step's row counts
   STEP_ROWS (one decode, a decode batch, a prefill chunk) on one of its layers, a few
   alternated repetitions, best of each, one row with the weight out of the cache as a
-  decode step meets it (pagedserve.executor.linear_timing); the faster backend at a timed M (MKL only
-  by more than PREFER_MARGIN) serves the rows from the geometric midpoint below it to the
-  one above (a shape that would mix the two, where MKL wins by under MIXED_MARGIN, goes all
+  decode step meets it (pagedserve.executor.linear_timing); the faster backend at a timed M (one on
+  the dense weight only by more than PREFER_MARGIN, or at every M: linear_auto.routes_from)
+  serves the rows from the geometric midpoint below it to the one above (a shape that would
+  mix oneDNN with the dense weight's backends, where they win by under MIXED_MARGIN, goes all
   oneDNN: one copy of its weight). A row count whose one call would cost over
   linear_timing.MAX_TIMED_FLOP is timed at the largest M within it instead (the vocabulary
   projection). Only timings taken idle decide and are kept per machine, and kept ones are
@@ -47,7 +50,7 @@ from pagedserve.executor.linear_auto import (  # noqa: F401
 from pagedserve.executor.linear_timing import TIMED  # noqa: F401  (what auto chooses among)
 
 CHOICES = ("auto", *BACKENDS)
-STEP_ROWS = (1, 64, 512)
+STEP_ROWS = (1, 64, 512, 2048)
 SOURCES = {"forced": "as named", "timed": "timed idle at this load (kept)",
            "cache": "kept from an earlier load", "busy": "oneDNN, the machine busy (nothing kept)",
            "untimed": "F.linear, oneDNN unavailable or failed"}

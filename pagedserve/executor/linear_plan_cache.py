@@ -3,7 +3,7 @@
 `--linear-backend auto` times each weight shape at load (pagedserve.executor.linear_backend). The
 seconds measured are kept in `linear-plan.json` under $PAGEDSERVE_CACHE_DIR (default
 ~/.cache/pagedserve), keyed by the CPU (model name and ISA), torch's version, the dtype, the
-shape and the row counts timed (and how: pagedserve.executor.linear_timing, KEPT_HOW); a later load on
+shape, the row counts and backends timed (and how: pagedserve.executor.linear_timing, KEPT_HOW); a later load on
 the same machine takes them instead of timing again, so the plan and, by float rounding,
 greedy outputs stay the same across restarts and replicas of one machine. Only timings taken
 idle are stored, and a load checks them first (pagedserve.executor.linear_auto); the key names that
@@ -20,7 +20,7 @@ import tempfile
 
 import torch
 
-from pagedserve.executor.linear_timing import COLD_BELOW
+from pagedserve.executor.linear_timing import COLD_BELOW, TIMED
 from pagedserve.wire.cpu_info import cpu_info
 
 FILE_NAME = "linear-plan.json"
@@ -33,11 +33,12 @@ def path() -> str:
     return os.path.join(root, FILE_NAME)
 
 
-def key(shape: tuple[int, int], dtype: torch.dtype, rows: tuple[int, ...]) -> str:
+def key(shape: tuple[int, int], dtype: torch.dtype, rows: tuple[int, ...],
+        backends: tuple[str, ...] = TIMED) -> str:
     cpu = cpu_info()
     return (f"{cpu['model_name']} [{' '.join(cpu['isa'])}] {os.cpu_count()} CPUs | torch "
             f"{torch.__version__} | {dtype} | {shape[0]}x{shape[1]} | M {','.join(map(str, rows))} "
-            f"(cold below {COLD_BELOW}, {KEPT_HOW})")
+            f"| {','.join(backends)} (cold below {COLD_BELOW}, {KEPT_HOW})")
 
 
 def _read(file: str) -> dict:

@@ -10,7 +10,9 @@ cache finds none of it there. Before each such call a scratch buffer of twice th
 size (at most MAX_SWEEP_BYTES) is read. Timed warm instead, MKL looked faster at one row on
 the gate/up weight, resident; cold it was 2.9x slower, and the decode step 1.4x
 (docs/benchmark-history.md, "Decode steps measured as they run", issue 25).
-Larger M are compute-bound and timed warm, several calls in a row.
+Larger M are compute-bound and timed warm, several calls in a row. "dot" (the C++ kernel on
+the dense weight, pagedserve.kernels.linear_cpu) is timed beside MKL and oneDNN where it can
+serve the shape (timed_backends).
 """
 from __future__ import annotations
 
@@ -22,11 +24,12 @@ from dataclasses import dataclass, field
 import torch
 
 from pagedserve.executor.linear import Linear
+from pagedserve.kernels import linear_cpu
 from pagedserve.executor.linear_idle import OtherWork, why_busy
 from pagedserve.wire.cpu_info import last_level_cache_bytes
 
-TIMED = ("mkl", "onednn")  # what "auto" chooses among (int8, int4 change the outputs: opt-in only)
-MAX_TIMED_FLOP = 2e9
+TIMED = ("mkl", "onednn", "dot")  # what "auto" chooses among (int8, int4 change the outputs: opt-in only)
+MAX_TIMED_FLOP = 8e9  # one call at most (a 2,048-row prefill chunk of a 3072x576 layer is 7.2e9)
 REPS = 3
 COLD_BELOW = 8
 COLD_CALLS = 5
@@ -79,9 +82,15 @@ def _cold(layer: Linear, backend: str, x: torch.Tensor, sweep: Sweep) -> float:
     return best
 
 
+def timed_backends(layer: Linear) -> tuple[str, ...]:
+    """The backends of TIMED that can serve this layer here."""
+    return tuple(b for b in TIMED if b != "dot" or linear_cpu.unavailable(layer.weight) is None)
+
+
 def time_shape(layer: Linear, rows: tuple[int, ...]) -> Timing:
     """Each backend at each affordable M; no seconds when oneDNN fails here (logged)."""
     n, k = layer.shape
+    timed = timed_backends(layer)
     layer.route([(None, "onednn")])
     if layer.packed is None:
         return Timing()
@@ -98,12 +107,12 @@ def time_shape(layer: Linear, rows: tuple[int, ...]) -> Timing:
             flop = 2 * m * n * k
             x = torch.randn(m, k, generator=g, dtype=layer.weight.dtype)
             calls = max(1, min(20, int(5e7 / flop)))
-            rounds: dict[str, list[float]] = {b: [] for b in TIMED}
+            rounds: dict[str, list[float]] = {b: [] for b in timed}
             try:
-                for b in TIMED:
+                for b in timed:
                     layer.run(b, x)  # warm
                 for _ in range(REPS):
-                    for b in TIMED:
+                    for b in timed:
                         rounds[b].append(_cold(layer, b, x, sweep) if m < COLD_BELOW
                                          else _warm(layer, b, x, calls))
             except Exception as e:  # noqa: BLE001  (oneDNN failed at this M: F.linear)

@@ -99,7 +99,7 @@ def test_auto_picks_a_backend_per_shape_and_records_it(tmp_path, log_records):
         assert c.routes[-1][0] is None and {b for _, b in c.routes} <= set(linear_backend.BACKENDS)
         if ONEDNN:
             assert set(c.seconds) == set(linear_backend.STEP_ROWS)
-            assert all(set(t) == {"mkl", "onednn"} for t in c.seconds.values())
+            assert all(set(t) == set(linear_backend.TIMED) for t in c.seconds.values())
         assert c.as_dict()["shape"] == [c.out_features, c.in_features]
     logged = [r.getMessage() for r in log_records]
     assert len([m for m in logged if m.startswith("linear ")]) == len(plan)
@@ -171,8 +171,20 @@ def test_engine_greedy_matches_transformers_per_backend(tmp_path, backend):
 
 
 def test_mkl_must_win_by_the_margin_to_serve_an_m():
-    close = {1: {"mkl": 1.0, "onednn": 1.05}, 64: {"mkl": 1.0, "onednn": 1.5}}
-    assert linear_backend.routes_from(close) == [(8, "onednn"), (None, "mkl")]
+    close = {1: {"mkl": 1.0, "onednn": 1.05}, 64: {"mkl": 1.0, "onednn": 1.5}, 512: {"mkl": 1.0, "onednn": 0.9}}
+    assert linear_backend.routes_from(close) == [(8, "onednn"), (182, "mkl"), (None, "onednn")]
+
+
+def test_faster_at_every_m_the_dense_weight_serves_all():
+    """Ahead at every M, clearly at one: one copy, faster everywhere (not oneDNN where the
+    lead is under PREFER_MARGIN, which would keep both copies)."""
+    ahead = {1: {"mkl": 1.0, "onednn": 1.05}, 64: {"mkl": 1.0, "onednn": 1.5}}
+    assert linear_backend.routes_from(ahead) == [(None, "mkl")]
+    with_dot = {1: {"mkl": 2.0, "onednn": 1.5, "dot": 1.0}, 64: {"mkl": 1.0, "onednn": 1.1, "dot": 1.02},
+                512: {"mkl": 1.0, "onednn": 1.05, "dot": 1.01}}
+    assert linear_backend.routes_from(with_dot) == [(8, "dot"), (None, "mkl")]
+    barely = {1: {"mkl": 1.0, "onednn": 1.5, "dot": 2.0}, 64: {"mkl": 1.0, "onednn": 1.02, "dot": 1.1}}
+    assert linear_backend.routes_from(barely) == [(8, "mkl"), (None, "onednn")]  # 1.5x: both copies
 
 
 @needs_onednn

@@ -38,11 +38,12 @@ def test_the_sweep_exceeds_the_last_level_cache(monkeypatch):
 
 
 def test_the_timing_reports_its_spread_and_the_other_work(monkeypatch):
-    rounds = iter([1.0, 2.0, 1.0, 2.0, 1.5, 2.0] + [3.0, 1.0] * 3)  # mkl's rounds at M=64: 1 to 1.5
+    rounds = iter([1.0, 2.0, 1.2, 1.0, 2.0, 1.2, 1.5, 2.0, 1.2] + [3.0, 1.0, 2.0] * 3)  # mkl's at M=64: 1 to 1.5
     monkeypatch.setattr(linear_timing, "_warm", lambda layer, b, x, calls: next(rounds))
     monkeypatch.setattr(linear_timing.OtherWork, "share", lambda self: 0.4)
     timing = linear_timing.time_shape(Linear(torch.randn(24, 16)), (64, 512))
-    assert timing.seconds == {64: {"mkl": 1.0, "onednn": 2.0}, 512: {"mkl": 3.0, "onednn": 1.0}}
+    assert linear_timing.timed_backends(Linear(torch.randn(24, 16))) == ("mkl", "onednn", "dot")
+    assert timing.seconds == {64: {"mkl": 1.0, "onednn": 2.0, "dot": 1.2}, 512: {"mkl": 3.0, "onednn": 1.0, "dot": 2.0}}
     assert timing.spread == 1.5 and timing.others == 0.4
     assert "40%" in timing.busy()
     assert linear_timing.Timing(timing.seconds, 1.4, 0.1).busy() is None

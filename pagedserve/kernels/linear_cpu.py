@@ -1,0 +1,143 @@
+"""y = x @ weight.T (+ bias) in C++ on the weight as stored, for the CPU float32 linear layers.
+
+matmul(x [M, K], weight [N, K], bias) -> [M, N]: each output is a dot product over K, eight
+lanes at a time, in tiles of 4 rows of x by 3 rows of the weight (twelve accumulators, all in
+registers on AVX2), the weight walked in blocks of BLOCK rows split over OpenMP threads, each
+block read once and used for every row of x. It needs no copy of the weight: a layer routed
+here and to MKL (F.linear) holds one dense weight, where oneDNN holds its own packed copy.
+Measured on the default model's shapes it is faster than both at a decode's few rows and at
+a decode batch, and level with MKL at 512 rows (BENCHMARKS.md, issue 44); `--linear-backend
+auto` times it beside them (pagedserve.executor.linear_timing). applies(weight): float32 on the
+CPU, K a multiple of 8, the library built (pagedserve/kernels/native_build.py); tested against
+F.linear in tests/unit/kernels/test_linear_cpu.py.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from pagedserve.kernels import native_build
+
+SOURCE = r"""
+// y[m][n] = sum_k x[m][k] * w[n][k] (+ b[n]), float32, K % 8 == 0.
+// Built by pagedserve/kernels/linear_cpu.py (pagedserve/kernels/native_build.py); plain C ABI.
+#include <cstdint>
+#include <cstring>
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int vi8 __attribute__((vector_size(32)));
+#if defined(__clang__)
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (vi8){__VA_ARGS__})
+#endif
+
+static inline v8 load8(const float* p) { v8 v; memcpy(&v, p, 32); return v; }
+
+// lane i of the result: the sum of the lanes of v_i
+static inline v8 sums8(v8 v0, v8 v1, v8 v2, v8 v3, v8 v4, v8 v5, v8 v6, v8 v7) {
+  v8 a0 = SHUF(v0, v1, 0, 8, 2, 10, 4, 12, 6, 14) + SHUF(v0, v1, 1, 9, 3, 11, 5, 13, 7, 15);
+  v8 a1 = SHUF(v2, v3, 0, 8, 2, 10, 4, 12, 6, 14) + SHUF(v2, v3, 1, 9, 3, 11, 5, 13, 7, 15);
+  v8 a2 = SHUF(v4, v5, 0, 8, 2, 10, 4, 12, 6, 14) + SHUF(v4, v5, 1, 9, 3, 11, 5, 13, 7, 15);
+  v8 a3 = SHUF(v6, v7, 0, 8, 2, 10, 4, 12, 6, 14) + SHUF(v6, v7, 1, 9, 3, 11, 5, 13, 7, 15);
+  v8 b0 = SHUF(a0, a1, 0, 1, 8, 9, 4, 5, 12, 13) + SHUF(a0, a1, 2, 3, 10, 11, 6, 7, 14, 15);
+  v8 b1 = SHUF(a2, a3, 0, 1, 8, 9, 4, 5, 12, 13) + SHUF(a2, a3, 2, 3, 10, 11, 6, 7, 14, 15);
+  return SHUF(b0, b1, 0, 1, 2, 3, 8, 9, 10, 11) + SHUF(b0, b1, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+// MR rows of x by NR rows of w; the empty asm statements keep each loaded vector in a
+// register (else the compiler folds the weight's loads into every FMA: 16 loads for 12 FMAs)
+template <int MR, int NR>
+static inline void tile(const float* x, int64_t sx, const float* w, int64_t K, const float* b,
+                        float* y, int64_t sy) {
+  v8 acc[MR * NR] = {};
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < K; k += 8) {
+    v8 wv[NR];
+    for (int j = 0; j < NR; j++) { wv[j] = load8(w + j * K + k); asm("" : "+x"(wv[j])); }
+    for (int i = 0; i < MR; i++) {
+      v8 a = load8(x + i * sx + k);
+      asm("" : "+x"(a));
+      for (int j = 0; j < NR; j++) acc[i * NR + j] += a * wv[j];
+    }
+  }
+  float out[16];
+  v8 z = {};
+  for (int t = 0; t < MR * NR; t += 8) {
+    v8 s = sums8(acc[t], t + 1 < MR * NR ? acc[t + 1] : z, t + 2 < MR * NR ? acc[t + 2] : z,
+                 t + 3 < MR * NR ? acc[t + 3] : z, t + 4 < MR * NR ? acc[t + 4] : z,
+                 t + 5 < MR * NR ? acc[t + 5] : z, t + 6 < MR * NR ? acc[t + 6] : z,
+                 t + 7 < MR * NR ? acc[t + 7] : z);
+    memcpy(out + t, &s, 32);
+  }
+  for (int i = 0; i < MR; i++)
+    for (int j = 0; j < NR; j++) y[i * sy + j] = out[i * NR + j] + (b ? b[j] : 0.0f);
+}
+
+template <int NR>
+static void rows(const float* x, int64_t sx, const float* w, int64_t K, const float* b, float* y,
+                 int64_t sy, int64_t M) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) tile<4, NR>(x + m * sx, sx, w, K, b, y + m * sy, sy);
+  for (; m < M; m++) tile<1, NR>(x + m * sx, sx, w, K, b, y + m * sy, sy);
+}
+
+extern "C" void linear_f32(const float* x, int64_t sx, const float* w, const float* b, float* y,
+                           int64_t M, int64_t N, int64_t K, int64_t block, int64_t threads) {
+  const int64_t blocks = (N + block - 1) / block;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    const int64_t n1 = (blk + 1) * block < N ? (blk + 1) * block : N;
+    int64_t n = blk * block;
+    for (; n + 3 <= n1; n += 3) rows<3>(x, sx, w + n * K, K, b ? b + n : b, y + n, N, M);
+    if (n1 - n == 2) rows<2>(x, sx, w + n * K, K, b ? b + n : b, y + n, N, M);
+    if (n1 - n == 1) rows<1>(x, sx, w + n * K, K, b ? b + n : b, y + n, N, M);
+  }
+}
+"""
+BLOCK = 48  # weight rows per block (a multiple of 3): 48 x 576 floats is 110 KB, within L2
+
+
+def _build() -> ctypes.CDLL | None:
+    lib = native_build.load("linear_cpu", SOURCE)
+    if lib is None:
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.linear_f32.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64]
+    lib.linear_f32.restype = None
+    return lib
+
+
+_native = native_build.Library(_build)
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded (builds it on first call)."""
+    return _native.get() is not None
+
+
+def unavailable(weight: torch.Tensor) -> str | None:
+    """Why this kernel cannot multiply by `weight`, or None."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return f"the C++ linear kernel takes float32 weights on the CPU ({weight.dtype} on {weight.device})"
+    if weight.dim() != 2 or weight.shape[1] % 8 or not weight.is_contiguous():
+        return f"the C++ linear kernel takes a contiguous [N, K] weight with K a multiple of 8 ({list(weight.shape)})"
+    if not available():
+        return "the C++ kernels are not built here (pagedserve/kernels/native_build.py)"
+    return None
+
+
+def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (unit stride along K) @ weight.T, + bias [N] if given, into a new [M, N]
+    tensor; weight as unavailable() accepts it."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert x.dtype == torch.float32 and x.stride(1) == 1 and weight.shape[1] == k
+    assert bias is None or (bias.is_contiguous() and bias.shape == (n,))
+    y = torch.empty(m, n)
+    if m:
+        threads = max(1, min(torch.get_num_threads(), -(-n // BLOCK)))
+        _native.get().linear_f32(x.data_ptr(), x.stride(0), weight.data_ptr(),
+                                 None if bias is None else bias.data_ptr(), y.data_ptr(), m, n, k, BLOCK, threads)
+    return y

@@ -1,0 +1,69 @@
+"""The C++ linear kernel (pagedserve/kernels/linear_cpu.py) against F.linear, and a Linear routed
+to it ("dot") against F.linear, through its tails (rows not a multiple of 4, weight rows not
+a multiple of 3 or of a block), bias, a strided input and a weight it refuses."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedserve.executor.linear import Linear
+from pagedserve.kernels import linear_cpu
+from tests.unit.kernels.test_kernels_cpu import two_threads  # noqa: F401 (autouse: blocks split over two threads)
+
+
+def ref(x, w, b=None):
+    return F.linear(x.double(), w.double(), None if b is None else b.double()).float()
+
+
+def test_the_kernel_builds_here():
+    assert linear_cpu.available(), "the C++ linear kernel did not build (is g++ installed?)"
+
+
+# (M, N, K): a decode's row, a batch with a 4-row tail, blocks with 1- and 2-row tails, the
+# default model's gate/up and down shapes at 9 rows, no rows
+SHAPES = [(1, 5, 8), (7, 50, 16), (64, 97, 64), (9, 3072, 576), (9, 576, 1536), (5, 2 * linear_cpu.BLOCK + 1, 24),
+          (0, 3, 8)]
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_matches_f_linear(m, n, k):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    for bias in (None, b):
+        got = linear_cpu.matmul(x, w, bias)
+        assert got.shape == (m, n)
+        torch.testing.assert_close(got, ref(x, w, bias), atol=1e-4 * k ** 0.5, rtol=1e-4)
+
+
+def test_a_strided_input_is_read_in_place():
+    g = torch.Generator().manual_seed(1)
+    wide, w = torch.randn(6, 80, generator=g), torch.randn(10, 40, generator=g)
+    x = wide[:, 8:48]  # row stride 80
+    torch.testing.assert_close(linear_cpu.matmul(x, w), ref(x, w), atol=1e-4, rtol=1e-4)
+
+
+def test_what_it_refuses_it_names():
+    assert "multiple of 8" in linear_cpu.unavailable(torch.ones(4, 12))
+    assert "float32" in linear_cpu.unavailable(torch.ones(4, 16, dtype=torch.bfloat16))
+    assert "contiguous" in linear_cpu.unavailable(torch.ones(16, 4).t())
+    assert linear_cpu.unavailable(torch.ones(4, 16)) is None
+
+
+def test_a_layer_routed_to_it_keeps_one_dense_weight():
+    g = torch.Generator().manual_seed(2)
+    w, b = torch.randn(30, 64, generator=g), torch.randn(30, generator=g)
+    layer = Linear(w.clone(), b)
+    layer.route([(8, "dot"), (None, "mkl")])
+    assert layer.routes == [(8, "dot"), (None, "mkl")] and not layer.prepared
+    assert not layer.drop_dense() and layer.weight is not None
+    for rows in (1, 7, 8, 33):
+        x = torch.randn(2, rows, 64, generator=g)[1]
+        torch.testing.assert_close(layer(x), ref(x, w, b), atol=1e-4, rtol=1e-4)
+    three_d = torch.randn(2, 3, 64, generator=g)
+    torch.testing.assert_close(layer(three_d), ref(three_d.reshape(6, 64), w, b).view(2, 3, 30), atol=1e-4, rtol=1e-4)
+
+
+def test_a_layer_it_cannot_serve_stays_on_f_linear(caplog):
+    layer = Linear(torch.randn(4, 12))
+    layer.route([(None, "dot")])
+    assert layer.routes == [(None, "mkl")]
+    assert "multiple of 8" in caplog.text
