@@ -27,8 +27,8 @@ from pagedserve.executor.linear_timing import Timing, time_shape, timed_backends
 
 PREFER_MARGIN = 1.10  # MKL or "dot" serves an M only where it is faster than oneDNN by more
 # than this: a win inside the timing noise would flip from one load to the next
-ALL_DENSE_MARGIN = 1.03  # ... or at every M, where they win at each by more than this and at
-# one by PREFER_MARGIN: one copy (the dense weight) then serves faster everywhere
+ALL_DENSE_MARGIN = 1.03  # ... or every M, where they win at one by PREFER_MARGIN and are nowhere
+# slower by more than this (timing noise): one copy, the dense weight, serves them all
 MIXED_MARGIN = 1.25  # oneDNN at most 25% slower than MKL: one copy of the weight beats two
 # (measured, AMD EPYC: where MKL wins, at M = 1 on the 576-wide projections, by 15-40%, that is
 # <= 0.7 ms of a ~25 ms decode step, for 105 MiB more weights)
@@ -145,14 +145,14 @@ def backend_at(routes: list[tuple[int | None, str]], rows: int) -> str:
 def routes_from(seconds: dict[int, dict[str, float]]) -> list[tuple[int | None, str]]:
     """The faster backend per timed M, boundaries at the geometric midpoints, equal
     neighbours merged. Among the two on the dense weight (MKL, "dot" where timed) the faster
-    counts; it takes an M from oneDNN by PREFER_MARGIN, or every M when it is faster at each by
-    ALL_DENSE_MARGIN and at one by PREFER_MARGIN. A shape which would mix oneDNN with them goes to oneDNN at every M when
+    counts; it takes an M from oneDNN by PREFER_MARGIN, or every M when it wins at one by
+    PREFER_MARGIN and is slower at none by more than ALL_DENSE_MARGIN. A shape which would mix oneDNN with them goes to oneDNN at every M when
     oneDNN is within MIXED_MARGIN of them wherever they are faster (a mixed layer holds its
     weight twice, dense and packed: a win inside the timing noise is not worth that)."""
     ms = sorted(seconds)
     dense = {m: min((b for b in DENSE if b in seconds[m]), key=lambda b: seconds[m][b]) for m in ms}
     ratio = {m: seconds[m]["onednn"] / seconds[m][dense[m]] for m in ms}
-    if all(r > ALL_DENSE_MARGIN for r in ratio.values()) and max(ratio.values()) > PREFER_MARGIN:
+    if min(ratio.values()) * ALL_DENSE_MARGIN >= 1 and max(ratio.values()) > PREFER_MARGIN:
         best = dense
     else:
         best = {m: dense[m] if ratio[m] > PREFER_MARGIN else "onednn" for m in ms}

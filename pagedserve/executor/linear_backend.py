@@ -87,7 +87,7 @@ class ShapeChoice:
         if self.seconds:
             text += "; GFLOP/s " + ", ".join(
                 f"M={m} " + " / ".join(f"{b} {self.gflops(m, b):.1f}" for b in t)
-                for m, t in self.seconds.items())
+                for m, t in sorted(self.seconds.items()))
         if self.source != "forced":
             text += f" [{self.source}{': ' + self.note if self.note else ''}]"
         return text

@@ -3,7 +3,8 @@
 matmul(x [M, K], weight [N, K], bias) -> [M, N]: each output is a dot product over K, eight
 lanes at a time, in tiles of 4 rows of x by 3 rows of the weight (twelve accumulators, all in
 registers on AVX2), the weight walked in blocks of BLOCK rows split over OpenMP threads, each
-block read once and used for every row of x. It needs no copy of the weight: a layer routed
+block read once and used for every row of x, four rows at a time (K cut in chunks of at most
+MAX_K). It needs no copy of the weight: a layer routed
 here and to MKL (F.linear) holds one dense weight, where oneDNN holds its own packed copy.
 Measured on the default model's shapes it is faster than both at a decode's few rows and at
 a decode batch, and level with MKL at 512 rows (BENCHMARKS.md, issue 44); `--linear-backend
@@ -49,13 +50,13 @@ static inline v8 sums8(v8 v0, v8 v1, v8 v2, v8 v3, v8 v4, v8 v5, v8 v6, v8 v7) {
 // MR rows of x by NR rows of w; the empty asm statements keep each loaded vector in a
 // register (else the compiler folds the weight's loads into every FMA: 16 loads for 12 FMAs)
 template <int MR, int NR>
-static inline void tile(const float* x, int64_t sx, const float* w, int64_t K, const float* b,
-                        float* y, int64_t sy) {
+static inline void tile(const float* x, int64_t sx, const float* w, int64_t sw, int64_t K,
+                        const float* b, float* y, int64_t sy, bool add) {
   v8 acc[MR * NR] = {};
 #pragma GCC unroll 4
   for (int64_t k = 0; k < K; k += 8) {
     v8 wv[NR];
-    for (int j = 0; j < NR; j++) { wv[j] = load8(w + j * K + k); asm("" : "+x"(wv[j])); }
+    for (int j = 0; j < NR; j++) { wv[j] = load8(w + j * sw + k); asm("" : "+x"(wv[j])); }
     for (int i = 0; i < MR; i++) {
       v8 a = load8(x + i * sx + k);
       asm("" : "+x"(a));
@@ -72,31 +73,41 @@ static inline void tile(const float* x, int64_t sx, const float* w, int64_t K, c
     memcpy(out + t, &s, 32);
   }
   for (int i = 0; i < MR; i++)
-    for (int j = 0; j < NR; j++) y[i * sy + j] = out[i * NR + j] + (b ? b[j] : 0.0f);
+    for (int j = 0; j < NR; j++) y[i * sy + j] = (add ? y[i * sy + j] : 0.0f) + out[i * NR + j] + (b ? b[j] : 0.0f);
 }
 
-template <int NR>
-static void rows(const float* x, int64_t sx, const float* w, int64_t K, const float* b, float* y,
-                 int64_t sy, int64_t M) {
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile<4, NR>(x + m * sx, sx, w, K, b, y + m * sy, sy);
-  for (; m < M; m++) tile<1, NR>(x + m * sx, sx, w, K, b, y + m * sy, sy);
+
+// rows m..m+MR of x by weight rows n..n+nr (nr < 3 only at a block's end)
+template <int MR>
+static inline void tiles(const float* x, int64_t sx, const float* w, int64_t sw, int64_t K, const float* b,
+                         float* y, int64_t sy, int64_t n0, int64_t n1, bool add) {
+  int64_t n = n0;
+  for (; n + 3 <= n1; n += 3) tile<MR, 3>(x, sx, w + n * sw, sw, K, b ? b + n : b, y + n, sy, add);
+  if (n1 - n == 2) tile<MR, 2>(x, sx, w + n * sw, sw, K, b ? b + n : b, y + n, sy, add);
+  if (n1 - n == 1) tile<MR, 1>(x, sx, w + n * sw, sw, K, b ? b + n : b, y + n, sy, add);
 }
 
 extern "C" void linear_f32(const float* x, int64_t sx, const float* w, const float* b, float* y,
-                           int64_t M, int64_t N, int64_t K, int64_t block, int64_t threads) {
+                           int64_t M, int64_t N, int64_t K, int64_t block, int64_t max_k,
+                           int64_t threads) {
   const int64_t blocks = (N + block - 1) / block;
+  const int64_t chunks = (K + max_k - 1) / max_k, kc = ((K + chunks - 1) / chunks + 7) / 8 * 8;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int64_t blk = 0; blk < blocks; blk++) {
-    const int64_t n1 = (blk + 1) * block < N ? (blk + 1) * block : N;
-    int64_t n = blk * block;
-    for (; n + 3 <= n1; n += 3) rows<3>(x, sx, w + n * K, K, b ? b + n : b, y + n, N, M);
-    if (n1 - n == 2) rows<2>(x, sx, w + n * K, K, b ? b + n : b, y + n, N, M);
-    if (n1 - n == 1) rows<1>(x, sx, w + n * K, K, b ? b + n : b, y + n, N, M);
+    const int64_t n0 = blk * block, n1 = (blk + 1) * block < N ? (blk + 1) * block : N;
+    for (int64_t k0 = 0; k0 < K; k0 += kc) {
+      const int64_t kn = K - k0 < kc ? K - k0 : kc;
+      const float* bk = k0 ? nullptr : b;
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) tiles<4>(x + m * sx + k0, sx, w + k0, K, kn, bk, y + m * N, N, n0, n1, k0 > 0);
+      for (; m < M; m++) tiles<1>(x + m * sx + k0, sx, w + k0, K, kn, bk, y + m * N, N, n0, n1, k0 > 0);
+    }
   }
 }
 """
 BLOCK = 48  # weight rows per block (a multiple of 3): 48 x 576 floats is 110 KB, within L2
+MAX_K = 768  # K longer than this is cut in even chunks, the sums added into y: a tile's rows
+# of x and of the weight then stay in L1 (down's K of 1,536 in two: 1.07x at 64 rows, 1.2x at 512)
 
 
 def _build() -> ctypes.CDLL | None:
@@ -104,7 +115,7 @@ def _build() -> ctypes.CDLL | None:
     if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.linear_f32.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64]
+    lib.linear_f32.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64]
     lib.linear_f32.restype = None
     return lib
 
@@ -139,5 +150,5 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if m:
         threads = max(1, min(torch.get_num_threads(), -(-n // BLOCK)))
         _native.get().linear_f32(x.data_ptr(), x.stride(0), weight.data_ptr(),
-                                 None if bias is None else bias.data_ptr(), y.data_ptr(), m, n, k, BLOCK, threads)
+                                 None if bias is None else bias.data_ptr(), y.data_ptr(), m, n, k, BLOCK, MAX_K, threads)
     return y

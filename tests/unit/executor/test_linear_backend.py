@@ -175,16 +175,16 @@ def test_mkl_must_win_by_the_margin_to_serve_an_m():
     assert linear_backend.routes_from(close) == [(8, "onednn"), (182, "mkl"), (None, "onednn")]
 
 
-def test_faster_at_every_m_the_dense_weight_serves_all():
-    """Ahead at every M, clearly at one: one copy, faster everywhere (not oneDNN where the
-    lead is under PREFER_MARGIN, which would keep both copies)."""
+def test_ahead_somewhere_level_elsewhere_the_dense_weight_serves_all():
+    """Clearly ahead at one M, nowhere behind beyond the noise: one copy, the dense weight
+    (not oneDNN where the lead is under PREFER_MARGIN, which would keep both copies)."""
     ahead = {1: {"mkl": 1.0, "onednn": 1.05}, 64: {"mkl": 1.0, "onednn": 1.5}}
     assert linear_backend.routes_from(ahead) == [(None, "mkl")]
     with_dot = {1: {"mkl": 2.0, "onednn": 1.5, "dot": 1.0}, 64: {"mkl": 1.0, "onednn": 1.1, "dot": 1.02},
-                512: {"mkl": 1.0, "onednn": 1.05, "dot": 1.01}}
+                512: {"mkl": 1.0, "onednn": 0.98, "dot": 1.01}}  # oneDNN 2% ahead at 512: noise
     assert linear_backend.routes_from(with_dot) == [(8, "dot"), (None, "mkl")]
-    barely = {1: {"mkl": 1.0, "onednn": 1.5, "dot": 2.0}, 64: {"mkl": 1.0, "onednn": 1.02, "dot": 1.1}}
-    assert linear_backend.routes_from(barely) == [(8, "mkl"), (None, "onednn")]  # 1.5x: both copies
+    behind = {1: {"mkl": 1.0, "onednn": 1.5, "dot": 2.0}, 64: {"mkl": 1.0, "onednn": 0.95, "dot": 1.1}}
+    assert linear_backend.routes_from(behind) == [(8, "mkl"), (None, "onednn")]  # 1.5x at one row: both copies
 
 
 @needs_onednn
@@ -194,10 +194,10 @@ def test_timings_are_kept_per_machine_and_reused(tmp_path, monkeypatch, log_reco
     make_tiny_model(tmp_path, "qwen2")
     timed = []
 
-    def fake(layer, rows):  # MKL ahead at one row on the square shapes: a mixed plan
+    def fake(layer, rows):  # MKL ahead at one row on the square shapes, behind above: a mixed plan
         timed.append(layer.shape)
         square = layer.shape[0] == layer.shape[1]
-        return linear_timing.Timing({m: {"mkl": m * (0.5 if square and m == 1 else 1.0), "onednn": 1.0 * m}
+        return linear_timing.Timing({m: {"mkl": m * (0.5 if square and m == 1 else 1.2), "onednn": 1.0 * m}
                                      for m in rows})
     monkeypatch.setattr(linear_auto, "time_shape", fake)
     model, _ = load_model(str(tmp_path))

@@ -19,9 +19,10 @@ def test_the_kernel_builds_here():
 
 
 # (M, N, K): a decode's row, a batch with a 4-row tail, blocks with 1- and 2-row tails, the
-# default model's gate/up and down shapes at 9 rows, no rows
+# default model's gate/up and down shapes at 9 rows (down's K in two chunks), K in two uneven
+# chunks, no rows
 SHAPES = [(1, 5, 8), (7, 50, 16), (64, 97, 64), (9, 3072, 576), (9, 576, 1536), (5, 2 * linear_cpu.BLOCK + 1, 24),
-          (0, 3, 8)]
+          (6, 7, linear_cpu.MAX_K + 8), (0, 3, 8)]
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
