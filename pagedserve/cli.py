@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pagedserve import huge_pages
+
+    huge_pages.ask()  # before anything imports torch
     from pagedserve.supervisor import die_with_supervisor
 
     die_with_supervisor()
