@@ -75,7 +75,7 @@ class AutoPlan:
             self.checked = f"not checked: {self.busy}"
             log.warning("linear plan %s: %s; the kept timings serve (taken idle), a shape without "
                         "any gets oneDNN", plan_cache.path(), self.checked)
-        elif (why := off(seconds, timing.seconds)) is not None:
+        elif (why := off(seconds, timing.seconds, shared=not layer.owns_weight)) is not None:
             self.checked = self.stale = f"the kept timings were off at {name} ({why}): timed again"
             self.fresh[layer.shape] = timing
             log.warning("linear plan %s: %s", plan_cache.path(), self.stale)
@@ -91,7 +91,7 @@ class AutoPlan:
         if kept is not None:
             log.info("linear %dx%d: timings kept from an earlier load (%s), %s", n, k,
                      plan_cache.path(), self.checked)
-            return Decision(kept, routes_from(kept), "cache", self.checked or "")
+            return Decision(kept, routes_from(kept, shared=not layer.owns_weight), "cache", self.checked or "")
         if self.busy:
             return Decision({}, ONEDNN, "busy", f"oneDNN, not timed: {self.busy}")
         timing = self.fresh.pop(layer.shape, None) or self._time(layer)
@@ -103,7 +103,8 @@ class AutoPlan:
                         "this and every later shape, nothing kept (the next load times again)", n, k, busy)
             return Decision(timing.seconds, ONEDNN, "busy", f"oneDNN, timings not kept: {busy}")
         plan_cache.store(key, timing.seconds)
-        return Decision(timing.seconds, routes_from(timing.seconds), "timed", self.stale or "")
+        return Decision(timing.seconds, routes_from(timing.seconds, shared=not layer.owns_weight), "timed",
+                        self.stale or "")
 
     def _key(self, layer: Linear) -> str:
         return plan_cache.key(layer.shape, layer.weight.dtype, self.rows, timed_backends(layer))
@@ -122,11 +123,11 @@ class AutoPlan:
         return timing
 
 
-def off(kept: dict[int, dict[str, float]], now: dict[int, dict[str, float]]) -> str | None:
+def off(kept: dict[int, dict[str, float]], now: dict[int, dict[str, float]], shared: bool = False) -> str | None:
     """Why an idle timing `now` says the kept one is wrong, or None."""
     if set(kept) != set(now):
         return f"kept at M {sorted(kept)}, timed at {sorted(now)}"
-    routes = routes_from(kept)
+    routes = routes_from(kept, shared)
     for m, t in now.items():
         for b, s in t.items():
             was = kept[m].get(b)
@@ -142,22 +143,30 @@ def backend_at(routes: list[tuple[int | None, str]], rows: int) -> str:
     return next(b for below, b in routes if below is None or rows < below)
 
 
-def routes_from(seconds: dict[int, dict[str, float]]) -> list[tuple[int | None, str]]:
+def routes_from(seconds: dict[int, dict[str, float]], shared: bool = False) -> list[tuple[int | None, str]]:
     """The faster backend per timed M, boundaries at the geometric midpoints, equal
     neighbours merged. Among the two on the dense weight (MKL, "dot" where timed) the faster
     counts; it takes an M from oneDNN by PREFER_MARGIN, or every M when it wins at one by
-    PREFER_MARGIN and is slower at none by more than ALL_DENSE_MARGIN. A shape which would mix oneDNN with them goes to oneDNN at every M when
-    oneDNN is within MIXED_MARGIN of them wherever they are faster (a mixed layer holds its
-    weight twice, dense and packed: a win inside the timing noise is not worth that)."""
+    PREFER_MARGIN and is slower at none by more than ALL_DENSE_MARGIN. A shape which would mix
+    oneDNN with them goes to oneDNN at every M when oneDNN is within MIXED_MARGIN of them
+    wherever they are faster (a mixed layer holds its weight twice, dense and packed: a win
+    inside the timing noise is not worth that).
+    `shared`: the dense weight is held anyway (a tied LM head shares the embedding's), so the
+    roles swap: oneDNN's copy is made only where it wins by PREFER_MARGIN, and not at all
+    where it wins by under MIXED_MARGIN."""
     ms = sorted(seconds)
     dense = {m: min((b for b in DENSE if b in seconds[m]), key=lambda b: seconds[m][b]) for m in ms}
     ratio = {m: seconds[m]["onednn"] / seconds[m][dense[m]] for m in ms}
-    if min(ratio.values()) * ALL_DENSE_MARGIN >= 1 and max(ratio.values()) > PREFER_MARGIN:
+    if shared:
+        best = {m: "onednn" if ratio[m] * PREFER_MARGIN < 1 else dense[m] for m in ms}
+        if "onednn" in best.values() and all(ratio[m] * MIXED_MARGIN >= 1 for m in ms):
+            best = dense
+    elif min(ratio.values()) * ALL_DENSE_MARGIN >= 1 and max(ratio.values()) > PREFER_MARGIN:
         best = dense
     else:
         best = {m: dense[m] if ratio[m] > PREFER_MARGIN else "onednn" for m in ms}
-    if {b in DENSE for b in best.values()} == {True, False} and all(r <= MIXED_MARGIN for r in ratio.values()):
-        best = dict.fromkeys(ms, "onednn")
+        if "onednn" in best.values() and all(r <= MIXED_MARGIN for r in ratio.values()):
+            best = dict.fromkeys(ms, "onednn")
     routes: list[tuple[int | None, str]] = []
     for i, m in enumerate(ms):
         below = math.ceil(math.sqrt(m * ms[i + 1])) if i + 1 < len(ms) else None

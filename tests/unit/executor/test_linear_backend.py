@@ -187,6 +187,17 @@ def test_ahead_somewhere_level_elsewhere_the_dense_weight_serves_all():
     assert linear_backend.routes_from(behind) == [(8, "mkl"), (None, "onednn")]  # 1.5x at one row: both copies
 
 
+def test_a_shared_dense_weight_gets_a_onednn_copy_only_for_a_clear_win():
+    """A tied LM head holds the embedding's weight anyway: oneDNN's copy would be a second."""
+    level = {1: {"mkl": 2.0, "onednn": 1.0, "dot": 1.01}, 64: {"mkl": 2.0, "onednn": 1.0, "dot": 1.06}}
+    assert linear_backend.routes_from(level) == [(None, "onednn")]
+    assert linear_backend.routes_from(level, shared=True) == [(None, "dot")]
+    slight = {1: {"mkl": 1.0, "onednn": 1.0, "dot": 1.2}, 64: {"mkl": 1.2, "onednn": 1.0, "dot": 1.15}}
+    assert linear_backend.routes_from(slight, shared=True) == [(8, "mkl"), (None, "dot")]  # 1.15x < MIXED_MARGIN
+    clear = {1: {"mkl": 1.0, "onednn": 1.0, "dot": 1.2}, 64: {"mkl": 2.0, "onednn": 1.0, "dot": 1.5}}
+    assert linear_backend.routes_from(clear, shared=True) == [(8, "mkl"), (None, "onednn")]
+
+
 @needs_onednn
 def test_timings_are_kept_per_machine_and_reused(tmp_path, monkeypatch, log_records):
     """Reused after one check: the largest shape timed again (alike here), no other."""
