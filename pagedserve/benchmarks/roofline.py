@@ -111,11 +111,11 @@ def copy_bandwidth(nbytes: int = 512 << 20) -> float:
 def model_weights(model) -> tuple[int, int]:
     """(parameters, bytes a one-token step reads): every weight counted once whatever holds it
     (a tied embedding is the LM head's; a dropped dense weight by its shape), and each linear
-    layer read in the form its one-row backend uses (dense, prepacked), the other parameters
+    layer read in the form its one-row backend uses (dense for MKL and "dot", prepacked), the other parameters
     as they are, but not the embedding table (a step reads one row of it per token)."""
     import torch
 
-    from pagedserve.executor.linear import Linear
+    from pagedserve.executor.linear import DENSE, Linear
 
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     in_linears = {id(m.weight) for m in linears if m.weight is not None}
@@ -123,7 +123,7 @@ def model_weights(model) -> tuple[int, int]:
     for m in linears:
         dense, prepared = m.held_bytes()
         params += m.shape[0] * m.shape[1]
-        read += dense if m.backend_for(1) == "mkl" else prepared
+        read += dense if m.backend_for(1) in DENSE else prepared
     embed = getattr(model, "embed", None)
     for p in model.parameters():
         if id(p) in in_linears:

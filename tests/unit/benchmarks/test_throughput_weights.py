@@ -22,3 +22,6 @@ def test_parameters_whatever_the_backend(tmp_path, tie):
     if ONEDNN:
         linear_backend.configure(model, "onednn")
         assert model_weights(model) == (params, read)  # packed float32: the same bytes
+    model, _ = load_model(str(tmp_path))  # oneDNN dropped the dense weights: a fresh one
+    linear_backend.configure(model, "dot")  # the dense weights read in place: the same bytes
+    assert model_weights(model) == (params, read)
