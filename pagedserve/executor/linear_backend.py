@@ -48,6 +48,7 @@ from pagedserve.executor.linear_auto import (  # noqa: F401
     routes_from,
 )
 from pagedserve.executor.linear_timing import TIMED  # noqa: F401  (what auto chooses among)
+from pagedserve.kernels import linear_cpu
 
 CHOICES = ("auto", *BACKENDS)
 STEP_ROWS = (1, 64, 512, 2048)
@@ -132,7 +133,7 @@ class Planner:
         if backend == "int4" and (why := linear_int4.unavailable(device, dtype)) is not None:
             raise ValueError(f"--linear-backend int4: {why}")
         self.onednn = onednn_unavailable(device, dtype) is None
-        why = int8_unavailable(device, dtype) if backend == "int8" else onednn_unavailable(device, dtype)
+        why = {"int8": int8_unavailable, "dot": linear_cpu.unavailable_for}.get(backend, onednn_unavailable)(device, dtype)
         if backend not in ("mkl", "int4") and why is not None:
             if backend != "auto" or device.type == "cpu":
                 log.info("linear backend %s: %s; F.linear (mkl) for every layer", backend, why)

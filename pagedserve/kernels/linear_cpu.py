@@ -128,15 +128,20 @@ def available() -> bool:
     return _native.get() is not None
 
 
-def unavailable(weight: torch.Tensor) -> str | None:
-    """Why this kernel cannot multiply by `weight`, or None."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        return f"the C++ linear kernel takes float32 weights on the CPU ({weight.dtype} on {weight.device})"
-    if weight.dim() != 2 or weight.shape[1] % 8 or not weight.is_contiguous():
-        return f"the C++ linear kernel takes a contiguous [N, K] weight with K a multiple of 8 ({list(weight.shape)})"
+def unavailable_for(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why this kernel cannot serve weights of `dtype` on `device`, or None."""
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        return f"the C++ linear kernel takes float32 weights on the CPU ({dtype} on {device})"
     if not available():
         return "the C++ kernels are not built here (pagedserve/kernels/native_build.py)"
     return None
+
+
+def unavailable(weight: torch.Tensor) -> str | None:
+    """Why this kernel cannot multiply by `weight`, or None."""
+    if weight.dim() != 2 or weight.shape[1] % 8 or not weight.is_contiguous():
+        return f"the C++ linear kernel takes a contiguous [N, K] weight with K a multiple of 8 ({list(weight.shape)})"
+    return unavailable_for(weight.device, weight.dtype)
 
 
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -149,7 +149,7 @@ def test_failing_onednn_prepack_leaves_every_layer_on_f_linear(tmp_path, monkeyp
         assert len(failed) == len(plan) and all("F.linear" in m for m in failed)  # one line a shape
 
 
-@pytest.mark.parametrize("backend", ["mkl", pytest.param("onednn", marks=needs_onednn), "auto"])
+@pytest.mark.parametrize("backend", ["mkl", pytest.param("onednn", marks=needs_onednn), "dot", "auto"])
 def test_engine_greedy_matches_transformers_per_backend(tmp_path, backend):
     hf = make_tiny_model(tmp_path, "mistral_swa")
     save_tiny_tokenizer(tmp_path)

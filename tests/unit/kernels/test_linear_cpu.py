@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pagedserve.executor import linear_backend
 from pagedserve.executor.linear import Linear
 from pagedserve.kernels import linear_cpu
 from tests.unit.kernels.test_kernels_cpu import two_threads  # noqa: F401 (autouse: blocks split over two threads)
@@ -68,3 +69,9 @@ def test_a_layer_it_cannot_serve_stays_on_f_linear(caplog):
     layer.route([(None, "dot")])
     assert layer.routes == [(None, "mkl")]
     assert "multiple of 8" in caplog.text
+
+
+def test_dot_named_where_it_cannot_serve_is_f_linear_and_says_why(caplog):
+    assert linear_backend.Planner("dot", dtype=torch.bfloat16).backend == "mkl"
+    assert "float32 weights on the CPU" in caplog.text
+    assert linear_backend.Planner("dot").backend == "dot"
