@@ -1,0 +1,69 @@
+"""Time the CPU linear backends (MKL's F.linear, oneDNN prepacked, the C++ "dot" kernel of
+pagedserve/kernels/linear_cpu.py) on the default model's layer shapes (SmolLM2-135M: 30
+layers of 960x576, 576x576, 3072x576, 576x1536, and the 49152x576 LM head), each layer its
+own random weights, so that every call meets its weight out of the cache as a decode step
+does; the backends alternate, best of several rounds.
+
+    .venv/bin/python scripts/bench_linear_cpu.py [--rows 1,64,512,2048] [--out FILE.json]
+
+Prints GFLOP/s per shape, row count and backend, and writes them to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pagedserve.executor.linear import onednn_linear, onednn_pack  # noqa: E402
+from pagedserve.kernels import linear_cpu  # noqa: E402
+from pagedserve.wire.cpu_info import cpu_info  # noqa: E402
+
+SHAPES = {(960, 576): 30, (576, 576): 30, (3072, 576): 30, (576, 1536): 30, (49152, 576): 3}
+MAX_FLOP = 2e10  # per shape and row count, one round over its layers at most this much
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default="1,64,512,2048", help="comma-separated row counts")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--out", default="bench_results/linear_cpu.json")
+    args = p.parse_args()
+    if (why := linear_cpu.unavailable_for("cpu", torch.float32)) is not None:
+        raise SystemExit(why)
+    cpu = cpu_info()
+    print(f"cpu {cpu['model_name']} [{' '.join(cpu['isa'])}], {torch.get_num_threads()} threads")
+    results = []
+    for (n, k), layers in SHAPES.items():
+        weights = [torch.randn(n, k) * 0.05 for _ in range(layers)]
+        packed = [onednn_pack(w) for w in weights]
+        for m in map(int, args.rows.split(",")):
+            use = max(1, min(layers, int(MAX_FLOP // (2 * m * n * k))))
+            x = torch.randn(m, k)
+            calls = {"mkl": lambda i: F.linear(x, weights[i]), "onednn": lambda i: onednn_linear(x, packed[i], None),
+                     "dot": lambda i: linear_cpu.matmul(x, weights[i])}
+            best = {}
+            for _ in range(args.rounds):
+                for name, call in calls.items():
+                    t = time.perf_counter()
+                    for i in range(use):
+                        call(i)
+                    best[name] = min(best.get(name, float("inf")), (time.perf_counter() - t) / use)
+            gflops = {b: 2 * m * n * k / s / 1e9 for b, s in best.items()}
+            results.append({"shape": [n, k], "rows": m, "layers": use, "gflops": gflops})
+            print(f"{n}x{k} M={m}: " + "  ".join(f"{b} {g:.1f}" for b, g in gflops.items()) + " GFLOP/s")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"cpu": cpu, "threads": torch.get_num_threads(), "results": results}, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
