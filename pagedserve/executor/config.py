@@ -18,7 +18,8 @@ from pagedserve.rpc.tracing import TracingConfig
 
 EXECUTOR_PORT = 50053
 DTYPES = DTYPE_CHOICES  # "auto": float32 on the CPU, bfloat16 on a GPU (pagedserve.pool_share.device)
-LINEAR_BACKENDS = ("auto", "mkl", "onednn", "dot", "int8", "int4")  # pagedserve.executor.linear_backend.CHOICES (no torch here)
+# pagedserve.executor.linear_backend.CHOICES (no torch here)
+LINEAR_BACKENDS = ("auto", "mkl", "onednn", "dot", "int8", "int4")
 
 
 @dataclass

@@ -133,7 +133,8 @@ class Planner:
         if backend == "int4" and (why := linear_int4.unavailable(device, dtype)) is not None:
             raise ValueError(f"--linear-backend int4: {why}")
         self.onednn = onednn_unavailable(device, dtype) is None
-        why = {"int8": int8_unavailable, "dot": linear_cpu.unavailable_for}.get(backend, onednn_unavailable)(device, dtype)
+        check = {"int8": int8_unavailable, "dot": linear_cpu.unavailable_for}.get(backend, onednn_unavailable)
+        why = check(device, dtype)
         if backend not in ("mkl", "int4") and why is not None:
             if backend != "auto" or device.type == "cpu":
                 log.info("linear backend %s: %s; F.linear (mkl) for every layer", backend, why)

@@ -76,7 +76,6 @@ static inline void tile(const float* x, int64_t sx, const float* w, int64_t sw, 
     for (int j = 0; j < NR; j++) y[i * sy + j] = (add ? y[i * sy + j] : 0.0f) + out[i * NR + j] + (b ? b[j] : 0.0f);
 }
 
-
 // rows m..m+MR of x by weight rows n..n+nr (nr < 3 only at a block's end)
 template <int MR>
 static inline void tiles(const float* x, int64_t sx, const float* w, int64_t sw, int64_t K, const float* b,
@@ -140,7 +139,8 @@ def unavailable_for(device: torch.device, dtype: torch.dtype) -> str | None:
 def unavailable(weight: torch.Tensor) -> str | None:
     """Why this kernel cannot multiply by `weight`, or None."""
     if weight.dim() != 2 or weight.shape[1] % 8 or not weight.is_contiguous():
-        return f"the C++ linear kernel takes a contiguous [N, K] weight with K a multiple of 8 ({list(weight.shape)})"
+        return (f"the C++ linear kernel takes a contiguous [N, K] weight with K a multiple of 8 "
+                f"({list(weight.shape)})")
     return unavailable_for(weight.device, weight.dtype)
 
 
