@@ -17,11 +17,10 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pagedserve.executor.linear import onednn_linear, onednn_pack  # noqa: E402
+from pagedserve.executor.linear import Linear  # noqa: E402
 from pagedserve.kernels import linear_cpu  # noqa: E402
 from pagedserve.wire.cpu_info import cpu_info  # noqa: E402
 
@@ -41,13 +40,13 @@ def main() -> int:
     print(f"cpu {cpu['model_name']} [{' '.join(cpu['isa'])}], {torch.get_num_threads()} threads")
     results = []
     for (n, k), layers in SHAPES.items():
-        weights = [torch.randn(n, k) * 0.05 for _ in range(layers)]
-        packed = [onednn_pack(w) for w in weights]
+        weights = [Linear(torch.randn(n, k) * 0.05) for _ in range(layers)]
+        for w in weights:
+            w.route([(None, "onednn")])  # oneDNN's copy made; the dense weight stays for mkl and dot
         for m in map(int, args.rows.split(",")):
             use = max(1, min(layers, int(MAX_FLOP // (2 * m * n * k))))
             x = torch.randn(m, k)
-            calls = {"mkl": lambda i: F.linear(x, weights[i]), "onednn": lambda i: onednn_linear(x, packed[i], None),
-                     "dot": lambda i: linear_cpu.matmul(x, weights[i])}
+            calls = {b: (lambda i, b=b: weights[i].run(b, x)) for b in ("mkl", "onednn", "dot")}
             best = {}
             for _ in range(args.rounds):
                 for name, call in calls.items():

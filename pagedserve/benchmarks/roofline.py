@@ -36,24 +36,21 @@ def step_matmul_rate(shapes: dict[tuple[int, int], int], rows: int, trials: int 
                      trial_flop: float = MATMUL_TRIAL_FLOP) -> dict:
     """The fastest float32 rate this machine multiplies a step of `rows` rows through layers of
     `shapes` ((out, in) -> how many layers) at: each shape timed on random weights through each
-    backend the engine can route it to (MKL's F.linear, oneDNN prepacked, the C++ "dot" kernel
-    where it takes the shape: pagedserve.kernels.linear_cpu), the fastest kept,
+    backend `auto` chooses among (pagedserve.executor.linear_timing.timed_backends), the fastest kept,
     best of `trials` (a ceiling: warm, the weight in cache), each of calls worth `trial_flop`
     (at most MAX_REPS calls); the rate over all the layers."""
     import torch
-    import torch.nn.functional as F
 
-    from pagedserve.executor.linear import onednn_linear, onednn_pack
-    from pagedserve.kernels import linear_cpu
+    from pagedserve.executor.linear import Linear
+    from pagedserve.executor.linear_timing import timed_backends
 
     flops = seconds = 0.0
     per_shape = {}
     for (n, k), layers in shapes.items():
-        w, x = torch.randn(n, k), torch.randn(rows, k)
-        packed = onednn_pack(w)
-        calls = {"mkl": lambda: F.linear(x, w), "onednn": lambda: onednn_linear(x, packed, None)}
-        if linear_cpu.unavailable(w) is None:
-            calls["dot"] = lambda: linear_cpu.matmul(x, w)
+        layer, x = Linear(torch.randn(n, k)), torch.randn(rows, k)
+        layer.route([(None, "onednn")])  # oneDNN's copy made; the dense weight stays for the others
+        backends = [b for b in timed_backends(layer) if b != "onednn" or layer.packed is not None]
+        calls = {b: (lambda b=b: layer.run(b, x)) for b in backends}
         reps = max(1, min(MAX_REPS, int(trial_flop // (2 * rows * n * k))))
         best = {}
         for _ in range(trials):

@@ -13,7 +13,6 @@ timed as if none were kept.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ import tempfile
 import torch
 
 from pagedserve.executor.linear_timing import COLD_BELOW, TIMED
+from pagedserve.kernels import linear_cpu
 from pagedserve.wire.cpu_info import cpu_info
 
 FILE_NAME = "linear-plan.json"
@@ -39,16 +39,8 @@ def key(shape: tuple[int, int], dtype: torch.dtype, rows: tuple[int, ...],
     cpu = cpu_info()
     return (f"{cpu['model_name']} [{' '.join(cpu['isa'])}] {os.cpu_count()} CPUs | torch "
             f"{torch.__version__} | {dtype} | {shape[0]}x{shape[1]} | M {','.join(map(str, rows))} "
-            f"| {','.join(backends)}{dot_version(backends)} (cold below {COLD_BELOW}, {KEPT_HOW})")
-
-
-def dot_version(backends: tuple[str, ...]) -> str:
-    """The C++ kernel's source, hashed, where "dot" was timed: timings of an older build are not kept."""
-    if "dot" not in backends:
-        return ""
-    from pagedserve.kernels import linear_cpu
-
-    return " dot@" + hashlib.sha256(linear_cpu.SOURCE.encode()).hexdigest()[:8]
+            f"| {','.join(backends)}{' dot@' + linear_cpu.VERSION if 'dot' in backends else ''} "
+            f"(cold below {COLD_BELOW}, {KEPT_HOW})")
 
 
 def _read(file: str) -> dict:

@@ -15,6 +15,7 @@ F.linear in tests/unit/kernels/test_linear_cpu.py.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 
 import torch
 
@@ -104,6 +105,7 @@ extern "C" void linear_f32(const float* x, int64_t sx, const float* w, const flo
   }
 }
 """
+VERSION = hashlib.sha256(SOURCE.encode()).hexdigest()[:8]  # kept timings of another build are not used
 BLOCK = 48  # weight rows per block (a multiple of 3): 48 x 576 floats is 110 KB, within L2
 MAX_K = 768  # K longer than this is cut in even chunks, the sums added into y: a tile's rows
 # of x and of the weight then stay in L1 (down's K of 1,536 in two: 1.07x at 64 rows, 1.2x at 512)
