@@ -27,6 +27,8 @@ SOURCE = r"""
 #include <cstdint>
 #include <cstring>
 
+constexpr int PREFETCH_LINES = 8;
+
 typedef float v8 __attribute__((vector_size(32)));
 typedef int vi8 __attribute__((vector_size(32)));
 #if defined(__clang__)
@@ -77,12 +79,19 @@ static inline void tile(const float* x, int64_t sx, const float* w, int64_t sw, 
     for (int j = 0; j < NR; j++) y[i * sy + j] = (add ? y[i * sy + j] : 0.0f) + out[i * NR + j] + (b ? b[j] : 0.0f);
 }
 
-// rows m..m+MR of x by weight rows n..n+nr (nr < 3 only at a block's end)
+// rows m..m+MR of x by weight rows n..n+nr (nr < 3 only at a block's end); before each tile,
+// PREFETCH_LINES more cache lines of the thread's next block (pf up to pf_end) are asked for, so
+// that block streams in from memory while this one computes (else the weight's first pass
+// waits on memory: 7% of a decode batch's matmul time, BENCHMARKS.md, issue 44)
 template <int MR>
 static inline void tiles(const float* x, int64_t sx, const float* w, int64_t sw, int64_t K, const float* b,
-                         float* y, int64_t sy, int64_t n0, int64_t n1, bool add) {
+                         float* y, int64_t sy, int64_t n0, int64_t n1, bool add, const float*& pf,
+                         const float* pf_end) {
   int64_t n = n0;
-  for (; n + 3 <= n1; n += 3) tile<MR, 3>(x, sx, w + n * sw, sw, K, b ? b + n : b, y + n, sy, add);
+  for (; n + 3 <= n1; n += 3) {
+    for (int q = 0; q < PREFETCH_LINES && pf < pf_end; q++, pf += 16) __builtin_prefetch(pf, 0, 3);
+    tile<MR, 3>(x, sx, w + n * sw, sw, K, b ? b + n : b, y + n, sy, add);
+  }
   if (n1 - n == 2) tile<MR, 2>(x, sx, w + n * sw, sw, K, b ? b + n : b, y + n, sy, add);
   if (n1 - n == 1) tile<MR, 1>(x, sx, w + n * sw, sw, K, b ? b + n : b, y + n, sy, add);
 }
@@ -95,12 +104,14 @@ extern "C" void linear_f32(const float* x, int64_t sx, const float* w, const flo
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int64_t blk = 0; blk < blocks; blk++) {
     const int64_t n0 = blk * block, n1 = (blk + 1) * block < N ? (blk + 1) * block : N;
+    const float* pf = w + n1 * K;  // the next block: this thread's next under schedule(static)
+    const float* pf_end = w + (n1 + block < N ? n1 + block : N) * K;
     for (int64_t k0 = 0; k0 < K; k0 += kc) {
       const int64_t kn = K - k0 < kc ? K - k0 : kc;
       const float* bk = k0 ? nullptr : b;
       int64_t m = 0;
-      for (; m + 4 <= M; m += 4) tiles<4>(x + m * sx + k0, sx, w + k0, K, kn, bk, y + m * N, N, n0, n1, k0 > 0);
-      for (; m < M; m++) tiles<1>(x + m * sx + k0, sx, w + k0, K, kn, bk, y + m * N, N, n0, n1, k0 > 0);
+      for (; m + 4 <= M; m += 4) tiles<4>(x + m * sx + k0, sx, w + k0, K, kn, bk, y + m * N, N, n0, n1, k0 > 0, pf, pf_end);
+      for (; m < M; m++) tiles<1>(x + m * sx + k0, sx, w + k0, K, kn, bk, y + m * N, N, n0, n1, k0 > 0, pf, pf_end);
     }
   }
 }

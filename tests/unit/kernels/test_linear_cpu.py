@@ -1,6 +1,8 @@
 """The C++ linear kernel (pagedserve/kernels/linear_cpu.py) against F.linear, and a Linear routed
 to it ("dot") against F.linear, through its tails (rows not a multiple of 4, weight rows not
 a multiple of 3 or of a block), bias, a strided input and a weight it refuses."""
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -72,6 +74,7 @@ def test_a_layer_it_cannot_serve_stays_on_f_linear(caplog):
 
 
 def test_dot_named_where_it_cannot_serve_is_f_linear_and_says_why(caplog):
+    caplog.set_level(logging.INFO, logger="pagedserve.executor")  # the planner says why at INFO
     assert linear_backend.Planner("dot", dtype=torch.bfloat16).backend == "mkl"
     assert "float32 weights on the CPU" in caplog.text
     assert linear_backend.Planner("dot").backend == "dot"
