@@ -220,26 +220,31 @@ static void decode_one(const float* q, int64_t q_sh, const T* k, const T* v, int
 }
 
 // decode_one for a head size D and G query heads per kv head known at compile time, in one
-// pass over the sequence's blocks with an online softmax: each block's K and V (all kv heads,
-// contiguous) are read once from memory, kv head by kv head, while the next block's rows are
-// prefetched (blocks lie anywhere in the pool, so the hardware's stream prefetchers start cold
-// at each); a kv head's G queries, and then its G accumulators, stay in vector registers while
-// the block's tokens go by. work: kv_heads * G * (D + 2) + G * (block_size + VL) floats.
+// pass over the sequence's blocks with an online softmax: each block's K rows and then its V
+// rows (all kv heads, contiguous) are read once, in the order they lie, while the next block's
+// rows are prefetched (blocks lie anywhere in the pool, so the hardware's stream prefetchers
+// start cold at each; walked kv head by kv head, a block's rows were read in three strided
+// passes, 1.2x slower at batch 64: docs/benchmark-history.md); P.V goes TT tokens at a time,
+// each head's accumulators in registers over them. work: heads * (2 D + 2 + block_size + VL) floats.
 template <class T, int D, int G>
 static void decode_fixed(const float* q, int64_t q_sh, const T* k, const T* v, int64_t sb,
                          int64_t st, int64_t sh, const int32_t* table, int64_t len, float* out,
                          int64_t o_sh, int64_t kv_heads, int64_t block_size, float scale,
                          float* work) {
     constexpr int NV = D / VL;
+    constexpr int TT = 4;  // tokens per P.V tile
     const int64_t heads = kv_heads * G;
-    float* acc = work;             // [heads][D]
-    float* mx = acc + heads * D;   // running max of each head's scores
-    float* den = mx + heads;       // running sum of exp(score - max)
-    float* sc = den + heads;       // [G][bp]: one kv head's scores over a block
     const int64_t bp = (block_size + VL - 1) / VL * VL;
+    float* acc = work;             // [heads][D]
+    float* qs = acc + heads * D;   // [heads][D]: the queries, scaled
+    float* mx = qs + heads * D;    // running max of each head's scores
+    float* den = mx + heads;       // running sum of exp(score - max)
+    float* sc = den + heads;       // [heads][bp]: scores over a block
     std::fill(acc, acc + heads * D, 0.f);
     std::fill(mx, mx + heads, -INFINITY);
     std::fill(den, den + heads, 0.f);
+    for (int64_t h = 0; h < heads; ++h)
+        for (int i = 0; i < NV; ++i) vstore(qs + h * D + i * VL, vload(q + h * q_sh + i * VL) * scale);
     const int64_t row_bytes = ((kv_heads - 1) * sh + D) * sizeof(T);
     const int64_t blocks = (len + block_size - 1) / block_size;
     const T* kn = k + table[0] * sb;
@@ -255,66 +260,64 @@ static void decode_fixed(const float* q, int64_t q_sh, const T* k, const T* v, i
             kn = k + table[j + 1] * sb;
             vn = v + table[j + 1] * sb;
         }
-        for (int64_t kh = 0; kh < kv_heads; ++kh) {
-            vec qv[G][NV];
-            for (int g = 0; g < G; ++g)
-                for (int i = 0; i < NV; ++i) qv[g][i] = vload(q + (kh * G + g) * q_sh + i * VL) * scale;
-            for (int64_t t = 0; t < n; ++t) {
-                if (kh == 0 && ahead) {  // the next block's row t, spread over this block's tokens
-                    const char* pk = reinterpret_cast<const char*>(kn + t * st);
-                    const char* pv = reinterpret_cast<const char*>(vn + t * st);
-                    for (int64_t b = 0; b < row_bytes; b += 64) {
-                        __builtin_prefetch(pk + b);
-                        __builtin_prefetch(pv + b);
-                    }
+        for (int64_t t = 0; t < n; ++t) {  // Q.K^T: the block's K rows in order, every kv head
+            if (ahead) {  // the next block's row t (K and V), asked for while this block's K goes by
+                const char* pk = reinterpret_cast<const char*>(kn + t * st);
+                const char* pv = reinterpret_cast<const char*>(vn + t * st);
+                for (int64_t b = 0; b < row_bytes; b += 64) {
+                    __builtin_prefetch(pk + b);
+                    __builtin_prefetch(pv + b);
                 }
+            }
+            for (int64_t kh = 0; kh < kv_heads; ++kh) {
                 const T* kt = kb + t * st + kh * sh;
                 vec kr[NV];
                 for (int i = 0; i < NV; ++i) kr[i] = vload_kv(kt + i * VL);
                 for (int g = 0; g < G; ++g) {
-                    vec a = qv[g][0] * kr[0];
-                    for (int i = 1; i < NV; ++i) a += qv[g][i] * kr[i];
-                    sc[g * bp + t] = hsum(a);
+                    const float* qh = qs + (kh * G + g) * D;
+                    vec a = vload(qh) * kr[0];
+                    for (int i = 1; i < NV; ++i) a += vload(qh + i * VL) * kr[i];
+                    sc[(kh * G + g) * bp + t] = hsum(a);
                 }
             }
-            float alpha[G];
-            for (int g = 0; g < G; ++g) {
-                float* s = sc + g * bp;
-                const float m_init = s[0];  // scores past the sequence: not above its max
-                for (int64_t t = n; t < bp; ++t) s[t] = m_init;
-                const int64_t h = kh * G + g;
-                vec mv = vload(s);
-                for (int64_t i = VL; i < bp; i += VL) {
-                    const vec x = vload(s + i);
-                    mv = x > mv ? x : mv;
-                }
-                float m = mx[h];
-                for (int i = 0; i < VL; ++i) m = std::max(m, mv[i]);
-                vec sum = vec{};
-                for (int64_t i = 0; i < bp; i += VL) {
-                    vec p = exp_neg_v(vload(s + i) - m);
-                    p = vload(iota) + static_cast<float>(i) < static_cast<float>(n) ? p : vec{};  // the tail past the sequence: 0
-                    vstore(s + i, p);
-                    sum += p;
-                }
-                alpha[g] = mx[h] == -INFINITY ? 0.f : exp_neg(mx[h] - m);
-                den[h] = den[h] * alpha[g] + hsum(sum);
-                mx[h] = m;
+        }
+        for (int64_t h = 0; h < heads; ++h) {
+            float* s = sc + h * bp;
+            const float m_init = s[0];  // scores past the sequence: not above its max
+            for (int64_t t = n; t < bp; ++t) s[t] = m_init;
+            vec mv = vload(s);
+            for (int64_t i = VL; i < bp; i += VL) {
+                const vec x = vload(s + i);
+                mv = x > mv ? x : mv;
             }
-            vec a[G][NV];
-            for (int g = 0; g < G; ++g)
-                for (int i = 0; i < NV; ++i) a[g][i] = vload(acc + (kh * G + g) * D + i * VL) * alpha[g];
-            for (int64_t t = 0; t < n; ++t) {
-                const T* vt = vb + t * st + kh * sh;
-                vec vr[NV];
-                for (int i = 0; i < NV; ++i) vr[i] = vload_kv(vt + i * VL);
+            float m = mx[h];
+            for (int i = 0; i < VL; ++i) m = std::max(m, mv[i]);
+            vec sum = vec{};
+            for (int64_t i = 0; i < bp; i += VL) {
+                vec p = exp_neg_v(vload(s + i) - m);
+                p = vload(iota) + static_cast<float>(i) < static_cast<float>(n) ? p : vec{};  // the tail past the sequence: 0
+                vstore(s + i, p);
+                sum += p;
+            }
+            const float alpha = mx[h] == -INFINITY ? 0.f : exp_neg(mx[h] - m);
+            den[h] = den[h] * alpha + hsum(sum);
+            mx[h] = m;
+            for (int i = 0; i < NV; ++i) vstore(acc + h * D + i * VL, vload(acc + h * D + i * VL) * alpha);
+        }
+        for (int64_t t0 = 0; t0 < n; t0 += TT) {  // P.V: TT rows of V at a time, every kv head
+            const int64_t tn = std::min<int64_t>(TT, n - t0);
+            for (int64_t kh = 0; kh < kv_heads; ++kh)
                 for (int g = 0; g < G; ++g) {
-                    const float p = sc[g * bp + t];
-                    for (int i = 0; i < NV; ++i) a[g][i] += p * vr[i];
+                    const int64_t h = kh * G + g;
+                    vec a[NV];
+                    for (int i = 0; i < NV; ++i) a[i] = vload(acc + h * D + i * VL);
+                    for (int64_t t = t0; t < t0 + tn; ++t) {
+                        const T* vt = vb + t * st + kh * sh;
+                        const float p = sc[h * bp + t];
+                        for (int i = 0; i < NV; ++i) a[i] += p * vload_kv(vt + i * VL);
+                    }
+                    for (int i = 0; i < NV; ++i) vstore(acc + h * D + i * VL, a[i]);
                 }
-            }
-            for (int g = 0; g < G; ++g)
-                for (int i = 0; i < NV; ++i) vstore(acc + (kh * G + g) * D + i * VL, a[g][i]);
         }
     }
     for (int64_t h = 0; h < heads; ++h) {
@@ -359,7 +362,7 @@ static void decode_all(const float* q, int64_t q_sr, int64_t q_sh, const T* k, c
 #pragma omp parallel num_threads(threads)
     {
     std::vector<float> scores, qs(num_heads * head_size), acc(num_heads * head_size);
-    const int64_t fixed_work = num_heads * (head_size + 2) + group * (block_size + 16);
+    const int64_t fixed_work = num_heads * (2 * head_size + 2 + block_size + 16);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < work; ++b) {
         const int64_t len = seq_lens[b];
