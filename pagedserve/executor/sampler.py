@@ -30,6 +30,7 @@ import numpy as np
 
 from pagedserve.executor.readback import Logprobs, Readback
 from pagedserve.executor.staging import to_device
+from pagedserve.kernels.argmax_cpu import greedy_ids
 from pagedserve.step.step_batch import FLAG_PLAIN, StepBatch
 from pagedserve.wire.step_outputs import StepOutputs
 
@@ -189,9 +190,8 @@ class Sampler:
         assert logits.shape[0] == len(rows), (logits.shape, len(rows))
         ids = list(map(batch.seq_ids.__getitem__, rows.tolist()))
         if (batch.flags[rows] & FLAG_PLAIN).all():
-            # the common serving case: one max over the batch (faster than argmax on a CPU,
-            # the same first index), no copy of the logits
-            return Readback(ids, logits.max(-1).indices if greedy is None else greedy, held=held)
+            # the common serving case: one argmax over the batch, no copy of the logits
+            return Readback(ids, greedy_ids(logits) if greedy is None else greedy, held=held)
         params = [batch.held[i].sampling for i in rows]
         logits = logits.to(torch.float32, copy=True)
         if any(p.logit_bias for p in params):
@@ -211,7 +211,7 @@ class Sampler:
             at = to_device(cut, dev)
             logits[at] = apply_truncation(logits[at], top_k[cut], top_p[cut], min_p[cut])
 
-        tokens = logits.max(-1).indices
+        tokens = greedy_ids(logits)
         drawn = np.flatnonzero([not p.greedy for p in params])
         if len(drawn):
             at = to_device(drawn, dev)
