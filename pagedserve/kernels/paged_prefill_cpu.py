@@ -40,6 +40,16 @@ SOURCE = EXP_NEG + VEC + r"""
 #define DR 4
 #endif
 #define M (MV * VL)
+// A loaded vector kept in a register: below AVX-512 the 12 accumulators leave 4 of 16, and GCC
+// otherwise folds the load into each of the NR (DR) FMAs that use it, 16 loads for 12 FMAs
+// (1.15-1.3x slower on AVX2: docs/benchmark-history.md); not measured on AVX-512, so left alone there.
+static inline vec pin(vec x) {
+#if VL < 16
+    asm("" : "+x"(x));
+#endif
+    return x;
+}
+#define PIN(x) pin(x)
 #define NK 64  // keys per online-softmax step (a multiple of NR)
 
 // Scores of NR keys (rows kp[0..NR)) against the tile: s[n][m] = sum_d k_n[d] qt[d][m]; keys
@@ -51,7 +61,7 @@ static inline void scores_nr(const float* qt, const float* const* kp, int64_t D,
     vec a[NR][MV] = {};
     for (int64_t d = 0; d < D; ++d) {
         vec qv[MV];
-        for (int i = V0; i < MV; ++i) qv[i] = vload(qt + d * M + i * VL);
+        for (int i = V0; i < MV; ++i) qv[i] = PIN(vload(qt + d * M + i * VL));
         for (int n = 0; n < NR; ++n) {
             const float kd = kp[n][d];
             for (int i = V0; i < MV; ++i) a[n][i] += qv[i] * kd;
@@ -84,7 +94,7 @@ static inline void pv_segments(vec (&a)[R][MV], const float* p, const float* con
                                int64_t d0) {
     for (int64_t n = seg[V]; n < seg[V + 1]; ++n) {
         vec pn[MV];
-        for (int i = V; i < MV; ++i) pn[i] = vload(p + n * M + i * VL);
+        for (int i = V; i < MV; ++i) pn[i] = PIN(vload(p + n * M + i * VL));
         const float* vr = vp[n] + d0;
         for (int r = 0; r < R; ++r) {
             const float vd = vr[r];
