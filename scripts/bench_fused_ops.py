@@ -49,6 +49,7 @@ def cases(t: int):
     cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
     gate_up = torch.randn(t, 2 * INTERMEDIATE, generator=g)
     gate, up = gate_up.chunk(2, dim=-1)
+    gate.zero_()  # silu_and_mul_ writes silu(gate) * up over the gate: at 0 every call sees the same input
     pool = torch.zeros(t + 16, 4, 2, 16, KV_HEADS, HEAD_DIM)  # 16-token blocks, 4 layers
     k_cache, v_cache = pool[:, 1, 0], pool[:, 1, 1]
     slots = torch.arange(t, dtype=torch.int64) * 16  # one token a block, as a decode batch
@@ -64,7 +65,7 @@ def cases(t: int):
         "add_rms_norm": (lambda: torch_rms_norm(x + a, w), lambda: fused_cpu.add_rms_norm_(a, x, w, EPS)),
         "rotary": (lambda: torch_rotary(qk, cos, sin), lambda: fused_cpu.rotary_(qk, cos, sin)),
         # pagedserve/executor/models/llama.py DecoderLayer.mlp's torch path
-        "silu_and_mul": (lambda: torch.nn.functional.silu(gate).mul_(up), lambda: fused_cpu.silu_and_mul(gate_up)),
+        "silu_and_mul": (lambda: torch.nn.functional.silu(gate).mul_(up), lambda: fused_cpu.silu_and_mul_(gate_up)),
         # against the C++ rotary and store_kv's index_copy_ it replaces
         "rotary_store": (rotary_then_store, lambda: rotary_store_cpu.rotary_store_kv_(
             qk, v, cos, sin, k_cache, v_cache, slots)),

@@ -5,7 +5,7 @@ rotary_store_cpu.py, as before). The models check the op's `*applies` first and 
 their torch code, the reference the twins are tested against (fused_ref.py).
 
 - applies(x) / rms_norm(x, w, eps, round_first) / add_rms_norm_(x, residual, w, eps);
-- silu_applies(gate_up) / silu_and_mul(gate_up);
+- silu_applies(gate_up) / silu_and_mul(gate_up) (on the CPU written over gate_up's gate half);
 - rotary_store_applies(qk, k_cache, v_cache) / rotary_store_kv_(qk, v, cos, sin, k_cache,
   v_cache, slot_mapping) -> the rotated Q heads (the K heads and v written into the caches).
 
@@ -62,9 +62,10 @@ def silu_applies(gate_up: torch.Tensor) -> bool:
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up [T, n]; gate_up is the caller's scratch (the CPU's kernel writes over it)."""
     if _triton_on(gate_up):
         return _triton("fused").silu_and_mul(gate_up)
-    return fused_cpu.silu_and_mul(gate_up)
+    return fused_cpu.silu_and_mul_(gate_up)
 
 
 def rotary_store_applies(qk: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:

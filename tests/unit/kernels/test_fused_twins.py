@@ -1,5 +1,5 @@
 """The C++ kernels added beside their torch references (pagedserve/kernels/fused_ref.py): SiLU-and-multiply
-(kernels/fused_cpu.silu_and_mul) and rotary applied in the K/V store
+(kernels/fused_cpu.silu_and_mul_) and rotary applied in the K/V store
 (pagedserve/kernels/rotary_store_cpu), each against its reference, threaded and not."""
 import pytest
 import torch
@@ -17,9 +17,11 @@ def test_silu_and_mul(rows, n):
     gate_up = wide[:, : 2 * n]  # rows with a stride
     extremes = torch.tensor([-200.0, -90.0, -87.5, 0.0, 88.5, 200.0])[:n]  # gates past exp's clamp
     gate_up[0, : len(extremes)] = extremes
-    got = fused_cpu.silu_and_mul(gate_up)
-    assert got.shape == (rows, n)
-    torch.testing.assert_close(got, silu_and_mul_ref(gate_up), rtol=1e-5, atol=1e-6)
+    want, right = silu_and_mul_ref(gate_up), wide[:, 2 * n:].clone()
+    got = fused_cpu.silu_and_mul_(gate_up)
+    assert got.shape == (rows, n) and got.data_ptr() == gate_up.data_ptr()  # over the gate half
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(wide[:, 2 * n:], right)  # past the row's 2n columns: untouched
 
 
 def pool_views(blocks, block_size, kv_heads, dim, layers=2, layer=1, seed=0):
@@ -88,8 +90,8 @@ def test_the_model_takes_silu_and_mul_and_matches_transformers(tmp_path, monkeyp
 
     hf = make_tiny_model(tmp_path, arch)
     model, config = load_model(str(tmp_path))
-    calls, real = [], fused_cpu.silu_and_mul
-    monkeypatch.setattr(fused_cpu, "silu_and_mul", lambda x: calls.append(x.shape[0]) or real(x))
+    calls, real = [], fused_cpu.silu_and_mul_
+    monkeypatch.setattr(fused_cpu, "silu_and_mul_", lambda x: calls.append(x.shape[0]) or real(x))
     monkeypatch.setattr(fused_cpu, "SILU_MIN_ROWS", 2)
     assert worst_logit_difference(hf, model, config) <= TOL
     assert calls and min(calls) >= 2  # the one-row steps kept torch's ops
