@@ -4,8 +4,9 @@ paged_decode(q, k_cache, v_cache, tables, lens, rows, scale, out) reads each seq
 in place from its blocks of the pool (no per-layer gather or copy), sequences split over
 the torch thread count on torch's own OpenMP threads, the GIL released (ctypes). The common
 head sizes (64, 128) and query heads per kv head (1-8) take one pass over each sequence's
-blocks with an online softmax: a block's K and V rows are read once, the kv heads' queries
-and accumulators in vector registers, the next block prefetched while this one is used
+blocks with an online softmax: a block's K rows and then its V rows are read once, in the
+order they lie, a head's accumulators in vector registers over four tokens of P.V, the next
+block prefetched while this one is used
 (blocks lie anywhere in the pool), no denormal ever computed; others a generic two-pass
 loop. Compiled once per source and machine with the system C++ compiler and cached
 (pagedserve/kernels/native_build.py; AVX-512 or AVX2 as -march gives);
