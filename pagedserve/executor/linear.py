@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.executor import linear_int4, linear_int8
-from pagedserve.kernels import linear_cpu
+from pagedserve.kernels import fused_cpu, linear_cpu
 
 BACKENDS = ("mkl", "onednn", "dot", "int8", "int4")
 DENSE = ("mkl", "dot")  # multiply by the dense weight itself: no copy of their own
@@ -139,6 +139,16 @@ class Linear(nn.Module):
         else:
             y = linear_int8.matmul(x2, self.prepared["int8"], self.bias)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
+
+    def silu_gated(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of a gate/up layer (its rows the gate's, then the up's) on x [M, K],
+        in one pass where M goes to "dot" (pagedserve.kernels.linear_cpu.matmul_silu: the
+        [M, N] output is never written); None elsewhere (the caller multiplies, then applies
+        it), with a bias, or with the fused ops off (PAGEDSERVE_FUSED_OPS=0)."""
+        if (x.dim() != 2 or x.stride(1) != 1 or self.bias is not None or not fused_cpu.fused_ops_on()
+                or self.backend_for(x.shape[0]) != "dot"):
+            return None
+        return linear_cpu.matmul_silu(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         backend = self.backend_for(x.numel() // x.shape[-1])

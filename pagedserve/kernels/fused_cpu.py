@@ -8,8 +8,8 @@ runtime torch already loaded, GIL released by ctypes) replaces them:
 - rms_norm(x, w): rmsnorm(x) * w;
 - rotary_(x, cos, sin): the half-split rotary embedding of x [T, heads, head_dim], in place;
 - silu_and_mul_(gate_up): silu(gate) * up from the gate/up projection's output in one pass,
-  written over the gate half (its exp a polynomial in GCC vector types, eight lanes: about
-  1 ulp); the model takes it from SILU_MIN_ROWS rows (silu_applies).
+  written over the gate half (pagedserve/kernels/silu_row_cpu.py); the model takes it from
+  SILU_MIN_ROWS rows (silu_applies), where the projection did not apply it itself.
 
 Each is tested against the torch code it stands in for (tests/unit/kernels/test_fused_cpu.py,
 test_fused_twins.py: the references in pagedserve/kernels/fused_ref.py); the rotary applied in the K/V
@@ -25,7 +25,7 @@ import os
 
 import torch
 
-from pagedserve.kernels import native_build
+from pagedserve.kernels import native_build, silu_row_cpu
 
 SOURCE = r"""
 // The small per-layer ops of the decoder, float32, rows split over OpenMP threads.
@@ -83,31 +83,7 @@ void rotary_f32(float* x, int64_t sx, int64_t sh, const float* cos, const float*
 
 }  // extern "C"
 
-// Eight floats at a time in GCC/Clang vector types (AVX2 or wider; the compiler's default
-// target splits them): written out, where a plain loop's clamp would not vectorize on AVX2.
-typedef float f8 __attribute__((vector_size(32)));
-typedef int32_t i8 __attribute__((vector_size(32)));
-
-// exp(x) for x clamped to [-87, 88], Cephes' single-precision polynomial (about 1 ulp).
-static inline f8 exp8(f8 x) {
-    const f8 lo = f8{} - 87.f, hi = f8{} + 88.f;
-    x = x < lo ? lo : x;
-    x = x > hi ? hi : x;
-    const f8 n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;  // rounded (1.5 * 2^23)
-    const f8 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    f8 p = f8{} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.f;
-    const i8 bits = (__builtin_convertvector(n, i8) + 127) << 23;
-    f8 scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
+""" + silu_row_cpu.SOURCE + r"""
 extern "C" {
 
 // out[t, i] = silu(gu[t, i]) * gu[t, n + i]: gate and up side by side in each row of gu; out may
@@ -115,25 +91,7 @@ extern "C" {
 void silu_and_mul_f32(const float* gu, int64_t sg, float* out, int64_t so, int64_t rows, int64_t n,
                       int64_t threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t t = 0; t < rows; ++t) {
-        const float* g = gu + t * sg;
-        const float* u = g + n;
-        float* o = out + t * so;
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8) {
-            f8 gv, uv;
-            std::memcpy(&gv, g + i, sizeof gv);
-            std::memcpy(&uv, u + i, sizeof uv);
-            const f8 ov = gv / (1.f + exp8(-gv)) * uv;
-            std::memcpy(o + i, &ov, sizeof ov);
-        }
-        if (i < n) {  // the row's tail, fewer than 8
-            f8 gv = {}, uv = {};
-            for (int64_t j = i; j < n; ++j) gv[j - i] = g[j], uv[j - i] = u[j];
-            const f8 ov = gv / (1.f + exp8(-gv)) * uv;
-            for (int64_t j = i; j < n; ++j) o[j] = ov[j - i];
-        }
-    }
+    for (int64_t t = 0; t < rows; ++t) silu_mul_row(gu + t * sg, gu + t * sg + n, out + t * so, n);
 }
 
 }  // extern "C"

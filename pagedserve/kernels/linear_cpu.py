@@ -8,9 +8,11 @@ MAX_K). It needs no copy of the weight: a layer routed
 here and to MKL (F.linear) holds one dense weight, where oneDNN holds its own packed copy.
 Measured on the default model's shapes it is faster than both at a decode's few rows and at
 a decode batch, and level with MKL at 512 rows (BENCHMARKS.md, issue 44); `--linear-backend
-auto` times it beside them (pagedserve.executor.linear_timing). applies(weight): float32 on the
-CPU, K a multiple of 8, the library built (pagedserve/kernels/native_build.py); tested against
-F.linear in tests/unit/kernels/test_linear_cpu.py.
+auto` times it beside them (pagedserve.executor.linear_timing). matmul_silu(x, gate_up weight)
+is the same walk over a gate/up weight that applies SiLU-and-multiply to each block's sums
+(pagedserve/kernels/silu_row_cpu.py), so the projection's [M, 2H] output is never written.
+unavailable(weight) is None for float32 on the CPU, K a multiple of 8, the library built
+(pagedserve/kernels/native_build.py); tested against F.linear in tests/unit/kernels/test_linear_cpu.py.
 """
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ import hashlib
 
 import torch
 
-from pagedserve.kernels import native_build
+from pagedserve.kernels import native_build, silu_row_cpu
 
-SOURCE = r"""
+SOURCE = silu_row_cpu.SOURCE + r"""
 // y[m][n] = sum_k x[m][k] * w[n][k] (+ b[n]), float32, K % 8 == 0.
 // Built by pagedserve/kernels/linear_cpu.py (pagedserve/kernels/native_build.py); plain C ABI.
 #include <cstdint>
@@ -115,6 +117,47 @@ extern "C" void linear_f32(const float* x, int64_t sx, const float* w, const flo
     }
   }
 }
+
+constexpr int64_t GATED_ROWS = 32;  // rows of x per pass over a block: their sums fit a scratch on the stack
+constexpr int64_t MAX_HALF = 48;
+
+// y[m][j] = silu(g) * u (row stride sy), g and u the sums of x[m] with weight rows j and H + j of
+// w [2H, K] (gate rows, then up rows). A block is half a linear_f32 block of gate rows and as
+// many up rows (the same weight in L2); their sums go to a scratch laid out as a gate/up row.
+extern "C" void linear_silu_f32(const float* x, int64_t sx, const float* w, float* y, int64_t sy,
+                                int64_t M, int64_t H, int64_t K, int64_t block, int64_t max_k,
+                                int64_t threads) {
+  const int64_t half = block / 2, blocks = (H + half - 1) / half;
+  const int64_t chunks = (K + max_k - 1) / max_k, kc = ((K + chunks - 1) / chunks + 7) / 8 * 8;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    const int64_t n0 = blk * half, n1 = n0 + half < H ? n0 + half : H, nb = n1 - n0;
+    const int64_t next = n1 + half < H ? n1 + half : H;
+    const float *wg = w + n0 * K, *wu = w + (H + n0) * K;
+    const float *pg = w + n1 * K, *pg_end = w + next * K;  // the next block's gate and up rows
+    const float *pu = w + (H + n1) * K, *pu_end = w + (H + next) * K;
+    float s[GATED_ROWS * 2 * MAX_HALF];
+    const int64_t ss = 2 * half;  // the scratch's row: half gate sums, then half up sums
+    for (int64_t m0 = 0; m0 < M; m0 += GATED_ROWS) {
+      const int64_t mr = M - m0 < GATED_ROWS ? M - m0 : GATED_ROWS;
+      const float* xm = x + m0 * sx;
+      for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t kn = K - k0 < kc ? K - k0 : kc;
+        const float *gk = wg + k0, *uk = wu + k0;
+        int64_t m = 0;
+        for (; m + 4 <= mr; m += 4) {
+          tiles<4>(xm + m * sx + k0, sx, gk, K, kn, nullptr, s + m * ss, ss, 0, nb, k0 > 0, pg, pg_end);
+          tiles<4>(xm + m * sx + k0, sx, uk, K, kn, nullptr, s + m * ss + half, ss, 0, nb, k0 > 0, pu, pu_end);
+        }
+        for (; m < mr; m++) {
+          tiles<1>(xm + m * sx + k0, sx, gk, K, kn, nullptr, s + m * ss, ss, 0, nb, k0 > 0, pg, pg_end);
+          tiles<1>(xm + m * sx + k0, sx, uk, K, kn, nullptr, s + m * ss + half, ss, 0, nb, k0 > 0, pu, pu_end);
+        }
+      }
+      for (int64_t m = 0; m < mr; m++) silu_mul_row(s + m * ss, s + m * ss + half, y + (m0 + m) * sy + n0, nb);
+    }
+  }
+}
 """
 VERSION = hashlib.sha256(SOURCE.encode()).hexdigest()[:8]  # kept timings of another build are not used
 BLOCK = 48  # weight rows per block (a multiple of 3): 48 x 576 floats is 110 KB, within L2
@@ -129,6 +172,8 @@ def _build() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.linear_f32.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64]
     lib.linear_f32.restype = None
+    lib.linear_silu_f32.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, i64, i64]
+    lib.linear_silu_f32.restype = None
     return lib
 
 
@@ -169,4 +214,20 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         threads = max(1, min(torch.get_num_threads(), -(-n // BLOCK)))
         _native.get().linear_f32(x.data_ptr(), x.stride(0), weight.data_ptr(),
                                  None if bias is None else bias.data_ptr(), y.data_ptr(), m, n, k, BLOCK, MAX_K, threads)
+    return y
+
+
+def matmul_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up into a new [M, N/2] tensor, where [gate | up] = x [M, K] (unit stride along
+    K) @ weight.T and weight [N, K] holds the gate rows then the up rows, as unavailable()
+    accepts it: the gate/up projection with SiLU-and-multiply applied to its sums as each block
+    ends, so its [M, N] output is never written (pagedserve/kernels/silu_row_cpu.py)."""
+    m, k = x.shape
+    half = weight.shape[0] // 2
+    assert x.dtype == torch.float32 and x.stride(1) == 1 and weight.shape == (2 * half, k)
+    y = torch.empty(m, half)
+    if m:
+        threads = max(1, min(torch.get_num_threads(), -(-half // (BLOCK // 2))))
+        _native.get().linear_silu_f32(x.data_ptr(), x.stride(0), weight.data_ptr(), y.data_ptr(), half,
+                                      m, half, k, BLOCK, MAX_K, threads)
     return y

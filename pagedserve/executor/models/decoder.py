@@ -114,6 +114,8 @@ class DecoderLayer(nn.Module):
         self.down = Linear(w[m + "down_proj.weight"])
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        if self.act is F.silu and (gated := self.gate_up.silu_gated(h)) is not None:
+            return self.down(gated)  # SiLU-and-multiply applied in the projection (C++ "dot" rows)
         gate_up = self.gate_up(h)
         if self.act is F.silu and fused.silu_applies(gate_up):  # one pass: Triton on CUDA, C++ on the CPU
             return self.down(fused.silu_and_mul(gate_up))

@@ -78,3 +78,40 @@ def test_dot_named_where_it_cannot_serve_is_f_linear_and_says_why(caplog):
     assert linear_backend.Planner("dot", dtype=torch.bfloat16).backend == "mkl"
     assert "float32 weights on the CPU" in caplog.text
     assert linear_backend.Planner("dot").backend == "dot"
+
+
+def ref_silu(x, w):
+    gate, up = ref(x, w).double().chunk(2, -1)
+    return (F.silu(gate) * up).float()
+
+
+# (M, H, K), the gate/up weight [2H, K]: a decode's row, the default model at a decode batch and
+# past one pass of GATED_ROWS (33, 65: a 1-row tail of a pass), blocks with tails, K in chunks
+GATED = [(1, 1536, 576), (64, 1536, 576), (33, 100, 64), (65, 5, 16), (7, 13, linear_cpu.MAX_K + 8), (0, 24, 8)]
+
+
+@pytest.mark.parametrize("m,h,k", GATED)
+def test_silu_applied_to_its_own_sums_matches_silu_of_f_linear(m, h, k):
+    g = torch.Generator().manual_seed(m * 1000 + h + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(2 * h, k, generator=g) / k ** 0.5
+    got = linear_cpu.matmul_silu(x, w)
+    assert got.shape == (m, h)
+    torch.testing.assert_close(got, ref_silu(x, w), atol=1e-5, rtol=1e-5)
+    strided = torch.randn(m, k + 16, generator=g)[:, 8:8 + k]
+    torch.testing.assert_close(linear_cpu.matmul_silu(strided, w), ref_silu(strided, w), atol=1e-5, rtol=1e-5)
+
+
+def test_a_layer_applies_silu_itself_only_where_its_rows_go_to_dot(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(60, 64, generator=g) / 8
+    layer = Linear(w.clone())
+    layer.route([(8, "dot"), (None, "mkl")])
+    x = torch.randn(5, 64, generator=g)
+    torch.testing.assert_close(layer.silu_gated(x), ref_silu(x, w), atol=1e-5, rtol=1e-5)
+    assert layer.silu_gated(torch.randn(8, 64, generator=g)) is None  # MKL's rows: the caller applies it
+    monkeypatch.setenv("PAGEDSERVE_FUSED_OPS", "0")
+    assert layer.silu_gated(x) is None
+    monkeypatch.delenv("PAGEDSERVE_FUSED_OPS")
+    biased = Linear(w.clone(), torch.randn(60, generator=g))
+    biased.route([(None, "dot")])
+    assert biased.silu_gated(x) is None
