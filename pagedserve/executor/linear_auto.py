@@ -9,9 +9,10 @@ AutoPlan(rows).decide(layer) -> Decision(seconds, routes, source, note), one per
   later one of this load serve oneDNN at every M, untimed, and nothing is kept.
 - Kept timings are checked once a load (check(layers), before the first shape is decided):
   the largest kept shape is timed again; an idle timing off the kept one (a backend more
-  than DRIFT faster or slower at an M, or MKL kept where oneDNN is now as fast) has every
-  shape of this load timed again and its timings replaced. A check the machine is too busy
-  for leaves the kept timings in use (they were taken idle) and says so in the note.
+  than DRIFT faster or slower at an M than the machine as a whole, or MKL or "dot" kept
+  where oneDNN now wins by PREFER_MARGIN) has every shape of this load timed again and its
+  timings replaced. A check the machine is too busy for leaves the kept timings in use (they
+  were taken idle) and says so in the note.
 Each decision is logged; `source` is "timed", "cache", "busy" or "untimed" (oneDNN failed).
 """
 from __future__ import annotations
@@ -124,18 +125,28 @@ class AutoPlan:
 
 
 def off(kept: dict[int, dict[str, float]], now: dict[int, dict[str, float]], shared: bool = False) -> str | None:
-    """Why an idle timing `now` says the kept one is wrong, or None."""
-    if set(kept) != set(now):
+    """Why an idle timing `now` says the kept one is wrong, or None. The machine as a whole
+    may run faster or slower than when the plan was kept (a shared host's memory bandwidth
+    moved by a third within an hour, docs/benchmark-history.md): that common factor, the
+    geometric mean of now over kept, is taken out before each timing is held to DRIFT, so
+    only a change in how the backends compare re-times the plan."""
+    if set(kept) != set(now) or any(set(kept[m]) != set(now[m]) for m in now):
         return f"kept at M {sorted(kept)}, timed at {sorted(now)}"
+    ratios = [s / kept[m][b] if kept[m][b] > 0 else math.inf for m, t in now.items() for b, s in t.items()]
+    if not all(0 < r < math.inf for r in ratios):
+        return "a timing is not positive"
+    machine = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    drift, m, b = max((max(kept[m][b] * machine / s, s / (kept[m][b] * machine)), m, b)
+                      for m, t in now.items() for b, s in t.items())
+    if drift > DRIFT:
+        return (f"{b} at M={m}: kept {kept[m][b] * 1e6:.0f} us, now {now[m][b] * 1e6:.0f} us, with "
+                f"the machine at {1 / machine:.2f}x its speed then")
     routes = routes_from(kept, shared)
     for m, t in now.items():
-        for b, s in t.items():
-            was = kept[m].get(b)
-            if not was or max(was / s, s / was) > DRIFT:
-                return f"{b} at M={m}: kept {(was or 0) * 1e6:.0f} us, now {s * 1e6:.0f} us"
         kept_backend = backend_at(routes, m)
-        if kept_backend in DENSE and t["onednn"] <= t[kept_backend]:
-            return f"{'MKL' if kept_backend == 'mkl' else kept_backend} kept at M={m}, where oneDNN is now as fast"
+        if kept_backend in DENSE and t["onednn"] * PREFER_MARGIN < t[kept_backend]:
+            return (f"{'MKL' if kept_backend == 'mkl' else kept_backend} kept at M={m}, where oneDNN "
+                    f"is now faster by more than {PREFER_MARGIN - 1:.0%}")
     return None
 
 
