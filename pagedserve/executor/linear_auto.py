@@ -8,7 +8,7 @@ AutoPlan(rows).decide(layer) -> Decision(seconds, routes, source, note), one per
   A busy timing is taken once more after RETRY_WAIT_S; busy again, that shape and every
   later one of this load serve oneDNN at every M, untimed, and nothing is kept.
 - Kept timings are checked once a load (check(layers), before the first shape is decided):
-  each kept shape is timed again, largest first; an idle timing off the kept one (a backend more
+  the largest kept shape is timed again; an idle timing off the kept one (a backend more
   than DRIFT faster or slower at an M than the machine as a whole, or MKL or "dot" kept
   where oneDNN now wins by PREFER_MARGIN) has every shape of this load timed again and its
   timings replaced. A check the machine is too busy for leaves the kept timings in use (they
@@ -61,33 +61,27 @@ class AutoPlan:
         self.fresh: dict[tuple[int, int], Timing] = {}  # the check's timing, used once
 
     def check(self, layers: list[Linear]) -> None:
-        """Time each shape of `layers` whose timings are kept, largest first, once a load,
-        against them: every shape, since a contended minute can spoil one shape's comparison
-        and not another's (the down projection's kept at MKL for a decode batch, 1.4x slower
-        there than "dot", while the largest shape agreed: docs/benchmark-history.md)."""
+        """Time the largest of `layers` whose timings are kept, once a load, against them."""
         if self.checked is not None:
             return
-        kept = {layer.shape: (layer, s) for layer in layers if (s := plan_cache.load(self._key(layer))) is not None}
-        checked = []
-        for layer, seconds in sorted(kept.values(), key=lambda pair: -math.prod(pair[0].shape)):
-            timing, name = self._time(layer), "{}x{}".format(*layer.shape)
-            if not timing.seconds:
-                self.checked = f"not checked: oneDNN failed at {name}"
-                return
-            if (busy := timing.busy()) is not None:
-                self.busy = f"the machine was busy at {name}: {busy}"
-                self.checked = f"not checked: {self.busy}"
-                log.warning("linear plan %s: %s; the kept timings serve (taken idle), a shape without "
-                            "any gets oneDNN", plan_cache.path(), self.checked)
-                return
+        kept = [(layer, s) for layer in layers if (s := plan_cache.load(self._key(layer))) is not None]
+        if not kept:
+            return
+        layer, seconds = max(kept, key=lambda pair: math.prod(pair[0].shape))
+        timing, name = self._time(layer), "{}x{}".format(*layer.shape)
+        if not timing.seconds:
+            self.checked = f"not checked: oneDNN failed at {name}"
+        elif (busy := timing.busy()) is not None:
+            self.busy = f"the machine was busy at {name}: {busy}"
+            self.checked = f"not checked: {self.busy}"
+            log.warning("linear plan %s: %s; the kept timings serve (taken idle), a shape without "
+                        "any gets oneDNN", plan_cache.path(), self.checked)
+        elif (why := off(seconds, timing.seconds, shared=not layer.owns_weight)) is not None:
+            self.checked = self.stale = f"the kept timings were off at {name} ({why}): timed again"
             self.fresh[layer.shape] = timing
-            if (why := off(seconds, timing.seconds, shared=not layer.owns_weight)) is not None:
-                self.checked = self.stale = f"the kept timings were off at {name} ({why}): timed again"
-                log.warning("linear plan %s: %s", plan_cache.path(), self.stale)
-                return
-            checked.append(name)
-        if checked:
-            self.checked = f"checked idle at {', '.join(checked)}"
+            log.warning("linear plan %s: %s", plan_cache.path(), self.stale)
+        else:
+            self.checked = f"checked idle at {name}"
 
     def decide(self, layer: Linear) -> Decision:
         n, k = layer.shape
