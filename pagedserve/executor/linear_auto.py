@@ -8,11 +8,16 @@ AutoPlan(rows).decide(layer) -> Decision(seconds, routes, source, note), one per
   A busy timing is taken once more after RETRY_WAIT_S; busy again, that shape and every
   later one of this load serve oneDNN at every M, untimed, and nothing is kept.
 - Kept timings are checked once a load (check(layers), before the first shape is decided):
-  the largest kept shape is timed again; an idle timing off the kept one (a backend more
-  than DRIFT faster or slower at an M than the machine as a whole, or MKL or "dot" kept
-  where oneDNN now wins by PREFER_MARGIN) has every shape of this load timed again and its
-  timings replaced. A check the machine is too busy for leaves the kept timings in use (they
-  were taken idle) and says so in the note.
+  the largest kept shape is timed again at every M, each other one at the smallest M timed
+  warm only (check_rows: a decode batch, a few milliseconds; where a contended minute had
+  once spoiled one);
+  an idle timing off the kept one (the kept backend at a timed M now beaten by a rival by
+  the margin routes_from would move the M at: `beaten`) has every shape of this load timed
+  again and its timings replaced. Only the backends' comparison counts: a shared host runs
+  them all a third slower or faster from one hour to the next, and a backend no M is routed
+  to (MKL at 64 rows, 62-104 GFLOP/s from one load to the next) decides nothing.
+  A check the machine is too busy for leaves the kept timings in use (they were taken idle)
+  and says so in the note.
 Each decision is logged; `source` is "timed", "cache", "busy" or "untimed" (oneDNN failed).
 """
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 
 from pagedserve.executor import linear_plan_cache as plan_cache
 from pagedserve.executor.linear import DENSE, Linear
-from pagedserve.executor.linear_timing import Timing, time_shape, timed_backends
+from pagedserve.executor.linear_timing import COLD_BELOW, Timing, time_shape, timed_backends
 
 PREFER_MARGIN = 1.10  # MKL or "dot" serves an M only where it is faster than oneDNN by more
 # than this: a win inside the timing noise would flip from one load to the next
@@ -35,8 +40,8 @@ MIXED_MARGIN = 1.25  # oneDNN at most 25% slower than MKL: one copy of the weigh
 # <= 0.7 ms of a ~25 ms decode step, for 105 MiB more weights)
 ATTEMPTS = 2
 RETRY_WAIT_S = 1.0
-DRIFT = 1.3  # two idle timings of one shape agree within this; the issue's stale plan was 3x off
 ONEDNN = [(None, "onednn")]
+NAMES = {"mkl": "MKL", "onednn": "oneDNN"}
 
 log = logging.getLogger("pagedserve.executor")
 
@@ -61,27 +66,38 @@ class AutoPlan:
         self.fresh: dict[tuple[int, int], Timing] = {}  # the check's timing, used once
 
     def check(self, layers: list[Linear]) -> None:
-        """Time the largest of `layers` whose timings are kept, once a load, against them."""
+        """Time the shapes of `layers` whose timings are kept, once a load, against them: the
+        largest at every M, the others at check_rows (a contended minute can spoil one shape's
+        comparison and not another's: docs/benchmark-history.md, issue 44)."""
         if self.checked is not None:
             return
-        kept = [(layer, s) for layer in layers if (s := plan_cache.load(self._key(layer))) is not None]
-        if not kept:
-            return
-        layer, seconds = max(kept, key=lambda pair: math.prod(pair[0].shape))
-        timing, name = self._time(layer), "{}x{}".format(*layer.shape)
-        if not timing.seconds:
-            self.checked = f"not checked: oneDNN failed at {name}"
-        elif (busy := timing.busy()) is not None:
-            self.busy = f"the machine was busy at {name}: {busy}"
-            self.checked = f"not checked: {self.busy}"
-            log.warning("linear plan %s: %s; the kept timings serve (taken idle), a shape without "
-                        "any gets oneDNN", plan_cache.path(), self.checked)
-        elif (why := off(seconds, timing.seconds, shared=not layer.owns_weight)) is not None:
-            self.checked = self.stale = f"the kept timings were off at {name} ({why}): timed again"
-            self.fresh[layer.shape] = timing
-            log.warning("linear plan %s: %s", plan_cache.path(), self.stale)
-        else:
-            self.checked = f"checked idle at {name}"
+        kept = {layer.shape: (layer, s) for layer in layers if (s := plan_cache.load(self._key(layer))) is not None}
+        order = sorted(kept.values(), key=lambda pair: -math.prod(pair[0].shape))
+        checked, full = [], {}
+        for i, (layer, seconds) in enumerate(order):
+            rows = self.rows if i == 0 else check_rows(self.rows, seconds)
+            if not rows:
+                continue
+            timing, name = self._time(layer, rows), "{}x{}".format(*layer.shape)
+            if not timing.seconds:
+                self.checked = f"not checked: oneDNN failed at {name}"
+                return
+            if (busy := timing.busy()) is not None:
+                self.busy = f"the machine was busy at {name}: {busy}"
+                self.checked = f"not checked: {self.busy}"
+                log.warning("linear plan %s: %s; the kept timings serve (taken idle), a shape without "
+                            "any gets oneDNN", plan_cache.path(), self.checked)
+                return
+            if i == 0:
+                full[layer.shape] = timing
+            if (why := off(seconds, timing.seconds, shared=not layer.owns_weight)) is not None:
+                self.checked = self.stale = f"the kept timings were off at {name} ({why}): timed again"
+                self.fresh = full
+                log.warning("linear plan %s: %s", plan_cache.path(), self.stale)
+                return
+            checked.append(name if i == 0 else f"{name} at M={','.join(map(str, rows))}")
+        if checked:
+            self.checked = f"checked idle at {', '.join(checked)}"
 
     def decide(self, layer: Linear) -> Decision:
         n, k = layer.shape
@@ -110,12 +126,13 @@ class AutoPlan:
     def _key(self, layer: Linear) -> str:
         return plan_cache.key(layer.shape, layer.weight.dtype, self.rows, timed_backends(layer))
 
-    def _time(self, layer: Linear) -> Timing:
-        """time_shape, once more after RETRY_WAIT_S if the machine was busy."""
+    def _time(self, layer: Linear, rows: tuple[int, ...] | None = None) -> Timing:
+        """time_shape at `rows` (default: the plan's), once more after RETRY_WAIT_S if the
+        machine was busy."""
         for attempt in range(ATTEMPTS):
             if attempt:
                 time.sleep(RETRY_WAIT_S)
-            timing = time_shape(layer, self.rows)
+            timing = time_shape(layer, rows or self.rows)
             busy = timing.busy()
             if not timing.seconds or busy is None:
                 break
@@ -125,29 +142,38 @@ class AutoPlan:
 
 
 def off(kept: dict[int, dict[str, float]], now: dict[int, dict[str, float]], shared: bool = False) -> str | None:
-    """Why an idle timing `now` says the kept one is wrong, or None. The machine as a whole
-    may run faster or slower than when the plan was kept (a shared host's memory bandwidth
-    moved by a third within an hour, docs/benchmark-history.md): that common factor, the
-    geometric mean of now over kept, is taken out before each timing is held to DRIFT, so
-    only a change in how the backends compare re-times the plan."""
-    if set(kept) != set(now) or any(set(kept[m]) != set(now[m]) for m in now):
+    """Why an idle timing `now` (at some of the kept M) says the kept routes are wrong, or None."""
+    if not set(now) <= set(kept) or any(set(kept[m]) != set(now[m]) for m in now):
         return f"kept at M {sorted(kept)}, timed at {sorted(now)}"
-    ratios = [s / kept[m][b] if kept[m][b] > 0 else math.inf for m, t in now.items() for b, s in t.items()]
-    if not all(0 < r < math.inf for r in ratios):
+    if not all(s > 0 for t in now.values() for s in t.values()):
         return "a timing is not positive"
-    machine = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    drift, m, b = max((max(kept[m][b] * machine / s, s / (kept[m][b] * machine)), m, b)
-                      for m, t in now.items() for b, s in t.items())
-    if drift > DRIFT:
-        return (f"{b} at M={m}: kept {kept[m][b] * 1e6:.0f} us, now {now[m][b] * 1e6:.0f} us, with "
-                f"the machine at {1 / machine:.2f}x its speed then")
     routes = routes_from(kept, shared)
-    for m, t in now.items():
-        kept_backend = backend_at(routes, m)
-        if kept_backend in DENSE and t["onednn"] * PREFER_MARGIN < t[kept_backend]:
-            return (f"{'MKL' if kept_backend == 'mkl' else kept_backend} kept at M={m}, where oneDNN "
-                    f"is now faster by more than {PREFER_MARGIN - 1:.0%}")
+    for m, t in sorted(now.items()):
+        serving = backend_at(routes, m)
+        for rival in sorted(t, key=t.get):
+            margin = beaten(serving, rival, shared)
+            if rival != serving and t[rival] * margin < t[serving]:
+                return (f"{NAMES.get(serving, serving)} kept at M={m}, where {NAMES.get(rival, rival)} "
+                        f"is now faster by more than {margin - 1:.0%}: {t[rival] * 1e6:.0f} us against "
+                        f"{t[serving] * 1e6:.0f}")
     return None
+
+
+def check_rows(rows: tuple[int, ...], kept: dict[int, dict[str, float]]) -> tuple[int, ...]:
+    """The M at which a shape other than the largest is checked: the smallest of `rows` timed
+    warm (a cold one reads a sweep larger than the last-level cache per call), if it was kept."""
+    return tuple(m for m in sorted(rows) if m >= COLD_BELOW and m in kept)[:1]
+
+
+def beaten(kept: str, rival: str, shared: bool) -> float:
+    """By how much `rival` must now be faster at an M than the backend kept there for the kept
+    routes to be wrong: PREFER_MARGIN where routes_from would move the M to it at that margin
+    (between the two dense backends; from a dense backend to oneDNN; from oneDNN to a dense
+    backend on a shared weight), MIXED_MARGIN where it would also weigh a second copy of the
+    weight."""
+    if kept in DENSE and rival in DENSE:
+        return PREFER_MARGIN
+    return MIXED_MARGIN if (rival == "onednn") == shared else PREFER_MARGIN
 
 
 def backend_at(routes: list[tuple[int | None, str]], rows: int) -> str:
