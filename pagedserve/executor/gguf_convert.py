@@ -2,7 +2,8 @@
 
 The directory holds config.json, generation_config.json, model.safetensors (float32,
 dequantized) and the tokenizer files (with the chat template). It lives under
-`$PAGEDSERVE_CACHE` (default `~/.cache/pagedserve/models`) in `<file stem>-<key>`, where the
+`models/` of pagedserve's cache (pagedserve/wire/cache_dir.py: `$PAGEDSERVE_CACHE/models`, default
+`~/.cache/pagedserve/models`) in `<file stem>-<key>`, where the
 key is a SHA-256 of the file's whole content and the converter version (never its name, size
 or modification time: two different files must not share a cache), and it is written to a
 temporary directory renamed into place, so a crash never leaves a half-written cache.
@@ -23,6 +24,7 @@ from tqdm import tqdm
 from pagedserve.executor.errors import ModelLoadError
 from pagedserve.executor.models import registry
 from pagedserve.executor.models.family import Gguf
+from pagedserve.wire.cache_dir import cache_dir
 
 CONVERTER_VERSION = 1
 # the tensor names of the default model's architecture (llama), which its tests read
@@ -31,9 +33,7 @@ LAYER_NAMES = registry.for_gguf("llama").gguf.layer_names
 
 
 def cache_root() -> str:
-    return os.environ.get("PAGEDSERVE_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "pagedserve", "models"
-    )
+    return cache_dir("models")
 
 
 def content_key(gguf_path: str) -> str:

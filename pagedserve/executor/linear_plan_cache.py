@@ -1,8 +1,8 @@
 """The linear layers' timings kept per machine, so that a restart serves the same plan.
 
 `--linear-backend auto` times each weight shape at load (pagedserve.executor.linear_backend). The
-seconds measured are kept in `linear-plan.json` under $PAGEDSERVE_CACHE_DIR (default
-~/.cache/pagedserve), keyed by the CPU (model name and ISA), torch's version, the dtype, the
+seconds measured are kept in `linear-plan.json` in pagedserve's cache (pagedserve/wire/cache_dir.py:
+$PAGEDSERVE_CACHE, default ~/.cache/pagedserve), keyed by the CPU (model name and ISA), torch's version, the dtype, the
 shape, the row counts and backends timed (and how: pagedserve.executor.linear_timing, KEPT_HOW); a later load on
 the same machine takes them instead of timing again, so the plan and, by float rounding,
 greedy outputs stay the same across restarts and replicas of one machine. Only timings taken
@@ -22,6 +22,7 @@ import torch
 
 from pagedserve.executor.linear_timing import COLD_BELOW, TIMED
 from pagedserve.kernels import linear_cpu
+from pagedserve.wire.cache_dir import cache_dir
 from pagedserve.wire.cpu_info import cpu_info
 
 FILE_NAME = "linear-plan.json"
@@ -30,8 +31,7 @@ log = logging.getLogger("pagedserve.executor")
 
 
 def path() -> str:
-    root = os.environ.get("PAGEDSERVE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "pagedserve")
-    return os.path.join(root, FILE_NAME)
+    return cache_dir(FILE_NAME)
 
 
 def key(shape: tuple[int, int], dtype: torch.dtype, rows: tuple[int, ...],

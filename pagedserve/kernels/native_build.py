@@ -10,7 +10,7 @@ or $PAGEDSERVE_NATIVE_MARCH (for example haswell or x86-64-v3: a value the compi
 after -march=); when the compiler refuses
 the target, the source is built again for the compiler's default target (still vectorized,
 at its baseline width) rather than not at all. The shared object is cached in
-$PAGEDSERVE_CACHE or ~/.cache/pagedserve, keyed by the source, the target asked for and this
+`kernels/` of pagedserve's cache (pagedserve/wire/cache_dir.py), keyed by the source, the target asked for and this
 CPU's flags (/proc/cpuinfo), so a cache shared between machines never hands one another's
 build. PAGEDSERVE_NATIVE_KERNELS=0 turns every native kernel off; load() then returns None, as
 it does when no compiler is found or no build succeeds, and callers take their torch path.
@@ -27,15 +27,15 @@ import tempfile
 import threading
 from typing import Callable
 
+from pagedserve.wire.cache_dir import cache_dir as cache_root
+
 
 def enabled() -> bool:
     return os.environ.get("PAGEDSERVE_NATIVE_KERNELS", "1") != "0" and platform.system() == "Linux"
 
 
 def cache_dir() -> str:
-    base = os.environ.get("PAGEDSERVE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pagedserve")
-    return os.path.join(base, "kernels")
+    return cache_root("kernels")
 
 
 def target() -> str:

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from pagedserve.executor import linear_auto, linear_backend, linear_timing
+from pagedserve.executor import linear_auto, linear_backend, linear_plan_cache, linear_timing
 from pagedserve.executor.config import LINEAR_BACKENDS
 from pagedserve.executor.linear import Linear
 from pagedserve.executor.model_loader import load_model
@@ -24,7 +24,8 @@ needs_onednn = pytest.mark.skipif(not ONEDNN, reason="no oneDNN in this torch bu
 @pytest.fixture(autouse=True)
 def own_plan_cache(tmp_path_factory, monkeypatch):
     """Timings kept in a folder of this test's own (pagedserve.executor.linear_plan_cache)."""
-    monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path_factory.mktemp("plan-cache")))
+    folder = tmp_path_factory.mktemp("plan-cache")
+    monkeypatch.setattr(linear_plan_cache, "path", lambda: str(folder / linear_plan_cache.FILE_NAME))
 
 
 @pytest.fixture(autouse=True)
@@ -202,7 +203,6 @@ def test_a_shared_dense_weight_gets_a_onednn_copy_only_for_a_clear_win():
 def test_timings_are_kept_per_machine_and_reused(tmp_path, monkeypatch, log_records):
     """Reused after one check: the largest shape timed again at every M, each other shape of
     the first layer at M=64 only (alike here), once."""
-    monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path / "cache"))
     make_tiny_model(tmp_path, "qwen2")
     timed = []
 
@@ -232,9 +232,6 @@ def test_timings_are_kept_per_machine_and_reused(tmp_path, monkeypatch, log_reco
 
 @needs_onednn
 def test_an_unreadable_plan_file_is_timed_again_and_rewritten(tmp_path, monkeypatch, log_records):
-    from pagedserve.executor import linear_plan_cache
-
-    monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path))
     with open(linear_plan_cache.path(), "w") as f:
         f.write("{not json")
     layer = Linear(torch.randn(24, 16))

@@ -43,7 +43,7 @@ class FakeTimer:
 
 @pytest.fixture(autouse=True)
 def own_plan_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PAGEDSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(plan_cache, "path", lambda: str(tmp_path / plan_cache.FILE_NAME))
     monkeypatch.setattr(linear_auto, "RETRY_WAIT_S", 0)
 
 

@@ -37,7 +37,7 @@ def test_failed_conversion_leaves_no_cache(tmp_path, monkeypatch):
     gguf.write_bytes(b"GGUF")
     with pytest.raises(KeyboardInterrupt):
         resolve_model(str(gguf))
-    assert os.listdir(tmp_path / "cache") == []
+    assert os.listdir(tmp_path / "cache" / "models") == []
 
 
 def test_resolve_errors(tmp_path, monkeypatch):
@@ -50,7 +50,7 @@ def test_resolve_errors(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ModelLoadError, match="bad.gguf"):
         resolve_model(str(tmp_path / "bad.gguf"))
-    assert os.listdir(tmp_path / "cache") == []
+    assert os.listdir(tmp_path / "cache" / "models") == []
 
 
 def test_missing_default_package(monkeypatch):
