@@ -8,12 +8,11 @@ AutoPlan(rows).decide(layer) -> Decision(seconds, routes, source, note), one per
   A busy timing is taken once more after RETRY_WAIT_S; busy again, that shape and every
   later one of this load serve oneDNN at every M, untimed, and nothing is kept.
 - Kept timings are checked once a load (check(layers), before the first shape is decided):
-  the largest kept shape is timed again at every M, each other one at the smallest M timed
-  warm only (check_rows: a decode batch, a few milliseconds; where a contended minute had
-  once spoiled one);
-  an idle timing off the kept one (the kept backend at a timed M now beaten by a rival by
-  the margin routes_from would move the M at: `beaten`) has every shape of this load timed
-  again and its timings replaced. Only the backends' comparison counts: a shared host runs
+  the largest kept shape is timed again at every M, each other one only at the smallest M
+  timed warm (check_rows: a decode batch, a few milliseconds; where a contended minute had
+  once spoiled one). An idle timing off the kept one (the kept backend at a timed M now
+  beaten by a rival by the margin routes_from would move the M at: `beaten`) has every
+  shape of this load timed again and its timings replaced. Only the backends' comparison counts: a shared host runs
   them all a third slower or faster from one hour to the next, and a backend no M is routed
   to (MKL at 64 rows, 62-104 GFLOP/s from one load to the next) decides nothing.
   A check the machine is too busy for leaves the kept timings in use (they were taken idle)
