@@ -2,17 +2,22 @@
 pagedserve/kernels/linear_cpu.py) on the default model's layer shapes (SmolLM2-135M: 30
 layers of 960x576, 576x576, 3072x576, 576x1536, and the 49152x576 LM head), each layer its
 own random weights, so that every call meets its weight out of the cache as a decode step
-does; the backends alternate, best of several rounds.
+does; the backends alternate, best and median of several rounds (a round: one call per layer).
+The gate/up shape also times "dot" with SiLU-and-multiply applied to its sums (dot_silu).
 
     .venv/bin/python scripts/bench_linear_cpu.py [--rows 1,64,512,2048] [--out FILE.json]
+    .venv/bin/python scripts/bench_linear_cpu.py --rows 64 --backends dot --baseline-rev REV --rounds 16
 
-Prints GFLOP/s per shape, row count and backend, and writes them to --out.
+--baseline-rev times the C++ kernel of that git revision beside this one (dot@REV). Prints
+GFLOP/s per shape, row count and backend, and writes them to --out.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
 import time
 
@@ -26,17 +31,34 @@ from pagedserve.wire.cpu_info import cpu_info  # noqa: E402
 
 SHAPES = {(960, 576): 30, (576, 576): 30, (3072, 576): 30, (576, 1536): 30, (49152, 576): 3}
 MAX_FLOP = 2e10  # per shape and row count, one round over its layers at most this much
+GATE_UP = (3072, 576)
+
+
+def baseline(rev: str):
+    """The linear_cpu module of git revision `rev`, its kernel built under its own name."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = subprocess.run(["git", "-C", root, "show", f"{rev}:pagedserve/kernels/linear_cpu.py"],
+                          check=True, capture_output=True, text=True).stdout
+    module = {"__name__": f"linear_cpu@{rev}"}
+    exec(compile(text, f"{rev}:linear_cpu.py", "exec"), module)
+    if module["_native"].get() is None:
+        raise SystemExit(f"the C++ linear kernel of {rev} does not build")
+    return module
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,64,512,2048", help="comma-separated row counts")
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--backends", default="mkl,onednn,dot", help="comma-separated, among mkl, onednn, dot")
+    p.add_argument("--baseline-rev", help="also time the C++ kernel of this git revision (dot@REV)")
     p.add_argument("--out", default="bench_results/linear_cpu.json")
     args = p.parse_args()
     if (why := linear_cpu.unavailable_for("cpu", torch.float32)) is not None:
         raise SystemExit(why)
     cpu = cpu_info()
+    base = baseline(args.baseline_rev) if args.baseline_rev else None
+    backends = args.backends.split(",")
     print(f"cpu {cpu['model_name']} [{' '.join(cpu['isa'])}], {torch.get_num_threads()} threads")
     results = []
     for (n, k), layers in SHAPES.items():
@@ -46,20 +68,30 @@ def main() -> int:
         for m in map(int, args.rows.split(",")):
             use = max(1, min(layers, int(MAX_FLOP // (2 * m * n * k))))
             x = torch.randn(m, k)
-            calls = {b: (lambda i, b=b: weights[i].run(b, x)) for b in ("mkl", "onednn", "dot")}
-            best = {}
-            for _ in range(args.rounds):
-                for name, call in calls.items():
+            calls = {b: (lambda i, b=b: weights[i].run(b, x)) for b in backends}
+            if base is not None:
+                calls[f"dot@{args.baseline_rev}"] = lambda i: base["matmul"](x, weights[i].weight)
+            if (n, k) == GATE_UP and "dot" in backends:
+                calls["dot_silu"] = lambda i: linear_cpu.matmul_silu(x, weights[i].weight)
+                if base is not None:
+                    calls[f"dot_silu@{args.baseline_rev}"] = lambda i: base["matmul_silu"](x, weights[i].weight)
+            times = {name: [] for name in calls}
+            for r in range(args.rounds):
+                for name, call in (calls.items() if r % 2 == 0 else reversed(calls.items())):
                     t = time.perf_counter()
                     for i in range(use):
                         call(i)
-                    best[name] = min(best.get(name, float("inf")), (time.perf_counter() - t) / use)
-            gflops = {b: 2 * m * n * k / s / 1e9 for b, s in best.items()}
-            results.append({"shape": [n, k], "rows": m, "layers": use, "gflops": gflops})
-            print(f"{n}x{k} M={m}: " + "  ".join(f"{b} {g:.1f}" for b, g in gflops.items()) + " GFLOP/s")
+                    times[name].append((time.perf_counter() - t) / use)
+            flop = 2 * m * n * k
+            gflops = {b: flop / min(ts) / 1e9 for b, ts in times.items()}
+            median = {b: flop / statistics.median(ts) / 1e9 for b, ts in times.items()}
+            results.append({"shape": [n, k], "rows": m, "layers": use, "gflops": gflops, "median_gflops": median})
+            print(f"{n}x{k} M={m}: " + "  ".join(f"{b} {gflops[b]:.1f} / {median[b]:.1f}" for b in calls)
+                  + " GFLOP/s (best / median round)")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"cpu": cpu, "threads": torch.get_num_threads(), "results": results}, f, indent=1)
+        json.dump({"cpu": cpu, "threads": torch.get_num_threads(), "baseline_rev": args.baseline_rev,
+                   "results": results}, f, indent=1)
     print(f"wrote {args.out}")
     return 0
 

@@ -2,7 +2,8 @@
 
 matmul(x [M, K], weight [N, K], bias) -> [M, N]: each output is a dot product over K, eight
 lanes at a time, in tiles of 4 rows of x by 3 rows of the weight (twelve accumulators, all in
-registers on AVX2), the weight walked in blocks of BLOCK rows split over OpenMP threads, each
+registers on AVX2), the weight walked in blocks of BLOCK rows split over OpenMP threads (a thread
+done early takes the rest of another's share: pagedserve/kernels/block_split_cpu.py), each
 block read once and used for every row of x, four rows at a time (K cut in chunks of at most
 MAX_K). It needs no copy of the weight: a layer routed
 here and to MKL (F.linear) holds one dense weight, where oneDNN holds its own packed copy.
@@ -21,9 +22,9 @@ import hashlib
 
 import torch
 
-from pagedserve.kernels import native_build, silu_row_cpu
+from pagedserve.kernels import block_split_cpu, native_build, silu_row_cpu
 
-SOURCE = silu_row_cpu.SOURCE + r"""
+SOURCE = silu_row_cpu.SOURCE + block_split_cpu.SOURCE + r"""
 // y[m][n] = sum_k x[m][k] * w[n][k] (+ b[n]), float32, K % 8 == 0.
 // Built by pagedserve/kernels/linear_cpu.py (pagedserve/kernels/native_build.py); plain C ABI.
 #include <cstdint>
@@ -101,13 +102,11 @@ static inline void tiles(const float* x, int64_t sx, const float* w, int64_t sw,
 extern "C" void linear_f32(const float* x, int64_t sx, const float* w, const float* b, float* y,
                            int64_t M, int64_t N, int64_t K, int64_t block, int64_t max_k,
                            int64_t threads) {
-  const int64_t blocks = (N + block - 1) / block;
   const int64_t chunks = (K + max_k - 1) / max_k, kc = ((K + chunks - 1) / chunks + 7) / 8 * 8;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-  for (int64_t blk = 0; blk < blocks; blk++) {
+  split_blocks((N + block - 1) / block, threads, [&](int64_t blk, bool more) {
     const int64_t n0 = blk * block, n1 = (blk + 1) * block < N ? (blk + 1) * block : N;
-    const float* pf = w + n1 * K;  // the next block: this thread's next under schedule(static)
-    const float* pf_end = w + (n1 + block < N ? n1 + block : N) * K;
+    const float* pf = w + n1 * K;  // the next block of this thread's range
+    const float* pf_end = more ? w + (n1 + block < N ? n1 + block : N) * K : pf;
     for (int64_t k0 = 0; k0 < K; k0 += kc) {
       const int64_t kn = K - k0 < kc ? K - k0 : kc;
       const float* bk = k0 ? nullptr : b;
@@ -115,7 +114,7 @@ extern "C" void linear_f32(const float* x, int64_t sx, const float* w, const flo
       for (; m + 4 <= M; m += 4) tiles<4>(x + m * sx + k0, sx, w + k0, K, kn, bk, y + m * N, N, n0, n1, k0 > 0, pf, pf_end);
       for (; m < M; m++) tiles<1>(x + m * sx + k0, sx, w + k0, K, kn, bk, y + m * N, N, n0, n1, k0 > 0, pf, pf_end);
     }
-  }
+  });
 }
 
 constexpr int64_t GATED_ROWS = 32;  // rows of x per pass over a block: their sums fit a scratch on the stack
@@ -127,12 +126,11 @@ constexpr int64_t MAX_HALF = 48;
 extern "C" void linear_silu_f32(const float* x, int64_t sx, const float* w, float* y, int64_t sy,
                                 int64_t M, int64_t H, int64_t K, int64_t block, int64_t max_k,
                                 int64_t threads) {
-  const int64_t half = block / 2, blocks = (H + half - 1) / half;
+  const int64_t half = block / 2;
   const int64_t chunks = (K + max_k - 1) / max_k, kc = ((K + chunks - 1) / chunks + 7) / 8 * 8;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-  for (int64_t blk = 0; blk < blocks; blk++) {
+  split_blocks((H + half - 1) / half, threads, [&](int64_t blk, bool more) {
     const int64_t n0 = blk * half, n1 = n0 + half < H ? n0 + half : H, nb = n1 - n0;
-    const int64_t next = n1 + half < H ? n1 + half : H;
+    const int64_t next = more ? (n1 + half < H ? n1 + half : H) : n1;
     const float *wg = w + n0 * K, *wu = w + (H + n0) * K;
     const float *pg = w + n1 * K, *pg_end = w + next * K;  // the next block's gate and up rows
     const float *pu = w + (H + n1) * K, *pu_end = w + (H + next) * K;
@@ -156,7 +154,7 @@ extern "C" void linear_silu_f32(const float* x, int64_t sx, const float* w, floa
       }
       for (int64_t m = 0; m < mr; m++) silu_mul_row(s + m * ss, s + m * ss + half, y + (m0 + m) * sy + n0, nb);
     }
-  }
+  });
 }
 """
 VERSION = hashlib.sha256(SOURCE.encode()).hexdigest()[:8]  # kept timings of another build are not used

@@ -85,6 +85,22 @@ def ref_silu(x, w):
     return (F.silu(gate) * up).float()
 
 
+@pytest.mark.parametrize("threads", [1, 3, 5])
+def test_each_block_is_computed_once_however_the_threads_share_them(threads):
+    # more threads than cores: a thread is often descheduled mid-call and the others take its
+    # blocks; K in two chunks, so a block computed twice would add its first chunk twice
+    g = torch.Generator().manual_seed(threads)
+    x, w = torch.randn(9, linear_cpu.MAX_K + 8, generator=g), torch.randn(7 * linear_cpu.BLOCK + 5, linear_cpu.MAX_K + 8, generator=g)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for _ in range(20):
+            torch.testing.assert_close(linear_cpu.matmul(x, w), ref(x, w, None), atol=1e-3, rtol=1e-4)
+            torch.testing.assert_close(linear_cpu.matmul_silu(x, w[:-1] / 30), ref_silu(x, w[:-1] / 30), atol=1e-5, rtol=1e-5)
+    finally:
+        torch.set_num_threads(saved)
+
+
 # (M, H, K), the gate/up weight [2H, K]: a decode's row, the default model at a decode batch and
 # past one pass of GATED_ROWS (33, 65: a 1-row tail of a pass), blocks with tails, K in chunks
 GATED = [(1, 1536, 576), (64, 1536, 576), (33, 100, 64), (65, 5, 16), (7, 13, linear_cpu.MAX_K + 8), (0, 24, 8)]
