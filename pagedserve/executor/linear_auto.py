@@ -6,7 +6,8 @@ AutoPlan(rows).decide(layer) -> Decision(seconds, routes, source, note), one per
   and only an idle one can move an M off oneDNN (routes_from: a backend on the dense weight,
   MKL or the C++ "dot" kernel, must win there by PREFER_MARGIN, or win at every M).
   A busy timing is taken once more after RETRY_WAIT_S; busy again, that shape and every
-  later one of this load serve oneDNN at every M, untimed, and nothing is kept.
+  later one of this load are not timed and nothing is kept: each serves the timings an earlier
+  load kept (taken idle) where there are some, else oneDNN at every M.
 - Kept timings are checked once a load (check(layers), before the first shape is decided):
   the largest kept shape is timed again at every M, each other one only at the smallest M
   timed warm (check_rows: a decode batch, a few milliseconds; where a contended minute had
@@ -109,18 +110,27 @@ class AutoPlan:
                      plan_cache.path(), self.checked)
             return Decision(kept, routes_from(kept, shared=not layer.owns_weight), "cache", self.checked or "")
         if self.busy:
-            return Decision({}, ONEDNN, "busy", f"oneDNN, not timed: {self.busy}")
+            return self._unsure(layer, {}, f"not timed: {self.busy}")
         timing = self.fresh.pop(layer.shape, None) or self._time(layer)
         if not timing.seconds:
             return Decision({}, [(None, "mkl")], "untimed", "oneDNN failed here")
         if (busy := timing.busy()) is not None:
             self.busy = f"the machine was busy at {n}x{k}: {busy}"
-            log.warning("linear %dx%d: timed while the machine was busy (%s): oneDNN at every M for "
-                        "this and every later shape, nothing kept (the next load times again)", n, k, busy)
-            return Decision(timing.seconds, ONEDNN, "busy", f"oneDNN, timings not kept: {busy}")
+            log.warning("linear %dx%d: timed while the machine was busy (%s): for this and every later "
+                        "shape the timings an earlier load kept, else oneDNN at every M; nothing kept "
+                        "(the next load times again)", n, k, busy)
+            return self._unsure(layer, timing.seconds, f"timings not kept: {busy}")
         plan_cache.store(key, timing.seconds)
         return Decision(timing.seconds, routes_from(timing.seconds, shared=not layer.owns_weight), "timed",
                         self.stale or "")
+
+    def _unsure(self, layer: Linear, seconds: dict[int, dict[str, float]], why: str) -> Decision:
+        """A shape the machine is too busy to time: the timings an earlier load kept serve (taken
+        idle, as where the check is too busy), else oneDNN at every M."""
+        if (kept := plan_cache.load(self._key(layer))) is not None:
+            return Decision(kept, routes_from(kept, shared=not layer.owns_weight), "cache",
+                            f"the kept timings serve (taken idle), {why}")
+        return Decision(seconds, ONEDNN, "busy", f"oneDNN, {why}")
 
     def _key(self, layer: Linear) -> str:
         return plan_cache.key(layer.shape, layer.weight.dtype, self.rows, timed_backends(layer))

@@ -145,6 +145,21 @@ def test_a_check_on_a_busy_machine_keeps_the_plan_and_says_so(timer):
     assert kept(SMALL) is None
 
 
+def test_a_timing_again_on_a_busy_machine_leaves_the_other_shapes_kept_timings_in_use(timer, caplog):
+    """The check finds the largest shape off and times it idle; the next shape, timed again,
+    finds the machine busy: its kept timings (taken idle) serve, not oneDNN, and stay kept."""
+    plant({BIG: STALE, SMALL: MIXED})
+    fake = timer(IDLE, others=[0.0, 0.5, 0.5])
+    with caplog.at_level(logging.WARNING, "pagedserve.executor"):
+        plan = plan_of_a_model()
+    assert fake.calls == [BIG, SMALL, SMALL]
+    assert plan[BIG].source == "timed" and plan[BIG].routes == [(None, "onednn")] and kept(BIG) == IDLE
+    assert plan[SMALL].source == "cache" and plan[SMALL].routes == [(8, "mkl"), (None, "onednn")]
+    assert plan[SMALL].seconds == MIXED and kept(SMALL) == MIXED
+    assert plan[SMALL].note.startswith("the kept timings serve (taken idle), timings not kept: other work took 50%")
+    assert any("earlier load kept, else oneDNN" in r.getMessage() for r in caplog.records)
+
+
 def test_timings_kept_before_the_idle_rule_are_not_used(timer):
     def old_key(*args):
         return plan_cache.key(*args).replace(f", {plan_cache.KEPT_HOW})", ")")
