@@ -37,8 +37,12 @@ GATE_UP = (3072, 576)
 def baseline(rev: str):
     """The linear_cpu module of git revision `rev`, its kernel built under its own name."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    text = subprocess.run(["git", "-C", root, "show", f"{rev}:pagedserve/kernels/linear_cpu.py"],
-                          check=True, capture_output=True, text=True).stdout
+    shown = subprocess.run(["git", "-C", root, "show", f"{rev}:pagedserve/kernels/linear_cpu.py"],
+                           capture_output=True, text=True)
+    if shown.returncode:
+        raise SystemExit(f"--baseline-rev {rev}: git has no pagedserve/kernels/linear_cpu.py there "
+                         f"({shown.stderr.strip()}); name a commit that has the kernel")
+    text = shown.stdout
     module = {"__name__": f"linear_cpu@{rev}"}
     exec(compile(text, f"{rev}:linear_cpu.py", "exec"), module)
     if module["_native"].get() is None:
@@ -57,8 +61,10 @@ def main() -> int:
     if (why := linear_cpu.unavailable_for("cpu", torch.float32)) is not None:
         raise SystemExit(why)
     cpu = cpu_info()
-    base = baseline(args.baseline_rev) if args.baseline_rev else None
     backends = args.backends.split(",")
+    if unknown := set(backends) - {"mkl", "onednn", "dot"}:
+        raise SystemExit(f"--backends: {', '.join(sorted(unknown))} unknown; choose among mkl, onednn, dot")
+    base = baseline(args.baseline_rev) if args.baseline_rev else None
     print(f"cpu {cpu['model_name']} [{' '.join(cpu['isa'])}], {torch.get_num_threads()} threads")
     results = []
     for (n, k), layers in SHAPES.items():
