@@ -104,13 +104,13 @@ class AutoPlan:
         key = self._key(layer)
         if self.checked is None and not self.stale:
             self.check([layer])
-        kept = None if self.stale else plan_cache.load(key)
-        if kept is not None:
+        kept = plan_cache.load(key)
+        if kept is not None and not self.stale:
             log.info("linear %dx%d: timings kept from an earlier load (%s), %s", n, k,
                      plan_cache.path(), self.checked)
             return Decision(kept, routes_from(kept, shared=not layer.owns_weight), "cache", self.checked or "")
         if self.busy:
-            return self._unsure(layer, {}, f"not timed: {self.busy}")
+            return self._unsure(layer, kept, {}, f"not timed: {self.busy}")
         timing = self.fresh.pop(layer.shape, None) or self._time(layer)
         if not timing.seconds:
             return Decision({}, [(None, "mkl")], "untimed", "oneDNN failed here")
@@ -119,15 +119,17 @@ class AutoPlan:
             log.warning("linear %dx%d: timed while the machine was busy (%s): for this and every later "
                         "shape the timings an earlier load kept, else oneDNN at every M; nothing kept "
                         "(the next load times again)", n, k, busy)
-            return self._unsure(layer, timing.seconds, f"timings not kept: {busy}")
+            return self._unsure(layer, kept, timing.seconds, f"timings not kept: {busy}")
         plan_cache.store(key, timing.seconds)
         return Decision(timing.seconds, routes_from(timing.seconds, shared=not layer.owns_weight), "timed",
                         self.stale or "")
 
-    def _unsure(self, layer: Linear, seconds: dict[int, dict[str, float]], why: str) -> Decision:
+    @staticmethod
+    def _unsure(layer: Linear, kept: dict[int, dict[str, float]] | None, seconds: dict[int, dict[str, float]],
+                why: str) -> Decision:
         """A shape the machine is too busy to time: the timings an earlier load kept serve (taken
         idle, as where the check is too busy), else oneDNN at every M."""
-        if (kept := plan_cache.load(self._key(layer))) is not None:
+        if kept is not None:
             return Decision(kept, routes_from(kept, shared=not layer.owns_weight), "cache",
                             f"the kept timings serve (taken idle), {why}")
         return Decision(seconds, ONEDNN, "busy", f"oneDNN, {why}")
