@@ -22,7 +22,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -31,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 
 from pagedserve.benchmarks.cpu_info import cpu_info, describe
+from pagedserve.benchmarks.revision import module_at
 from pagedserve.kernels import native_build, paged_decode_cpu
 
 NUM_HEADS, KV_HEADS, HEAD = 9, 3, 64
@@ -92,11 +92,7 @@ def build(march: str, baseline_rev: str | None) -> dict:
         os.environ["PAGEDSERVE_NATIVE_MARCH"] = march
     kernels = {"this": paged_decode_cpu._build()}
     if baseline_rev:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        text = subprocess.run(["git", "-C", root, "show", f"{baseline_rev}:pagedserve/kernels/paged_decode_cpu.py"],
-                              check=True, capture_output=True, text=True).stdout
-        module = {}
-        exec(compile(text, f"{baseline_rev}:paged_decode_cpu.py", "exec"), module)
+        module = module_at(baseline_rev, "pagedserve/kernels/paged_decode_cpu.py")
         kernels[baseline_rev] = native_build.load("paged_attention_cpu_baseline", module["SOURCE"])
         if kernels[baseline_rev] is not None:
             paged_decode_cpu.set_argtypes(kernels[baseline_rev])

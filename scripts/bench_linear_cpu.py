@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -25,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from pagedserve.benchmarks.revision import module_at  # noqa: E402
 from pagedserve.executor.linear import Linear  # noqa: E402
 from pagedserve.kernels import linear_cpu  # noqa: E402
 from pagedserve.wire.cpu_info import cpu_info  # noqa: E402
@@ -34,17 +34,9 @@ MAX_FLOP = 2e10  # per shape and row count, one round over its layers at most th
 GATE_UP = (3072, 576)
 
 
-def baseline(rev: str):
-    """The linear_cpu module of git revision `rev`, its kernel built under its own name."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    shown = subprocess.run(["git", "-C", root, "show", f"{rev}:pagedserve/kernels/linear_cpu.py"],
-                           capture_output=True, text=True)
-    if shown.returncode:
-        raise SystemExit(f"--baseline-rev {rev}: git has no pagedserve/kernels/linear_cpu.py there "
-                         f"({shown.stderr.strip()}); name a commit that has the kernel")
-    text = shown.stdout
-    module = {"__name__": f"linear_cpu@{rev}"}
-    exec(compile(text, f"{rev}:linear_cpu.py", "exec"), module)
+def baseline(rev: str) -> dict:
+    """The linear_cpu module of git revision `rev`, its kernel built (keyed by its own source)."""
+    module = module_at(rev, "pagedserve/kernels/linear_cpu.py")
     if module["_native"].get() is None:
         raise SystemExit(f"the C++ linear kernel of {rev} does not build")
     return module
@@ -69,7 +61,7 @@ def main() -> int:
     results = []
     for (n, k), layers in SHAPES.items():
         weights = [Linear(torch.randn(n, k) * 0.05) for _ in range(layers)]
-        for w in weights:
+        for w in weights if "onednn" in backends else []:
             w.route([(None, "onednn")])  # oneDNN's copy made; the dense weight stays for mkl and dot
         for m in map(int, args.rows.split(",")):
             use = max(1, min(layers, int(MAX_FLOP // (2 * m * n * k))))
