@@ -25,7 +25,7 @@ from pagedserve.executor.config import ExecutorConfig
 from pagedserve.gateway.config import GATEWAY_PORT, STOP_AFTER_DRAIN_S, GatewayConfig
 from pagedserve.memsvc.config import MemsvcConfig
 from pagedserve.rpc.internal_auth import new_token
-from pagedserve.rpc.ports import free_port
+from pagedserve.rpc.ports import free_port, reserve
 from pagedserve.rpc.tls import TlsConfig
 from pagedserve.rpc.tracing import TracingConfig
 from pagedserve.wire.settings import add_flags, from_args, secret_env, setting, to_argv
@@ -99,6 +99,8 @@ def service_specs(args, host: str = "127.0.0.1"):
         token = new_token()
         memsvc, executor, gateway = (dataclasses.replace(c, internal_token=token)
                                      for c in (memsvc, executor, gateway))
+    reserve(*range(serve.port, serve.port + serve.gateways), serve.memsvc_port, serve.executor_port,
+            gateway.http_port, gateway.metrics_port or 0)
     metrics_elsewhere = None if gateway.metrics_port is None else 0
     # the first gateway's HTTP /metrics includes every replica's memsvc and executor, so
     # they always get a (free) metrics port the gateway is told about

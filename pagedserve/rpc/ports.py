@@ -4,7 +4,8 @@ listens on, for the caller to hand to a service that binds it later.
 A port the kernel picks with bind(0) comes from the ephemeral range, which is also where every
 outgoing connection takes its local port: in the seconds before the service binds, any client
 in the machine can take it. So the ports are drawn outside that range (read from
-/proc/sys/net/ipv4/ip_local_port_range), and one process never hands out the same port twice.
+/proc/sys/net/ipv4/ip_local_port_range), and one process never hands out the same port twice,
+nor one it was told is spoken for (`reserve`: ports the user named, not bound yet).
 """
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ def _binds(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def reserve(*ports: int) -> None:
+    """Never hand out these ports (0, "any port", is ignored): a port named for a service that
+    binds it later is free now, and a drawn port that met it would keep that service from binding."""
+    with _lock:
+        _given.update(p for p in ports if p)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

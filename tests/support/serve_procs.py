@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from types import SimpleNamespace
@@ -24,10 +25,10 @@ CLI = [sys.executable, "-m", "pagedserve.cli"]
 TOKEN = new_token()  # the internal token of the services these tests start
 
 
-def start(*args: str, stdout=None) -> subprocess.Popen:
+def start(*args: str, stdout=None, stderr=None) -> subprocess.Popen:
     """`python -m pagedserve.cli ARGS` in its own process group, given the internal TOKEN."""
-    return subprocess.Popen([*CLI, *args], cwd=ROOT, stdout=stdout, text=True, process_group=0,
-                            env=dict(os.environ, **{TOKEN_ENV: TOKEN}))
+    return subprocess.Popen([*CLI, *args], cwd=ROOT, stdout=stdout, stderr=stderr, text=True,
+                            process_group=0, env=dict(os.environ, **{TOKEN_ENV: TOKEN}))
 
 
 def children(pid: int) -> list[int]:
@@ -76,36 +77,50 @@ def stop(procs: list[subprocess.Popen], grace: float = 20.0) -> None:
             p.wait()
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> None:
-    """Until `url`/health answers 200; RuntimeError if `proc` exits first."""
+def tail(path: str | None, lines: int = 40) -> str:
+    """The last `lines` lines of the file at `path`, to put in an error ("" without one)."""
+    if path is None:
+        return ""
+    with open(path, errors="replace") as f:
+        return "\n--- its output, last lines ---\n" + "".join(f.readlines()[-lines:])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300.0, log: str | None = None) -> None:
+    """Until `url`/health answers 200; RuntimeError if `proc` exits first. The error ends with
+    the tail of `log`, the file proc writes its output to, if given."""
     import httpx
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"serve exited with {proc.returncode}")
+            raise RuntimeError(f"serve exited with {proc.returncode}{tail(log)}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.3)
-    raise TimeoutError(f"{url}/health was not 200 after {timeout:.0f}s")
+    raise TimeoutError(f"{url}/health was not 200 after {timeout:.0f}s{tail(log)}")
 
 
 @contextlib.contextmanager
 def serving_http(*args: str):
     """`pagedserve serve ARGS` with the HTTP API on a free port, once healthy: `url`, `port`
-    (gRPC), `memsvc_port`, `proc`; its services take TOKEN. Always stopped."""
+    (gRPC), `memsvc_port`, `proc`; its services take TOKEN. Always stopped. Its output goes to
+    a file, printed when it stops (pytest shows it beside a failure) and ending the error if
+    it never becomes healthy."""
     ports = SimpleNamespace(port=free_port(), memsvc_port=free_port(), http_port=free_port())
-    proc = start("serve", "--port", str(ports.port), "--memsvc-port", str(ports.memsvc_port),
-                 "--http-port", str(ports.http_port), *args)
-    try:
-        url = f"http://127.0.0.1:{ports.http_port}"
-        wait_healthy(url, proc)
-        yield SimpleNamespace(url=url, proc=proc, **vars(ports))
-    finally:
-        stop([proc])
+    with tempfile.NamedTemporaryFile("w+", prefix="pagedserve-serve-", suffix=".log") as log:
+        proc = start("serve", "--port", str(ports.port), "--memsvc-port", str(ports.memsvc_port),
+                     "--http-port", str(ports.http_port), *args, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{ports.http_port}"
+            wait_healthy(url, proc, log=log.name)
+            yield SimpleNamespace(url=url, proc=proc, **vars(ports))
+        finally:
+            stop([proc])
+            log.seek(0)
+            sys.stdout.write(log.read())
 
 
 @contextlib.contextmanager

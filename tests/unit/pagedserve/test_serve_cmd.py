@@ -106,6 +106,29 @@ def test_wiring_points_the_services_at_each_other():
     assert gateway.port == 7100 and specs[-1].address == "127.0.0.1:7100"
 
 
+def test_a_port_serve_draws_is_never_one_named_on_its_command_line(monkeypatch):
+    """The named ports are free while serve draws the others (nothing binds them yet): every
+    draw landing on one of them is refused, else a service could not bind (a health check that
+    never answers)."""
+    from pagedserve.rpc import ports
+
+    named = [ports.free_port() for _ in range(4)]  # free ports, so a draw can land on them
+    draws = iter(named * 3 + list(range(20000, 30000)))
+    monkeypatch.setattr(ports._random, "choice", lambda spans: spans[0])
+    monkeypatch.setattr(ports._random, "randint", lambda a, b: next(draws))
+    monkeypatch.setattr(ports, "_given", set())
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (40000, 60999))
+    gateway_port, memsvc_port, http_port, metrics_port = named
+    specs = service_specs(build_parser().parse_args(
+        ["serve", "--port", str(gateway_port), "--memsvc-port", str(memsvc_port),
+         "--http-port", str(http_port), "--metrics-port", str(metrics_port)]))
+    memsvc, executor, gateway = (child_config(s)[1] for s in specs)
+    used = [memsvc.port, memsvc.metrics_port, executor.port, executor.metrics_port,
+            gateway.port, gateway.http_port, gateway.metrics_port]
+    assert len(set(used)) == len(used), used
+    assert (gateway.port, memsvc.port, gateway.http_port, gateway.metrics_port) == tuple(named)
+
+
 def test_the_api_key_travels_by_environment_not_on_the_command_line():
     gateway = service_specs(build_parser().parse_args(["serve", "--api-key", "s3cret"]))[-1]
     assert "s3cret" not in " ".join(gateway.argv)

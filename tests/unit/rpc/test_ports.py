@@ -1,4 +1,4 @@
-"""free_port: outside the kernel's ephemeral range, free, and never handed out twice."""
+"""free_port: outside the kernel's ephemeral range, free, never handed out twice, never a reserved one."""
 import socket
 
 from pagedserve.rpc import ports
@@ -30,3 +30,14 @@ def test_the_range_falls_back_to_linuxs_default(tmp_path):
     assert ephemeral_range(str(tmp_path / "missing")) == (32768, 60999)
     (tmp_path / "range").write_text("20000\t40000\n")
     assert ephemeral_range(str(tmp_path / "range")) == (20000, 40000)
+
+
+def test_a_reserved_port_is_not_given_though_it_is_free(monkeypatch):
+    named = free_port()
+    draws = iter([named, named, *range(named + 1, named + 500)])
+    monkeypatch.setattr(ports, "_given", set())
+    monkeypatch.setattr(ports._random, "randint", lambda a, b: next(draws))
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (named + 2000, 65535))
+    ports.reserve(named, 0)
+    assert free_port() not in (named, 0)
+    assert 0 not in ports._given
