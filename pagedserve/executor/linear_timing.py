@@ -42,8 +42,12 @@ log = logging.getLogger("pagedserve.executor")
 @dataclass
 class Timing:
     """Seconds per call by M and backend (empty: oneDNN failed here), the largest spread of
-    one backend's rounds at one M (slowest over fastest), and the share of this process's CPUs
-    other work took while it ran (None: unknown)."""
+    one backend's rounds at one warm M (the second fastest over the fastest), and the share of
+    this process's CPUs other work took while it ran (None: unknown).
+    One slow round is noise the best of the rounds already drops, and a cold call at a few rows
+    is noisy by design: on an idle AMD EPYC 26/2 one round of three came out up to 2.25x slower
+    (oneDNN, 576x1536 at 512 rows) and cold one-row rounds up to 1.6x apart (MKL): that marked
+    5 of 12 idle loads busy; this spread, 0 of 12 (BENCHMARKS.md, issue 44)."""
 
     seconds: dict[int, dict[str, float]] = field(default_factory=dict)
     spread: float = 1.0
@@ -120,5 +124,6 @@ def time_shape(layer: Linear, rows: tuple[int, ...]) -> Timing:
                             n, k, m, e)
                 return Timing()
             seconds[m] = {b: min(r) for b, r in rounds.items()}
-            spread = max(spread, *(max(r) / max(min(r), 1e-9) for r in rounds.values()))
+            if m >= COLD_BELOW:
+                spread = max(spread, *(sorted(r)[1] / max(min(r), 1e-9) for r in rounds.values()))
     return Timing(seconds, spread, watch.share())
