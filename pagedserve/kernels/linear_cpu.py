@@ -1,8 +1,9 @@
 """y = x @ weight.T (+ bias) in C++ on the weight as stored, for the CPU float32 linear layers.
 
-matmul(x [M, K], weight [N, K], bias) -> [M, N]: each output is a dot product over K, eight
-lanes at a time, in tiles of 4 rows of x by 3 rows of the weight (twelve accumulators, all in
-registers on AVX2), the weight walked in blocks of BLOCK rows split over OpenMP threads (a thread
+matmul(x [M, K], weight [N, K], bias) -> [M, N]: each output is a dot product over K, in tiles
+of 4 rows of x by 3 rows of the weight (twelve accumulators in registers), 16 lanes at a time
+where the target has AVX-512, else 8 (on an AMD EPYC 26/2 the 16-lane tiles took a decode
+batch's matmuls from 240-265 to 335-420 GFLOP/s, BENCHMARKS.md, issue 44), the weight walked in blocks of BLOCK rows split over OpenMP threads (a thread
 done early takes the rest of another's share: pagedserve/kernels/block_split_cpu.py), each
 block read once and used for every row of x, four rows at a time (K cut in chunks of at most
 MAX_K). It needs no copy of the weight: a layer routed
@@ -29,6 +30,7 @@ SOURCE = silu_row_cpu.SOURCE + block_split_cpu.SOURCE + r"""
 // Built by pagedserve/kernels/linear_cpu.py (pagedserve/kernels/native_build.py); plain C ABI.
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 constexpr int PREFETCH_LINES = 8;
 
@@ -41,6 +43,21 @@ typedef int vi8 __attribute__((vector_size(32)));
 #endif
 
 static inline v8 load8(const float* p) { v8 v; memcpy(&v, p, 32); return v; }
+
+// The vectors of a tile of 4 rows of x: 16 lanes where the target has AVX-512 (its 32 vector
+// registers hold them), else 8. A one-row tile waits on memory: 8 lanes (16 measured 5-10% slower).
+#if defined(__AVX512F__)
+typedef float v16 __attribute__((vector_size(64)));
+typedef v16 vrows;
+#define KEEP(v) asm("" : "+v"(v))
+static inline v8 fold(v16 v) { v8 lo, hi; memcpy(&lo, &v, 32); memcpy(&hi, (const char*)&v + 32, 32); return lo + hi; }
+#else
+typedef v8 vrows;
+#define KEEP(v) asm("" : "+x"(v))
+#endif
+static inline v8 fold(v8 v) { return v; }
+template <class V> static inline V loadv(const float* p) { V v; memcpy(&v, p, sizeof v); return v; }
+template <class V> static inline V load_low8(const float* p) { V v = {}; memcpy(&v, p, 32); return v; }  // upper lanes 0
 
 // lane i of the result: the sum of the lanes of v_i
 static inline v8 sums8(v8 v0, v8 v1, v8 v2, v8 v3, v8 v4, v8 v5, v8 v6, v8 v7) {
@@ -55,27 +72,38 @@ static inline v8 sums8(v8 v0, v8 v1, v8 v2, v8 v3, v8 v4, v8 v5, v8 v6, v8 v7) {
 
 // MR rows of x by NR rows of w; the empty asm statements keep each loaded vector in a
 // register (else the compiler folds the weight's loads into every FMA: 16 loads for 12 FMAs)
-template <int MR, int NR>
-static inline void tile(const float* x, int64_t sx, const float* w, int64_t sw, int64_t K,
-                        const float* b, float* y, int64_t sy, bool add) {
-  v8 acc[MR * NR] = {};
+template <int MR, int NR, class V = typename std::conditional<MR == 1, v8, vrows>::type>
+__attribute__((noinline)) static void tile(const float* x, int64_t sx, const float* w, int64_t sw, int64_t K,
+                                           const float* b, float* y, int64_t sy, bool add) {
+  constexpr int64_t VW = sizeof(V) / sizeof(float);
+  V acc[MR * NR] = {};
+  int64_t k = 0;
 #pragma GCC unroll 4
-  for (int64_t k = 0; k < K; k += 8) {
-    v8 wv[NR];
-    for (int j = 0; j < NR; j++) { wv[j] = load8(w + j * sw + k); asm("" : "+x"(wv[j])); }
+  for (; k + VW <= K; k += VW) {
+    V wv[NR];
+    for (int j = 0; j < NR; j++) { wv[j] = loadv<V>(w + j * sw + k); KEEP(wv[j]); }
     for (int i = 0; i < MR; i++) {
-      v8 a = load8(x + i * sx + k);
-      asm("" : "+x"(a));
+      V a = loadv<V>(x + i * sx + k);
+      KEEP(a);
+      for (int j = 0; j < NR; j++) acc[i * NR + j] += a * wv[j];
+    }
+  }
+  if (VW > 8 && k < K) {  // K % 16 == 8: one half step, the upper lanes zero
+    V wv[NR];
+    for (int j = 0; j < NR; j++) wv[j] = load_low8<V>(w + j * sw + k);
+    for (int i = 0; i < MR; i++) {
+      V a = load_low8<V>(x + i * sx + k);
       for (int j = 0; j < NR; j++) acc[i * NR + j] += a * wv[j];
     }
   }
   float out[16];
-  v8 z = {};
+  v8 z = {}, h[MR * NR];
+  for (int t = 0; t < MR * NR; t++) h[t] = fold(acc[t]);
   for (int t = 0; t < MR * NR; t += 8) {
-    v8 s = sums8(acc[t], t + 1 < MR * NR ? acc[t + 1] : z, t + 2 < MR * NR ? acc[t + 2] : z,
-                 t + 3 < MR * NR ? acc[t + 3] : z, t + 4 < MR * NR ? acc[t + 4] : z,
-                 t + 5 < MR * NR ? acc[t + 5] : z, t + 6 < MR * NR ? acc[t + 6] : z,
-                 t + 7 < MR * NR ? acc[t + 7] : z);
+    v8 s = sums8(h[t], t + 1 < MR * NR ? h[t + 1] : z, t + 2 < MR * NR ? h[t + 2] : z,
+                 t + 3 < MR * NR ? h[t + 3] : z, t + 4 < MR * NR ? h[t + 4] : z,
+                 t + 5 < MR * NR ? h[t + 5] : z, t + 6 < MR * NR ? h[t + 6] : z,
+                 t + 7 < MR * NR ? h[t + 7] : z);
     memcpy(out + t, &s, 32);
   }
   for (int i = 0; i < MR; i++)
