@@ -50,10 +50,12 @@ static inline v8 load8(const float* p) { v8 v; memcpy(&v, p, 32); return v; }
 typedef float v16 __attribute__((vector_size(64)));
 typedef v16 vrows;
 #define KEEP(v) asm("" : "+v"(v))
+#define TILE __attribute__((noinline)) static  // inlined in the gated kernel it spilled 624 vectors
 static inline v8 fold(v16 v) { v8 lo, hi; memcpy(&lo, &v, 32); memcpy(&hi, (const char*)&v + 32, 32); return lo + hi; }
 #else
 typedef v8 vrows;
 #define KEEP(v) asm("" : "+x"(v))
+#define TILE static inline  // (a call per tile cost 8-12% at 64 rows on AVX2)
 #endif
 static inline v8 fold(v8 v) { return v; }
 template <class V> static inline V loadv(const float* p) { V v; memcpy(&v, p, sizeof v); return v; }
@@ -73,13 +75,13 @@ static inline v8 sums8(v8 v0, v8 v1, v8 v2, v8 v3, v8 v4, v8 v5, v8 v6, v8 v7) {
 // MR rows of x by NR rows of w; the empty asm statements keep each loaded vector in a
 // register (else the compiler folds the weight's loads into every FMA: 16 loads for 12 FMAs)
 template <int MR, int NR, class V = typename std::conditional<MR == 1, v8, vrows>::type>
-__attribute__((noinline)) static void tile(const float* x, int64_t sx, const float* w, int64_t sw, int64_t K,
-                                           const float* b, float* y, int64_t sy, bool add) {
+TILE void tile(const float* x, int64_t sx, const float* w, int64_t sw, int64_t K,
+               const float* b, float* y, int64_t sy, bool add) {
   constexpr int64_t VW = sizeof(V) / sizeof(float);
   V acc[MR * NR] = {};
   int64_t k = 0;
 #pragma GCC unroll 4
-  for (; k + VW <= K; k += VW) {
+  for (; VW == 8 ? k < K : k + VW <= K; k += VW) {  // K % 8 == 0 (each form as it compiles fastest)
     V wv[NR];
     for (int j = 0; j < NR; j++) { wv[j] = loadv<V>(w + j * sw + k); KEEP(wv[j]); }
     for (int i = 0; i < MR; i++) {
@@ -97,14 +99,22 @@ __attribute__((noinline)) static void tile(const float* x, int64_t sx, const flo
     }
   }
   float out[16];
-  v8 z = {}, h[MR * NR];
-  for (int t = 0; t < MR * NR; t++) h[t] = fold(acc[t]);
-  for (int t = 0; t < MR * NR; t += 8) {
-    v8 s = sums8(h[t], t + 1 < MR * NR ? h[t + 1] : z, t + 2 < MR * NR ? h[t + 2] : z,
-                 t + 3 < MR * NR ? h[t + 3] : z, t + 4 < MR * NR ? h[t + 4] : z,
-                 t + 5 < MR * NR ? h[t + 5] : z, t + 6 < MR * NR ? h[t + 6] : z,
-                 t + 7 < MR * NR ? h[t + 7] : z);
-    memcpy(out + t, &s, 32);
+  const auto put = [&](const v8* h) {
+    const v8 z = {};
+    for (int t = 0; t < MR * NR; t += 8) {
+      v8 s = sums8(h[t], t + 1 < MR * NR ? h[t + 1] : z, t + 2 < MR * NR ? h[t + 2] : z,
+                   t + 3 < MR * NR ? h[t + 3] : z, t + 4 < MR * NR ? h[t + 4] : z,
+                   t + 5 < MR * NR ? h[t + 5] : z, t + 6 < MR * NR ? h[t + 6] : z,
+                   t + 7 < MR * NR ? h[t + 7] : z);
+      memcpy(out + t, &s, 32);
+    }
+  };
+  if constexpr (sizeof(V) == sizeof(v8)) {
+    put(acc);
+  } else {  // each sum's 16 lanes folded to 8 first
+    v8 h[MR * NR];
+    for (int t = 0; t < MR * NR; t++) h[t] = fold(acc[t]);
+    put(h);
   }
   for (int i = 0; i < MR; i++)
     for (int j = 0; j < NR; j++) y[i * sy + j] = (add ? y[i * sy + j] : 0.0f) + out[i * NR + j] + (b ? b[j] : 0.0f);
