@@ -93,7 +93,8 @@ class ExecutorConfig:
                                              "--simulate, this wins over its roofline", metavar="MS")
     hold_readback: bool = setting(False, "keep each step's sampled tokens pending until the next step "
                                   "has been launched, as a GPU's are (that step reads its fed tokens "
-                                  "from them): the GPU's order of calls, rehearsed on a CPU; slower there")
+                                  "from them), or half a second has passed: the GPU's order of calls, "
+                                  "rehearsed on a CPU; slower there")
     grammar_cache_bytes: int = setting(256 << 20, "compiled grammars (structured output) kept for "
                                        "reuse, in bytes, least recently used out; 0: none kept",
                                        metavar="BYTES")

@@ -69,6 +69,9 @@ from pagedserve.wire.v1 import executor_pb2, executor_pb2_grpc
 
 SERVICE_NAME = "pagedserve.v1.Executor"
 DRAIN_IDLE_S = 2.0  # longer than a gateway's probe interval (1 s): all have seen NOT_SERVING
+HOLD_READBACK_S = 0.5  # --hold-readback: a step's outputs wait this long at most for the next
+# step (a gateway sends it ahead within milliseconds, or not at all and waits for these outputs);
+# held only as long as the pass took, a gateway slower than a short pass fed nothing on the device
 log = get_logger("executor")
 
 
@@ -104,9 +107,9 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             self.last_call = time.monotonic()
 
     def set_ready(self, executor, info: ModelInfo, tokenizer_files: dict[str, bytes],
-                  pool_epoch: str | None = None) -> None:
+                  pool_epoch: str | None = None, hold_s: float = 0.0) -> None:
         self.executor = executor
-        self.merger = StepMerger(_launch_of(executor), self.metrics.merged_calls.inc)
+        self.merger = StepMerger(_launch_of(executor), self.metrics.merged_calls.inc, hold_s=hold_s)
         self.info_message = convert.model_info_to_proto(info, tokenizer_files)
         self.pool_epoch = pool_epoch
         self.states = SequenceStates(info.kv.block_size)
@@ -281,7 +284,8 @@ def bring_up(config: ExecutorConfig, service: Service, servicer: ExecutorService
             if captured:
                 log.info("captured %d CUDA graph buckets", captured)
             GraphSteps(executor, servicer.metrics.registry)
-    servicer.set_ready(executor, info, read_tokenizer_files(info.tokenizer_dir), pool_id)
+    servicer.set_ready(executor, info, read_tokenizer_files(info.tokenizer_dir), pool_id,
+                       hold_s=HOLD_READBACK_S if config.hold_readback else 0.0)
     freeze_heap()
     service.set_serving(True)
     log.info("pool mapped (%d blocks of %d tokens); serving", handle.num_blocks, info.kv.block_size)

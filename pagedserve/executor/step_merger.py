@@ -76,8 +76,11 @@ class StepMerger:
 
     def __init__(self, launch: Callable[[StepBatch], Launched],
                  on_merged: Callable[[int], None] | None = None, window: float = 0.25,
-                 max_wait_s: float = 0.02):
+                 max_wait_s: float = 0.02, hold_s: float = 0.0):
         self.launch = launch
+        # pending outputs with no end of their own count as running at least this long (a CPU's
+        # held readback: the next step, when it comes within it, reads its fed tokens from them)
+        self.hold_s = hold_s
         self.on_merged = on_merged  # called with the number of calls a merged pass served
         self.window = window
         self.max_wait_s = max_wait_s
@@ -169,7 +172,7 @@ class StepMerger:
             return None
         launched.started = started
         if isinstance(launched.outputs, PendingOutputs):  # ends about as long after as the last pass took
-            launched.ends_at = launched.ends_at or time.monotonic() + self._last_pass_s
+            launched.ends_at = launched.ends_at or time.monotonic() + max(self._last_pass_s, self.hold_s)
             if self._waiter is None:
                 self._waiter = threading.Thread(target=self._wait_on_device, name="pagedserve-readback",
                                                 daemon=True)

@@ -233,6 +233,33 @@ def test_pending_outputs_are_read_after_the_next_pass_is_launched_and_answered_b
     assert answered["b"].seq_ids == ["b"]
 
 
+def test_held_outputs_wait_for_the_next_pass_up_to_the_hold_however_short_the_last_pass(monkeypatch):
+    """A CPU's held readback (the executor's --hold-readback): with a pass that took no time, "a"
+    would be answered (its outputs read) at once; held, "b" coming 50 ms later still reads from it."""
+    monkeypatch.setattr(step_merger, "LAUNCH_MARGIN_S", 0.0)
+    log, sources = [], []
+
+    def launch(batch):
+        sources.append(HeldSource(batch, log))
+        log.append(("launch", batch.seq_ids[0]))
+        return Launched(PendingOutputs(sources[-1], 0, len(sources[-1].ids)), 0.0)
+
+    merger = StepMerger(launch, hold_s=2.0)
+    threads = [threading.Thread(target=merger.run, args=(batch(step(name)), name)) for name in "ab"]
+    threads[0].start()
+    while not sources:
+        time.sleep(0.001)
+    time.sleep(0.05)
+    threads[1].start()
+    while len(sources) < 2:
+        time.sleep(0.001)
+    sources[1].ended.set()
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
+    assert log[:3] == [("launch", "a"), ("launch", "b"), ("read", "a")]
+
+
 def test_a_failed_launch_behind_a_running_pass_fails_its_caller_only():
     device = BehindDevice(0.5)
     calls = []
