@@ -2,9 +2,9 @@
 
 matmul(x [M, K], weight [N, K], bias) -> [M, N]: each output is a dot product over K, in tiles
 of 4 rows of x by 3 rows of the weight (twelve accumulators in registers), 16 lanes at a time
-where the target has AVX-512, else 8 (on an AMD EPYC 26/2 the 16-lane tiles took a decode
-batch's matmuls from 240-265 to 335-420 GFLOP/s, BENCHMARKS.md, issue 44), the weight walked in blocks of BLOCK rows split over OpenMP threads (a thread
-done early takes the rest of another's share: pagedserve/kernels/block_split_cpu.py), each
+where the target has AVX-512, else 8 (on an AMD EPYC 26/2, 64 rows: 231-247 -> 309-387
+GFLOP/s, BENCHMARKS.md, issue 44), the weight walked in blocks of BLOCK rows split over
+OpenMP threads (a thread done early takes the rest of another's share: pagedserve/kernels/block_split_cpu.py), each
 block read once and used for every row of x, four rows at a time (K cut in chunks of at most
 MAX_K). It needs no copy of the weight: a layer routed
 here and to MKL (F.linear) holds one dense weight, where oneDNN holds its own packed copy.
@@ -41,8 +41,6 @@ typedef int vi8 __attribute__((vector_size(32)));
 #else
 #define SHUF(a, b, ...) __builtin_shuffle(a, b, (vi8){__VA_ARGS__})
 #endif
-
-static inline v8 load8(const float* p) { v8 v; memcpy(&v, p, 32); return v; }
 
 // The vectors of a tile of 4 rows of x: 16 lanes where the target has AVX-512 (its 32 vector
 // registers hold them), else 8. A one-row tile waits on memory: 8 lanes (16 measured 5-10% slower).
