@@ -197,16 +197,19 @@ class HeldSource:
         return StepOutputs(self.ids, [len(self.log)] * len(self.ids))
 
 
-def test_pending_outputs_are_read_after_the_next_pass_is_launched_and_answered_by_their_caller(monkeypatch):
-    monkeypatch.setattr(step_merger, "LAUNCH_MARGIN_S", 0.0)
-    log, sources = [], []
-
+def held_launch(log, sources, seconds):
+    """A launch whose outputs are held on a device (HeldSource), each logged and kept in `sources`."""
     def launch(batch):
         sources.append(HeldSource(batch, log))
         log.append(("launch", batch.seq_ids[0]))
-        return Launched(PendingOutputs(sources[-1], 0, len(sources[-1].ids)), 0.001)
+        return Launched(PendingOutputs(sources[-1], 0, len(sources[-1].ids)), seconds)
+    return launch
 
-    merger = StepMerger(launch)
+
+def test_pending_outputs_are_read_after_the_next_pass_is_launched_and_answered_by_their_caller(monkeypatch):
+    monkeypatch.setattr(step_merger, "LAUNCH_MARGIN_S", 0.0)
+    log, sources = [], []
+    merger = StepMerger(held_launch(log, sources, 0.001))
     merger._last_pass_s = 30.0  # "a" would end long after "b" comes
     answered = {}
 
@@ -238,13 +241,7 @@ def test_held_outputs_wait_for_the_next_pass_up_to_the_hold_however_short_the_la
     would be answered (its outputs read) at once; held, "b" coming 50 ms later still reads from it."""
     monkeypatch.setattr(step_merger, "LAUNCH_MARGIN_S", 0.0)
     log, sources = [], []
-
-    def launch(batch):
-        sources.append(HeldSource(batch, log))
-        log.append(("launch", batch.seq_ids[0]))
-        return Launched(PendingOutputs(sources[-1], 0, len(sources[-1].ids)), 0.0)
-
-    merger = StepMerger(launch, hold_s=2.0)
+    merger = StepMerger(held_launch(log, sources, 0.0), hold_s=2.0)
     threads = [threading.Thread(target=merger.run, args=(batch(step(name)), name)) for name in "ab"]
     threads[0].start()
     while not sources:
