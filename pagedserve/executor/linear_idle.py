@@ -9,7 +9,8 @@ watch is too short for its 1/100 s ticks (MIN_WATCH_S).
 why_busy(others, spread) says why a timing is not an idle one, or None: other work took more
 than OTHERS_LIMIT of the CPUs, or one backend's rounds at one M differ by more than
 SPREAD_LIMIT (pagedserve.executor.linear_timing.Timing says how the spread is taken). Only idle
-timings are kept (pagedserve.executor.linear_plan_cache), and only they can move a shape off oneDNN (pagedserve.executor.linear_auto; issue 44: a plan timed while
+timings are kept (pagedserve.executor.linear_plan_cache), and only they can move a shape off
+oneDNN (pagedserve.executor.linear_auto; issue 44: a plan timed while
 other work ran was kept for good and sent half the model's FLOPs to the slower backend).
 """
 from __future__ import annotations
