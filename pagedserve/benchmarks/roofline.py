@@ -42,14 +42,13 @@ def step_matmul_rate(shapes: dict[tuple[int, int], int], rows: int, trials: int 
     import torch
 
     from pagedserve.executor.linear import Linear
-    from pagedserve.executor.linear_timing import timed_backends
+    from pagedserve.executor.linear_timing import prepare_timed
 
     flops = seconds = 0.0
     per_shape = {}
     for (n, k), layers in shapes.items():
         layer, x = Linear(torch.randn(n, k)), torch.randn(rows, k)
-        layer.route([(None, "onednn")])  # oneDNN's copy made; the dense weight stays for the others
-        backends = [b for b in timed_backends(layer) if b != "onednn" or layer.packed is not None]
+        backends = prepare_timed(layer)  # each copy made; the dense weight stays for the others
         calls = {b: (lambda b=b: layer.run(b, x)) for b in backends}
         reps = max(1, min(MAX_REPS, int(trial_flop // (2 * rows * n * k))))
         best = {}

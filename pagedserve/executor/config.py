@@ -19,7 +19,7 @@ from pagedserve.rpc.tracing import TracingConfig
 EXECUTOR_PORT = 50053
 DTYPES = DTYPE_CHOICES  # "auto": float32 on the CPU, bfloat16 on a GPU (pagedserve.pool_share.device)
 # pagedserve.executor.linear_backend.CHOICES (no torch here)
-LINEAR_BACKENDS = ("auto", "mkl", "onednn", "dot", "int8", "int4")
+LINEAR_BACKENDS = ("auto", "mkl", "onednn", "dot", "panel", "int8", "int4")
 
 
 @dataclass
@@ -52,10 +52,11 @@ class ExecutorConfig:
                                             "memsvc win over it); ignored on a CPU", metavar="FRACTION")
     device: str = setting("auto", DEVICE_HELP)
     linear_backend: str = setting("auto", "how the linear layers multiply (auto: each weight shape "
-                                  "timed at load through mkl, onednn and dot, the faster kept per "
-                                  "row count; mkl: F.linear; onednn: oneDNN with prepacked "
+                                  "timed at load through mkl, onednn, dot and panel, the faster kept "
+                                  "per row count; mkl: F.linear; onednn: oneDNN with prepacked "
                                   "weights, CPU float32; dot: pagedserve's C++ kernel on the "
-                                  "weights as stored, CPU float32; int8: per-channel int8 weights with bfloat16 "
+                                  "weights as stored, CPU float32; panel: pagedserve's C++ kernel "
+                                  "on weights packed in column panels, CPU float32; int8: per-channel int8 weights with bfloat16 "
                                   "activations, CPU, not exact: opt-in, its accuracy in "
                                   "BENCHMARKS.md; int4: a Q4_1 GGUF's own 4-bit weights (the "
                                   "default model's), bfloat16 activations, CPU float32, not "

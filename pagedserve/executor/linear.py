@@ -6,7 +6,9 @@ whose `below` exceeds the rows M of x (None: any M) names the backend. "dot" mul
 same dense weight in C++ (pagedserve.kernels.linear_cpu; CPU float32, exact up to the order
 of the sums). The other backends
 multiply by a copy of the weight prepared once, when a route first names them: "onednn" by a
-weight prepacked for oneDNN (`torch.ops.mkldnn`, CPU, exact float32), "int8" by per-channel
+weight prepacked for oneDNN (`torch.ops.mkldnn`, CPU, exact float32), "panel" by the weight in
+column panels for pagedserve's C++ kernel (pagedserve.kernels.panel_cpu; CPU float32, exact up
+to the order of the sums), "int8" by per-channel
 int8 weights (pagedserve.executor.linear_int8), "int4" by the Q4_1 GGUF's own 4-bit weights read back
 from the float32 ones (pagedserve.executor.linear_int4); both with bfloat16 activations, not exact,
 opt-in only. If preparing or a call raises, the layer logs what happened and uses F.linear
@@ -23,11 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.executor import linear_int4, linear_int8
-from pagedserve.kernels import fused_cpu, linear_cpu
+from pagedserve.kernels import fused_cpu, linear_cpu, panel_cpu
 
-BACKENDS = ("mkl", "onednn", "dot", "int8", "int4")
+BACKENDS = ("mkl", "onednn", "dot", "panel", "int8", "int4")
 DENSE = ("mkl", "dot")  # multiply by the dense weight itself: no copy of their own
-NAMES = {"mkl": "F.linear", "onednn": "oneDNN", "dot": "the C++ dot-product kernel", "int8": "int8", "int4": "int4"}
+PACKED = ("onednn", "panel")  # exact float32 on a copy of their own (a layer holds at most one)
+NAMES = {"mkl": "F.linear", "onednn": "oneDNN", "dot": "the C++ dot-product kernel",
+         "panel": "the C++ panel kernel", "int8": "int8", "int4": "int4"}
 
 log = logging.getLogger("pagedserve.executor")
 
@@ -44,6 +48,8 @@ def prepare(backend: str, weight: torch.Tensor):
     """The copy of `weight` that `backend` multiplies by (raises where it cannot serve)."""
     if backend == "onednn":
         return onednn_pack(weight)
+    if backend == "panel":
+        return panel_cpu.pack(weight)
     if backend == "int4":
         return linear_int4.pack(weight)
     why = linear_int8.unsupported(weight)
@@ -89,8 +95,7 @@ class Linear(nn.Module):
         dense = 0 if self.weight is None else self.weight.numel() * self.weight.element_size()
         prepared = 0
         for copy in self.prepared.values():
-            prepared += copy.nbytes if isinstance(copy, (linear_int8.Int8Weight, linear_int4.Int4Weight)) \
-                else copy.numel() * copy.element_size()
+            prepared += copy.numel() * copy.element_size() if isinstance(copy, torch.Tensor) else copy.nbytes
         return dense, prepared
 
     def route(self, routes: list[tuple[int | None, str]], prepared: dict[str, object] | None = None) -> None:
@@ -134,6 +139,8 @@ class Linear(nn.Module):
             y = linear_cpu.matmul(x2 if x2.stride(-1) == 1 else x2.contiguous(), self.weight, self.bias)
         elif backend == "onednn":
             y = onednn_linear(x2, self.prepared["onednn"], self.bias)
+        elif backend == "panel":
+            y = panel_cpu.matmul(x2 if x2.stride(-1) == 1 else x2.contiguous(), self.prepared["panel"], self.bias)
         elif backend == "int4":
             y = linear_int4.matmul(x2, self.prepared["int4"], self.bias)
         else:

@@ -3,8 +3,9 @@
 AutoPlan(rows).decide(layer) -> Decision(seconds, routes, source, note), one per shape.
 - The shape is timed at the rows (pagedserve.executor.linear_timing) unless an earlier load kept its
   timings (pagedserve.executor.linear_plan_cache). Only an idle timing (pagedserve.executor.linear_idle) is kept,
-  and only an idle one can move an M off oneDNN (routes_from: a backend on the dense weight,
-  MKL or the C++ "dot" kernel, must win there by PREFER_MARGIN, or win at every M).
+  and only an idle one can move a shape off oneDNN (routes_from: oneDNN or the C++ "panel"
+  kernel, whichever is faster over every M, holds the shape's one packed copy; a backend on the
+  dense weight, MKL or the C++ "dot" kernel, must win an M by PREFER_MARGIN, or win at every M).
   A busy timing is taken once more after RETRY_WAIT_S; busy again, that shape and every
   later one of this load are not timed and nothing is kept: each serves the timings an earlier
   load kept (taken idle) where there are some, else oneDNN at every M.
@@ -28,20 +29,20 @@ import time
 from dataclasses import dataclass
 
 from pagedserve.executor import linear_plan_cache as plan_cache
-from pagedserve.executor.linear import DENSE, Linear
+from pagedserve.executor.linear import DENSE, PACKED, Linear
 from pagedserve.executor.linear_timing import COLD_BELOW, Timing, time_shape, timed_backends
 
-PREFER_MARGIN = 1.10  # MKL or "dot" serves an M only where it is faster than oneDNN by more
+PREFER_MARGIN = 1.10  # MKL or "dot" serves an M only where it is faster than the packed backend by more
 # than this: a win inside the timing noise would flip from one load to the next
 ALL_DENSE_MARGIN = 1.03  # ... or every M, where they win at one by PREFER_MARGIN and are nowhere
 # slower by more than this (timing noise): one copy, the dense weight, serves them all
-MIXED_MARGIN = 1.25  # oneDNN at most 25% slower than MKL: one copy of the weight beats two
+MIXED_MARGIN = 1.25  # the packed backend at most 25% slower than MKL: one copy of the weight beats two
 # (measured, AMD EPYC: where MKL wins, at M = 1 on the 576-wide projections, by 15-40%, that is
 # <= 0.7 ms of a ~25 ms decode step, for 105 MiB more weights)
 ATTEMPTS = 2
 RETRY_WAIT_S = 1.0
 ONEDNN = [(None, "onednn")]
-NAMES = {"mkl": "MKL", "onednn": "oneDNN"}
+NAMES = {"mkl": "MKL", "onednn": "oneDNN", "panel": "the panel kernel"}
 
 log = logging.getLogger("pagedserve.executor")
 
@@ -158,10 +159,17 @@ def off(kept: dict[int, dict[str, float]], now: dict[int, dict[str, float]], sha
         return f"kept at M {sorted(kept)}, timed at {sorted(now)}"
     if not all(s > 0 for t in now.values() for s in t.values()):
         return "a timing is not positive"
+    own = packed_of(kept)
+    for rival in PACKED:
+        if rival != own and rival in kept[min(kept)] and (ratio := mean_ratio(now, rival, own)) * PREFER_MARGIN < 1:
+            return (f"{NAMES[own]} kept, where {NAMES[rival]} is now faster by more than "
+                    f"{PREFER_MARGIN - 1:.0%} (geometric mean over M {sorted(now)}: {ratio:.2f}x its time)")
     routes = routes_from(kept, shared)
     for m, t in sorted(now.items()):
         serving = backend_at(routes, m)
         for rival in sorted(t, key=t.get):
+            if serving in PACKED and rival in PACKED:
+                continue  # one of them serves every M a copy serves: compared over all M above
             margin = beaten(serving, rival, shared)
             if rival != serving and t[rival] * margin < t[serving]:
                 return (f"{NAMES.get(serving, serving)} kept at M={m}, where {NAMES.get(rival, rival)} "
@@ -179,12 +187,25 @@ def check_rows(rows: tuple[int, ...], kept: dict[int, dict[str, float]]) -> tupl
 def beaten(kept: str, rival: str, shared: bool) -> float:
     """By how much `rival` must now be faster at an M than the backend kept there for the kept
     routes to be wrong: PREFER_MARGIN where routes_from would move the M to it at that margin
-    (between the two dense backends; from a dense backend to oneDNN; from oneDNN to a dense
-    backend on a shared weight), MIXED_MARGIN where it would also weigh a second copy of the
-    weight."""
+    (between the two dense backends; from a dense backend to a packed one; from a packed one to
+    a dense backend on a shared weight), MIXED_MARGIN where it would also weigh a second copy of
+    the weight."""
     if kept in DENSE and rival in DENSE:
         return PREFER_MARGIN
-    return MIXED_MARGIN if (rival == "onednn") == shared else PREFER_MARGIN
+    return MIXED_MARGIN if (rival in PACKED) == shared else PREFER_MARGIN
+
+
+def mean_ratio(seconds: dict[int, dict[str, float]], a: str, b: str) -> float:
+    """The geometric mean over the timed M of a's time over b's."""
+    return math.exp(sum(math.log(t[a] / t[b]) for t in seconds.values()) / len(seconds))
+
+
+def packed_of(seconds: dict[int, dict[str, float]]) -> str:
+    """The one backend with a copy of its own (PACKED) a shape may use, the others' copies never
+    made: the fastest over every timed M (the smallest geometric mean of its times; a tie to
+    oneDNN), as one per M would hold two copies of the weight for a few percent."""
+    timed = [b for b in PACKED if all(b in t for t in seconds.values())]
+    return min(timed, key=lambda b: sum(math.log(t[b]) for t in seconds.values()))
 
 
 def backend_at(routes: list[tuple[int | None, str]], rows: int) -> str:
@@ -193,28 +214,30 @@ def backend_at(routes: list[tuple[int | None, str]], rows: int) -> str:
 
 def routes_from(seconds: dict[int, dict[str, float]], shared: bool = False) -> list[tuple[int | None, str]]:
     """The faster backend per timed M, boundaries at the geometric midpoints, equal
-    neighbours merged. Among the two on the dense weight (MKL, "dot" where timed) the faster
-    counts; it takes an M from oneDNN by PREFER_MARGIN, or every M when it wins at one by
-    PREFER_MARGIN and is slower at none by more than ALL_DENSE_MARGIN. A shape which would mix
-    oneDNN with them goes to oneDNN at every M when oneDNN is within MIXED_MARGIN of them
-    wherever they are faster (a mixed layer holds its weight twice, dense and packed: a win
-    inside the timing noise is not worth that).
+    neighbours merged. Of the backends with a copy of their own, one counts (packed_of: oneDNN
+    or "panel"); among the two on the dense weight (MKL, "dot" where timed) the faster at each
+    M; the dense one takes an M from the packed one by PREFER_MARGIN, or every M when it wins
+    at one by PREFER_MARGIN and is slower at none by more than ALL_DENSE_MARGIN. A shape which
+    would mix the packed backend with them goes to it at every M when it is within MIXED_MARGIN
+    of them wherever they are faster (a mixed layer holds its weight twice, dense and packed: a
+    win inside the timing noise is not worth that).
     `shared`: the dense weight is held anyway (a tied LM head shares the embedding's), so the
-    roles swap: oneDNN's copy is made only where it wins by PREFER_MARGIN, and not at all
+    roles swap: the packed copy is made only where it wins by PREFER_MARGIN, and not at all
     where it wins by under MIXED_MARGIN."""
     ms = sorted(seconds)
+    own = packed_of(seconds)
     dense = {m: min((b for b in DENSE if b in seconds[m]), key=lambda b: seconds[m][b]) for m in ms}
-    ratio = {m: seconds[m]["onednn"] / seconds[m][dense[m]] for m in ms}
+    ratio = {m: seconds[m][own] / seconds[m][dense[m]] for m in ms}
     if shared:
-        best = {m: "onednn" if ratio[m] * PREFER_MARGIN < 1 else dense[m] for m in ms}
-        if "onednn" in best.values() and all(ratio[m] * MIXED_MARGIN >= 1 for m in ms):
+        best = {m: own if ratio[m] * PREFER_MARGIN < 1 else dense[m] for m in ms}
+        if own in best.values() and all(ratio[m] * MIXED_MARGIN >= 1 for m in ms):
             best = dense
     elif min(ratio.values()) * ALL_DENSE_MARGIN >= 1 and max(ratio.values()) > PREFER_MARGIN:
         best = dense
     else:
-        best = {m: dense[m] if ratio[m] > PREFER_MARGIN else "onednn" for m in ms}
-        if "onednn" in best.values() and all(r <= MIXED_MARGIN for r in ratio.values()):
-            best = dict.fromkeys(ms, "onednn")
+        best = {m: dense[m] if ratio[m] > PREFER_MARGIN else own for m in ms}
+        if own in best.values() and all(r <= MIXED_MARGIN for r in ratio.values()):
+            best = dict.fromkeys(ms, own)
     routes: list[tuple[int | None, str]] = []
     for i, m in enumerate(ms):
         below = math.ceil(math.sqrt(m * ms[i + 1])) if i + 1 < len(ms) else None

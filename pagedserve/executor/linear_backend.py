@@ -8,6 +8,8 @@ the same for a model already built. Backends:
 - "onednn": every layer prepacked for oneDNN (CPU, float32 only);
 - "dot": every layer through the C++ kernel on its dense weight (pagedserve.kernels.linear_cpu;
   CPU float32, K a multiple of 8);
+- "panel": every layer through the C++ kernel on its weight packed in column panels
+  (pagedserve.kernels.panel_cpu; CPU float32);
 - "int8": every layer on per-channel int8 weights (pagedserve.executor.linear_int8; CPU; not exact, so
   opt-in only, its accuracy against float32 measured in BENCHMARKS.md); a layer the kernel
   cannot take (in_features not a multiple of 16) stays on F.linear, logged;
@@ -16,14 +18,14 @@ the same for a model already built. Backends:
   that is not Q4_1 (the default model's LM head: its tied embedding is Q8_0) is timed as for
   auto, logged. Where the kernel is missing, or the first decoder layer holds no Q4_1 weight,
   it raises (ValueError naming the fix) rather than serve something else;
-- "auto": on the CPU in float32, each shape is timed through MKL, oneDNN and "dot" at the step's row counts
+- "auto": on the CPU in float32, each shape is timed through MKL, oneDNN, "dot" and "panel" at the step's row counts
   STEP_ROWS (one decode, a decode batch, a prefill chunk) on one of its layers, a few
   alternated repetitions, best of each, one row with the weight out of the cache as a
   decode step meets it (pagedserve.executor.linear_timing); the faster backend at a timed M (one on
   the dense weight only by more than PREFER_MARGIN, or at every M: linear_auto.routes_from)
-  serves the rows from the geometric midpoint below it to the one above (a shape that would
-  mix oneDNN with the dense weight's backends, where they win by under MIXED_MARGIN, goes all
-  oneDNN: one copy of its weight). A row count whose one call would cost over
+  serves the rows from the geometric midpoint below it to the one above, with one packed copy
+  at most: oneDNN's or the panels, whichever is faster over every M (a shape that would mix it
+  with the dense weight's backends, where they win by under MIXED_MARGIN, goes all packed). A row count whose one call would cost over
   linear_timing.MAX_TIMED_FLOP is timed at the largest M within it instead (the vocabulary
   projection). Only timings taken idle decide and are kept per machine, and kept ones are
   checked at load (pagedserve.executor.linear_auto, linear_idle, linear_plan_cache); a busy machine
@@ -48,7 +50,7 @@ from pagedserve.executor.linear_auto import (  # noqa: F401
     routes_from,
 )
 from pagedserve.executor.linear_timing import TIMED  # noqa: F401  (what auto chooses among)
-from pagedserve.kernels import linear_cpu
+from pagedserve.kernels import linear_cpu, panel_cpu
 
 CHOICES = ("auto", *BACKENDS)
 STEP_ROWS = (1, 64, 512, 2048)
@@ -133,7 +135,8 @@ class Planner:
         if backend == "int4" and (why := linear_int4.unavailable(device, dtype)) is not None:
             raise ValueError(f"--linear-backend int4: {why}")
         self.onednn = onednn_unavailable(device, dtype) is None
-        check = {"int8": int8_unavailable, "dot": linear_cpu.unavailable_for}.get(backend, onednn_unavailable)
+        check = {"int8": int8_unavailable, "dot": linear_cpu.unavailable_for,
+                 "panel": panel_cpu.unavailable_for}.get(backend, onednn_unavailable)
         why = check(device, dtype)
         if backend not in ("mkl", "int4") and why is not None:
             if backend != "auto" or device.type == "cpu":

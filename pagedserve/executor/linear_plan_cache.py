@@ -21,7 +21,7 @@ import tempfile
 import torch
 
 from pagedserve.executor.linear_timing import COLD_BELOW, TIMED
-from pagedserve.kernels import linear_cpu
+from pagedserve.kernels import linear_cpu, panel_cpu
 from pagedserve.wire.cache_dir import cache_dir
 from pagedserve.wire.cpu_info import cpu_info
 
@@ -39,7 +39,8 @@ def key(shape: tuple[int, int], dtype: torch.dtype, rows: tuple[int, ...],
     cpu = cpu_info()
     return (f"{cpu['model_name']} [{' '.join(cpu['isa'])}] {os.cpu_count()} CPUs | torch "
             f"{torch.__version__} | {dtype} | {shape[0]}x{shape[1]} | M {','.join(map(str, rows))} "
-            f"| {','.join(backends)}{' dot@' + linear_cpu.VERSION if 'dot' in backends else ''} "
+            f"| {','.join(backends)}{' dot@' + linear_cpu.VERSION if 'dot' in backends else ''}"
+            f"{' panel@' + panel_cpu.VERSION if 'panel' in backends else ''} "
             f"(cold below {COLD_BELOW}, {KEPT_HOW})")
 
 

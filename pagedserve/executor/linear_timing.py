@@ -11,8 +11,9 @@ size (at most MAX_SWEEP_BYTES) is read. Timed warm instead, MKL looked faster at
 the gate/up weight, resident; cold it was 2.9x slower, and the decode step 1.4x
 (docs/benchmark-history.md, "Decode steps measured as they run", issue 25).
 Larger M are compute-bound and timed warm, several calls in a row. "dot" (the C++ kernel on
-the dense weight, pagedserve.kernels.linear_cpu) is timed beside MKL and oneDNN where it can
-serve the shape (timed_backends).
+the dense weight, pagedserve.kernels.linear_cpu) and "panel" (the C++ kernel on its own packed
+copy, pagedserve.kernels.panel_cpu) are timed beside MKL and oneDNN where they can serve the
+shape (timed_backends); prepare_timed makes each copy.
 """
 from __future__ import annotations
 
@@ -23,12 +24,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pagedserve.executor.linear import Linear
-from pagedserve.kernels import linear_cpu
+from pagedserve.executor.linear import PACKED, Linear
+from pagedserve.kernels import linear_cpu, panel_cpu
 from pagedserve.executor.linear_idle import OtherWork, why_busy
 from pagedserve.wire.cpu_info import last_level_cache_bytes
 
-TIMED = ("mkl", "onednn", "dot")  # what "auto" chooses among (int8, int4 change the outputs: opt-in only)
+TIMED = ("mkl", "onednn", "dot", "panel")  # what "auto" chooses among (int8, int4 change the outputs: opt-in only)
 MAX_TIMED_FLOP = 8e9  # one call at most (a 2,048-row prefill chunk of a 3072x576 layer is 7.2e9)
 REPS = 3
 COLD_BELOW = 8
@@ -88,15 +89,24 @@ def _cold(layer: Linear, backend: str, x: torch.Tensor, sweep: Sweep) -> float:
 
 def timed_backends(layer: Linear) -> tuple[str, ...]:
     """The backends of TIMED that can serve this layer here."""
-    return tuple(b for b in TIMED if b != "dot" or linear_cpu.unavailable(layer.weight) is None)
+    why = {"dot": linear_cpu.unavailable, "panel": panel_cpu.unavailable}
+    return tuple(b for b in TIMED if b not in why or why[b](layer.weight) is None)
+
+
+def prepare_timed(layer: Linear) -> tuple[str, ...]:
+    """The backends of timed_backends(layer) ready to run, each copy of its own made (a route
+    names each; run() names the backend); where a copy fails (logged), the dense weight's only."""
+    timed = timed_backends(layer)
+    packed = [b for b in timed if b in PACKED]
+    layer.route([(1, b) for b in packed[1:]] + [(None, packed[0])])
+    return tuple(b for b in timed if b not in PACKED or b in layer.prepared)
 
 
 def time_shape(layer: Linear, rows: tuple[int, ...]) -> Timing:
     """Each backend at each affordable M; no seconds when oneDNN fails here (logged)."""
     n, k = layer.shape
-    timed = timed_backends(layer)
-    layer.route([(None, "onednn")])
-    if layer.packed is None:
+    timed = prepare_timed(layer)
+    if "onednn" not in timed:
         return Timing()
     watch = OtherWork()
     seconds: dict[int, dict[str, float]] = {}

@@ -61,10 +61,11 @@ class UnitGuard:
         if self.installed:
             return
         self.installed = True
-        from pagedserve.kernels import argmax_cpu, fused_cpu, linear_cpu, paged_cpu, paged_prefill_cpu, rotary_store_cpu
+        from pagedserve.kernels import (argmax_cpu, fused_cpu, linear_cpu, paged_cpu, paged_prefill_cpu, panel_cpu,
+                                        rotary_store_cpu)
 
         fused_cpu.available(), paged_cpu.native_available(), paged_prefill_cpu.native_available()
-        rotary_store_cpu.available(), linear_cpu.available(), argmax_cpu.available()
+        rotary_store_cpu.available(), linear_cpu.available(), argmax_cpu.available(), panel_cpu.available()
         sys.addaudithook(self._audit)
         start = multiprocessing.process.BaseProcess.start
 

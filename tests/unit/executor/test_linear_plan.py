@@ -223,3 +223,40 @@ def test_describe_says_where_the_plan_came_from():
     assert c.describe().endswith("[cache: checked idle at 48x16]")
     assert c.as_dict()["source"] == "cache"
     assert "[" not in linear_backend.ShapeChoice(48, 16, 1, [(None, "mkl")]).describe()
+
+
+# the default model's gate/up on an AMD EPYC 26/2 (us): the panels well ahead at a decode
+# batch, a few percent behind oneDNN at one row and at 512 rows
+PANEL_AHEAD = {1: {"mkl": 350 * US, "onednn": 160 * US, "dot": 130 * US, "panel": 165 * US},
+               64: {"mkl": 1200 * US, "onednn": 560 * US, "dot": 600 * US, "panel": 460 * US},
+               512: {"mkl": 8500 * US, "onednn": 3600 * US, "dot": 4500 * US, "panel": 3700 * US}}
+
+
+def test_one_packed_copy_the_faster_over_every_m():
+    assert linear_auto.packed_of(PANEL_AHEAD) == "panel"
+    assert linear_auto.routes_from(PANEL_AHEAD) == [(8, "dot"), (None, "panel")]
+    behind = {m: {**t, "panel": t["panel"] * 1.3} for m, t in PANEL_AHEAD.items()}
+    assert linear_auto.packed_of(behind) == "onednn"
+    assert linear_auto.routes_from(behind) == [(None, "onednn")]  # "dot" 23% ahead at one row: one copy
+    level = {m: {**t, "panel": t["onednn"]} for m, t in PANEL_AHEAD.items()}
+    assert linear_auto.packed_of(level) == "onednn"  # a tie: oneDNN
+    shared = linear_auto.routes_from(PANEL_AHEAD, shared=True)  # a tied head: the panels where they win by 10%
+    assert shared == [(8, "dot"), (None, "panel")]
+
+
+def test_a_kept_packed_backend_yields_only_to_one_faster_over_every_m_by_the_margin():
+    kept_onednn = {m: {**t, "panel": t["onednn"] * 1.05} for m, t in PANEL_AHEAD.items()}
+    assert linear_auto.routes_from(kept_onednn)[-1] == (None, "onednn")
+    one_m_faster = {64: {**kept_onednn[64], "panel": kept_onednn[64]["onednn"] * 0.85}}
+    assert linear_auto.off(kept_onednn, {1: kept_onednn[1], 512: kept_onednn[512], **one_m_faster}) is None
+    assert linear_auto.off(kept_onednn, one_m_faster) == (
+        "oneDNN kept, where the panel kernel is now faster by more than 10% (geometric mean over M "
+        "[64]: 0.85x its time)")
+    assert linear_auto.off(PANEL_AHEAD, {64: {**PANEL_AHEAD[64], "onednn": 470 * US}}) is None
+
+
+def test_a_layer_holds_the_one_packed_copy_its_plan_names():
+    plan = linear_backend.ShapeChoice(24, 16, 0, linear_auto.routes_from(PANEL_AHEAD), PANEL_AHEAD)
+    layer = Linear(torch.randn(24, 16))
+    layer.route(plan.routes)
+    assert set(layer.prepared) == {"panel"} and layer.weight is not None  # "dot" serves one row
