@@ -149,12 +149,15 @@ class Linear(nn.Module):
 
     def silu_gated(self, x: torch.Tensor) -> torch.Tensor | None:
         """silu(gate) * up of a gate/up layer (its rows the gate's, then the up's) on x [M, K],
-        in one pass where M goes to "dot" (pagedserve.kernels.linear_cpu.matmul_silu: the
-        [M, N] output is never written); None elsewhere (the caller multiplies, then applies
-        it), with a bias, or with the fused ops off (PAGEDSERVE_FUSED_OPS=0)."""
+        in one pass where M goes to "dot" or "panel" (pagedserve.kernels.linear_cpu.matmul_silu,
+        panel_cpu.matmul_silu: the [M, N] output is never written); None elsewhere (the caller
+        multiplies, then applies it), with a bias, or with the fused ops off (PAGEDSERVE_FUSED_OPS=0)."""
+        backend = self.backend_for(x.shape[0])
         if (x.dim() != 2 or x.stride(1) != 1 or self.bias is not None or not fused_cpu.fused_ops_on()
-                or self.backend_for(x.shape[0]) != "dot"):
+                or backend not in ("dot", "panel") or self.shape[0] % 2):
             return None
+        if backend == "panel":
+            return panel_cpu.matmul_silu(x, self.prepared["panel"])
         return linear_cpu.matmul_silu(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

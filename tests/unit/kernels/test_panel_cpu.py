@@ -1,7 +1,8 @@
 """The C++ panel kernel (pagedserve/kernels/panel_cpu.py) against F.linear, and a Linear routed to
 it ("panel") against F.linear: row tails of every length below a tile, a last panel part
 padded, panels cut in row ranges, K in chunks and odd, bias, a strided input, each unit computed
-once however the threads share them, and a weight it refuses."""
+once however the threads share them, SiLU-and-multiply applied to a gate/up weight's own sums,
+and a weight it refuses."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -46,6 +47,29 @@ def test_every_row_count_up_to_two_tiles_past_a_cut():
     for m in range(1, 31):
         x = torch.randn(m, 24, generator=g)
         torch.testing.assert_close(panel_cpu.matmul(x, packed), ref(x, w), atol=1e-4, rtol=1e-4)
+
+
+def ref_silu(x, w):
+    gate, up = ref(x, w).double().chunk(2, -1)
+    return (F.silu(gate) * up).float()
+
+
+# (M, H, K), the gate/up weight [2H, K]: a decode's row, the default model at a decode batch,
+# H not a multiple of a half panel, a row tail, K past MAX_K (one chunk here), no rows
+GATED = [(1, 1536, 576), (64, 1536, 576), (11, 100, 64), (7, 13, panel_cpu.MAX_K + 9), (0, 24, 8)]
+
+
+@pytest.mark.parametrize("m,h,k", GATED)
+def test_silu_applied_to_its_own_sums_matches_silu_of_f_linear(m, h, k):
+    g = torch.Generator().manual_seed(m * 1000 + h + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(2 * h, k, generator=g) / k ** 0.5
+    packed = panel_cpu.pack(w)
+    got = panel_cpu.matmul_silu(x, packed)
+    assert got.shape == (m, h)
+    torch.testing.assert_close(got, ref_silu(x, w), atol=1e-5, rtol=1e-5)
+    strided = torch.randn(m, k + 16, generator=g)[:, 8:8 + k]
+    torch.testing.assert_close(panel_cpu.matmul_silu(strided, packed), ref_silu(strided, w), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(panel_cpu.matmul(x, packed), ref(x, w), atol=1e-4 * k ** 0.5, rtol=1e-4)
 
 
 def test_a_strided_input_is_read_in_place():
@@ -94,3 +118,19 @@ def test_a_layer_routed_to_it_holds_the_panels_and_drops_its_dense_weight():
         torch.testing.assert_close(layer(x), ref(x, w, b), atol=1e-4, rtol=1e-4)
     three_d = torch.randn(2, 3, 64, generator=g)
     torch.testing.assert_close(layer(three_d), ref(three_d.reshape(6, 64), w, b).view(2, 3, 30), atol=1e-4, rtol=1e-4)
+
+
+def test_a_layer_applies_silu_itself_where_its_rows_go_to_the_panels(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(60, 64, generator=g) / 8
+    layer = Linear(w.clone())
+    layer.route([(8, "mkl"), (None, "panel")])
+    x = torch.randn(9, 64, generator=g)
+    torch.testing.assert_close(layer.silu_gated(x), ref_silu(x, w), atol=1e-5, rtol=1e-5)
+    assert layer.silu_gated(torch.randn(5, 64, generator=g)) is None  # MKL's rows: the caller applies it
+    monkeypatch.setenv("PAGEDSERVE_FUSED_OPS", "0")
+    assert layer.silu_gated(x) is None
+    monkeypatch.delenv("PAGEDSERVE_FUSED_OPS")
+    odd = Linear(torch.randn(61, 64, generator=g))
+    odd.route([(None, "panel")])
+    assert odd.silu_gated(x) is None
