@@ -37,11 +37,14 @@ SOURCE = silu_row_cpu.SOURCE + block_split_cpu.SOURCE + r"""
 #include <cstring>
 
 #if defined(__AVX512F__)
+#include <immintrin.h>
 typedef float V __attribute__((vector_size(64)));
 constexpr int NV = 4;  // 24 sums, 4 weight vectors and x: 29 of the 32 vector registers
+static inline V bcast(const float* p) { return _mm512_set1_ps(*p); }  // a load that broadcasts: 1-3%
 #else
 typedef float V __attribute__((vector_size(32)));
 constexpr int NV = 2;  // 12 sums, 2 weight vectors and x: 15 of 16
+static inline V bcast(const float* p) { return (V){} + *p; }  // (_mm256_broadcast_ss spilled the sums: 0.6x)
 #endif
 constexpr int VW = sizeof(V) / sizeof(float);
 constexpr int P = NV * VW, HALF = P / 2;
@@ -66,7 +69,7 @@ static inline void tile(const float* x, int64_t sx, const float* w, int64_t kn, 
     V wv[NV];
     for (int v = 0; v < NV; v++) memcpy(&wv[v], w + k * P + v * VW, sizeof(V));
     for (int i = 0; i < R; i++) {
-      const V a = (V){} + x[i * sx + k];
+      const V a = bcast(x + i * sx + k);
       for (int v = 0; v < NV; v++) acc[i][v] += a * wv[v];
     }
   }
