@@ -45,11 +45,12 @@ def _classify(name: str) -> str:
 
 
 def _patch_scopes(engine):
-    """Wrap the kernels, the sampler, the metadata build and the LM head in named profiler
+    """Wrap the kernels (the C++ linear ones too), the sampler, the metadata build and the LM head in named profiler
     scopes (the model calls them through their modules, so patching the attribute works)."""
     import torch
     from pagedserve import kernels
     from pagedserve.executor import attention_metadata, model_runner
+    from pagedserve.kernels import linear_cpu, panel_cpu
 
     runner = engine.executor.runner
     model = engine.executor.model
@@ -70,6 +71,9 @@ def _patch_scopes(engine):
     for name in dir(kernels):  # CPU-specific entry points the model may call directly
         if name.startswith("paged_decode") and callable(getattr(kernels, name)):
             wrap(kernels, name, "#attention")
+    for module in (linear_cpu, panel_cpu):  # the C++ linear kernels (ctypes: no torch op to see)
+        wrap(module, "matmul", "#matmul")
+        wrap(module, "matmul_silu", "#matmul")
     wrap(runner.sampler, "sample", "#sampler")
     wrap(model, "compute_logits", "#lm_head")
     meta_cls = attention_metadata.AttentionMetadata
@@ -116,7 +120,7 @@ def breakdown(events, step_wall_s: float, execute_wall_s: float, steps: int) -> 
         if evt.name in ("#attention", "#store_kv", "#sampler", "#metadata") and not under(evt.cpu_parent, evt.name):
             key = evt.name[1:]
             ms[key] += evt.cpu_time_total / 1e3
-        elif evt.name == "#lm_head":
+        elif evt.name == "#lm_head" or (evt.name == "#matmul" and not under(evt.cpu_parent, "#lm_head")):
             ms["matmul"] += evt.cpu_time_total / 1e3
         elif evt.name == "#forward":
             children = sum(c.cpu_time_total for c in evt.cpu_children) / 1e3

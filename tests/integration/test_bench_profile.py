@@ -26,3 +26,16 @@ def test_prompts_prefilled_over_many_steps_still_decode_through_both_timed_phase
     r = profile_batch(engine, batch=6, input_len=8, steps=4, warmup=1, seed=0)
     assert r["batch"] == 6 and r["step_ms"] > 0
     assert not engine.loop.has_work()
+
+
+def test_the_cpp_linear_kernels_count_as_matmul_and_are_unwrapped_after(tmp_path):
+    """The C++ kernels are ctypes calls, no torch op the profiler names: each call is scoped."""
+    from pagedserve.kernels import panel_cpu
+
+    make_tiny_model(tmp_path, "llama_bias")
+    save_tiny_tokenizer(tmp_path)
+    engine = LLMEngine(EngineConfig.of(model=str(tmp_path), kv_tokens=2048, linear_backend="panel"))
+    matmul = panel_cpu.matmul
+    r = profile_batch(engine, batch=3, input_len=8, steps=4, warmup=1, seed=0)
+    assert "#matmul" in r["top_ops"] and r["breakdown_ms"]["matmul"] > 0
+    assert panel_cpu.matmul is matmul
