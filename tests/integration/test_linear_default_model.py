@@ -46,3 +46,14 @@ def test_default_model_int8_accuracy(default_model_dir, float32):
     assert r["argmax_agreement"] >= 0.9
     assert r["max_logit_diff_over_spread"] <= 0.15
     assert r["mean_tokens_before_divergence"] >= 2
+
+
+def test_default_model_on_the_panels_matches_float32(default_model_dir, float32):
+    """The C++ panel kernel (pagedserve/kernels/panel_cpu.py) at every M of every layer, named as
+    `auto` may pick it: exact float32 up to the order of the sums, so the same greedy tokens."""
+    panel = engine(default_model_dir, "panel")
+    assert all(c.routes == [(None, "panel")] for c in panel.executor.linear_plan)
+    r = compare(float32, panel, PROMPTS[:3], new_tokens=16)
+    assert r["argmax_agreement"] == 1.0
+    assert r["max_logit_diff_over_spread"] <= 1e-4
+    assert r["mean_tokens_before_divergence"] == 16
