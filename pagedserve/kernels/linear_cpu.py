@@ -221,11 +221,7 @@ def available() -> bool:
 
 def unavailable_for(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why this kernel cannot serve weights of `dtype` on `device`, or None."""
-    if torch.device(device).type != "cpu" or dtype != torch.float32:
-        return f"the C++ linear kernel takes float32 weights on the CPU ({dtype} on {device})"
-    if not available():
-        return "the C++ kernels are not built here (pagedserve/kernels/native_build.py)"
-    return None
+    return _native.float32_cpu("the C++ linear kernel", device, dtype)
 
 
 def unavailable(weight: torch.Tensor) -> str | None:

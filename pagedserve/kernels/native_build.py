@@ -117,3 +117,12 @@ class Library:
     def reset(self) -> None:
         with self._lock:
             self._lib, self._tried = None, False
+
+    def float32_cpu(self, what: str, device, dtype) -> str | None:
+        """Why `what`, a kernel of this library on float32 weights on the CPU, cannot serve
+        weights of `dtype` on `device` (a torch.device or its name), or None (builds it)."""
+        if getattr(device, "type", str(device).split(":")[0]) != "cpu" or str(dtype) != "torch.float32":
+            return f"{what} takes float32 weights on the CPU ({dtype} on {device})"
+        if self.get() is None:
+            return "the C++ kernels are not built here (pagedserve/kernels/native_build.py)"
+        return None

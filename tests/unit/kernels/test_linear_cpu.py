@@ -1,6 +1,7 @@
 """The C++ linear kernel (pagedserve/kernels/linear_cpu.py) against F.linear, and a Linear routed
 to it ("dot") against F.linear, through its tails (rows not a multiple of 4, weight rows not
-a multiple of 3 or of a block), bias, a strided input and a weight it refuses."""
+a multiple of 3 or of a block), bias, a strided input and a weight it refuses; where a layer's
+rows go to it or to the panel kernel, the layer applies SiLU-and-multiply itself."""
 import logging
 
 import pytest
@@ -28,14 +29,19 @@ SHAPES = [(1, 5, 8), (7, 50, 16), (64, 97, 64), (9, 3072, 576), (9, 576, 1536), 
           (6, 7, linear_cpu.MAX_K + 8), (0, 3, 8)]
 
 
-@pytest.mark.parametrize("m,n,k", SHAPES)
-def test_matches_f_linear(m, n, k):
+def assert_matches_f_linear(matmul, m, n, k):
+    """matmul(x [m, k], weight [n, k], bias) against F.linear in float64, with and without a bias."""
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
     for bias in (None, b):
-        got = linear_cpu.matmul(x, w, bias)
+        got = matmul(x, w, bias)
         assert got.shape == (m, n)
         torch.testing.assert_close(got, ref(x, w, bias), atol=1e-4 * k ** 0.5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_matches_f_linear(m, n, k):
+    assert_matches_f_linear(linear_cpu.matmul, m, n, k)
 
 
 def test_a_strided_input_is_read_in_place():
@@ -117,11 +123,12 @@ def test_silu_applied_to_its_own_sums_matches_silu_of_f_linear(m, h, k):
     torch.testing.assert_close(linear_cpu.matmul_silu(strided, w), ref_silu(strided, w), atol=1e-5, rtol=1e-5)
 
 
-def test_a_layer_applies_silu_itself_only_where_its_rows_go_to_dot(monkeypatch):
+@pytest.mark.parametrize("backend", ["dot", "panel"])
+def test_a_layer_applies_silu_itself_only_where_its_rows_go_to_a_cpp_kernel(monkeypatch, backend):
     g = torch.Generator().manual_seed(3)
     w = torch.randn(60, 64, generator=g) / 8
     layer = Linear(w.clone())
-    layer.route([(8, "dot"), (None, "mkl")])
+    layer.route([(8, backend), (None, "mkl")])
     x = torch.randn(5, 64, generator=g)
     torch.testing.assert_close(layer.silu_gated(x), ref_silu(x, w), atol=1e-5, rtol=1e-5)
     assert layer.silu_gated(torch.randn(8, 64, generator=g)) is None  # MKL's rows: the caller applies it
@@ -129,5 +136,8 @@ def test_a_layer_applies_silu_itself_only_where_its_rows_go_to_dot(monkeypatch):
     assert layer.silu_gated(x) is None
     monkeypatch.delenv("PAGEDSERVE_FUSED_OPS")
     biased = Linear(w.clone(), torch.randn(60, generator=g))
-    biased.route([(None, "dot")])
+    biased.route([(None, backend)])
     assert biased.silu_gated(x) is None
+    odd = Linear(torch.randn(61, 64, generator=g))  # no gate/up halves
+    odd.route([(None, backend)])
+    assert odd.silu_gated(x) is None

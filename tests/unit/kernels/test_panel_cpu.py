@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from pagedserve.executor.linear import Linear
 from pagedserve.kernels import panel_cpu
 from tests.unit.kernels.test_kernels_cpu import two_threads  # noqa: F401 (autouse: work split over two threads)
+from tests.unit.kernels.test_linear_cpu import assert_matches_f_linear
 
 
 def ref(x, w, b=None):
@@ -30,13 +31,7 @@ SHAPES = [(1, 5, 8), (7, 50, 16), (11, 97, 33), (64, 576, 576), (64, 3072, 64), 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
 def test_matches_f_linear(m, n, k):
-    g = torch.Generator().manual_seed(m * 1000 + n + k)
-    x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
-    packed = panel_cpu.pack(w)
-    for bias in (None, b):
-        got = panel_cpu.matmul(x, packed, bias)
-        assert got.shape == (m, n)
-        torch.testing.assert_close(got, ref(x, w, bias), atol=1e-4 * k ** 0.5, rtol=1e-4)
+    assert_matches_f_linear(lambda x, w, bias: panel_cpu.matmul(x, panel_cpu.pack(w), bias), m, n, k)
 
 
 def test_every_row_count_up_to_two_tiles_past_a_cut():
@@ -119,18 +114,3 @@ def test_a_layer_routed_to_it_holds_the_panels_and_drops_its_dense_weight():
     three_d = torch.randn(2, 3, 64, generator=g)
     torch.testing.assert_close(layer(three_d), ref(three_d.reshape(6, 64), w, b).view(2, 3, 30), atol=1e-4, rtol=1e-4)
 
-
-def test_a_layer_applies_silu_itself_where_its_rows_go_to_the_panels(monkeypatch):
-    g = torch.Generator().manual_seed(3)
-    w = torch.randn(60, 64, generator=g) / 8
-    layer = Linear(w.clone())
-    layer.route([(8, "mkl"), (None, "panel")])
-    x = torch.randn(9, 64, generator=g)
-    torch.testing.assert_close(layer.silu_gated(x), ref_silu(x, w), atol=1e-5, rtol=1e-5)
-    assert layer.silu_gated(torch.randn(5, 64, generator=g)) is None  # MKL's rows: the caller applies it
-    monkeypatch.setenv("PAGEDSERVE_FUSED_OPS", "0")
-    assert layer.silu_gated(x) is None
-    monkeypatch.delenv("PAGEDSERVE_FUSED_OPS")
-    odd = Linear(torch.randn(61, 64, generator=g))
-    odd.route([(None, "panel")])
-    assert odd.silu_gated(x) is None
