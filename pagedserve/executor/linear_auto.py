@@ -205,7 +205,7 @@ def packed_of(seconds: dict[int, dict[str, float]]) -> str:
     made: the fastest over every timed M (the smallest geometric mean of its times; a tie to
     oneDNN), as one per M would hold two copies of the weight for a few percent."""
     timed = [b for b in PACKED if all(b in t for t in seconds.values())]
-    return min(timed, key=lambda b: sum(math.log(t[b]) for t in seconds.values()))
+    return min(timed, key=lambda b: mean_ratio(seconds, b, timed[0]))
 
 
 def backend_at(routes: list[tuple[int | None, str]], rows: int) -> str:
