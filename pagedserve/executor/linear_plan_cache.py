@@ -25,6 +25,8 @@ from pagedserve.kernels import linear_cpu, panel_cpu
 from pagedserve.wire.cache_dir import cache_dir
 from pagedserve.wire.cpu_info import cpu_info
 
+BUILDS = {"dot": linear_cpu.VERSION, "panel": panel_cpu.VERSION}  # the C++ backends: their source's hash
+
 FILE_NAME = "linear-plan.json"
 KEPT_HOW = "idle only"
 log = logging.getLogger("pagedserve.executor")
@@ -39,8 +41,7 @@ def key(shape: tuple[int, int], dtype: torch.dtype, rows: tuple[int, ...],
     cpu = cpu_info()
     return (f"{cpu['model_name']} [{' '.join(cpu['isa'])}] {os.cpu_count()} CPUs | torch "
             f"{torch.__version__} | {dtype} | {shape[0]}x{shape[1]} | M {','.join(map(str, rows))} "
-            f"| {','.join(backends)}{' dot@' + linear_cpu.VERSION if 'dot' in backends else ''}"
-            f"{' panel@' + panel_cpu.VERSION if 'panel' in backends else ''} "
+            f"| {','.join(backends)}{''.join(f' {b}@{v}' for b, v in BUILDS.items() if b in backends)} "
             f"(cold below {COLD_BELOW}, {KEPT_HOW})")
 
 

@@ -9,7 +9,8 @@ block read once and used for every row of x, four rows at a time (K cut in chunk
 MAX_K). It needs no copy of the weight: a layer routed
 here and to MKL (F.linear) holds one dense weight, where oneDNN holds its own packed copy.
 Measured on the default model's shapes it is faster than both at a decode's few rows and at
-a decode batch, and level with MKL at 512 rows (BENCHMARKS.md, issue 44); `--linear-backend
+a decode batch, and level with MKL at 512 rows (BENCHMARKS.md, issue 44; the panel kernel on
+its own copy, pagedserve/kernels/panel_cpu.py, is faster at a batch); `--linear-backend
 auto` times it beside them (pagedserve.executor.linear_timing). matmul_silu(x, gate_up weight)
 is the same walk over a gate/up weight that applies SiLU-and-multiply to each block's sums
 (pagedserve/kernels/silu_row_cpu.py), so the projection's [M, 2H] output is never written.
